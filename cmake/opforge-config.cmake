@@ -1,0 +1,45 @@
+# opforge-config.cmake -- CMake support for building opforge op libraries.
+#
+#   find_package(opforge REQUIRED PATHS /path/to/opforge/cmake)
+#   opforge_add_library(my_ops SOURCES my_op.cpp my_op.cu)
+#
+# An op library is a shared object built from op files (which include <opforge/op.h>) and
+# their CUDA sources. It links no framework: the adapters (libopforge_torch, the C++ runner)
+# load it at run time and register its ops.
+get_filename_component(OPFORGE_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+set(OPFORGE_INCLUDE_DIR "${OPFORGE_ROOT}/include")
+if(NOT DEFINED OPFORGE_CUDA_ARCHITECTURES)
+  # sm_90 machine code plus compute_90 PTX (Hopper; the PTX serves newer architectures).
+  set(OPFORGE_CUDA_ARCHITECTURES "90")
+endif()
+
+# opforge_add_library(<name> SOURCES <files>... [CUDA_ARCHITECTURES <archs>...])
+#
+# Builds lib<name>.so from the given op files (.cpp) and CUDA sources (.cu). Symbols are hidden
+# except the library's entry point, so several op libraries coexist in one process. .cu files
+# need the CUDA language enabled in the calling project.
+function(opforge_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;CUDA_ARCHITECTURES" ${ARGN})
+  if(NOT ARG_SOURCES)
+    message(FATAL_ERROR "opforge_add_library(${name}): no SOURCES given")
+  endif()
+  add_library(${name} SHARED ${ARG_SOURCES} "${OPFORGE_ROOT}/src/oplib/op_library.cpp")
+  target_include_directories(${name} PRIVATE "${OPFORGE_INCLUDE_DIR}")
+  set_target_properties(${name} PROPERTIES
+    CXX_STANDARD 20
+    CUDA_STANDARD 20
+    CXX_VISIBILITY_PRESET hidden
+    CUDA_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    CUDA_RUNTIME_LIBRARY Shared)
+  target_link_options(${name} PRIVATE "LINKER:--no-undefined")
+  set(cuda_sources ${ARG_SOURCES})
+  list(FILTER cuda_sources INCLUDE REGEX "\\.cu$")
+  if(cuda_sources)
+    if(NOT ARG_CUDA_ARCHITECTURES)
+      set(ARG_CUDA_ARCHITECTURES ${OPFORGE_CUDA_ARCHITECTURES})
+    endif()
+    set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${ARG_CUDA_ARCHITECTURES}")
+    target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+  endif()
+endfunction()

@@ -1,0 +1,245 @@
+/*
+ * opforge/c_api.h -- the C ABI between op libraries and framework adapters.
+ *
+ * An op library (a shared object built from op files) exports one symbol,
+ * `opforge_library_v1`, returning an OpforgeLibrary: plain data describing every
+ * op (names, argument kinds, dtype sets, shape rules as expressions, defaults and
+ * ranges) plus C function pointers for its kernels. Adapters (torch, the C++
+ * runner, later JAX) read only this header; they never see the C++ builder that
+ * produced the data, so one op library binary serves every framework and every
+ * framework version an adapter supports.
+ *
+ * Every struct an adapter receives or passes starts with `struct_size`, so fields
+ * can be appended without breaking older readers (see Note [ABI versioning]).
+ *
+ * Note [ABI versioning]
+ * ---------------------
+ * OPFORGE_ABI_VERSION changes only on an incompatible change (a field removed or
+ * its meaning changed). Appending a field to a struct is compatible: readers
+ * check `struct_size` before reading a field past the ones they know.
+ */
+#ifndef OPFORGE_C_API_H_
+#define OPFORGE_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OPFORGE_ABI_VERSION 1
+
+/* Element types. The numbering is opforge's own and stable across versions. */
+typedef enum OpforgeDtype {
+  OPFORGE_DTYPE_FLOAT32 = 0,
+  OPFORGE_DTYPE_FLOAT64 = 1,
+  OPFORGE_DTYPE_FLOAT16 = 2,
+  OPFORGE_DTYPE_BFLOAT16 = 3,
+  OPFORGE_DTYPE_INT8 = 4,
+  OPFORGE_DTYPE_INT16 = 5,
+  OPFORGE_DTYPE_INT32 = 6,
+  OPFORGE_DTYPE_INT64 = 7,
+  OPFORGE_DTYPE_UINT8 = 8,
+  OPFORGE_DTYPE_BOOL = 9,
+  OPFORGE_NUM_DTYPES = 10
+} OpforgeDtype;
+
+typedef enum OpforgeDeviceType {
+  OPFORGE_DEVICE_CPU = 0,
+  OPFORGE_DEVICE_CUDA = 1
+} OpforgeDeviceType;
+
+/* A strided view of device or host memory. `data` points at element [0, ..., 0]
+ * (any storage offset is already applied); sizes and strides count elements. */
+typedef struct OpforgeTensor {
+  void* data;
+  int32_t dtype;        /* OpforgeDtype */
+  int32_t device_type;  /* OpforgeDeviceType */
+  int32_t device_index;
+  int32_t ndim;
+  const int64_t* sizes;
+  const int64_t* strides;
+} OpforgeTensor;
+
+typedef enum OpforgeArgKind {
+  OPFORGE_ARG_TENSOR = 0,
+  OPFORGE_ARG_INT = 1,        /* int64_t */
+  OPFORGE_ARG_FLOAT = 2,      /* double */
+  OPFORGE_ARG_BOOL = 3,
+  OPFORGE_ARG_STRING = 4,
+  OPFORGE_ARG_INT_LIST = 5,   /* int64_t[] */
+  OPFORGE_ARG_FLOAT_LIST = 6  /* double[] */
+} OpforgeArgKind;
+
+/* A parameter value. Which fields are meaningful depends on `kind`:
+ * INT and BOOL use `i`, FLOAT uses `f`, STRING uses `s` and `len` (bytes),
+ * INT_LIST uses `ints` and `len`, FLOAT_LIST uses `floats` and `len`. */
+typedef struct OpforgeValue {
+  int32_t kind; /* OpforgeArgKind, never OPFORGE_ARG_TENSOR */
+  int64_t i;
+  double f;
+  const char* s;
+  const int64_t* ints;
+  const double* floats;
+  size_t len;
+} OpforgeValue;
+
+/* Shape expressions, stored in postfix order (see Note [Shape expressions] in
+ * opforge/expr.h). DIM reads dimension `value` (negative counts from the end) of
+ * tensor argument `arg`; PARAM reads integer parameter `arg`; CONST pushes
+ * `value`; the binary operators pop two operands (left pushed first). */
+typedef enum OpforgeExprOp {
+  OPFORGE_EXPR_CONST = 0,
+  OPFORGE_EXPR_DIM = 1,
+  OPFORGE_EXPR_PARAM = 2,
+  OPFORGE_EXPR_ADD = 3,
+  OPFORGE_EXPR_SUB = 4,
+  OPFORGE_EXPR_MUL = 5,
+  OPFORGE_EXPR_FLOORDIV = 6,
+  OPFORGE_EXPR_CEILDIV = 7,
+  OPFORGE_EXPR_MIN = 8,
+  OPFORGE_EXPR_MAX = 9
+} OpforgeExprOp;
+
+typedef struct OpforgeExprNode {
+  int32_t op;  /* OpforgeExprOp */
+  int32_t arg; /* argument index for DIM and PARAM, else -1 */
+  int64_t value;
+} OpforgeExprNode;
+
+typedef struct OpforgeExpr {
+  int32_t num_nodes; /* 0 means "any size" where a constraint allows it */
+  const OpforgeExprNode* nodes;
+} OpforgeExpr;
+
+typedef enum OpforgeLayout {
+  OPFORGE_LAYOUT_CONTIGUOUS = 0, /* the adapter passes a dense row-major copy if needed */
+  OPFORGE_LAYOUT_STRIDED = 1     /* kernels read `strides`; any layout is passed as is */
+} OpforgeLayout;
+
+/* Constraints of one tensor argument, checked by adapters before any launch. */
+typedef struct OpforgeTensorSpec {
+  size_t struct_size;
+  uint32_t dtypes;      /* bit (1u << OpforgeDtype) per allowed dtype */
+  int32_t dtype_like;   /* index of an earlier tensor argument whose dtype this must equal, or -1 */
+  int32_t min_rank;     /* -1: no lower bound */
+  int32_t max_rank;     /* -1: no upper bound */
+  int32_t num_dims;     /* > 0: exact rank and one expression per dim (num_nodes 0: any) */
+  const OpforgeExpr* dims;
+  int32_t layout;       /* OpforgeLayout */
+} OpforgeTensorSpec;
+
+/* Default, range and choices of one parameter. */
+typedef struct OpforgeParamSpec {
+  size_t struct_size;
+  int32_t has_default;
+  OpforgeValue default_value;
+  int32_t has_min, has_max; /* inclusive bounds, for INT and FLOAT (and their lists, per element) */
+  double min, max;
+  int32_t num_choices;      /* STRING only: allowed values (an enum); 0: any string */
+  const char* const* choices;
+} OpforgeParamSpec;
+
+/* One input or parameter, in declaration order (the schema's argument order). */
+typedef struct OpforgeArgSpec {
+  size_t struct_size;
+  const char* name;
+  int32_t kind; /* OpforgeArgKind */
+  OpforgeTensorSpec tensor; /* kind == OPFORGE_ARG_TENSOR */
+  OpforgeParamSpec param;   /* otherwise */
+} OpforgeArgSpec;
+
+/* One output: its dtype and shape rule. Outputs are freshly allocated, dense and
+ * row-major, and never alias inputs. */
+typedef struct OpforgeOutputSpec {
+  size_t struct_size;
+  const char* name;
+  int32_t dtype_like;   /* tensor argument whose dtype the output takes, or -1 */
+  int32_t dtype;        /* fixed OpforgeDtype when dtype_like == -1 */
+  int32_t shape_like;   /* tensor argument whose shape is the base, or -1 (explicit shape) */
+  int32_t num_dims;     /* explicit: the rank; like: the number of overridden dims */
+  const int32_t* dim_index; /* like: which dim each expression replaces (negative from end) */
+  const OpforgeExpr* dims;
+} OpforgeOutputSpec;
+
+/* What a kernel is given besides its arguments. */
+typedef struct OpforgeContext {
+  size_t struct_size;
+  int32_t device_type;
+  int32_t device_index;
+  void* stream; /* cudaStream_t for CUDA (the framework's current stream); NULL on CPU */
+  /* Scratch memory from the framework's allocator, valid until the kernel returns
+   * and ordered on `stream`. Returns NULL on failure. */
+  void* (*allocate)(void* state, size_t bytes);
+  void* allocator_state;
+} OpforgeContext;
+
+typedef enum OpforgeStatus {
+  OPFORGE_STATUS_OK = 0,
+  OPFORGE_STATUS_INVALID_ARGUMENT = 1, /* the caller's fault: mapped to ValueError */
+  OPFORGE_STATUS_INTERNAL = 2          /* a bug or a device failure: mapped to RuntimeError */
+} OpforgeStatus;
+
+/* One call: arguments in declaration order (tensors in `tensor`, parameters in
+ * `value` of the same slot), then the outputs, already allocated. */
+typedef struct OpforgeArg {
+  OpforgeTensor tensor;
+  OpforgeValue value;
+} OpforgeArg;
+
+typedef struct OpforgeCallFrame {
+  size_t struct_size;
+  const OpforgeContext* ctx;
+  int32_t num_args;
+  const OpforgeArg* args;
+  int32_t num_outputs;
+  const OpforgeTensor* outputs;
+  char* error;           /* on failure, a NUL-terminated message is written here */
+  size_t error_capacity;
+} OpforgeCallFrame;
+
+typedef int32_t (*OpforgeKernelFn)(const OpforgeCallFrame* frame, const void* user);
+
+typedef struct OpforgeKernel {
+  size_t struct_size;
+  int32_t device_type; /* OpforgeDeviceType */
+  OpforgeKernelFn fn;
+  const void* user;    /* passed back to fn: the author's typed function */
+} OpforgeKernel;
+
+typedef struct OpforgeOpSpec {
+  size_t struct_size;
+  const char* ns;
+  const char* name;
+  const char* doc;
+  const char* file; /* where the op was declared */
+  int32_t line;
+  int32_t num_args;
+  const OpforgeArgSpec* args;
+  int32_t num_outputs;
+  const OpforgeOutputSpec* outputs;
+  int32_t num_kernels; /* kernels[0] is the CPU reference */
+  const OpforgeKernel* kernels;
+} OpforgeOpSpec;
+
+typedef struct OpforgeLibrary {
+  size_t struct_size;
+  int32_t abi_version; /* OPFORGE_ABI_VERSION of the headers the library was built with */
+  int32_t num_ops;
+  const OpforgeOpSpec* const* ops;
+  /* Non-NULL if a declaration in the library is invalid: every problem, each with
+   * the file and line of the declaration. Adapters refuse to load such a library. */
+  const char* error;
+} OpforgeLibrary;
+
+/* The one symbol an op library exports (defined by opforge's op-library support code). */
+const OpforgeLibrary* opforge_library_v1(void);
+typedef const OpforgeLibrary* (*OpforgeLibraryFn)(void);
+#define OPFORGE_LIBRARY_SYMBOL "opforge_library_v1"
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* OPFORGE_C_API_H_ */

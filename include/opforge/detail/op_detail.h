@@ -1,0 +1,275 @@
+// opforge/detail/op_detail.h -- the record an op declaration builds, the kernel entry
+// trampolines and the compile-time signature checks. Not for op authors; see opforge/op.h.
+#pragma once
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "opforge/c_api.h"
+#include "opforge/dtype.h"
+#include "opforge/error.h"
+#include "opforge/expr.h"
+#include "opforge/tensor.h"
+
+#if defined(_WIN32)
+#define OPFORGE_HIDDEN
+#else
+#define OPFORGE_HIDDEN __attribute__((visibility("hidden")))
+#endif
+
+namespace opforge::detail {
+
+/// Constraints of a tensor input, by name (resolved to indices by OpDef::finalize).
+struct TensorDecl {
+  DtypeSet dtypes{0xffffffffu >> (32 - OPFORGE_NUM_DTYPES)};
+  std::string dtype_like;
+  int32_t min_rank = -1, max_rank = -1;
+  bool has_shape = false;
+  std::vector<Expr> shape;
+  int32_t layout = OPFORGE_LAYOUT_CONTIGUOUS;
+};
+
+using ParamDefault = std::variant<std::monostate, int64_t, double, bool, std::string, std::vector<int64_t>,
+                                  std::vector<double>>;
+
+struct ParamDecl {
+  ParamDefault default_value;
+  bool has_min = false, has_max = false;
+  double min = 0, max = 0;
+  std::vector<std::string> choices;
+};
+
+struct ArgDecl {
+  std::string name;
+  OpforgeArgKind kind;
+  TensorDecl tensor;
+  ParamDecl param;
+};
+
+struct OutputDecl {
+  std::string name;
+  std::string dtype_like;  // empty: fixed `dtype`
+  int32_t dtype = -1;
+  std::string shape_like;  // empty: explicit `dims`
+  std::vector<int32_t> dim_index;
+  std::vector<Expr> dims;
+};
+
+/// Everything one OPFORGE_OP declaration says, plus the C ABI view built from it.
+struct OpDef {
+  std::string ns, name, doc, file;
+  int32_t line = 0;
+  std::vector<ArgDecl> args;
+  std::vector<OutputDecl> outputs;
+  std::vector<OpforgeKernel> kernels;  // kernels[0]: the CPU reference
+  bool has_reference = false;
+
+  /// Resolves names, builds the C ABI structs, and returns problems found (each one line,
+  /// with this declaration's file:line). Defined in src/oplib/op_def.cpp.
+  std::vector<std::string> finalize();
+  const OpforgeOpSpec* spec() const { return &spec_; }
+
+  struct Storage;  // owns every array the C ABI structs point into
+  std::shared_ptr<Storage> storage_;
+  OpforgeOpSpec spec_{};
+};
+
+/// The op library's own list of ops (hidden visibility: one per shared object).
+class OPFORGE_HIDDEN Registry {
+ public:
+  void add(std::unique_ptr<OpDef> def);
+  const OpforgeLibrary* library();
+
+ private:
+  std::vector<std::unique_ptr<OpDef>> defs_;
+  std::vector<const OpforgeOpSpec*> specs_;
+  std::string errors_;
+  OpforgeLibrary lib_{};
+  bool built_ = false;
+};
+OPFORGE_HIDDEN Registry& registry();
+
+// ---- parameter types ----------------------------------------------------------------------
+
+/// How a declared parameter type is passed to kernels, and its ABI kind.
+template <class T>
+struct ParamTraits {
+  static_assert(sizeof(T) == 0,
+                "opforge: .param<T>() takes int64_t, double, bool, std::string, std::vector<int64_t> or "
+                "std::vector<double> (use int64_t for integers and double for floating point)");
+};
+template <>
+struct ParamTraits<int64_t> {
+  using arg_type = int64_t;
+  static constexpr OpforgeArgKind kind = OPFORGE_ARG_INT;
+  static arg_type from(const OpforgeValue& v) { return v.i; }
+};
+template <>
+struct ParamTraits<double> {
+  using arg_type = double;
+  static constexpr OpforgeArgKind kind = OPFORGE_ARG_FLOAT;
+  static arg_type from(const OpforgeValue& v) { return v.f; }
+};
+template <>
+struct ParamTraits<bool> {
+  using arg_type = bool;
+  static constexpr OpforgeArgKind kind = OPFORGE_ARG_BOOL;
+  static arg_type from(const OpforgeValue& v) { return v.i != 0; }
+};
+template <>
+struct ParamTraits<std::string> {
+  using arg_type = std::string_view;
+  static constexpr OpforgeArgKind kind = OPFORGE_ARG_STRING;
+  static arg_type from(const OpforgeValue& v) { return {v.s, v.len}; }
+};
+template <>
+struct ParamTraits<std::vector<int64_t>> {
+  using arg_type = std::span<const int64_t>;
+  static constexpr OpforgeArgKind kind = OPFORGE_ARG_INT_LIST;
+  static arg_type from(const OpforgeValue& v) { return {v.ints, v.len}; }
+};
+template <>
+struct ParamTraits<std::vector<double>> {
+  using arg_type = std::span<const double>;
+  static constexpr OpforgeArgKind kind = OPFORGE_ARG_FLOAT_LIST;
+  static arg_type from(const OpforgeValue& v) { return {v.floats, v.len}; }
+};
+
+// ---- constraints ----------------------------------------------------------------------------
+
+struct SameDtype {
+  std::string tensor;
+};
+struct RankRange {
+  int32_t min, max;
+};
+struct Strided {};
+struct ParamRange {
+  bool has_min, has_max;
+  double min, max;
+};
+struct Choices {
+  std::vector<std::string> values;
+};
+
+inline void apply(TensorDecl& t, DtypeSet s) { t.dtypes = s; }
+inline void apply(TensorDecl& t, Dtype d) { t.dtypes = DtypeSet(d); }
+inline void apply(TensorDecl& t, const SameDtype& c) { t.dtype_like = c.tensor; }
+inline void apply(TensorDecl& t, const RankRange& r) {
+  t.min_rank = r.min;
+  t.max_rank = r.max;
+}
+inline void apply(TensorDecl& t, const Shape& s) {
+  t.has_shape = true;
+  t.shape = s.dims;
+}
+inline void apply(TensorDecl& t, Strided) { t.layout = OPFORGE_LAYOUT_STRIDED; }
+
+inline void apply(ParamDecl& p, const ParamRange& r) {
+  if (r.has_min) p.has_min = true, p.min = r.min;
+  if (r.has_max) p.has_max = true, p.max = r.max;
+}
+inline void apply(ParamDecl& p, const Choices& c) { p.choices = c.values; }
+
+template <class C>
+concept TensorConstraint = requires(TensorDecl& t, const C& c) { apply(t, c); };
+template <class C>
+concept ParamConstraint = requires(ParamDecl& p, const C& c) { apply(p, c); };
+
+// ---- kernel signatures and entry trampolines ----------------------------------------------
+
+template <class... S>
+inline constexpr int32_t kNumArgs = (0 + ... + (std::is_same_v<S, MutableTensor> ? 0 : 1));
+
+template <class S>
+S unpack(const OpforgeArg& a) {
+  if constexpr (std::is_same_v<S, Tensor>) {
+    return Tensor(a.tensor);
+  } else if constexpr (std::is_same_v<S, int64_t>) {
+    return ParamTraits<int64_t>::from(a.value);
+  } else if constexpr (std::is_same_v<S, double>) {
+    return ParamTraits<double>::from(a.value);
+  } else if constexpr (std::is_same_v<S, bool>) {
+    return ParamTraits<bool>::from(a.value);
+  } else if constexpr (std::is_same_v<S, std::string_view>) {
+    return ParamTraits<std::string>::from(a.value);
+  } else if constexpr (std::is_same_v<S, std::span<const int64_t>>) {
+    return ParamTraits<std::vector<int64_t>>::from(a.value);
+  } else {
+    static_assert(std::is_same_v<S, std::span<const double>>);
+    return ParamTraits<std::vector<double>>::from(a.value);
+  }
+}
+
+inline void write_error(const OpforgeCallFrame* f, const char* msg) {
+  if (f->error != nullptr && f->error_capacity > 0) std::snprintf(f->error, f->error_capacity, "%s", msg);
+}
+
+/// Runs `body`, turning exceptions into an OpforgeStatus and a message (nothing crosses the ABI).
+template <class Body>
+int32_t guarded(const OpforgeCallFrame* f, Body&& body) {
+  try {
+    body();
+    return OPFORGE_STATUS_OK;
+  } catch (const InvalidArgument& e) {
+    write_error(f, e.what());
+    return OPFORGE_STATUS_INVALID_ARGUMENT;
+  } catch (const std::exception& e) {
+    write_error(f, e.what());
+    return OPFORGE_STATUS_INTERNAL;
+  } catch (...) {
+    write_error(f, "unknown C++ exception");
+    return OPFORGE_STATUS_INTERNAL;
+  }
+}
+
+template <bool WithContext, class... S>
+struct Entry {
+  using Fn = std::conditional_t<WithContext, void (*)(const Context&, S...), void (*)(S...)>;
+
+  template <size_t... I>
+  static void call(Fn fn, const OpforgeCallFrame* f, std::index_sequence<I...>) {
+    constexpr int32_t n = kNumArgs<S...>;
+    auto arg = [f]<size_t J>(std::integral_constant<size_t, J>) {
+      using T = std::tuple_element_t<J, std::tuple<S...>>;
+      if constexpr (std::is_same_v<T, MutableTensor>) {
+        return MutableTensor(f->outputs[J - n]);
+      } else {
+        return unpack<T>(f->args[J]);
+      }
+    };
+    if constexpr (WithContext) {
+      fn(Context(*f->ctx), arg(std::integral_constant<size_t, I>{})...);
+    } else {
+      fn(arg(std::integral_constant<size_t, I>{})...);
+    }
+  }
+
+  static int32_t run(const OpforgeCallFrame* f, const void* user) {
+    return guarded(f, [&] {
+      OPFORGE_ICHECK(f->num_args == kNumArgs<S...> &&
+                         f->num_outputs == static_cast<int32_t>(sizeof...(S)) - kNumArgs<S...>,
+                     "call frame does not match the declaration");
+      call(reinterpret_cast<Fn>(const_cast<void*>(user)), f, std::index_sequence_for<S...>{});
+    });
+  }
+};
+
+/// Which entry (with or without a leading Context) fits a function pointer type `F`.
+template <class F, class... S>
+struct EntryFor {
+  static constexpr bool plain = std::is_same_v<F, void(S...)>;
+  static constexpr bool with_context = std::is_same_v<F, void(const Context&, S...)>;
+  static constexpr bool ok = plain || with_context;
+};
+
+}  // namespace opforge::detail

@@ -1,0 +1,126 @@
+// opforge/expr.h -- shape expressions: how an op states the shapes of its inputs and outputs.
+//
+//   .input("bias", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
+//   .output("y", opforge::shape({opforge::dim("x", 0), opforge::int_param("n")}), opforge::dtype_of("x"))
+//   .output("pooled", opforge::like("x").with_dim(-1, opforge::ceildiv(opforge::dim("x", -1), 2)))
+//
+// Note [Shape expressions]
+// ------------------------
+// An expression is a small tree over integer dims: constants, a dim of an input (`dim`), an
+// integer parameter (`int_param`), + - * / (floor division), ceildiv, min and max. It is stored
+// as data in the op library (postfix nodes, opforge/c_api.h), never as compiled code, so each
+// adapter evaluates the same rule its own way: with int64 at run time to check inputs and
+// allocate outputs, with torch's SymInt in the Meta kernel (so torch.compile and torch.export
+// keep dynamic dims symbolic and never specialise on a batch size), and in Python for
+// frameworks that trace shapes there. Names refer to inputs and parameters declared before the
+// rule; they are resolved when the library is loaded, and a bad name is reported with the
+// declaration's file and line.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "opforge/c_api.h"
+
+namespace opforge {
+
+/// An integer shape expression (see Note [Shape expressions]). Converts from integers.
+class Expr {
+ public:
+  struct Node {
+    OpforgeExprOp op;
+    std::string name;  // DIM: tensor argument; PARAM: integer parameter
+    int64_t value = 0; // CONST: the value; DIM: the dim (negative counts from the end)
+    std::shared_ptr<const Node> lhs, rhs;
+  };
+
+  /// The "any size" placeholder, allowed only inside an input's `shape({...})`.
+  Expr() = default;
+  Expr(int64_t v) : node_(make(OPFORGE_EXPR_CONST, "", v)) {}  // NOLINT: implicit by design
+  Expr(int v) : Expr(static_cast<int64_t>(v)) {}               // NOLINT
+
+  bool is_any() const { return node_ == nullptr; }
+  const std::shared_ptr<const Node>& node() const { return node_; }
+
+  static Expr leaf(OpforgeExprOp op, std::string name, int64_t value) {
+    Expr e;
+    e.node_ = make(op, std::move(name), value);
+    return e;
+  }
+  static Expr binary(OpforgeExprOp op, const Expr& a, const Expr& b) {
+    Expr e;
+    auto n = std::make_shared<Node>();
+    n->op = op;
+    n->lhs = a.node_;
+    n->rhs = b.node_;
+    e.node_ = std::move(n);
+    return e;
+  }
+
+ private:
+  static std::shared_ptr<const Node> make(OpforgeExprOp op, std::string name, int64_t v) {
+    auto n = std::make_shared<Node>();
+    n->op = op;
+    n->name = std::move(name);
+    n->value = v;
+    return n;
+  }
+  std::shared_ptr<const Node> node_;
+};
+
+/// Dim `d` of tensor input `tensor` (negative `d` counts from the end).
+inline Expr dim(std::string tensor, int64_t d) { return Expr::leaf(OPFORGE_EXPR_DIM, std::move(tensor), d); }
+/// The value of integer parameter `name`.
+inline Expr int_param(std::string name) { return Expr::leaf(OPFORGE_EXPR_PARAM, std::move(name), 0); }
+/// Any size (an input shape constraint that leaves one dim free).
+inline const Expr any{};
+
+inline Expr operator+(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_ADD, a, b); }
+inline Expr operator-(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_SUB, a, b); }
+inline Expr operator*(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_MUL, a, b); }
+/// Floor division (sizes are non-negative).
+inline Expr operator/(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_FLOORDIV, a, b); }
+inline Expr ceildiv(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_CEILDIV, a, b); }
+inline Expr min(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_MIN, a, b); }
+inline Expr max(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_MAX, a, b); }
+
+/// A full shape: one expression per dim. As an input constraint it fixes the rank and each
+/// dim (`opforge::any` leaves a dim free); as an output rule it gives the output's shape.
+struct Shape {
+  std::vector<Expr> dims;
+  Shape(std::initializer_list<Expr> d) : dims(d) {}
+  explicit Shape(std::vector<Expr> d) : dims(std::move(d)) {}
+};
+inline Shape shape(std::initializer_list<Expr> dims) { return Shape(dims); }
+
+/// Output rule: the shape and dtype of input `tensor`, optionally with some dims replaced or
+/// another dtype: `opforge::like("x").with_dim(-1, opforge::int_param("n")).with_dtype(kFloat32)`.
+struct Like {
+  std::string tensor;
+  std::vector<std::pair<int32_t, Expr>> overrides;
+  int32_t dtype = -1;  // -1: the dtype of `tensor`
+  Like with_dim(int32_t d, Expr e) const {
+    Like l = *this;
+    l.overrides.emplace_back(d, std::move(e));
+    return l;
+  }
+  template <class D>
+  Like with_dtype(D d) const {
+    Like l = *this;
+    l.dtype = static_cast<int32_t>(d);
+    return l;
+  }
+};
+inline Like like(std::string tensor) { return Like{std::move(tensor), {}, -1}; }
+
+/// Output dtype rule: the dtype of input `tensor`.
+struct DtypeOf {
+  std::string tensor;
+};
+inline DtypeOf dtype_of(std::string tensor) { return DtypeOf{std::move(tensor)}; }
+
+}  // namespace opforge

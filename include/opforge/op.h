@@ -1,0 +1,244 @@
+// opforge/op.h -- describe an operator once; every framework adapter derives the rest.
+//
+// The one header an op file includes. It pulls in no framework and no CUDA header.
+//
+//   #include <opforge/op.h>
+//
+//   void softshrink_cpu(opforge::Tensor x, double lambd, opforge::MutableTensor y);
+//   void softshrink_cuda(const opforge::Context& ctx, opforge::Tensor x, double lambd,
+//                        opforge::MutableTensor y);  // in softshrink.cu
+//
+//   OPFORGE_OP(examples, softshrink)
+//       .doc("x - lambd where x > lambd, x + lambd where x < -lambd, else 0")
+//       .input("x", opforge::floating)
+//       .param<double>("lambd", 0.5, opforge::at_least(0.0))
+//       .output("y", opforge::like("x"))
+//       .reference(softshrink_cpu)
+//       .cuda(softshrink_cuda);
+//
+// Loaded through the torch adapter this becomes `torch.ops.examples.softshrink(Tensor x,
+// float lambd=0.5) -> Tensor` with CPU, CUDA and Meta kernels, checked inputs, and support for
+// torch.compile, torch.export and AOTInductor.
+//
+// The declaration is ordered and typed: inputs and parameters in schema order, then outputs.
+// Kernels take exactly those arguments in that order -- opforge::Tensor for an input, the C++
+// type of each parameter (see below), opforge::MutableTensor for an output -- optionally
+// preceded by `const opforge::Context&`; a mismatch is a compile error that says so.
+//
+//   .param<T>    passed to kernels as   schema type
+//   int64_t      int64_t                int
+//   double       double                 float
+//   bool         bool                   bool
+//   std::string  std::string_view       str
+//   std::vector<int64_t>  std::span<const int64_t>   int[]
+//   std::vector<double>   std::span<const double>    float[]
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "opforge/detail/op_detail.h"
+#include "opforge/dtype.h"
+#include "opforge/error.h"
+#include "opforge/expr.h"
+#include "opforge/tensor.h"
+
+namespace opforge {
+
+// ---- input constraints ----------------------------------------------------------------------
+
+/// The input's dtype must equal that of the earlier tensor input `tensor`.
+inline detail::SameDtype same_dtype(std::string tensor) { return {std::move(tensor)}; }
+/// The input has exactly `n` dims.
+inline detail::RankRange rank(int32_t n) { return {n, n}; }
+/// The input has at least `n` dims.
+inline detail::RankRange min_rank(int32_t n) { return {n, -1}; }
+/// The input has between `lo` and `hi` dims (inclusive).
+inline detail::RankRange rank_between(int32_t lo, int32_t hi) { return {lo, hi}; }
+/// The kernel reads strides, so the adapter passes any layout (permuted, sliced, expanded)
+/// as it is. Without this, inputs reach kernels dense and row-major.
+inline constexpr detail::Strided strided{};
+
+// ---- parameter constraints ------------------------------------------------------------------
+
+/// Parameter (or each element of a list parameter) >= `v`.
+inline detail::ParamRange at_least(double v) { return {true, false, v, 0}; }
+/// Parameter (or each element) <= `v`.
+inline detail::ParamRange at_most(double v) { return {false, true, 0, v}; }
+/// `lo` <= parameter <= `hi`.
+inline detail::ParamRange in_range(double lo, double hi) { return {true, true, lo, hi}; }
+/// A string parameter restricted to these values (an enum).
+inline detail::Choices one_of(std::vector<std::string> values) { return {std::move(values)}; }
+
+namespace detail {
+inline constexpr const char* kOrderMessage =
+    "opforge: declare every .input() and .param() before the first .output(); kernels take them in that order";
+}
+
+/// Builds an op declaration; see the file comment. Each call returns a builder whose type
+/// records the declared argument types, so that `.reference()` and `.cuda()` can check the
+/// kernels' signatures at compile time. Produced by OPFORGE_OP; not constructed directly.
+template <bool HasOutputs, class... Sig>
+class OpBuilder {
+ public:
+  explicit OpBuilder(std::unique_ptr<detail::OpDef> def) : def_(std::move(def)) {}
+
+  /// One-line description, shown in docs and in error messages.
+  OpBuilder doc(std::string text) && {
+    def_->doc = std::move(text);
+    return std::move(*this);
+  }
+
+  /// A tensor input. Constraints: a dtype set (`opforge::floating`, `opforge::kFloat16 |
+  /// opforge::kBFloat16`), `same_dtype("x")`, `rank(n)`, `min_rank(n)`, `shape({...})`, `strided`.
+  template <class... C>
+  OpBuilder<false, Sig..., Tensor> input(std::string name, const C&... constraints) && {
+    static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
+    static_assert((detail::TensorConstraint<C> && ...),
+                  "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::rank, opforge::min_rank, "
+                  "opforge::shape and opforge::strided as constraints");
+    detail::ArgDecl a{std::move(name), OPFORGE_ARG_TENSOR, {}, {}};
+    (detail::apply(a.tensor, constraints), ...);
+    def_->args.push_back(std::move(a));
+    return OpBuilder<false, Sig..., Tensor>(std::move(def_));
+  }
+
+  /// A required parameter of C++ type T (see the table in the file comment), with optional
+  /// constraints `at_least`, `at_most`, `in_range`, `one_of`.
+  template <class T, class... C>
+    requires(detail::ParamConstraint<C> && ...)
+  auto param(std::string name, const C&... constraints) && {
+    return std::move(*this).template add_param<T>(std::move(name), detail::ParamDefault{}, constraints...);
+  }
+
+  /// A parameter with a default value.
+  template <class T, class... C>
+    requires(detail::ParamConstraint<C> && ...)
+  auto param(std::string name, std::type_identity_t<T> default_value, const C&... constraints) && {
+    return std::move(*this).template add_param<T>(std::move(name), detail::ParamDefault(std::move(default_value)),
+                                                  constraints...);
+  }
+
+  /// An output with the shape and dtype of an input, possibly modified: `like("x")`.
+  OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Like& rule) && {
+    detail::OutputDecl o;
+    o.name = std::move(name);
+    o.shape_like = rule.tensor;
+    if (rule.dtype < 0) o.dtype_like = rule.tensor;
+    o.dtype = rule.dtype;
+    for (const auto& [d, e] : rule.overrides) {
+      o.dim_index.push_back(d);
+      o.dims.push_back(e);
+    }
+    return std::move(*this).add_output(std::move(o));
+  }
+
+  /// An output with an explicit shape and the dtype of an input.
+  OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Shape& shape, const DtypeOf& dtype) && {
+    detail::OutputDecl o;
+    o.name = std::move(name);
+    o.dims = shape.dims;
+    o.dtype_like = dtype.tensor;
+    return std::move(*this).add_output(std::move(o));
+  }
+
+  /// An output with an explicit shape and a fixed dtype.
+  OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Shape& shape, Dtype dtype) && {
+    detail::OutputDecl o;
+    o.name = std::move(name);
+    o.dims = shape.dims;
+    o.dtype = static_cast<int32_t>(dtype);
+    return std::move(*this).add_output(std::move(o));
+  }
+
+  /// The CPU reference: the op's CPU kernel and the baseline device kernels are checked against.
+  template <class F>
+  OpBuilder reference(F* fn) && {
+    def_->kernels[0] = make_kernel(OPFORGE_DEVICE_CPU, fn);
+    def_->has_reference = true;
+    return std::move(*this);
+  }
+
+  /// A CUDA kernel compiled ahead of time (a host function in a .cu file that launches on
+  /// `ctx`'s stream; see opforge/cuda.h).
+  template <class F>
+  OpBuilder cuda(F* fn) && {
+    def_->kernels.push_back(make_kernel(OPFORGE_DEVICE_CUDA, fn));
+    return std::move(*this);
+  }
+
+  /// \private Hands the finished declaration to the registry (used by OPFORGE_OP).
+  std::unique_ptr<detail::OpDef> release() && { return std::move(def_); }
+
+ private:
+  template <bool, class...>
+  friend class OpBuilder;
+
+  template <class T, class... C>
+  OpBuilder<false, Sig..., typename detail::ParamTraits<T>::arg_type> add_param(std::string name,
+                                                                               detail::ParamDefault dflt,
+                                                                               const C&... constraints) && {
+    static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
+    detail::ArgDecl a{std::move(name), detail::ParamTraits<T>::kind, {}, {}};
+    a.param.default_value = std::move(dflt);
+    (detail::apply(a.param, constraints), ...);
+    def_->args.push_back(std::move(a));
+    return OpBuilder<false, Sig..., typename detail::ParamTraits<T>::arg_type>(std::move(def_));
+  }
+
+  OpBuilder<true, Sig..., MutableTensor> add_output(detail::OutputDecl o) && {
+    def_->outputs.push_back(std::move(o));
+    return OpBuilder<true, Sig..., MutableTensor>(std::move(def_));
+  }
+
+  template <class F>
+  static OpforgeKernel make_kernel(OpforgeDeviceType device, F* fn) {
+    static_assert(HasOutputs, "opforge: declare the op's .output()s before its kernels");
+    using E = detail::EntryFor<F, Sig...>;
+    static_assert(E::ok,
+                  "opforge: a kernel must be `void fn([const opforge::Context&,] args...)` where args are the "
+                  "declared inputs (opforge::Tensor), parameters (int64_t, double, bool, std::string_view, "
+                  "std::span<const int64_t>, std::span<const double>) and outputs (opforge::MutableTensor), "
+                  "in declaration order");
+    OpforgeKernel k{};
+    k.struct_size = sizeof(OpforgeKernel);
+    k.device_type = device;
+    k.fn = &detail::Entry<E::with_context, Sig...>::run;
+    k.user = reinterpret_cast<const void*>(fn);
+    return k;
+  }
+
+  std::unique_ptr<detail::OpDef> def_;
+};
+
+namespace detail {
+inline OpBuilder<false> make_op(const char* ns, const char* name, const char* file, int line) {
+  auto def = std::make_unique<OpDef>();
+  def->ns = ns;
+  def->name = name;
+  def->file = file;
+  def->line = line;
+  def->kernels.push_back(OpforgeKernel{sizeof(OpforgeKernel), OPFORGE_DEVICE_CPU, nullptr, nullptr});
+  return OpBuilder<false>(std::move(def));
+}
+
+struct Registration {
+  template <bool HasOutputs, class... S>
+  Registration(OpBuilder<HasOutputs, S...>&& b) {  // NOLINT: implicit by design
+    static_assert(HasOutputs, "opforge: an op declares at least one .output()");
+    registry().add(std::move(b).release());
+  }
+};
+}  // namespace detail
+
+}  // namespace opforge
+
+#define OPFORGE_CONCAT_INNER(a, b) a##b
+#define OPFORGE_CONCAT(a, b) OPFORGE_CONCAT_INNER(a, b)
+
+/// Declares the op `ns::name` in the enclosing op library; follow it with the builder chain
+/// (see the file comment) and a semicolon. At namespace scope only.
+#define OPFORGE_OP(ns, name)                                                                     \
+  [[maybe_unused]] static const ::opforge::detail::Registration OPFORGE_CONCAT(opforge_op_, __COUNTER__) = \
+      ::opforge::detail::make_op(#ns, #name, __FILE__, __LINE__)

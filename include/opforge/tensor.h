@@ -1,0 +1,94 @@
+// opforge/tensor.h -- the views a kernel receives: Tensor (an input), MutableTensor (an
+// output) and Context (stream, device, scratch memory).
+//
+//   void softshrink_cpu(opforge::Tensor x, double lambd, opforge::MutableTensor y) {
+//     for (int64_t i = 0; i < x.numel(); ++i) ...  // inputs are dense unless declared strided
+//   }
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "opforge/c_api.h"
+#include "opforge/dtype.h"
+
+namespace opforge {
+
+/// Read-only view of an input tensor (shape, strides in elements, dtype, device).
+/// Inputs are dense and row-major unless the op declares them `opforge::strided`.
+class Tensor {
+ public:
+  explicit Tensor(const OpforgeTensor& t) : t_(t) {}
+
+  int32_t ndim() const { return t_.ndim; }
+  /// Size of dim `d`; negative `d` counts from the end.
+  int64_t size(int32_t d) const { return t_.sizes[d < 0 ? d + t_.ndim : d]; }
+  /// Stride of dim `d` in elements; negative `d` counts from the end.
+  int64_t stride(int32_t d) const { return t_.strides[d < 0 ? d + t_.ndim : d]; }
+  const int64_t* sizes() const { return t_.sizes; }
+  const int64_t* strides() const { return t_.strides; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int32_t d = 0; d < t_.ndim; ++d) n *= t_.sizes[d];
+    return n;
+  }
+  Dtype dtype() const { return static_cast<Dtype>(t_.dtype); }
+  bool is_cuda() const { return t_.device_type == OPFORGE_DEVICE_CUDA; }
+  int32_t device_index() const { return t_.device_index; }
+  /// True if dense and row-major (size-1 dims may have any stride).
+  bool is_contiguous() const {
+    int64_t expected = 1;
+    for (int32_t d = t_.ndim - 1; d >= 0; --d) {
+      if (t_.sizes[d] != 1 && t_.strides[d] != expected) return false;
+      expected *= t_.sizes[d];
+    }
+    return true;
+  }
+  /// Typed pointer to element [0, ..., 0]. T must match dtype() (see visit_dtype).
+  template <class T>
+  const T* data() const {
+    return static_cast<const T*>(t_.data);
+  }
+  const void* raw_data() const { return t_.data; }
+  const OpforgeTensor& c_tensor() const { return t_; }
+
+ protected:
+  OpforgeTensor t_;
+};
+
+/// Writable view of an output tensor: dense, row-major, allocated by the adapter with the
+/// shape and dtype of the op's output rule. Kernels write every element.
+class MutableTensor : public Tensor {
+ public:
+  using Tensor::Tensor;
+  template <class T>
+  T* data() const {
+    return static_cast<T*>(t_.data);
+  }
+  void* raw_data() const { return t_.data; }
+};
+
+/// What a kernel is given besides its arguments: the device, the stream to launch on (the
+/// framework's current stream, never the legacy default stream) and scratch memory from the
+/// framework's allocator. Kernels never synchronise and never call cudaMalloc, so they stay
+/// safe inside CUDA graphs.
+class Context {
+ public:
+  explicit Context(const OpforgeContext& c) : c_(c) {}
+  bool is_cuda() const { return c_.device_type == OPFORGE_DEVICE_CUDA; }
+  int32_t device_index() const { return c_.device_index; }
+  /// The stream as an opaque handle (a cudaStream_t on CUDA; see opforge/cuda.h).
+  void* stream() const { return c_.stream; }
+  /// `bytes` of scratch memory on the kernel's device, valid until the kernel returns and
+  /// ordered on stream(). Throws InternalError if the allocator fails.
+  void* allocate(size_t bytes) const {
+    void* p = c_.allocate ? c_.allocate(c_.allocator_state, bytes) : nullptr;
+    if (p == nullptr && bytes > 0) throw InternalError("opforge: scratch allocation failed");
+    return p;
+  }
+
+ private:
+  OpforgeContext c_;
+};
+
+}  // namespace opforge

@@ -1,0 +1,26 @@
+"""opforge: describe an operator once in C++, use it from every framework.
+
+``import opforge`` loads the PyTorch adapter. Then::
+
+    lib = opforge.load_library("build/lib/libsoftshrink.so")
+    y = torch.ops.examples.softshrink(x, lambd=0.5)
+
+Op libraries are built with :func:`opforge.build_library` (or the CMake function
+``opforge_add_library``); AOTInductor packages that carry their op libraries are written by
+:func:`opforge.aoti.package` and run by the C++ runner with :func:`opforge.aoti.run`.
+"""
+
+from ._adapter import Library, OpforgeError, load_library, loaded_libraries
+from ._build import BuildError, build_library
+from ._paths import build_dir, example_library
+
+__all__ = [
+    "BuildError",
+    "Library",
+    "OpforgeError",
+    "build_dir",
+    "build_library",
+    "example_library",
+    "load_library",
+    "loaded_libraries",
+]

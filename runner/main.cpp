@@ -1,0 +1,173 @@
+// opforge-runner: runs an AOTInductor package (.pt2) that uses opforge ops, with no Python.
+//
+//   opforge-runner PACKAGE.pt2 --inputs in.pt --output out.pt [--device cpu|cuda[:N]]
+//                  [--warmup N] [--iters N]
+//
+// Before loading the model it loads the op libraries that the package's manifest
+// (opforge_ops.txt, written beside the .pt2 by opforge.aoti.package) lists, and fails with the
+// names of any ops and libraries that are missing. Inputs are a list of tensors saved with
+// torch.save; outputs are saved the same way (read them with torch.load). Prints one JSON line:
+// {"device": ..., "outputs": N, "iters": N, "latency_ms": {"median": ..., "min": ..., "max": ...}}.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "opforge/torch.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: opforge-runner PACKAGE.pt2 --inputs FILE --output FILE [--device cpu|cuda[:N]] [--warmup N] [--iters N]";
+
+struct Options {
+  std::string package, inputs, output, device = "cpu";
+  int warmup = 1, iters = 1;
+};
+
+[[noreturn]] void fail(const std::string& msg) {
+  std::cerr << "opforge-runner: " << msg << "\n";
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value\n" + kUsage);
+    return argv[++i];
+  };
+  auto count = [&](int& i) {
+    const std::string v = value(i);
+    try {
+      int n = std::stoi(v);
+      if (n >= 0) return n;
+    } catch (...) {
+    }
+    fail(std::string(argv[i - 1]) + ": expected a count >= 0, got '" + v + "'");
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--inputs") o.inputs = value(i);
+    else if (a == "--output") o.output = value(i);
+    else if (a == "--device") o.device = value(i);
+    else if (a == "--warmup") o.warmup = count(i);
+    else if (a == "--iters") o.iters = std::max(1, count(i));
+    else if (a == "-h" || a == "--help") {
+      std::cout << kUsage << "\n";
+      std::exit(0);
+    } else if (!a.empty() && a[0] == '-') fail("unknown option " + a + "\n" + kUsage);
+    else if (o.package.empty()) o.package = a;
+    else fail("unexpected argument " + a + "\n" + kUsage);
+  }
+  if (o.package.empty() || o.inputs.empty() || o.output.empty()) fail(kUsage);
+  return o;
+}
+
+std::vector<char> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot read " + path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+/// Loads the op libraries listed in the manifest beside the package, then checks that every
+/// listed op is registered. Manifest lines: "<ns>::<op> <library file>".
+void load_ops(const fs::path& package) {
+  const fs::path dir = package.parent_path().empty() ? fs::path(".") : package.parent_path();
+  const fs::path manifest = dir / "opforge_ops.txt";
+  if (!fs::exists(manifest)) {
+    fail("no op manifest " + manifest.string() + " beside " + package.string() +
+         "; packages written by opforge.aoti.package carry one");
+  }
+  std::ifstream in(manifest);
+  std::map<std::string, std::vector<std::string>> ops_by_library;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string op, lib;
+    if (!(ls >> op >> lib) || op[0] == '#') continue;
+    ops_by_library[lib].push_back(op);
+  }
+  std::vector<std::string> missing;
+  for (const auto& [lib, ops] : ops_by_library) {
+    const fs::path path = dir / lib;
+    if (!fs::exists(path)) {
+      for (const auto& op : ops) missing.push_back(op + " (from " + lib + ", not found in " + dir.string() + ")");
+      continue;
+    }
+    opforge::torch::load_library(path.string());
+    for (const auto& op : ops) {
+      if (!c10::Dispatcher::singleton().findSchema({op, ""}).has_value())
+        missing.push_back(op + " (" + lib + " loaded but does not declare it)");
+    }
+  }
+  if (!missing.empty()) {
+    std::string m = package.string() + " needs ops that are not available:";
+    for (const auto& s : missing) m += "\n  " + s;
+    fail(m);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  try {
+    load_ops(o.package);
+    const c10::Device device(o.device);
+    c10::IValue loaded = torch::pickle_load(read_file(o.inputs));
+    std::vector<at::Tensor> inputs;
+    if (loaded.isTensor()) {
+      inputs.push_back(loaded.toTensor());
+    } else if (loaded.isList() || loaded.isTuple()) {
+      for (const auto& v : loaded.isList() ? loaded.toListRef() : loaded.toTupleRef().elements()) {
+        if (!v.isTensor()) fail(o.inputs + ": expected a list of tensors");
+        inputs.push_back(v.toTensor());
+      }
+    } else {
+      fail(o.inputs + ": expected a tensor or a list of tensors (saved with torch.save)");
+    }
+    for (auto& t : inputs) t = t.to(device);
+
+    torch::inductor::AOTIModelPackageLoader loader(o.package, "model", false, 1,
+                                                   device.is_cuda() && device.has_index() ? device.index() : -1);
+    auto sync = [&] {
+      if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
+    };
+    std::vector<at::Tensor> outputs;
+    for (int i = 0; i < o.warmup; ++i) outputs = loader.run(inputs);
+    sync();
+    std::vector<double> ms;
+    for (int i = 0; i < o.iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      outputs = loader.run(inputs);
+      sync();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    c10::List<at::Tensor> cpu_outputs;
+    for (const auto& t : outputs) cpu_outputs.push_back(t.cpu());
+    const std::vector<char> bytes = torch::pickle_save(c10::IValue(cpu_outputs));
+    std::ofstream(o.output, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+
+    std::sort(ms.begin(), ms.end());
+    std::cout << "{\"device\": \"" << device.str() << "\", \"outputs\": " << outputs.size()
+              << ", \"iters\": " << ms.size() << ", \"latency_ms\": {\"median\": " << ms[ms.size() / 2]
+              << ", \"min\": " << ms.front() << ", \"max\": " << ms.back() << "}}" << std::endl;
+  } catch (const c10::Error& e) {
+    fail(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  return 0;
+}

@@ -1,0 +1,282 @@
+// Input checks and output shape rules, evaluated over any integer type.
+//
+// Adapters describe the arguments of one call as ArgInfo<Int> and call check_args() and
+// output_shapes(). `Int` is int64_t at run time and the framework's symbolic integer in a Meta
+// kernel (c10::SymInt for torch), so one implementation serves both and dynamic dims stay
+// symbolic (see Note [Shape expressions] in opforge/expr.h). An adapter with a symbolic type
+// specialises IntOps for it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "opforge/c_api.h"
+#include "opforge/dtype.h"
+#include "schema.h"
+
+namespace opforge::core {
+
+/// Integer operations the shape rules need; specialise for a symbolic integer type.
+template <class Int>
+struct IntOps {
+  static Int floordiv(const Int& a, const Int& b) { return a / b; }
+  static Int min(const Int& a, const Int& b) { return std::min(a, b); }
+  static Int max(const Int& a, const Int& b) { return std::max(a, b); }
+  static bool eq(const Int& a, const Int& b) { return a == b; }
+  static std::string str(const Int& a) {
+    std::ostringstream os;
+    os << a;
+    return os.str();
+  }
+};
+
+/// One argument of a call: a tensor's dtype, device and sizes, or a parameter value.
+template <class Int>
+struct ArgInfo {
+  // tensors
+  int32_t dtype = -1;           // OpforgeDtype, or -1 for a dtype opforge does not know
+  std::string dtype_label;      // the framework's name for the dtype, used in messages
+  std::string device;           // the framework's device string ("cuda:1"), compared and printed
+  std::vector<Int> sizes;
+  // parameters
+  OpforgeValue value{};
+};
+
+template <class Int>
+std::string sizes_string(const std::vector<Int>& sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + IntOps<Int>::str(sizes[i]);
+  return s + "]";
+}
+
+inline std::string dtype_set_string(uint32_t bits) {
+  std::string s;
+  int n = 0;
+  for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d) {
+    if (!((bits >> d) & 1u)) continue;
+    s += (n++ ? ", " : "") + std::string(dtype_name(d));
+  }
+  return n == 1 ? s : "one of {" + s + "}";
+}
+
+/// Value of expression `e` for this call, or nullopt if it reads a dim that does not exist
+/// (the argument's own rank error is reported instead) or divides by zero.
+template <class Int>
+std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int>>& args) {
+  std::vector<Int> st;
+  for (int32_t i = 0; i < e.num_nodes; ++i) {
+    const OpforgeExprNode& n = e.nodes[i];
+    switch (n.op) {
+      case OPFORGE_EXPR_CONST: st.push_back(Int(n.value)); continue;
+      case OPFORGE_EXPR_PARAM: st.push_back(Int(args[n.arg].value.i)); continue;
+      case OPFORGE_EXPR_DIM: {
+        const auto& s = args[n.arg].sizes;
+        const int64_t r = static_cast<int64_t>(s.size());
+        const int64_t d = n.value < 0 ? n.value + r : n.value;
+        if (d < 0 || d >= r) return std::nullopt;
+        st.push_back(s[d]);
+        continue;
+      }
+      default: break;
+    }
+    if (st.size() < 2) return std::nullopt;
+    Int b = st.back();
+    st.pop_back();
+    Int a = st.back();
+    st.pop_back();
+    if constexpr (std::is_integral_v<Int>) {
+      if ((n.op == OPFORGE_EXPR_FLOORDIV || n.op == OPFORGE_EXPR_CEILDIV) && b == 0) return std::nullopt;
+    }
+    switch (n.op) {
+      case OPFORGE_EXPR_ADD: st.push_back(a + b); break;
+      case OPFORGE_EXPR_SUB: st.push_back(a - b); break;
+      case OPFORGE_EXPR_MUL: st.push_back(a * b); break;
+      case OPFORGE_EXPR_FLOORDIV: st.push_back(IntOps<Int>::floordiv(a, b)); break;
+      case OPFORGE_EXPR_CEILDIV: st.push_back(IntOps<Int>::floordiv(a + b - Int(1), b)); break;
+      case OPFORGE_EXPR_MIN: st.push_back(IntOps<Int>::min(a, b)); break;
+      case OPFORGE_EXPR_MAX: st.push_back(IntOps<Int>::max(a, b)); break;
+      default: return std::nullopt;
+    }
+  }
+  if (st.size() != 1) return std::nullopt;
+  return st.back();
+}
+
+namespace detail {
+inline std::string number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+inline void check_range(const OpforgeArgSpec& a, double v, const std::string& what, std::vector<std::string>& out) {
+  const OpforgeParamSpec& p = a.param;
+  if ((p.has_min && v < p.min) || (p.has_max && v > p.max) || v != v) {
+    std::string want = p.has_min && p.has_max ? "a value in [" + number(p.min) + ", " + number(p.max) + "]"
+                       : p.has_min            ? "a value >= " + number(p.min)
+                                              : "a value <= " + number(p.max);
+    out.push_back(std::string(a.name) + what + ": expected " + want + ", got " + number(v));
+  }
+}
+}  // namespace detail
+
+/// Checks parameter values against their ranges and choices; appends one line per problem.
+inline void check_params(const OpforgeOpSpec& op, const OpforgeValue* values, std::vector<std::string>& out) {
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeArgSpec& a = op.args[i];
+    const OpforgeValue& v = values[i];
+    switch (a.kind) {
+      case OPFORGE_ARG_INT: detail::check_range(a, static_cast<double>(v.i), "", out); break;
+      case OPFORGE_ARG_FLOAT: detail::check_range(a, v.f, "", out); break;
+      case OPFORGE_ARG_INT_LIST:
+        for (size_t k = 0; k < v.len; ++k)
+          detail::check_range(a, static_cast<double>(v.ints[k]), "[" + std::to_string(k) + "]", out);
+        break;
+      case OPFORGE_ARG_FLOAT_LIST:
+        for (size_t k = 0; k < v.len; ++k) detail::check_range(a, v.floats[k], "[" + std::to_string(k) + "]", out);
+        break;
+      case OPFORGE_ARG_STRING:
+        if (a.param.num_choices > 0) {
+          std::string_view s(v.s, v.len);
+          bool ok = false;
+          std::string list;
+          for (int32_t c = 0; c < a.param.num_choices; ++c) {
+            ok = ok || s == a.param.choices[c];
+            list += (c ? ", " : "") + std::string("'") + a.param.choices[c] + "'";
+          }
+          if (!ok) out.push_back(std::string(a.name) + ": expected one of " + list + ", got '" + std::string(s) + "'");
+        }
+        break;
+      default: break;
+    }
+  }
+}
+
+/// Checks every tensor argument (dtype, device, rank, shape); appends one line per bad argument
+/// in the form "name: expected ..., got ...".
+template <class Int>
+void check_tensors(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out) {
+  int32_t first = -1;  // the tensor that sets the device
+  std::vector<bool> bad(op.num_args, false);
+  // A shape rule that reads a tensor already reported as bad would only repeat that problem.
+  auto reads_bad = [&](const OpforgeExpr& e) {
+    for (int32_t k = 0; k < e.num_nodes; ++k)
+      if (e.nodes[k].op == OPFORGE_EXPR_DIM && bad[e.nodes[k].arg]) return true;
+    return false;
+  };
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeArgSpec& a = op.args[i];
+    if (a.kind != OPFORGE_ARG_TENSOR) continue;
+    const ArgInfo<Int>& t = args[i];
+    const OpforgeTensorSpec& s = a.tensor;
+    std::vector<std::string> why;
+    if (t.dtype < 0 || !((s.dtypes >> t.dtype) & 1u)) {
+      why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + t.dtype_label);
+    } else if (s.dtype_like >= 0 && args[s.dtype_like].dtype != t.dtype) {
+      why.push_back("expected dtype " + args[s.dtype_like].dtype_label + " (the dtype of " +
+                    op.args[s.dtype_like].name + "), got " + t.dtype_label);
+    }
+    if (first < 0) {
+      first = i;
+    } else if (args[first].device != t.device) {
+      why.push_back("expected device " + args[first].device + " (the device of " + op.args[first].name + "), got " +
+                    t.device);
+    }
+    const int32_t r = static_cast<int32_t>(t.sizes.size());
+    bool rank_ok = true;
+    if ((s.min_rank >= 0 && r < s.min_rank) || (s.max_rank >= 0 && r > s.max_rank)) {
+      rank_ok = false;
+      std::string want = s.min_rank == s.max_rank ? std::to_string(s.min_rank)
+                         : s.max_rank < 0        ? ">= " + std::to_string(s.min_rank)
+                         : s.min_rank < 0        ? "<= " + std::to_string(s.max_rank)
+                                                 : "in [" + std::to_string(s.min_rank) + ", " +
+                                                       std::to_string(s.max_rank) + "]";
+      why.push_back("expected rank " + want + ", got rank " + std::to_string(r) + " (shape " + sizes_string(t.sizes) +
+                    ")");
+    }
+    if (rank_ok && s.num_dims > 0) {
+      bool ok = true, skip = false;
+      std::string rule = "[", want = "[";
+      for (int32_t d = 0; d < s.num_dims; ++d) {
+        rule += (d ? ", " : "") + expr_string(op, s.dims[d]);
+        if (s.dims[d].num_nodes == 0) {
+          want += d ? ", *" : "*";
+          continue;
+        }
+        if (reads_bad(s.dims[d])) {
+          skip = true;
+          break;
+        }
+        std::optional<Int> v = eval_expr(s.dims[d], args);
+        want += (d ? ", " : "") + (v ? IntOps<Int>::str(*v) : std::string("?"));
+        if (v && !IntOps<Int>::eq(*v, t.sizes[d])) ok = false;
+      }
+      if (!ok && !skip) why.push_back("expected shape " + rule + "] = " + want + "], got " + sizes_string(t.sizes));
+    }
+    bad[i] = !why.empty();
+    for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);
+  }
+}
+
+/// The message for a call that failed its checks: the op's schema, then one line per problem.
+inline std::string invalid_arguments_message(const OpforgeOpSpec& op, const std::vector<std::string>& lines) {
+  std::string m = qualified_schema(op) + ": invalid arguments";
+  for (const auto& l : lines) m += "\n  " + l;
+  return m;
+}
+
+/// Shape and dtype of one output for this call.
+template <class Int>
+struct OutputInfo {
+  int32_t dtype;
+  std::vector<Int> sizes;
+};
+
+/// Evaluates every output's shape and dtype rule. Returns false and appends lines on failure
+/// (a rule that reads a missing dim, or gives a negative size on concrete input).
+template <class Int>
+bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<OutputInfo<Int>>& outs,
+                   std::vector<std::string>& errors) {
+  outs.clear();
+  for (int32_t i = 0; i < op.num_outputs; ++i) {
+    const OpforgeOutputSpec& o = op.outputs[i];
+    OutputInfo<Int> info;
+    info.dtype = o.dtype_like >= 0 ? args[o.dtype_like].dtype : o.dtype;
+    if (o.shape_like >= 0) info.sizes = args[o.shape_like].sizes;
+    const int64_t r = static_cast<int64_t>(info.sizes.size());
+    for (int32_t d = 0; d < o.num_dims; ++d) {
+      std::optional<Int> v = eval_expr(o.dims[d], args);
+      if (!v) {
+        errors.push_back(std::string("output ") + o.name + ": the shape rule " + expr_string(op, o.dims[d]) +
+                         " cannot be evaluated for these inputs");
+        return false;
+      }
+      if constexpr (std::is_integral_v<Int>) {
+        if (*v < 0) {
+          errors.push_back(std::string("output ") + o.name + ": the shape rule " + expr_string(op, o.dims[d]) +
+                           " gives a negative size " + std::to_string(*v));
+          return false;
+        }
+      }
+      if (o.shape_like < 0) {
+        info.sizes.push_back(*v);
+        continue;
+      }
+      const int64_t k = o.dim_index[d] < 0 ? o.dim_index[d] + r : o.dim_index[d];
+      if (k < 0 || k >= r) {
+        errors.push_back(std::string("output ") + o.name + ": with_dim(" + std::to_string(o.dim_index[d]) +
+                         ") is out of range for rank " + std::to_string(r));
+        return false;
+      }
+      info.sizes[k] = *v;
+    }
+    outs.push_back(std::move(info));
+  }
+  return true;
+}
+
+}  // namespace opforge::core

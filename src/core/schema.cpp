@@ -1,0 +1,205 @@
+#include "schema.h"
+
+#include <charconv>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+#include "opforge/dtype.h"
+
+namespace opforge::core {
+
+namespace {
+
+std::string format_double(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  std::string s(buf, res.ptr);
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";  // keep it a float literal
+  return s;
+}
+
+std::string quote_string(std::string_view s, char q) {
+  std::string out(1, q);
+  for (char c : s) {
+    if (c == q || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + q;
+}
+
+std::string format_value(const OpforgeValue& v) {
+  std::ostringstream os;
+  switch (v.kind) {
+    case OPFORGE_ARG_INT: os << v.i; break;
+    case OPFORGE_ARG_FLOAT: os << format_double(v.f); break;
+    case OPFORGE_ARG_BOOL: os << (v.i ? "True" : "False"); break;
+    case OPFORGE_ARG_STRING: os << quote_string({v.s, v.len}, '\''); break;
+    case OPFORGE_ARG_INT_LIST:
+    case OPFORGE_ARG_FLOAT_LIST:
+      os << "[";
+      for (size_t i = 0; i < v.len; ++i) {
+        if (i) os << ", ";
+        if (v.kind == OPFORGE_ARG_INT_LIST) os << v.ints[i];
+        else os << format_double(v.floats[i]);
+      }
+      os << "]";
+      break;
+  }
+  return os.str();
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+const char* schema_type(int32_t kind) {
+  switch (kind) {
+    case OPFORGE_ARG_TENSOR: return "Tensor";
+    case OPFORGE_ARG_INT: return "int";
+    case OPFORGE_ARG_FLOAT: return "float";
+    case OPFORGE_ARG_BOOL: return "bool";
+    case OPFORGE_ARG_STRING: return "str";
+    case OPFORGE_ARG_INT_LIST: return "int[]";
+    case OPFORGE_ARG_FLOAT_LIST: return "float[]";
+    default: return "?";
+  }
+}
+
+std::string qualified_name(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + op.name; }
+
+std::string schema(const OpforgeOpSpec& op) {
+  std::ostringstream os;
+  os << op.name << "(";
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeArgSpec& a = op.args[i];
+    if (i) os << ", ";
+    os << schema_type(a.kind) << " " << a.name;
+    if (a.kind != OPFORGE_ARG_TENSOR && a.param.has_default) os << "=" << format_value(a.param.default_value);
+  }
+  os << ") -> ";
+  if (op.num_outputs == 1) {
+    os << "Tensor";
+  } else {
+    os << "(";
+    for (int32_t i = 0; i < op.num_outputs; ++i) os << (i ? ", " : "") << "Tensor";
+    os << ")";
+  }
+  return os.str();
+}
+
+std::string qualified_schema(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + schema(op); }
+
+std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
+  if (e.num_nodes == 0) return "*";
+  std::vector<std::pair<std::string, bool>> stack;  // text, is compound
+  for (int32_t i = 0; i < e.num_nodes; ++i) {
+    const OpforgeExprNode& n = e.nodes[i];
+    switch (n.op) {
+      case OPFORGE_EXPR_CONST: stack.emplace_back(std::to_string(n.value), false); break;
+      case OPFORGE_EXPR_DIM:
+        stack.emplace_back(std::string(n.arg >= 0 ? op.args[n.arg].name : "?") + ".size(" + std::to_string(n.value) + ")",
+                           false);
+        break;
+      case OPFORGE_EXPR_PARAM: stack.emplace_back(n.arg >= 0 ? op.args[n.arg].name : "?", false); break;
+      default: {
+        if (stack.size() < 2) return "<malformed>";
+        auto b = stack.back();
+        stack.pop_back();
+        auto a = stack.back();
+        stack.pop_back();
+        auto wrap = [](const std::pair<std::string, bool>& t) { return t.second ? "(" + t.first + ")" : t.first; };
+        const char* fn = n.op == OPFORGE_EXPR_CEILDIV ? "ceildiv"
+                         : n.op == OPFORGE_EXPR_MIN   ? "min"
+                         : n.op == OPFORGE_EXPR_MAX   ? "max"
+                                                      : nullptr;
+        if (fn) {
+          stack.emplace_back(std::string(fn) + "(" + a.first + ", " + b.first + ")", false);
+        } else {
+          const char* sym = n.op == OPFORGE_EXPR_ADD ? " + " : n.op == OPFORGE_EXPR_SUB ? " - " : n.op == OPFORGE_EXPR_MUL ? " * " : " // ";
+          stack.emplace_back(wrap(a) + sym + wrap(b), true);
+        }
+      }
+    }
+  }
+  return stack.size() == 1 ? stack.back().first : "<malformed>";
+}
+
+std::string library_json(const OpforgeLibrary& lib) {
+  std::ostringstream os;
+  os << "{\"abi_version\": " << lib.abi_version << ", \"ops\": [";
+  for (int32_t k = 0; k < lib.num_ops; ++k) {
+    const OpforgeOpSpec& op = *lib.ops[k];
+    os << (k ? ", " : "") << "{\"name\": " << json_string(qualified_name(op))
+       << ", \"schema\": " << json_string(qualified_schema(op)) << ", \"doc\": " << json_string(op.doc)
+       << ", \"file\": " << json_string(op.file) << ", \"line\": " << op.line << ", \"args\": [";
+    for (int32_t i = 0; i < op.num_args; ++i) {
+      const OpforgeArgSpec& a = op.args[i];
+      os << (i ? ", " : "") << "{\"name\": " << json_string(a.name) << ", \"type\": " << json_string(schema_type(a.kind));
+      if (a.kind == OPFORGE_ARG_TENSOR) {
+        os << ", \"dtypes\": [";
+        bool first = true;
+        for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d) {
+          if (!((a.tensor.dtypes >> d) & 1u)) continue;
+          os << (first ? "" : ", ") << json_string(dtype_name(d));
+          first = false;
+        }
+        os << "], \"min_rank\": " << a.tensor.min_rank << ", \"max_rank\": " << a.tensor.max_rank
+           << ", \"strided\": " << (a.tensor.layout == OPFORGE_LAYOUT_STRIDED ? "true" : "false");
+        if (a.tensor.dtype_like >= 0) os << ", \"same_dtype\": " << json_string(op.args[a.tensor.dtype_like].name);
+        if (a.tensor.num_dims > 0) {
+          os << ", \"shape\": [";
+          for (int32_t d = 0; d < a.tensor.num_dims; ++d)
+            os << (d ? ", " : "") << json_string(expr_string(op, a.tensor.dims[d]));
+          os << "]";
+        }
+      } else {
+        if (a.param.has_default) os << ", \"default\": " << json_string(format_value(a.param.default_value));
+        if (a.param.has_min) os << ", \"min\": " << format_double(a.param.min);
+        if (a.param.has_max) os << ", \"max\": " << format_double(a.param.max);
+        if (a.param.num_choices > 0) {
+          os << ", \"choices\": [";
+          for (int32_t c = 0; c < a.param.num_choices; ++c) os << (c ? ", " : "") << json_string(a.param.choices[c]);
+          os << "]";
+        }
+      }
+      os << "}";
+    }
+    os << "], \"outputs\": [";
+    for (int32_t i = 0; i < op.num_outputs; ++i) {
+      const OpforgeOutputSpec& o = op.outputs[i];
+      os << (i ? ", " : "") << "{\"name\": " << json_string(o.name);
+      if (o.shape_like >= 0) os << ", \"like\": " << json_string(op.args[o.shape_like].name);
+      os << ", \"dtype\": "
+         << json_string(o.dtype_like >= 0 ? std::string("like ") + op.args[o.dtype_like].name : dtype_name(o.dtype))
+         << "}";
+    }
+    os << "], \"devices\": [";
+    for (int32_t i = 0; i < op.num_kernels; ++i)
+      os << (i ? ", " : "") << (op.kernels[i].device_type == OPFORGE_DEVICE_CUDA ? "\"cuda\"" : "\"cpu\"");
+    os << "]}";
+  }
+  os << "]}";
+  return os.str();
+}
+
+}  // namespace opforge::core

@@ -1,0 +1,31 @@
+// Schema strings and descriptions derived from an op's C ABI record.
+#pragma once
+
+#include <string>
+
+#include "opforge/c_api.h"
+
+namespace opforge::core {
+
+/// "ns::name".
+std::string qualified_name(const OpforgeOpSpec& op);
+
+/// The torch schema without namespace, e.g. "softshrink(Tensor x, float lambd=0.5) -> Tensor".
+/// Types: Tensor, int, float, bool, str, int[], float[]; defaults printed so that torch's
+/// schema parser reads back the same value (floats as shortest round-trip decimals).
+std::string schema(const OpforgeOpSpec& op);
+
+/// The schema with namespace, as error messages print it: "examples::softshrink(...) -> Tensor".
+std::string qualified_schema(const OpforgeOpSpec& op);
+
+/// Infix text of an expression, e.g. "x.size(-1) * 2"; used in messages and docs.
+std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e);
+
+/// A JSON description of a library's ops (name, schema, doc, declaration site, arguments with
+/// kinds, dtype sets, ranks and layouts, and outputs), for Python tooling and other adapters.
+std::string library_json(const OpforgeLibrary& lib);
+
+/// Name of a schema type for an argument kind ("Tensor", "int", ...).
+const char* schema_type(int32_t kind);
+
+}  // namespace opforge::core

@@ -1,0 +1,295 @@
+// The support code compiled into every op library: turns OPFORGE_OP declarations into the C
+// ABI records of opforge/c_api.h, checks them, and exports `opforge_library_v1`.
+//
+// Compiled with hidden visibility (opforge_add_library sets it), so each op library keeps its
+// own registry even when several are loaded into one process.
+#include <algorithm>
+#include <cctype>
+#include <deque>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "opforge/op.h"
+
+namespace opforge::detail {
+
+struct OpDef::Storage {
+  std::deque<std::vector<OpforgeExprNode>> nodes;
+  std::deque<std::vector<OpforgeExpr>> exprs;
+  std::deque<std::vector<int32_t>> ints;
+  std::deque<std::string> strings;
+  std::deque<std::vector<const char*>> cstrs;
+  std::deque<std::vector<int64_t>> i64s;
+  std::deque<std::vector<double>> f64s;
+  std::vector<OpforgeArgSpec> args;
+  std::vector<OpforgeOutputSpec> outputs;
+};
+
+namespace {
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+const char* kind_name(int32_t k) {
+  switch (k) {
+    case OPFORGE_ARG_TENSOR: return "tensor";
+    case OPFORGE_ARG_INT: return "int64_t";
+    case OPFORGE_ARG_FLOAT: return "double";
+    case OPFORGE_ARG_BOOL: return "bool";
+    case OPFORGE_ARG_STRING: return "std::string";
+    case OPFORGE_ARG_INT_LIST: return "std::vector<int64_t>";
+    default: return "std::vector<double>";
+  }
+}
+
+/// Resolves names and flattens expression trees into postfix nodes.
+class Resolver {
+ public:
+  Resolver(const OpDef& def, std::vector<std::string>& errors) : def_(def), errors_(errors) {
+    for (size_t i = 0; i < def.args.size(); ++i) index_.emplace(def.args[i].name, static_cast<int32_t>(i));
+  }
+
+  std::string where() const {
+    std::ostringstream os;
+    os << def_.file << ":" << def_.line << ": op " << def_.ns << "::" << def_.name << ": ";
+    return os.str();
+  }
+  void error(const std::string& context, const std::string& msg) { errors_.push_back(where() + context + msg); }
+
+  std::string inputs_list(bool tensors) const {
+    std::string out;
+    for (const auto& a : def_.args) {
+      if ((a.kind == OPFORGE_ARG_TENSOR) != tensors) continue;
+      out += (out.empty() ? "" : ", ") + a.name;
+    }
+    return out.empty() ? "none" : out;
+  }
+
+  /// Index of the tensor input `name`, or -1 after recording an error.
+  int32_t tensor(const std::string& name, const std::string& context) {
+    auto it = index_.find(name);
+    if (it == index_.end() || def_.args[it->second].kind != OPFORGE_ARG_TENSOR) {
+      error(context, "\"" + name + "\" names no tensor input (tensor inputs: " + inputs_list(true) + ")");
+      return -1;
+    }
+    return it->second;
+  }
+
+  void flatten(const std::shared_ptr<const Expr::Node>& n, std::vector<OpforgeExprNode>& out,
+               const std::string& context) {
+    switch (n->op) {
+      case OPFORGE_EXPR_CONST: out.push_back({OPFORGE_EXPR_CONST, -1, n->value}); return;
+      case OPFORGE_EXPR_DIM: out.push_back({OPFORGE_EXPR_DIM, tensor(n->name, context + "dim(): "), n->value}); return;
+      case OPFORGE_EXPR_PARAM: {
+        auto it = index_.find(n->name);
+        int32_t idx = -1;
+        if (it == index_.end() || def_.args[it->second].kind != OPFORGE_ARG_INT) {
+          error(context, "int_param(\"" + n->name + "\") names no int64_t parameter (parameters: " +
+                             inputs_list(false) + ")");
+        } else {
+          idx = it->second;
+        }
+        out.push_back({OPFORGE_EXPR_PARAM, idx, 0});
+        return;
+      }
+      default:
+        flatten(n->lhs, out, context);
+        flatten(n->rhs, out, context);
+        out.push_back({n->op, -1, 0});
+    }
+  }
+
+ private:
+  const OpDef& def_;
+  std::vector<std::string>& errors_;
+  std::map<std::string, int32_t> index_;
+};
+
+bool in_range(const ParamDecl& p, double v) { return !(p.has_min && v < p.min) && !(p.has_max && v > p.max); }
+
+}  // namespace
+
+std::vector<std::string> OpDef::finalize() {
+  std::vector<std::string> errors;
+  Resolver r(*this, errors);
+  storage_ = std::make_shared<Storage>();
+  Storage& s = *storage_;
+
+  auto exprs = [&](const std::vector<Expr>& es, bool allow_any, const std::string& context) {
+    auto& arr = s.exprs.emplace_back();
+    for (size_t i = 0; i < es.size(); ++i) {
+      auto& nodes = s.nodes.emplace_back();
+      if (es[i].is_any()) {
+        if (!allow_any) r.error(context, "opforge::any is allowed only in an input's shape({...})");
+      } else {
+        r.flatten(es[i].node(), nodes, context);
+      }
+      arr.push_back(OpforgeExpr{static_cast<int32_t>(nodes.size()), nodes.data()});
+    }
+    return arr.data();
+  };
+  auto cstr = [&](const std::string& str) { return s.strings.emplace_back(str).c_str(); };
+
+  if (!is_identifier(ns) || !is_identifier(name)) r.error("", "namespace and op name must be identifiers");
+  if (!has_reference) r.error("", "no CPU reference: add .reference(fn)");
+  if (std::none_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.kind == OPFORGE_ARG_TENSOR; }))
+    r.error("", "an op takes at least one tensor .input() (it sets the device outputs are allocated on)");
+  std::set<std::string> seen;
+  int num_cuda = 0;
+  for (const auto& k : kernels) num_cuda += k.device_type == OPFORGE_DEVICE_CUDA;
+  if (num_cuda > 1) r.error("", "more than one .cuda() kernel");
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgDecl& a = args[i];
+    const std::string ctx = (a.kind == OPFORGE_ARG_TENSOR ? "input '" : "param '") + a.name + "': ";
+    if (!is_identifier(a.name)) r.error(ctx, "the name must be an identifier");
+    if (!seen.insert(a.name).second) r.error(ctx, "declared twice");
+    OpforgeArgSpec spec{};
+    spec.struct_size = sizeof(OpforgeArgSpec);
+    spec.name = cstr(a.name);
+    spec.kind = a.kind;
+    spec.tensor.struct_size = sizeof(OpforgeTensorSpec);
+    spec.param.struct_size = sizeof(OpforgeParamSpec);
+    if (a.kind == OPFORGE_ARG_TENSOR) {
+      const TensorDecl& t = a.tensor;
+      spec.tensor.dtypes = t.dtypes.bits;
+      spec.tensor.dtype_like = -1;
+      if (!t.dtype_like.empty()) {
+        spec.tensor.dtype_like = r.tensor(t.dtype_like, ctx + "same_dtype(): ");
+        if (spec.tensor.dtype_like >= static_cast<int32_t>(i))
+          r.error(ctx, "same_dtype(\"" + t.dtype_like + "\") must name an earlier tensor input");
+      }
+      spec.tensor.min_rank = t.min_rank;
+      spec.tensor.max_rank = t.max_rank;
+      if (t.has_shape) {
+        spec.tensor.num_dims = static_cast<int32_t>(t.shape.size());
+        spec.tensor.dims = exprs(t.shape, true, ctx + "shape(): ");
+        spec.tensor.min_rank = spec.tensor.max_rank = spec.tensor.num_dims;
+      }
+      spec.tensor.layout = t.layout;
+      if (t.dtypes.bits == 0) r.error(ctx, "the dtype set is empty");
+    } else {
+      const ParamDecl& p = a.param;
+      spec.param.has_min = p.has_min;
+      spec.param.has_max = p.has_max;
+      spec.param.min = p.min;
+      spec.param.max = p.max;
+      if (!p.choices.empty()) {
+        if (a.kind != OPFORGE_ARG_STRING) r.error(ctx, "one_of() applies to std::string parameters only");
+        auto& cs = s.cstrs.emplace_back();
+        for (const auto& c : p.choices) cs.push_back(cstr(c));
+        spec.param.num_choices = static_cast<int32_t>(cs.size());
+        spec.param.choices = cs.data();
+      }
+      if ((p.has_min || p.has_max) && (a.kind == OPFORGE_ARG_STRING || a.kind == OPFORGE_ARG_BOOL))
+        r.error(ctx, std::string("a range applies to numeric parameters only, not ") + kind_name(a.kind));
+      OpforgeValue& v = spec.param.default_value;
+      v.kind = a.kind;
+      spec.param.has_default = !std::holds_alternative<std::monostate>(p.default_value);
+      std::visit(
+          [&](const auto& d) {
+            using D = std::decay_t<decltype(d)>;
+            if constexpr (std::is_same_v<D, int64_t>) {
+              v.i = d;
+              if (!in_range(p, static_cast<double>(d))) r.error(ctx, "the default is outside the declared range");
+            } else if constexpr (std::is_same_v<D, double>) {
+              v.f = d;
+              if (!in_range(p, d)) r.error(ctx, "the default is outside the declared range");
+            } else if constexpr (std::is_same_v<D, bool>) {
+              v.i = d;
+            } else if constexpr (std::is_same_v<D, std::string>) {
+              v.s = cstr(d);
+              v.len = d.size();
+              if (!p.choices.empty() && std::find(p.choices.begin(), p.choices.end(), d) == p.choices.end())
+                r.error(ctx, "the default \"" + d + "\" is not one of the declared choices");
+            } else if constexpr (std::is_same_v<D, std::vector<int64_t>>) {
+              v.ints = s.i64s.emplace_back(d).data();
+              v.len = d.size();
+            } else if constexpr (std::is_same_v<D, std::vector<double>>) {
+              v.floats = s.f64s.emplace_back(d).data();
+              v.len = d.size();
+            }
+          },
+          p.default_value);
+    }
+    s.args.push_back(spec);
+  }
+
+  for (const auto& o : outputs) {
+    const std::string ctx = "output '" + o.name + "': ";
+    if (!is_identifier(o.name)) r.error(ctx, "the name must be an identifier");
+    if (!seen.insert(o.name).second) r.error(ctx, "the name is already used by an argument or output");
+    OpforgeOutputSpec spec{};
+    spec.struct_size = sizeof(OpforgeOutputSpec);
+    spec.name = cstr(o.name);
+    spec.dtype = o.dtype;
+    spec.dtype_like = o.dtype_like.empty() ? -1 : r.tensor(o.dtype_like, ctx + "dtype: ");
+    spec.shape_like = o.shape_like.empty() ? -1 : r.tensor(o.shape_like, ctx + "like(): ");
+    spec.num_dims = static_cast<int32_t>(o.dims.size());
+    spec.dims = exprs(o.dims, false, ctx);
+    if (!o.dim_index.empty()) spec.dim_index = s.ints.emplace_back(o.dim_index).data();
+    if (o.dtype_like.empty() && (spec.dtype < 0 || spec.dtype >= OPFORGE_NUM_DTYPES))
+      r.error(ctx, "no dtype rule");
+    s.outputs.push_back(spec);
+  }
+
+  spec_.struct_size = sizeof(OpforgeOpSpec);
+  spec_.ns = ns.c_str();
+  spec_.name = name.c_str();
+  spec_.doc = doc.c_str();
+  spec_.file = file.c_str();
+  spec_.line = line;
+  spec_.num_args = static_cast<int32_t>(s.args.size());
+  spec_.args = s.args.data();
+  spec_.num_outputs = static_cast<int32_t>(s.outputs.size());
+  spec_.outputs = s.outputs.data();
+  spec_.num_kernels = static_cast<int32_t>(kernels.size());
+  spec_.kernels = kernels.data();
+  return errors;
+}
+
+void Registry::add(std::unique_ptr<OpDef> def) {
+  defs_.push_back(std::move(def));
+  built_ = false;
+}
+
+const OpforgeLibrary* Registry::library() {
+  if (!built_) {
+    specs_.clear();
+    errors_.clear();
+    std::map<std::string, const OpDef*> names;
+    for (auto& d : defs_) {
+      for (const auto& e : d->finalize()) errors_ += e + "\n";
+      const std::string qualified = d->ns + "::" + d->name;
+      auto [it, fresh] = names.emplace(qualified, d.get());
+      if (!fresh) {
+        errors_ += d->file + ":" + std::to_string(d->line) + ": op " + qualified + " is declared twice (first at " +
+                   it->second->file + ":" + std::to_string(it->second->line) + ")\n";
+      }
+      specs_.push_back(d->spec());
+    }
+    lib_.struct_size = sizeof(OpforgeLibrary);
+    lib_.abi_version = OPFORGE_ABI_VERSION;
+    lib_.num_ops = static_cast<int32_t>(specs_.size());
+    lib_.ops = specs_.data();
+    lib_.error = errors_.empty() ? nullptr : errors_.c_str();
+    built_ = true;
+  }
+  return &lib_;
+}
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace opforge::detail
+
+extern "C" __attribute__((visibility("default"))) const OpforgeLibrary* opforge_library_v1() {
+  return opforge::detail::registry().library();
+}

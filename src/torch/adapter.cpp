@@ -1,0 +1,376 @@
+// The PyTorch adapter: registers every op of a loaded op library with the dispatcher.
+//
+// Mechanical by design (STYLE 12): schemas, checks, messages and shape rules come from
+// src/core; this file translates between IValues/at::Tensor and the C ABI, and picks the
+// device, stream and allocator. One boxed kernel class serves every op and dispatch key, since
+// calls from Python and from AOTInductor's proxy executor arrive boxed anyway.
+#include <dlfcn.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/SymInt.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "../core/check.h"
+#include "../core/schema.h"
+#include "opforge/torch.h"
+
+namespace opforge::core {
+/// Symbolic sizes: c10::SymInt arithmetic builds sympy expressions under torch.compile and
+/// torch.export; comparisons add guards rather than specialising on a value.
+template <>
+struct IntOps<c10::SymInt> {
+  static c10::SymInt floordiv(const c10::SymInt& a, const c10::SymInt& b) { return a / b; }
+  static c10::SymInt min(const c10::SymInt& a, const c10::SymInt& b) { return a.min(b); }
+  static c10::SymInt max(const c10::SymInt& a, const c10::SymInt& b) { return a.max(b); }
+  static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a == b; }
+  static std::string str(const c10::SymInt& a) {
+    std::ostringstream os;
+    os << a;
+    return os.str();
+  }
+};
+}  // namespace opforge::core
+
+namespace opforge::torch {
+namespace {
+
+int32_t to_opforge(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return OPFORGE_DTYPE_FLOAT32;
+    case at::kDouble: return OPFORGE_DTYPE_FLOAT64;
+    case at::kHalf: return OPFORGE_DTYPE_FLOAT16;
+    case at::kBFloat16: return OPFORGE_DTYPE_BFLOAT16;
+    case at::kChar: return OPFORGE_DTYPE_INT8;
+    case at::kShort: return OPFORGE_DTYPE_INT16;
+    case at::kInt: return OPFORGE_DTYPE_INT32;
+    case at::kLong: return OPFORGE_DTYPE_INT64;
+    case at::kByte: return OPFORGE_DTYPE_UINT8;
+    case at::kBool: return OPFORGE_DTYPE_BOOL;
+    default: return -1;
+  }
+}
+
+at::ScalarType to_torch(int32_t d) {
+  static const at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kChar,
+                                          at::kShort, at::kInt,    at::kLong, at::kByte,     at::kBool};
+  TORCH_INTERNAL_ASSERT(d >= 0 && d < OPFORGE_NUM_DTYPES, "opforge: bad dtype code ", d);
+  return kTypes[d];
+}
+
+std::string torch_dtype_name(at::ScalarType t) {
+  std::string s = c10::toString(t);  // "Float"; print torch's Python names instead
+  int32_t d = to_opforge(t);
+  return d >= 0 ? dtype_name(d) : s;
+}
+
+enum class Mode { kCpu, kCuda, kMeta };
+
+/// Arguments of one call converted from the stack, with storage for strings and lists.
+struct CallArgs {
+  std::vector<at::Tensor> tensors;
+  std::vector<std::string> strings;
+  std::vector<std::vector<int64_t>> int_lists;
+  std::vector<std::vector<double>> float_lists;
+  std::vector<OpforgeValue> values;
+};
+
+/// Scratch memory for a kernel: tensors from torch's allocator on the kernel's device, kept
+/// alive until the kernel call returns (stream-ordered reuse makes that safe on CUDA).
+struct Scratch {
+  at::TensorOptions options;
+  std::vector<at::Tensor> buffers;
+  static void* allocate(void* state, size_t bytes) {
+    auto* s = static_cast<Scratch*>(state);
+    try {
+      s->buffers.push_back(at::empty({static_cast<int64_t>(bytes)}, s->options));
+      return s->buffers.back().data_ptr();
+    } catch (...) {
+      return nullptr;
+    }
+  }
+};
+
+class OpKernel final : public c10::OperatorKernel {
+ public:
+  OpKernel(const OpforgeOpSpec* op, Mode mode, const OpforgeKernel* kernel) : op_(op), mode_(mode), kernel_(kernel) {}
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) {
+    const int32_t n = op_->num_args;
+    CallArgs call = unpack(::torch::jit::last(*stack, n));
+    std::vector<at::Tensor> outputs = mode_ == Mode::kMeta ? run<c10::SymInt>(call) : run<int64_t>(call);
+    ::torch::jit::drop(*stack, n);
+    for (auto& t : outputs) ::torch::jit::push(*stack, std::move(t));
+  }
+
+ private:
+  CallArgs unpack(c10::ArrayRef<c10::IValue> ivalues) const {
+    const int32_t n = op_->num_args;
+    CallArgs c;
+    c.tensors.resize(n);
+    c.strings.resize(n);
+    c.int_lists.resize(n);
+    c.float_lists.resize(n);
+    c.values.resize(n);
+    for (int32_t i = 0; i < n; ++i) {
+      const c10::IValue& iv = ivalues[i];
+      OpforgeValue& v = c.values[i];
+      v.kind = op_->args[i].kind;
+      switch (op_->args[i].kind) {
+        case OPFORGE_ARG_TENSOR: c.tensors[i] = iv.toTensor(); break;
+        case OPFORGE_ARG_INT: v.i = iv.toInt(); break;
+        case OPFORGE_ARG_FLOAT: v.f = iv.toDouble(); break;
+        case OPFORGE_ARG_BOOL: v.i = iv.toBool(); break;
+        case OPFORGE_ARG_STRING:
+          c.strings[i] = iv.toStringRef();
+          v.s = c.strings[i].c_str();
+          v.len = c.strings[i].size();
+          break;
+        case OPFORGE_ARG_INT_LIST:
+          c.int_lists[i] = iv.toIntVector();
+          v.ints = c.int_lists[i].data();
+          v.len = c.int_lists[i].size();
+          break;
+        case OPFORGE_ARG_FLOAT_LIST:
+          c.float_lists[i] = iv.toDoubleVector();
+          v.floats = c.float_lists[i].data();
+          v.len = c.float_lists[i].size();
+          break;
+      }
+    }
+    return c;
+  }
+
+  template <class Int>
+  std::vector<at::Tensor> run(CallArgs& call) const {
+    const int32_t n = op_->num_args;
+    std::vector<core::ArgInfo<Int>> info(n);
+    std::vector<std::string> errors;
+    int32_t device_arg = -1;
+    for (int32_t i = 0; i < n; ++i) {
+      info[i].value = call.values[i];
+      if (op_->args[i].kind != OPFORGE_ARG_TENSOR) continue;
+      const at::Tensor& t = call.tensors[i];
+      if (!t.defined()) {
+        errors.push_back(std::string(op_->args[i].name) + ": expected a tensor, got an undefined tensor");
+        continue;
+      }
+      if (device_arg < 0) device_arg = i;
+      info[i].dtype = to_opforge(t.scalar_type());
+      info[i].dtype_label = torch_dtype_name(t.scalar_type());
+      info[i].device = t.device().str();
+      if constexpr (std::is_same_v<Int, c10::SymInt>) {
+        auto s = t.sym_sizes();
+        info[i].sizes.assign(s.begin(), s.end());
+      } else {
+        auto s = t.sizes();
+        info[i].sizes.assign(s.begin(), s.end());
+      }
+    }
+    if (errors.empty()) {
+      core::check_params(*op_, call.values.data(), errors);
+      core::check_tensors<Int>(*op_, info, errors);
+    }
+    std::vector<core::OutputInfo<Int>> outs;
+    if (errors.empty()) core::output_shapes<Int>(*op_, info, outs, errors);
+    TORCH_CHECK_VALUE(errors.empty(), core::invalid_arguments_message(*op_, errors));
+
+    const at::Device device = call.tensors[device_arg].device();
+    std::vector<at::Tensor> outputs;
+    outputs.reserve(outs.size());
+    for (const auto& o : outs) {
+      auto options = at::TensorOptions().dtype(to_torch(o.dtype)).device(device);
+      if constexpr (std::is_same_v<Int, c10::SymInt>) {
+        outputs.push_back(at::empty_symint(o.sizes, options));
+      } else {
+        outputs.push_back(at::empty(o.sizes, options));
+      }
+    }
+    if constexpr (std::is_same_v<Int, int64_t>) launch(call, outputs, device);
+    return outputs;
+  }
+
+  void launch(CallArgs& call, const std::vector<at::Tensor>& outputs, const at::Device& device) const {
+    // Empty outputs: nothing to compute, no launch (the correctness contract).
+    bool all_empty = !outputs.empty();
+    for (const auto& o : outputs) all_empty = all_empty && o.numel() == 0;
+    if (all_empty) return;
+
+    const int32_t n = op_->num_args;
+    std::vector<OpforgeArg> args(n);
+    for (int32_t i = 0; i < n; ++i) {
+      args[i].value = call.values[i];
+      if (op_->args[i].kind != OPFORGE_ARG_TENSOR) continue;
+      at::Tensor& t = call.tensors[i];
+      if (op_->args[i].tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS) t = t.contiguous();
+      args[i].tensor = view(t);
+    }
+    std::vector<OpforgeTensor> out_views;
+    out_views.reserve(outputs.size());
+    for (const auto& o : outputs) out_views.push_back(view(o));
+
+    c10::OptionalDeviceGuard guard;
+    OpforgeContext ctx{};
+    ctx.struct_size = sizeof(OpforgeContext);
+    ctx.device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
+    ctx.device_index = device.has_index() ? device.index() : -1;
+    if (mode_ == Mode::kCuda) {
+      guard.reset_device(device);
+      c10::impl::VirtualGuardImpl impl(device.type());
+      ctx.stream = impl.getStream(device).native_handle();
+    }
+    Scratch scratch{at::TensorOptions().dtype(at::kByte).device(device), {}};
+    ctx.allocate = &Scratch::allocate;
+    ctx.allocator_state = &scratch;
+
+    char error[4096] = {0};
+    OpforgeCallFrame frame{};
+    frame.struct_size = sizeof(OpforgeCallFrame);
+    frame.ctx = &ctx;
+    frame.num_args = n;
+    frame.args = args.data();
+    frame.num_outputs = static_cast<int32_t>(out_views.size());
+    frame.outputs = out_views.data();
+    frame.error = error;
+    frame.error_capacity = sizeof(error);
+    const int32_t status = kernel_->fn(&frame, kernel_->user);
+    TORCH_CHECK_VALUE(status != OPFORGE_STATUS_INVALID_ARGUMENT, core::qualified_name(*op_), ": ", error);
+    TORCH_CHECK(status == OPFORGE_STATUS_OK, core::qualified_name(*op_), " (", device.str(), " kernel): ", error);
+  }
+
+  static OpforgeTensor view(const at::Tensor& t) {
+    OpforgeTensor v{};
+    v.data = t.data_ptr();
+    v.dtype = to_opforge(t.scalar_type());
+    v.device_type = t.is_cuda() ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
+    v.device_index = t.device().has_index() ? t.device().index() : -1;
+    v.ndim = static_cast<int32_t>(t.dim());
+    v.sizes = t.sizes().data();
+    v.strides = t.strides().data();
+    return v;
+  }
+
+  const OpforgeOpSpec* op_;
+  Mode mode_;
+  const OpforgeKernel* kernel_;
+};
+
+struct LoadedLibrary {
+  std::string path;
+  const OpforgeLibrary* lib = nullptr;
+  std::string json;
+  std::vector<std::unique_ptr<::torch::Library>> registrations;
+};
+
+std::mutex g_mutex;
+std::vector<std::unique_ptr<LoadedLibrary>>& loaded() {
+  static std::vector<std::unique_ptr<LoadedLibrary>> libs;
+  return libs;
+}
+
+::torch::CppFunction kernel_for(const OpforgeOpSpec* op, Mode mode, const OpforgeKernel* k) {
+  return ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(op, mode, k));
+}
+
+void register_op(LoadedLibrary& l, const OpforgeOpSpec* op) {
+  auto lib = std::make_unique<::torch::Library>(::torch::Library::FRAGMENT, op->ns, std::nullopt, op->file,
+                                                static_cast<uint32_t>(op->line));
+  lib->def(::torch::schema(core::schema(*op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));
+  lib->impl(op->name, ::torch::dispatch(c10::DispatchKey::CPU, kernel_for(op, Mode::kCpu, &op->kernels[0])));
+  lib->impl(op->name, ::torch::dispatch(c10::DispatchKey::Meta, kernel_for(op, Mode::kMeta, nullptr)));
+  for (int32_t k = 1; k < op->num_kernels; ++k) {
+    if (op->kernels[k].device_type == OPFORGE_DEVICE_CUDA)
+      lib->impl(op->name, ::torch::dispatch(c10::DispatchKey::CUDA, kernel_for(op, Mode::kCuda, &op->kernels[k])));
+  }
+  l.registrations.push_back(std::move(lib));
+}
+
+}  // namespace
+
+std::string load_library(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  char resolved[PATH_MAX];
+  TORCH_CHECK(realpath(path.c_str(), resolved) != nullptr, "opforge.load_library: cannot open ", path, ": ",
+              std::strerror(errno));
+  const std::string real(resolved);
+  for (const auto& l : loaded())
+    if (l->path == real) return l->json;
+
+  void* handle = dlopen(real.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(handle != nullptr, "opforge.load_library: cannot load ", path, ": ", dlerror());
+  auto entry = reinterpret_cast<OpforgeLibraryFn>(dlsym(handle, OPFORGE_LIBRARY_SYMBOL));
+  TORCH_CHECK_VALUE(entry != nullptr, "opforge.load_library: ", path, " is not an opforge op library (no ",
+                    OPFORGE_LIBRARY_SYMBOL, " symbol; build it with opforge_add_library or opforge.build_library)");
+  const OpforgeLibrary* lib = entry();
+  TORCH_CHECK_VALUE(lib != nullptr && lib->abi_version == OPFORGE_ABI_VERSION, "opforge.load_library: ", path,
+                    " was built for opforge ABI version ", lib ? lib->abi_version : -1, ", this adapter reads version ",
+                    OPFORGE_ABI_VERSION, "; rebuild the op library");
+  TORCH_CHECK_VALUE(lib->error == nullptr, "opforge.load_library: ", path, " has invalid op declarations:\n",
+                    lib->error);
+  for (int32_t i = 0; i < lib->num_ops; ++i) {
+    const OpforgeOpSpec* op = lib->ops[i];
+    const std::string name = core::qualified_name(*op);
+    for (const auto& l : loaded())
+      for (int32_t j = 0; j < l->lib->num_ops; ++j)
+        TORCH_CHECK_VALUE(core::qualified_name(*l->lib->ops[j]) != name, "opforge.load_library: ", path,
+                          " declares ", name, " (", op->file, ":", op->line, "), which ", l->path,
+                          " already registered (", l->lib->ops[j]->file, ":", l->lib->ops[j]->line, ")");
+    TORCH_CHECK_VALUE(!c10::Dispatcher::singleton().findSchema({name, ""}).has_value(), "opforge.load_library: ",
+                      path, " declares ", name, " (", op->file, ":", op->line,
+                      "), which is already registered with torch by other code");
+  }
+  auto l = std::make_unique<LoadedLibrary>();
+  l->path = real;
+  l->lib = lib;
+  l->json = core::library_json(*lib);
+  for (int32_t i = 0; i < lib->num_ops; ++i) register_op(*l, lib->ops[i]);
+  loaded().push_back(std::move(l));
+  return loaded().back()->json;
+}
+
+std::vector<std::string> registered_ops() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<std::string> names;
+  for (const auto& l : loaded())
+    for (int32_t j = 0; j < l->lib->num_ops; ++j) names.push_back(core::qualified_name(*l->lib->ops[j]));
+  return names;
+}
+
+}  // namespace opforge::torch
+
+namespace {
+char* copy_string(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p) std::memcpy(p, s.c_str(), s.size() + 1);
+  return p;
+}
+}  // namespace
+
+extern "C" int opforge_torch_load_library(const char* path, char** json, char** error) {
+  *json = nullptr;
+  *error = nullptr;
+  try {
+    *json = copy_string(opforge::torch::load_library(path));
+    return 0;
+  } catch (const c10::ValueError& e) {
+    *error = copy_string(e.what_without_backtrace());
+    return 1;
+  } catch (const c10::Error& e) {
+    *error = copy_string(e.what_without_backtrace());
+    return 2;
+  } catch (const std::exception& e) {
+    *error = copy_string(e.what());
+    return 2;
+  }
+}
+
+extern "C" void opforge_torch_free(char* p) { std::free(p); }

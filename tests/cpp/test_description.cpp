@@ -1,0 +1,232 @@
+// The op description API: what a declaration records, what it rejects, and the kernel entry.
+#include <gtest/gtest.h>
+#include <opforge/op.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+void scale_cpu(opforge::Tensor x, double alpha, int64_t n, std::string_view mode, opforge::MutableTensor y) {
+  OPFORGE_CHECK(mode != "fail", "mode 'fail' was asked for");
+  for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = static_cast<float>(x.data<float>()[i] * alpha + n);
+}
+
+void throws_internal(opforge::Tensor, double, int64_t, std::string_view, opforge::MutableTensor) {
+  throw std::runtime_error("device on fire");
+}
+
+}  // namespace
+
+OPFORGE_OP(unit, scale)
+    .doc("y = x * alpha + n")
+    .input("x", opforge::kFloat32, opforge::min_rank(1))
+    .param<double>("alpha", 2.0, opforge::in_range(-10, 10))
+    .param<int64_t>("n", opforge::at_least(0))
+    .param<std::string>("mode", "fast", opforge::one_of({"fast", "fail"}))
+    .output("y", opforge::like("x"))
+    .reference(scale_cpu);
+
+namespace {
+
+const OpforgeOpSpec* find_op(const char* name) {
+  const OpforgeLibrary* lib = opforge_library_v1();
+  for (int32_t i = 0; i < lib->num_ops; ++i)
+    if (std::strcmp(lib->ops[i]->name, name) == 0) return lib->ops[i];
+  return nullptr;
+}
+
+TEST(Description, RecordsArgumentsInDeclarationOrder) {
+  const OpforgeLibrary* lib = opforge_library_v1();
+  ASSERT_EQ(lib->error, nullptr);
+  EXPECT_EQ(lib->abi_version, OPFORGE_ABI_VERSION);
+  const OpforgeOpSpec* op = find_op("scale");
+  ASSERT_NE(op, nullptr);
+  EXPECT_STREQ(op->ns, "unit");
+  EXPECT_STREQ(op->doc, "y = x * alpha + n");
+  EXPECT_NE(std::string(op->file).find("test_description.cpp"), std::string::npos);
+  ASSERT_EQ(op->num_args, 4);
+  EXPECT_STREQ(op->args[0].name, "x");
+  EXPECT_EQ(op->args[0].kind, OPFORGE_ARG_TENSOR);
+  EXPECT_EQ(op->args[0].tensor.dtypes, 1u << OPFORGE_DTYPE_FLOAT32);
+  EXPECT_EQ(op->args[0].tensor.min_rank, 1);
+  EXPECT_EQ(op->args[0].tensor.max_rank, -1);
+  EXPECT_EQ(op->args[1].kind, OPFORGE_ARG_FLOAT);
+  EXPECT_TRUE(op->args[1].param.has_default);
+  EXPECT_EQ(op->args[1].param.default_value.f, 2.0);
+  EXPECT_EQ(op->args[1].param.min, -10.0);
+  EXPECT_EQ(op->args[1].param.max, 10.0);
+  EXPECT_EQ(op->args[2].kind, OPFORGE_ARG_INT);
+  EXPECT_FALSE(op->args[2].param.has_default);
+  EXPECT_TRUE(op->args[2].param.has_min);
+  EXPECT_FALSE(op->args[2].param.has_max);
+  EXPECT_EQ(op->args[3].kind, OPFORGE_ARG_STRING);
+  EXPECT_EQ(std::string(op->args[3].param.default_value.s, op->args[3].param.default_value.len), "fast");
+  ASSERT_EQ(op->args[3].param.num_choices, 2);
+  EXPECT_STREQ(op->args[3].param.choices[1], "fail");
+  ASSERT_EQ(op->num_outputs, 1);
+  EXPECT_EQ(op->outputs[0].shape_like, 0);
+  EXPECT_EQ(op->outputs[0].dtype_like, 0);
+  ASSERT_EQ(op->num_kernels, 1);
+  EXPECT_EQ(op->kernels[0].device_type, OPFORGE_DEVICE_CPU);
+}
+
+struct Frame {
+  float in[3] = {1, 2, 3};
+  float out[3] = {-1, -1, -1};
+  int64_t sizes[1] = {3}, strides[1] = {1};
+  OpforgeArg args[4] = {};
+  OpforgeTensor output{};
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr};
+  char error[256] = {0};
+  OpforgeCallFrame frame{};
+  explicit Frame(const char* mode) {
+    args[0].tensor = {in, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, 1, sizes, strides};
+    args[1].value.kind = OPFORGE_ARG_FLOAT;
+    args[1].value.f = 0.5;
+    args[2].value.kind = OPFORGE_ARG_INT;
+    args[2].value.i = 10;
+    args[3].value.kind = OPFORGE_ARG_STRING;
+    args[3].value.s = mode;
+    args[3].value.len = std::strlen(mode);
+    output = {out, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, 1, sizes, strides};
+    frame = {sizeof(OpforgeCallFrame), &ctx, 4, args, 1, &output, error, sizeof(error)};
+  }
+};
+
+TEST(Description, KernelEntryUnpacksTypedArguments) {
+  const OpforgeOpSpec* op = find_op("scale");
+  Frame f("fast");
+  ASSERT_EQ(op->kernels[0].fn(&f.frame, op->kernels[0].user), OPFORGE_STATUS_OK) << f.error;
+  EXPECT_EQ(f.out[0], 10.5f);
+  EXPECT_EQ(f.out[2], 11.5f);
+}
+
+TEST(Description, KernelEntryMapsExceptionsToStatus) {
+  const OpforgeOpSpec* op = find_op("scale");
+  Frame f("fail");
+  EXPECT_EQ(op->kernels[0].fn(&f.frame, op->kernels[0].user), OPFORGE_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(f.error, "mode 'fail' was asked for");
+
+  auto def = opforge::detail::make_op("unit", "broken", "f.cpp", 1)
+                 .input("x", opforge::kFloat32)
+                 .param<double>("alpha")
+                 .param<int64_t>("n")
+                 .param<std::string>("mode")
+                 .output("y", opforge::like("x"))
+                 .reference(throws_internal)
+                 .release();
+  ASSERT_TRUE(def->finalize().empty());
+  Frame g("fast");
+  EXPECT_EQ(def->spec()->kernels[0].fn(&g.frame, def->spec()->kernels[0].user), OPFORGE_STATUS_INTERNAL);
+  EXPECT_STREQ(g.error, "device on fire");
+}
+
+void ref1(opforge::Tensor, opforge::MutableTensor) {}
+void ref2(opforge::Tensor, opforge::Tensor, opforge::MutableTensor) {}
+void ref_p(opforge::Tensor, double, opforge::MutableTensor) {}
+void ref_s(opforge::Tensor, std::string_view, opforge::MutableTensor) {}
+
+std::vector<std::string> errors_of(std::unique_ptr<opforge::detail::OpDef> def) { return def->finalize(); }
+
+TEST(Description, RejectsUnknownNamesWithDeclarationSite) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "bad_like", "ops/bad.cpp", 42)
+                              .input("x", opforge::floating)
+                              .output("y", opforge::like("z"))
+                              .reference(ref1)
+                              .release());
+  ASSERT_EQ(errors.size(), 2u);  // the shape rule and the dtype rule both name "z"
+  EXPECT_EQ(errors[0],
+            "ops/bad.cpp:42: op unit::bad_like: output 'y': dtype: \"z\" names no tensor input (tensor inputs: x)");
+}
+
+TEST(Description, RejectsSameDtypeOfLaterInput) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "order", "f.cpp", 7)
+                              .input("a", opforge::same_dtype("b"))
+                              .input("b", opforge::floating)
+                              .output("y", opforge::like("a"))
+                              .reference(ref2)
+                              .release());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "f.cpp:7: op unit::order: input 'a': same_dtype(\"b\") must name an earlier tensor input");
+}
+
+TEST(Description, RejectsDefaultOutsideRange) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "range", "f.cpp", 3)
+                              .input("x", opforge::floating)
+                              .param<double>("eps", -1.0, opforge::at_least(0.0))
+                              .output("y", opforge::like("x"))
+                              .reference(ref_p)
+                              .release());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "f.cpp:3: op unit::range: param 'eps': the default is outside the declared range");
+}
+
+TEST(Description, RejectsDefaultOutsideChoices) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "choice", "f.cpp", 3)
+                              .input("x", opforge::floating)
+                              .param<std::string>("mode", "slow", opforge::one_of({"fast", "exact"}))
+                              .output("y", opforge::like("x"))
+                              .reference(ref_s)
+                              .release());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "f.cpp:3: op unit::choice: param 'mode': the default \"slow\" is not one of the declared choices");
+}
+
+TEST(Description, RejectsMissingReferenceDuplicateNamesAndFloatInShapeRule) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "many", "f.cpp", 9)
+                              .input("x", opforge::floating)
+                              .param<double>("x")
+                              .output("y", opforge::shape({opforge::int_param("x")}), opforge::dtype_of("x"))
+                              .release());
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_EQ(errors[0], "f.cpp:9: op unit::many: no CPU reference: add .reference(fn)");
+  EXPECT_EQ(errors[1], "f.cpp:9: op unit::many: param 'x': declared twice");
+  EXPECT_EQ(errors[2],
+            "f.cpp:9: op unit::many: output 'y': int_param(\"x\") names no int64_t parameter (parameters: x)");
+}
+
+TEST(Description, RejectsOpWithoutTensorInput) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "notensor", "f.cpp", 1)
+                              .param<int64_t>("n")
+                              .output("y", opforge::shape({opforge::int_param("n")}), opforge::kFloat32)
+                              .release());
+  ASSERT_GE(errors.size(), 1u);
+  EXPECT_EQ(errors[1],
+            "f.cpp:1: op unit::notensor: an op takes at least one tensor .input() (it sets the device outputs are "
+            "allocated on)");
+}
+
+TEST(Dtype, HalfConversionsRoundToNearestEven) {
+  EXPECT_EQ(opforge::Half(1.0f).bits, 0x3c00);
+  EXPECT_EQ(opforge::Half(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(opforge::Half(65520.0f).bits, 0x7c00);               // halfway to 2^16: rounds to inf
+  EXPECT_EQ(opforge::Half(5.9604644775390625e-08f).bits, 0x0001);  // smallest subnormal
+  EXPECT_EQ(opforge::Half(1.0f + 1.0f / 2048).bits, 0x3c00);       // tie, to even
+  EXPECT_EQ(opforge::Half(1.0f + 3.0f / 2048).bits, 0x3c02);       // tie, to even (up)
+  EXPECT_EQ(opforge::Half(-2.0f).bits, 0xc000);
+  EXPECT_TRUE(std::isnan(static_cast<float>(opforge::Half(NAN))));
+  EXPECT_EQ(static_cast<float>(opforge::Half(0.333251953125f)), 0.333251953125f);  // exact in half
+  EXPECT_EQ(static_cast<float>(opforge::Half::to_float(0x0001)), 5.9604644775390625e-08f);
+}
+
+TEST(Dtype, BFloat16ConversionsRoundToNearestEven) {
+  EXPECT_EQ(opforge::BFloat16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(opforge::BFloat16(1.0f + 1.0f / 256).bits, 0x3f80);      // tie, to even
+  EXPECT_EQ(opforge::BFloat16(1.0f + 3.0f / 256).bits, 0x3f82);      // tie, to even (up)
+  EXPECT_TRUE(std::isnan(static_cast<float>(opforge::BFloat16(NAN))));
+  EXPECT_EQ(static_cast<float>(opforge::BFloat16(-3.5f)), -3.5f);
+}
+
+TEST(Dtype, VisitInstantiatesOnlyTheAllowedSet) {
+  int seen = 0;
+  opforge::visit_dtype<opforge::floating>(opforge::kBFloat16, [&]<class T>(opforge::type_tag<T>) {
+    seen = std::is_same_v<T, opforge::BFloat16> ? 1 : 2;
+  });
+  EXPECT_EQ(seen, 1);
+  EXPECT_THROW(opforge::visit_dtype<opforge::floating>(opforge::kInt32, [&]<class T>(opforge::type_tag<T>) {}),
+               opforge::InvalidArgument);
+}
+
+}  // namespace

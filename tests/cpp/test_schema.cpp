@@ -1,0 +1,89 @@
+// Schema strings derived from declarations: types, defaults and returns as torch parses them.
+#include <gtest/gtest.h>
+#include <opforge/op.h>
+
+#include "../../src/core/schema.h"
+
+namespace {
+
+using opforge::MutableTensor;
+using opforge::Tensor;
+
+void all_params(Tensor, int64_t, double, bool, std::string_view, std::span<const int64_t>, std::span<const double>,
+                MutableTensor) {}
+void two_outputs(Tensor, MutableTensor, MutableTensor) {}
+void one_param(Tensor, double, MutableTensor) {}
+
+std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
+  auto errors = def->finalize();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  return def;
+}
+
+TEST(Schema, EveryParameterTypeWithDefaults) {
+  auto def = finalized(opforge::detail::make_op("ns", "everything", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<int64_t>("n", 3)
+                           .param<double>("eps", 1e-5)
+                           .param<bool>("flag", true)
+                           .param<std::string>("mode", "it's")
+                           .param<std::vector<int64_t>>("dims", {0, -1})
+                           .param<std::vector<double>>("scales", {0.5, 2.0})
+                           .output("y", opforge::like("x"))
+                           .reference(all_params)
+                           .release());
+  EXPECT_EQ(opforge::core::schema(*def->spec()),
+            "everything(Tensor x, int n=3, float eps=1e-05, bool flag=True, str mode='it\\'s', int[] dims=[0, -1], "
+            "float[] scales=[0.5, 2.0]) -> Tensor");
+  EXPECT_EQ(opforge::core::qualified_name(*def->spec()), "ns::everything");
+}
+
+TEST(Schema, RequiredParametersHaveNoDefault) {
+  auto def = finalized(opforge::detail::make_op("ns", "req", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<double>("alpha")
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  EXPECT_EQ(opforge::core::qualified_schema(*def->spec()), "ns::req(Tensor x, float alpha) -> Tensor");
+}
+
+TEST(Schema, FloatDefaultsStayFloatLiterals) {
+  auto def = finalized(opforge::detail::make_op("ns", "f", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<double>("alpha", 1.0)
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  EXPECT_EQ(opforge::core::schema(*def->spec()), "f(Tensor x, float alpha=1.0) -> Tensor");
+}
+
+TEST(Schema, SeveralOutputsReturnATuple) {
+  auto def = finalized(opforge::detail::make_op("ns", "split", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .output("a", opforge::like("x"))
+                           .output("b", opforge::like("x").with_dtype(opforge::kFloat32))
+                           .reference(two_outputs)
+                           .release());
+  EXPECT_EQ(opforge::core::schema(*def->spec()), "split(Tensor x) -> (Tensor, Tensor)");
+}
+
+TEST(Schema, LibraryJsonDescribesOps) {
+  auto def = finalized(opforge::detail::make_op("ns", "req", "f.cpp", 5)
+                           .doc("say \"hi\"")
+                           .input("x", opforge::kFloat16 | opforge::kBFloat16)
+                           .param<double>("alpha", 0.5, opforge::at_least(0))
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  const OpforgeOpSpec* ops[] = {def->spec()};
+  OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, 1, ops, nullptr};
+  EXPECT_EQ(opforge::core::library_json(lib),
+            "{\"abi_version\": 1, \"ops\": [{\"name\": \"ns::req\", \"schema\": \"ns::req(Tensor x, float alpha=0.5) -> "
+            "Tensor\", \"doc\": \"say \\\"hi\\\"\", \"file\": \"f.cpp\", \"line\": 5, \"args\": [{\"name\": \"x\", "
+            "\"type\": \"Tensor\", \"dtypes\": [\"float16\", \"bfloat16\"], \"min_rank\": -1, \"max_rank\": -1, "
+            "\"strided\": false}, {\"name\": \"alpha\", \"type\": \"float\", \"default\": \"0.5\", \"min\": 0.0}], "
+            "\"outputs\": [{\"name\": \"y\", \"like\": \"x\", \"dtype\": \"like x\"}], \"devices\": [\"cpu\"]}]}");
+}
+
+}  // namespace

@@ -1,0 +1,132 @@
+// Shape rules and input checks, evaluated over int64 (the run-time path; the adapter's Meta
+// kernel runs the same code over c10::SymInt).
+#include <gtest/gtest.h>
+#include <opforge/op.h>
+
+#include "../../src/core/check.h"
+
+namespace {
+
+using opforge::MutableTensor;
+using opforge::Tensor;
+using Info = opforge::core::ArgInfo<int64_t>;
+
+void pool_ref(Tensor, Tensor, int64_t, MutableTensor, MutableTensor) {}
+
+// x: [B, S, H]; w: [H, n]; out: [B, ceildiv(S, 2), n]; stats: like x with last dim n * 2.
+std::unique_ptr<opforge::detail::OpDef> pool_op() {
+  auto def = opforge::detail::make_op("ns", "pool", "f.cpp", 1)
+                 .input("x", opforge::floating, opforge::rank(3))
+                 .input("w", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1), opforge::any}))
+                 .param<int64_t>("n", opforge::at_least(1))
+                 .output("out",
+                         opforge::shape({opforge::dim("x", 0), opforge::ceildiv(opforge::dim("x", 1), 2),
+                                         opforge::int_param("n")}),
+                         opforge::dtype_of("x"))
+                 .output("stats", opforge::like("x").with_dim(-1, opforge::int_param("n") * 2).with_dtype(opforge::kFloat32))
+                 .reference(pool_ref)
+                 .release();
+  auto errors = def->finalize();
+  EXPECT_TRUE(errors.empty());
+  return def;
+}
+
+Info tensor(int32_t dtype, std::vector<int64_t> sizes, std::string device = "cpu") {
+  Info i;
+  i.dtype = dtype;
+  i.dtype_label = opforge::dtype_name(dtype);
+  i.device = std::move(device);
+  i.sizes = std::move(sizes);
+  return i;
+}
+
+Info int_value(int64_t v) {
+  Info i;
+  i.value.kind = OPFORGE_ARG_INT;
+  i.value.i = v;
+  return i;
+}
+
+std::vector<std::string> check(const OpforgeOpSpec& op, const std::vector<Info>& args) {
+  std::vector<std::string> lines;
+  std::vector<OpforgeValue> values;
+  for (const auto& a : args) values.push_back(a.value);
+  opforge::core::check_params(op, values.data(), lines);
+  opforge::core::check_tensors<int64_t>(op, args, lines);
+  return lines;
+}
+
+TEST(ShapeRules, OutputsFromExpressionsAndLike) {
+  auto def = pool_op();
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT16, {4, 7, 64}), tensor(OPFORGE_DTYPE_FLOAT16, {64, 3}),
+                            int_value(5)};
+  EXPECT_TRUE(check(*def->spec(), args).empty());
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  std::vector<std::string> errors;
+  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(*def->spec(), args, outs, errors));
+  ASSERT_EQ(outs.size(), 2u);
+  EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{4, 4, 5}));
+  EXPECT_EQ(outs[0].dtype, OPFORGE_DTYPE_FLOAT16);
+  EXPECT_EQ(outs[1].sizes, (std::vector<int64_t>{4, 7, 10}));
+  EXPECT_EQ(outs[1].dtype, OPFORGE_DTYPE_FLOAT32);
+}
+
+TEST(ShapeRules, EveryBadArgumentReportedOnceByName) {
+  auto def = pool_op();
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_INT64, {4, 7}), tensor(OPFORGE_DTYPE_FLOAT32, {32, 3}, "cuda:0"),
+                            int_value(0)};
+  EXPECT_EQ(check(*def->spec(), args),
+            (std::vector<std::string>{
+                "n: expected a value >= 1, got 0",
+                "x: expected dtype one of {float32, float64, float16, bfloat16}, got int64",
+                "x: expected rank 3, got rank 2 (shape [4, 7])",
+                "w: expected dtype int64 (the dtype of x), got float32",
+                "w: expected device cpu (the device of x), got cuda:0",
+            }));
+}
+
+TEST(ShapeRules, ShapeMismatchPrintsRuleAndValues) {
+  auto def = pool_op();
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 64}), tensor(OPFORGE_DTYPE_FLOAT32, {32, 3}),
+                            int_value(1)};
+  EXPECT_EQ(check(*def->spec(), args),
+            (std::vector<std::string>{"w: expected shape [x.size(-1), *] = [64, *], got [32, 3]"}));
+  EXPECT_EQ(opforge::core::invalid_arguments_message(*def->spec(), check(*def->spec(), args)),
+            "ns::pool(Tensor x, Tensor w, int n) -> (Tensor, Tensor): invalid arguments\n"
+            "  w: expected shape [x.size(-1), *] = [64, *], got [32, 3]");
+}
+
+TEST(ShapeRules, ExpressionArithmetic) {
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {10, 3}), int_value(4)};
+  auto nodes = [](std::vector<OpforgeExprNode> n) { return n; };
+  auto eval = [&](const std::vector<OpforgeExprNode>& n) {
+    OpforgeExpr e{static_cast<int32_t>(n.size()), n.data()};
+    return opforge::core::eval_expr<int64_t>(e, args);
+  };
+  const OpforgeExprNode d0{OPFORGE_EXPR_DIM, 0, 0}, dm1{OPFORGE_EXPR_DIM, 0, -1}, p{OPFORGE_EXPR_PARAM, 1, 0};
+  EXPECT_EQ(eval(nodes({d0, p, {OPFORGE_EXPR_FLOORDIV, -1, 0}})), 2);
+  EXPECT_EQ(eval(nodes({d0, p, {OPFORGE_EXPR_CEILDIV, -1, 0}})), 3);
+  EXPECT_EQ(eval(nodes({d0, dm1, {OPFORGE_EXPR_SUB, -1, 0}})), 7);
+  EXPECT_EQ(eval(nodes({d0, dm1, {OPFORGE_EXPR_MIN, -1, 0}})), 3);
+  EXPECT_EQ(eval(nodes({d0, dm1, {OPFORGE_EXPR_MAX, -1, 0}, p, {OPFORGE_EXPR_MUL, -1, 0}})), 40);
+  EXPECT_EQ(eval(nodes({{OPFORGE_EXPR_DIM, 0, 5}})), std::nullopt);                              // no dim 5
+  EXPECT_EQ(eval(nodes({d0, {OPFORGE_EXPR_CONST, -1, 0}, {OPFORGE_EXPR_FLOORDIV, -1, 0}})), std::nullopt);  // / 0
+}
+
+TEST(ShapeRules, NegativeSizeIsAnError) {
+  void (*ref)(Tensor, int64_t, MutableTensor) = [](Tensor, int64_t, MutableTensor) {};
+  auto def = opforge::detail::make_op("ns", "crop", "f.cpp", 1)
+                 .input("x", opforge::floating)
+                 .param<int64_t>("k")
+                 .output("y", opforge::shape({opforge::dim("x", 0) - opforge::int_param("k")}), opforge::dtype_of("x"))
+                 .reference(ref)
+                 .release();
+  ASSERT_TRUE(def->finalize().empty());
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(5)};
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  std::vector<std::string> errors;
+  EXPECT_FALSE(opforge::core::output_shapes<int64_t>(*def->spec(), args, outs, errors));
+  EXPECT_EQ(errors, (std::vector<std::string>{"output y: the shape rule x.size(0) - k gives a negative size -2"}));
+}
+
+}  // namespace
