@@ -155,9 +155,9 @@ int main(int argc, char** argv) {
       sync();
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-    c10::List<at::Tensor> cpu_outputs;
-    for (const auto& t : outputs) cpu_outputs.push_back(t.cpu());
-    const std::vector<char> bytes = torch::pickle_save(c10::IValue(cpu_outputs));
+    std::vector<c10::IValue> cpu_outputs;  // a plain tuple, which torch.load(weights_only=True) reads
+    for (const auto& t : outputs) cpu_outputs.emplace_back(t.cpu());
+    const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(std::move(cpu_outputs)));
     std::ofstream(o.output, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 
     std::sort(ms.begin(), ms.end());

@@ -176,7 +176,7 @@ void check_tensors(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
     std::vector<std::string> why;
     if (t.dtype < 0 || !((s.dtypes >> t.dtype) & 1u)) {
       why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + t.dtype_label);
-    } else if (s.dtype_like >= 0 && args[s.dtype_like].dtype != t.dtype) {
+    } else if (s.dtype_like >= 0 && !bad[s.dtype_like] && args[s.dtype_like].dtype != t.dtype) {
       why.push_back("expected dtype " + args[s.dtype_like].dtype_label + " (the dtype of " +
                     op.args[s.dtype_like].name + "), got " + t.dtype_label);
     }

@@ -228,8 +228,10 @@ std::vector<std::string> OpDef::finalize() {
     spec.struct_size = sizeof(OpforgeOutputSpec);
     spec.name = cstr(o.name);
     spec.dtype = o.dtype;
-    spec.dtype_like = o.dtype_like.empty() ? -1 : r.tensor(o.dtype_like, ctx + "dtype: ");
     spec.shape_like = o.shape_like.empty() ? -1 : r.tensor(o.shape_like, ctx + "like(): ");
+    spec.dtype_like = o.dtype_like.empty()            ? -1
+                      : o.dtype_like == o.shape_like ? spec.shape_like  // like(): reported once
+                                                      : r.tensor(o.dtype_like, ctx + "dtype_of(): ");
     spec.num_dims = static_cast<int32_t>(o.dims.size());
     spec.dims = exprs(o.dims, false, ctx);
     if (!o.dim_index.empty()) spec.dim_index = s.ints.emplace_back(o.dim_index).data();

@@ -1,0 +1,40 @@
+# opforge -- `make demo` runs the end-to-end demo, `make test` runs every test.
+# Both bootstrap what they need: a Python environment outside the clone (tools/bootstrap.sh;
+# set OPFORGE_PYTHON to use an interpreter that already has torch), then a CMake/Ninja build.
+SHELL := /bin/bash
+.DEFAULT_GOAL := demo
+
+PY := $(shell tools/bootstrap.sh)
+ifeq ($(PY),)
+$(error tools/bootstrap.sh failed to provide a Python environment)
+endif
+PYBIN := $(shell dirname "$$(command -v $(PY))")
+CMAKE := $(shell [ -x "$(PYBIN)/cmake" ] && echo "$(PYBIN)/cmake" || command -v cmake)
+CTEST := $(shell [ -x "$(PYBIN)/ctest" ] && echo "$(PYBIN)/ctest" || command -v ctest)
+NINJA := $(shell [ -x "$(PYBIN)/ninja" ] && echo "$(PYBIN)/ninja" || command -v ninja)
+BUILD ?= build
+export OPFORGE_BUILD_DIR := $(abspath $(BUILD))
+export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
+PYTEST_ARGS ?=
+
+.PHONY: build demo test test-cpp test-python clean
+
+$(BUILD)/build.ninja:
+	$(CMAKE) -S . -B $(BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(NINJA) -DPython3_EXECUTABLE=$$(command -v $(PY))
+
+build: $(BUILD)/build.ninja
+	$(CMAKE) --build $(BUILD)
+
+demo: build
+	$(PY) examples/models/minilm_demo.py
+
+test-cpp: build
+	$(CTEST) --test-dir $(BUILD) --output-on-failure
+
+test-python: build
+	$(PY) -m pytest tests/python $(PYTEST_ARGS)
+
+test: test-cpp test-python
+
+clean:
+	rm -rf $(BUILD) out

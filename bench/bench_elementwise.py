@@ -1,0 +1,109 @@
+"""Elementwise example ops against what a user would run instead, in the same process.
+
+For each op: opforge's CUDA kernel, the native torch expression in eager, and torch.compile of
+that expression; all compared with a device-to-device copy of the same bytes (the bandwidth
+ceiling). Then the per-call overhead on a tiny tensor, against the native op and a Python
+``torch.library.custom_op`` wrapping it.
+
+    python3 bench/bench_elementwise.py [--gib 1] [--json out.json]
+
+Bandwidth counts bytes read plus bytes written once each. Times are medians of
+triton.testing.do_bench (CUDA events), inputs random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+import opforge
+
+
+def median_ms(fn) -> float:
+    return do_bench(fn, warmup=50, rep=400, return_mode="median")
+
+
+@torch.library.custom_op("bench::softshrink_py", mutates_args=())
+def softshrink_py(x: torch.Tensor, lambd: float) -> torch.Tensor:
+    return F.softshrink(x, lambd)
+
+
+@softshrink_py.register_fake
+def _(x, lambd):
+    return torch.empty_like(x)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, default=1.0, help="size of each input tensor in GiB")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    for op in ("softshrink", "bias_gelu"):
+        opforge.load_library(opforge.example_library(op))
+    rows = []
+
+    def record(group, name, ms, nbytes, baseline_ms=None):
+        rows.append({"group": group, "impl": name, "ms": ms, "GB/s": nbytes / ms / 1e6,
+                     "vs_copy": (baseline_ms / ms) if baseline_ms else None})
+
+    for dtype in (torch.float32, torch.bfloat16):
+        n = int(args.gib * 2**30) // torch.finfo(dtype).bits * 8
+        x = torch.randn(n, device="cuda", dtype=dtype)
+        y = torch.empty_like(x)
+        nbytes = 2 * x.numel() * x.element_size()
+        group = f"softshrink {str(dtype)[6:]} {args.gib:g} GiB"
+        copy = median_ms(lambda: y.copy_(x))
+        record(group, "device-to-device copy", copy, nbytes, copy)
+        record(group, "opforge examples::softshrink", median_ms(lambda: torch.ops.examples.softshrink(x, 0.5)), nbytes, copy)
+        record(group, "torch F.softshrink", median_ms(lambda: F.softshrink(x, 0.5)), nbytes, copy)
+        compiled = torch.compile(lambda t: F.softshrink(t, 0.5))
+        compiled(x)
+        record(group, "torch.compile(F.softshrink)", median_ms(lambda: compiled(x)), nbytes, copy)
+
+        cols = 1536  # MiniLM's intermediate size
+        h = x.view(-1, cols) if n % cols == 0 else x[: n // cols * cols].view(-1, cols)
+        b = torch.randn(cols, device="cuda", dtype=dtype)
+        nbytes = 2 * h.numel() * h.element_size()
+        group = f"bias_gelu {str(dtype)[6:]} [{h.shape[0]}, {cols}]"
+        hy = torch.empty_like(h)
+        copy = median_ms(lambda: hy.copy_(h))
+        record(group, "device-to-device copy", copy, nbytes, copy)
+        record(group, "opforge examples::bias_gelu", median_ms(lambda: torch.ops.examples.bias_gelu(h, b)), nbytes, copy)
+        record(group, "torch F.gelu(x + b) eager", median_ms(lambda: F.gelu(h + b)), nbytes, copy)
+        compiled = torch.compile(lambda t, bb: F.gelu(t + bb))
+        compiled(h, b)
+        record(group, "torch.compile(F.gelu(x + b))", median_ms(lambda: compiled(h, b)), nbytes, copy)
+        del x, y, h, hy
+
+    small = torch.randn(4096, device="cuda")
+    group = "per-call overhead, 4096 float32"
+    native = median_ms(lambda: F.softshrink(small, 0.5))
+    for name, fn in [("torch F.softshrink", lambda: F.softshrink(small, 0.5)),
+                     ("opforge examples::softshrink", lambda: torch.ops.examples.softshrink(small, 0.5)),
+                     ("torch.library.custom_op (Python)", lambda: softshrink_py(small, 0.5))]:
+        ms = median_ms(fn)
+        rows.append({"group": group, "impl": name, "ms": ms, "us_per_call": ms * 1e3, "vs_native": native / ms})
+
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    last = None
+    for r in rows:
+        if r["group"] != last:
+            print(f"\n{r['group']}")
+            last = r["group"]
+        if "GB/s" in r:
+            print(f"  {r['impl']:<34} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy")
+        else:
+            print(f"  {r['impl']:<34} {r['us_per_call']:8.1f} us/call   {r['vs_native']:.3f} x native speed")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

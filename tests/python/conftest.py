@@ -1,0 +1,86 @@
+"""Shared fixtures: the example op libraries, devices, and per-op test cases."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opforge
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+#: Absolute and relative tolerance by dtype, against a float64 reference.
+TOLERANCE = {
+    torch.float32: 2e-6,
+    torch.float64: 1e-12,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+@dataclass
+class OpCase:
+    """How to exercise one example op.
+
+    make(batch, dtype, device) returns (args, kwargs) with ``batch`` as the leading dim of the
+    first tensor; ``expected(*args, **kwargs)`` is the same function in plain torch, evaluated
+    in float64.
+    """
+
+    name: str
+    make: Callable
+    expected: Callable
+    dtypes: list = field(default_factory=lambda: [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+
+    @property
+    def op(self):
+        ns, name = "examples", self.name
+        return getattr(getattr(torch.ops, ns), name)
+
+
+def _softshrink_inputs(batch, dtype, device):
+    return (torch.randn(batch, 37, dtype=dtype, device=device),), {"lambd": 0.3}
+
+
+def _bias_gelu_inputs(batch, dtype, device):
+    return (torch.randn(batch, 5, 48, dtype=dtype, device=device), torch.randn(48, dtype=dtype, device=device)), {}
+
+
+CASES = {
+    "softshrink": OpCase("softshrink", _softshrink_inputs, lambda x, lambd=0.5: F.softshrink(x.double(), lambd)),
+    "bias_gelu": OpCase(
+        "bias_gelu",
+        _bias_gelu_inputs,
+        lambda x, b: F.gelu(x.double() + b.double()),
+        dtypes=[torch.float32, torch.float16, torch.bfloat16],
+    ),
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def example_ops():
+    """Loads every example op library once per test session."""
+    return {name: opforge.load_library(opforge.example_library(name)) for name in CASES}
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Fresh random data for every test; the seed is printed, and pytest shows it on failure."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    print(f"torch.manual_seed({seed})")
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):
+    """``out`` (in ``dtype``) equals the float64 ``ref`` within the dtype's tolerance; NaN never passes
+    unless the reference is NaN at the same place."""
+    assert out.dtype == dtype
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), atol=tol, rtol=tol, equal_nan=True)

@@ -1,0 +1,66 @@
+"""AOTInductor packages with opforge ops, run by the C++ runner in a fresh process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEVICES
+from opforge import OpforgeError, aoti
+
+
+class Pipeline(torch.nn.Module):
+    """linear -> bias_gelu -> softshrink: one custom op's output feeds the next."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(24, 40, bias=False)
+        self.bias = torch.nn.Parameter(torch.randn(40))
+
+    def forward(self, x):
+        return torch.ops.examples.softshrink(torch.ops.examples.bias_gelu(self.linear(x), self.bias), lambd=0.1)
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def packaged(request, tmp_path_factory):
+    device = request.param
+    model = Pipeline().to(device).eval()
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.export.export(model, (torch.randn(3, 24, device=device),), dynamic_shapes=({0: batch},))
+    package = aoti.package(program, tmp_path_factory.mktemp(f"pkg-{device}"))
+    return model, package, device
+
+
+def test_round_trip_in_cpp_runner(packaged):
+    model, package, device = packaged
+    manifest = (package.parent / aoti.MANIFEST).read_text().splitlines()
+    assert manifest[1:] == ["examples::bias_gelu libbias_gelu.so", "examples::softshrink libsoftshrink.so"]
+    for batch in (1, 7):  # neither is the export example's batch of 3
+        x = torch.randn(batch, 24, device=device)
+        result = aoti.run(package, [x], device=device)
+        with torch.no_grad():
+            expected = model(x).cpu()
+        assert result.device.startswith(device)
+        assert len(result.outputs) == 1 and result.outputs[0].shape == (batch, 40)
+        torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
+        assert result.latency_ms["median"] > 0
+
+
+def test_runner_names_missing_ops_and_libraries(packaged, tmp_path):
+    _, package, device = packaged
+    for f in package.parent.iterdir():
+        if f.name != "libsoftshrink.so":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(OpforgeError) as err:
+        aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
+    assert str(err.value).splitlines()[-2:] == [
+        f"opforge-runner: {tmp_path / 'model.pt2'} needs ops that are not available:",
+        f"  examples::softshrink (from libsoftshrink.so, not found in {tmp_path})",
+    ]
+
+
+def test_runner_refuses_package_without_manifest(packaged, tmp_path):
+    _, package, device = packaged
+    (tmp_path / "model.pt2").write_bytes(package.read_bytes())
+    with pytest.raises(OpforgeError, match="no op manifest .*opforge_ops.txt beside"):
+        aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)

@@ -1,0 +1,100 @@
+"""Building op libraries from Python, and what loading reports about bad ones."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+
+OP_FILE = """
+#include <opforge/op.h>
+
+static void {name}_cpu(opforge::Tensor x, int64_t k, opforge::MutableTensor y) {{
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = x.data<float>()[i] * static_cast<float>(k);
+}}
+
+OPFORGE_OP(built, {name})
+    .doc("y = x * k")
+    .input("x", opforge::kFloat32)
+    .param<int64_t>("k", 2, opforge::in_range(0, 100))
+    .output("y", opforge::like("x"))
+    .reference({name}_cpu);
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.cpp"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_build_load_and_call(tmp_path):
+    src = _write(tmp_path, "scale", OP_FILE.format(name="scale"))
+    lib_path = opforge.build_library("scale_ops", [src], build_dir=tmp_path / "build")
+    lib = opforge.load_library(lib_path)
+    assert lib.op_names == ["built::scale"]
+    assert lib.ops[0]["schema"] == "built::scale(Tensor x, int k=2) -> Tensor"
+    assert lib.ops[0]["file"] == str(src)
+    x = torch.randn(5)
+    torch.testing.assert_close(torch.ops.built.scale(x, 3), x * 3)
+    assert opforge.load_library(lib_path) is lib  # loading again is a no-op
+
+    # Another library declaring the same op is refused, naming both declarations.
+    other = tmp_path / "other"
+    other.mkdir()
+    src2 = _write(other, "scale", OP_FILE.format(name="scale"))
+    lib2 = opforge.build_library("scale_again", [src2], build_dir=other / "build")
+    with pytest.raises(ValueError, match=r"declares built::scale \(.*other/scale.cpp:\d+\), which .*libscale_ops.so "
+                       r"already registered \(.*/scale.cpp:\d+\)"):
+        opforge.load_library(lib2)
+
+
+def test_invalid_declaration_is_reported_with_file_and_line(tmp_path):
+    src = _write(tmp_path, "bad", """
+        #include <opforge/op.h>
+        static void ref(opforge::Tensor x, opforge::MutableTensor y) {}
+        OPFORGE_OP(built, bad)
+            .input("x", opforge::floating)
+            .output("y", opforge::like("z"))
+            .reference(ref);
+        """)
+    lib_path = opforge.build_library("bad_ops", [src], build_dir=tmp_path / "build")
+    with pytest.raises(ValueError) as err:
+        opforge.load_library(lib_path)
+    assert str(err.value).splitlines()[1:] == [
+        f"{src}:4: op built::bad: output 'y': like(): \"z\" names no tensor input (tensor inputs: x)",
+    ]
+    assert not hasattr(torch.ops.built, "bad")
+
+
+def test_compile_error_names_file_and_line(tmp_path):
+    src = _write(tmp_path, "typo", """
+        #include <opforge/op.h>
+        static void ref(opforge::Tensor x, double k, opforge::MutableTensor y) {}
+        OPFORGE_OP(built, typo)
+            .input("x", opforge::floating)
+            .param<int64_t>("k")
+            .output("y", opforge::like("x"))
+            .reference(ref);
+        """)
+    with pytest.raises(opforge.BuildError) as err:
+        opforge.build_library("typo_ops", [src], build_dir=tmp_path / "build")
+    message = str(err.value)
+    assert "opforge: a kernel must be `void fn([const opforge::Context&,] args...)`" in message
+    assert f"{src}:8" in message  # the .reference() line
+
+
+def test_not_an_op_library():
+    from opforge._paths import adapter_path
+
+    with pytest.raises(ValueError, match="is not an opforge op library"):
+        opforge.load_library(adapter_path())
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(opforge.OpforgeError, match="cannot open .*nothing.so: No such file or directory"):
+        opforge.load_library(tmp_path / "nothing.so")

@@ -1,0 +1,34 @@
+"""The example op files stay as short as the description promises."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ops"
+MAX_LINES = 30
+
+
+def description_lines(op_file: Path) -> list[str]:
+    """Lines of an op file that are neither kernel, nor reference, nor comment, nor blank."""
+    text = re.sub(r"/\*.*?\*/", "", op_file.read_text(), flags=re.S)
+    lines = [line.split("//")[0].rstrip() for line in text.splitlines()]
+    reference = re.search(r"\.reference\((\w+)\)", text).group(1)
+    out, skipping = [], False
+    for line in lines:
+        if re.match(rf"(static )?void {reference}\(", line):
+            skipping = True
+        if not skipping and line.strip():
+            out.append(line)
+        if skipping and line == "}":
+            skipping = False
+    return out
+
+
+@pytest.mark.parametrize("op_dir", sorted(p for p in EXAMPLES.iterdir() if p.is_dir()), ids=lambda p: p.name)
+def test_op_file_is_short(op_dir):
+    (op_file,) = [p for p in op_dir.glob("*.cpp")]
+    lines = description_lines(op_file)
+    assert 0 < len(lines) <= MAX_LINES, "\n".join(lines)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build against its python3 and torch, run every test (CUDA ones
+# included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
+# Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
+# with steps from: build test sanitize demo bench (default: all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-out/device}"
+mkdir -p "$OUT"
+export OPFORGE_PYTHON="${OPFORGE_PYTHON:-python3}" PYTHONUNBUFFERED=1
+export OPFORGE_MINILM_DIR="${OPFORGE_MINILM_DIR:-$PWD/.weights/minilm}"
+export PYTHONPATH="$PWD/python"
+steps=("${@:-build test sanitize demo bench}")
+status=0
+run() {  # run <name> <command...>: log to $OUT/<name>.log, print the tail, remember failures
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  echo "=== $name: exit $rc in $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || status=1
+}
+for step in ${steps[*]}; do
+  case $step in
+    build) run build make build ;;
+    test) run test make test PYTEST_ARGS="-q -rs" ;;
+    sanitize)
+      run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py
+      run racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize.py ;;
+    demo) run demo make demo; cp out/demo/results.json "$OUT/demo_results.json" 2>/dev/null ;;
+    bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json" ;;
+  esac
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+exit $status
