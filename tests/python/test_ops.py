@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from conftest import CASES, DEVICES, assert_matches, requires_cuda
+from conftest import CASES, DEVICES, assert_matches, requires_cuda, requires_two_gpus
 
 OPS = list(CASES)
 
@@ -193,3 +193,22 @@ def test_cuda_large_launch_uses_64bit_indexing(name):
         out = case.op(x, bias)
         expected = F.gelu(torch.tensor(1.0)).half().cuda()
         assert out[-1].eq(expected).all() and out[0].eq(expected).all()
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("name", OPS)
+def test_inputs_on_a_non_current_gpu(name):
+    """Inputs on cuda:1 while cuda:0 is current: the op runs on the inputs' device (device guard)."""
+    case = CASES[name]
+    args, kwargs = case.make(9, torch.float32, "cuda:1")
+    with torch.cuda.device(0):
+        out = case.op(*args, **kwargs)
+    assert out.device == torch.device("cuda:1")
+    assert_matches(out, case.expected(*[a.cpu() for a in args], **kwargs), torch.float32)
+
+
+@requires_two_gpus
+def test_tensors_on_two_gpus_are_refused():
+    x = torch.randn(2, 8, device="cuda:0")
+    with pytest.raises(ValueError, match=r"bias: expected device cuda:0 \(the device of x\), got cuda:1$"):
+        torch.ops.examples.bias_gelu(x, torch.randn(8, device="cuda:1"))
