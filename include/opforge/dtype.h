@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "opforge/c_api.h"
+#include "opforge/detail/names.h"
 #include "opforge/error.h"
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -50,12 +51,6 @@ inline constexpr Dtype kInt64 = Dtype::kInt64;
 inline constexpr Dtype kUInt8 = Dtype::kUInt8;
 inline constexpr Dtype kBool = Dtype::kBool;
 
-/// Name of a dtype as torch prints it ("float32", "bfloat16", ...).
-inline const char* dtype_name(int32_t d) {
-  static const char* const kNames[] = {"float32", "float64", "float16", "bfloat16", "int8",
-                                       "int16",   "int32",   "int64",   "uint8",    "bool"};
-  return (d >= 0 && d < OPFORGE_NUM_DTYPES) ? kNames[d] : "unknown";
-}
 inline const char* dtype_name(Dtype d) { return dtype_name(static_cast<int32_t>(d)); }
 
 /// Size of one element in bytes.

@@ -8,9 +8,10 @@
 // the generated kernel entry catches them and returns an OpforgeStatus.
 #pragma once
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "opforge/detail/str.h"
 
 namespace opforge {
 
@@ -29,18 +30,10 @@ class InternalError : public Error {
   using Error::Error;
 };
 
-namespace detail {
-template <class... A>
-std::string cat(const A&... a) {
-  std::ostringstream os;
-  (os << ... << a);
-  return os.str();
-}
-}  // namespace detail
-
 }  // namespace opforge
 
-/// Throws opforge::InvalidArgument with the streamed message if `cond` is false.
+/// Throws opforge::InvalidArgument if `cond` is false; the message is the arguments' text
+/// concatenated (strings, characters and numbers; see opforge/detail/str.h).
 #define OPFORGE_CHECK(cond, ...)                                                   \
   do {                                                                             \
     if (!(cond)) throw ::opforge::InvalidArgument(::opforge::detail::cat(__VA_ARGS__)); \

@@ -10,13 +10,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "opforge/c_api.h"
-#include "opforge/dtype.h"
+#include "opforge/detail/names.h"
+#include "opforge/detail/str.h"
 #include "schema.h"
 
 namespace opforge::core {
@@ -28,11 +28,7 @@ struct IntOps {
   static Int min(const Int& a, const Int& b) { return std::min(a, b); }
   static Int max(const Int& a, const Int& b) { return std::max(a, b); }
   static bool eq(const Int& a, const Int& b) { return a == b; }
-  static std::string str(const Int& a) {
-    std::ostringstream os;
-    os << a;
-    return os.str();
-  }
+  static std::string str(const Int& a) { return opforge::detail::cat(a); }
 };
 
 /// One argument of a call: a tensor's dtype, device and sizes, or a parameter value.
@@ -108,11 +104,7 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
 }
 
 namespace detail {
-inline std::string number(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
+inline std::string number(double v) { return opforge::detail::cat(v); }
 inline void check_range(const OpforgeArgSpec& a, double v, const std::string& what, std::vector<std::string>& out) {
   const OpforgeParamSpec& p = a.param;
   if ((p.has_min && v < p.min) || (p.has_max && v > p.max) || v != v) {

@@ -1,11 +1,11 @@
 #include "schema.h"
 
 #include <charconv>
-#include <sstream>
 #include <string_view>
 #include <vector>
 
-#include "opforge/dtype.h"
+#include "opforge/detail/names.h"
+#include "opforge/detail/str.h"
 
 namespace opforge::core {
 
@@ -29,7 +29,7 @@ std::string quote_string(std::string_view s, char q) {
 }
 
 std::string format_value(const OpforgeValue& v) {
-  std::ostringstream os;
+  detail::StringBuilder os;
   switch (v.kind) {
     case OPFORGE_ARG_INT: os << v.i; break;
     case OPFORGE_ARG_FLOAT: os << format_double(v.f); break;
@@ -88,7 +88,7 @@ const char* schema_type(int32_t kind) {
 std::string qualified_name(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + op.name; }
 
 std::string schema(const OpforgeOpSpec& op) {
-  std::ostringstream os;
+  detail::StringBuilder os;
   os << op.name << "(";
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
@@ -145,7 +145,7 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
 }
 
 std::string library_json(const OpforgeLibrary& lib) {
-  std::ostringstream os;
+  detail::StringBuilder os;
   os << "{\"abi_version\": " << lib.abi_version << ", \"ops\": [";
   for (int32_t k = 0; k < lib.num_ops; ++k) {
     const OpforgeOpSpec& op = *lib.ops[k];

@@ -8,7 +8,6 @@
 #include <deque>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "opforge/op.h"
 
@@ -54,11 +53,7 @@ class Resolver {
     for (size_t i = 0; i < def.args.size(); ++i) index_.emplace(def.args[i].name, static_cast<int32_t>(i));
   }
 
-  std::string where() const {
-    std::ostringstream os;
-    os << def_.file << ":" << def_.line << ": op " << def_.ns << "::" << def_.name << ": ";
-    return os.str();
-  }
+  std::string where() const { return cat(def_.file, ":", def_.line, ": op ", def_.ns, "::", def_.name, ": "); }
   void error(const std::string& context, const std::string& msg) { errors_.push_back(where() + context + msg); }
 
   std::string inputs_list(bool tensors) const {

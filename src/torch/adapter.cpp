@@ -33,11 +33,7 @@ struct IntOps<c10::SymInt> {
   static c10::SymInt min(const c10::SymInt& a, const c10::SymInt& b) { return a.min(b); }
   static c10::SymInt max(const c10::SymInt& a, const c10::SymInt& b) { return a.max(b); }
   static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a == b; }
-  static std::string str(const c10::SymInt& a) {
-    std::ostringstream os;
-    os << a;
-    return os.str();
-  }
+  static std::string str(const c10::SymInt& a) { return c10::str(a); }
 };
 }  // namespace opforge::core
 

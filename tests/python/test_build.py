@@ -14,6 +14,7 @@ OP_FILE = """
 #include <opforge/op.h>
 
 static void {name}_cpu(opforge::Tensor x, int64_t k, opforge::MutableTensor y) {{
+  OPFORGE_CHECK(k != 13, "k = ", k, " is unlucky");
   for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = x.data<float>()[i] * static_cast<float>(k);
 }}
 
@@ -42,6 +43,8 @@ def test_build_load_and_call(tmp_path):
     x = torch.randn(5)
     torch.testing.assert_close(torch.ops.built.scale(x, 3), x * 3)
     assert opforge.load_library(lib_path) is lib  # loading again is a no-op
+    with pytest.raises(ValueError, match="^built::scale: k = 13 is unlucky$"):  # OPFORGE_CHECK in a kernel
+        torch.ops.built.scale(x, 13)
 
     # Another library declaring the same op is refused, naming both declarations.
     other = tmp_path / "other"

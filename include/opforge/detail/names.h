@@ -1,0 +1,17 @@
+// opforge/detail/names.h -- printable names of C ABI enums (C++17; shared with adapters).
+#pragma once
+
+#include <cstdint>
+
+#include "opforge/c_api.h"
+
+namespace opforge {
+
+/// Name of an OpforgeDtype as torch prints it ("float32", "bfloat16", ...), or "unknown".
+inline const char* dtype_name(int32_t d) {
+  static const char* const kNames[] = {"float32", "float64", "float16", "bfloat16", "int8",
+                                       "int16",   "int32",   "int64",   "uint8",    "bool"};
+  return (d >= 0 && d < OPFORGE_NUM_DTYPES) ? kNames[d] : "unknown";
+}
+
+}  // namespace opforge
