@@ -32,7 +32,7 @@ function(opforge_add_library name)
     CUDA_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON
     CUDA_RUNTIME_LIBRARY Shared)
-  target_link_options(${name} PRIVATE "LINKER:--no-undefined")
+  target_link_options(${name} PRIVATE "LINKER:--no-undefined" "LINKER:--version-script=${OPFORGE_ROOT}/cmake/exports.map")
   set(cuda_sources ${ARG_SOURCES})
   list(FILTER cuda_sources INCLUDE REGEX "\\.cu$")
   if(cuda_sources)

@@ -191,23 +191,26 @@ void check_tensors(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
                     ")");
     }
     if (rank_ok && s.num_dims > 0) {
+      // Compare first; build the message only for a mismatch (this runs on every call).
       bool ok = true, skip = false;
-      std::string rule = "[", want = "[";
-      for (int32_t d = 0; d < s.num_dims; ++d) {
-        rule += (d ? ", " : "") + expr_string(op, s.dims[d]);
-        if (s.dims[d].num_nodes == 0) {
-          want += d ? ", *" : "*";
-          continue;
-        }
-        if (reads_bad(s.dims[d])) {
-          skip = true;
-          break;
-        }
-        std::optional<Int> v = eval_expr(s.dims[d], args);
-        want += (d ? ", " : "") + (v ? IntOps<Int>::str(*v) : std::string("?"));
-        if (v && !IntOps<Int>::eq(*v, t.sizes[d])) ok = false;
+      std::vector<std::optional<Int>> values(s.num_dims);
+      for (int32_t d = 0; d < s.num_dims && !skip; ++d) {
+        if (s.dims[d].num_nodes == 0) continue;
+        skip = reads_bad(s.dims[d]);
+        if (skip) break;
+        values[d] = eval_expr(s.dims[d], args);
+        if (values[d] && !IntOps<Int>::eq(*values[d], t.sizes[d])) ok = false;
       }
-      if (!ok && !skip) why.push_back("expected shape " + rule + "] = " + want + "], got " + sizes_string(t.sizes));
+      if (!ok && !skip) {
+        std::string rule = "[", want = "[";
+        for (int32_t d = 0; d < s.num_dims; ++d) {
+          rule += (d ? ", " : "") + expr_string(op, s.dims[d]);
+          want += (d ? ", " : "") + (s.dims[d].num_nodes == 0 ? std::string("*")
+                                     : values[d]              ? IntOps<Int>::str(*values[d])
+                                                              : std::string("?"));
+        }
+        why.push_back("expected shape " + rule + "] = " + want + "], got " + sizes_string(t.sizes));
+      }
     }
     bad[i] = !why.empty();
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);

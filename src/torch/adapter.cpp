@@ -33,7 +33,11 @@ struct IntOps<c10::SymInt> {
   static c10::SymInt min(const c10::SymInt& a, const c10::SymInt& b) { return a.min(b); }
   static c10::SymInt max(const c10::SymInt& a, const c10::SymInt& b) { return a.max(b); }
   static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a == b; }
-  static std::string str(const c10::SymInt& a) { return c10::str(a); }
+  // Printed through the symbolic node, not iostreams (Note [No iostreams across the torch boundary]).
+  static std::string str(const c10::SymInt& a) {
+    if (auto v = a.maybe_as_int()) return std::to_string(*v);
+    return a.toSymNodeImplUnowned()->str();
+  }
 };
 }  // namespace opforge::core
 
