@@ -13,18 +13,24 @@ if(NOT DEFINED OPFORGE_CUDA_ARCHITECTURES)
   set(OPFORGE_CUDA_ARCHITECTURES "90")
 endif()
 
-# opforge_add_library(<name> SOURCES <files>... [CUDA_ARCHITECTURES <archs>...])
+# opforge_add_library(<name> SOURCES <files>... [KERNELS <files>...] [CUDA_ARCHITECTURES <archs>...])
 #
-# Builds lib<name>.so from the given op files (.cpp) and CUDA sources (.cu). Symbols are hidden
-# except the library's entry point, so several op libraries coexist in one process. .cu files
-# need the CUDA language enabled in the calling project.
+# Builds lib<name>.so from op files (.cpp) and ahead-of-time CUDA sources (.cu, compiled by
+# nvcc). KERNELS are run-time kernel sources (see Note [Run-time kernels] in opforge/op.h): they
+# are not compiled here but linked into the library's kernel folder, lib<name>.kernels/ beside
+# the .so, together with opforge/kernel.cuh, so that editing the source and running again (or
+# calling opforge.reload()) is the whole redeploy. Symbols are hidden except the library's
+# entry point, so several op libraries coexist in one process.
+find_package(CUDAToolkit REQUIRED)
 function(opforge_add_library name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;CUDA_ARCHITECTURES" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;KERNELS;CUDA_ARCHITECTURES" ${ARGN})
   if(NOT ARG_SOURCES)
     message(FATAL_ERROR "opforge_add_library(${name}): no SOURCES given")
   endif()
-  add_library(${name} SHARED ${ARG_SOURCES} "${OPFORGE_ROOT}/src/oplib/op_library.cpp")
+  add_library(${name} SHARED ${ARG_SOURCES} "${OPFORGE_ROOT}/src/oplib/op_library.cpp"
+    "${OPFORGE_ROOT}/src/oplib/rtc.cpp")
   target_include_directories(${name} PRIVATE "${OPFORGE_INCLUDE_DIR}")
+  target_link_libraries(${name} PRIVATE CUDA::cudart ${CMAKE_DL_LIBS})
   set_target_properties(${name} PROPERTIES
     CXX_STANDARD 20
     CUDA_STANDARD 20
@@ -42,4 +48,18 @@ function(opforge_add_library name)
     set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${ARG_CUDA_ARCHITECTURES}")
     target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
   endif()
+  # The kernel folder: links to the run-time kernel sources (edits show at once) and the
+  # device-side helper header they include.
+  get_target_property(out_dir ${name} LIBRARY_OUTPUT_DIRECTORY)
+  if(NOT out_dir)
+    set(out_dir "${CMAKE_CURRENT_BINARY_DIR}")
+  endif()
+  set(kernel_dir "${out_dir}/lib${name}.kernels")
+  file(MAKE_DIRECTORY "${kernel_dir}/opforge")
+  file(CREATE_LINK "${OPFORGE_INCLUDE_DIR}/opforge/kernel.cuh" "${kernel_dir}/opforge/kernel.cuh" SYMBOLIC)
+  foreach(kernel ${ARG_KERNELS})
+    get_filename_component(kernel_path "${kernel}" ABSOLUTE)
+    get_filename_component(kernel_name "${kernel}" NAME)
+    file(CREATE_LINK "${kernel_path}" "${kernel_dir}/${kernel_name}" SYMBOLIC)
+  endforeach()
 endfunction()

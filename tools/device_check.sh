@@ -30,7 +30,8 @@ for step in ${steps[*]}; do
       run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py
       run racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize.py ;;
     demo) run demo make demo; cp out/demo/results.json "$OUT/demo_results.json" 2>/dev/null ;;
-    bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json" ;;
+    bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json"
+      run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1

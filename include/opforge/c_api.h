@@ -139,6 +139,7 @@ typedef struct OpforgeParamSpec {
   double min, max;
   int32_t num_choices;      /* STRING only: allowed values (an enum); 0: any string */
   const char* const* choices;
+  int32_t compile_time;     /* a template argument of run-time kernels, not a kernel argument */
 } OpforgeParamSpec;
 
 /* One input or parameter, in declaration order (the schema's argument order). */
@@ -201,11 +202,33 @@ typedef struct OpforgeCallFrame {
 
 typedef int32_t (*OpforgeKernelFn)(const OpforgeCallFrame* frame, const void* user);
 
+/* Compile a run-time kernel ahead of its first use (when packaging): the instantiation for
+ * these argument dtypes and compile-time parameter values, for GPU architecture `arch`
+ * ("sm_90"). Looks in the caches first, like a launch does; a fresh binary is stored in
+ * `cache_dir` (with a warning if that folder cannot be written). Needs no GPU. */
+typedef struct OpforgePrecompileRequest {
+  size_t struct_size;
+  const int32_t* dtypes;      /* per argument: the tensor's OpforgeDtype (ignored for params) */
+  const OpforgeValue* values; /* per argument: the parameter's value (ignored for tensors) */
+  const char* arch;
+  const char* cache_dir;
+  char* error;                /* on failure, a NUL-terminated message */
+  size_t error_capacity;
+  int32_t cache_hit;          /* out: 1 if the binary was already cached, 0 if compiled now */
+} OpforgePrecompileRequest;
+typedef int32_t (*OpforgePrecompileFn)(OpforgePrecompileRequest* request, const void* user);
+
 typedef struct OpforgeKernel {
   size_t struct_size;
   int32_t device_type; /* OpforgeDeviceType */
   OpforgeKernelFn fn;
   const void* user;    /* passed back to fn: the author's typed function */
+  /* Run-time kernels only (NULL otherwise): the CUDA source file, relative to the library's
+   * kernel folder (see Note [Run-time kernels] in opforge/op.h), the kernel's name
+   * template, and the ahead-of-time compile entry. */
+  const char* source;
+  const char* name;
+  OpforgePrecompileFn precompile;
 } OpforgeKernel;
 
 typedef struct OpforgeOpSpec {
@@ -231,6 +254,11 @@ typedef struct OpforgeLibrary {
   /* Non-NULL if a declaration in the library is invalid: every problem, each with
    * the file and line of the declaration. Adapters refuse to load such a library. */
   const char* error;
+  /* The folder run-time kernel sources are read from (absolute). */
+  const char* kernel_dir;
+  /* Forget compiled run-time kernels, so the next call re-reads and recompiles (or finds in
+   * the on-disk cache) each source. Modules already loaded stay valid for work in flight. */
+  void (*reload)(void);
 } OpforgeLibrary;
 
 /* The one symbol an op library exports (defined by opforge's op-library support code). */

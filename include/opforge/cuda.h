@@ -21,6 +21,7 @@
 
 #include "opforge/dtype.h"
 #include "opforge/error.h"
+#include "opforge/kernel.cuh"
 #include "opforge/tensor.h"
 
 /// Throws opforge::InternalError naming the failing call if a CUDA runtime call fails.
@@ -69,27 +70,11 @@ decltype(auto) visit_dtype(Dtype d, F&& f) {
   return ::opforge::detail::visit_dtype_impl<Allowed, __half, __nv_bfloat16>(d, std::forward<F>(f));
 }
 
-/// float (double for double) arithmetic type for an element type.
-template <class T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-
-template <class T>
-__device__ __forceinline__ T from_acc(acc_t<T> v) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else return v;
-}
-
-/// N elements of T loaded or stored as one aligned access (16 bytes for N = 16 / sizeof(T)).
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
+// Device helpers shared with run-time kernels (opforge/kernel.cuh).
+using kernel::acc_t;
+using kernel::from_acc;
+using kernel::to_acc;
+using kernel::Vec;
 
 /// True if every pointer is aligned to `bytes`.
 template <class... P>

@@ -70,6 +70,55 @@ inline detail::ParamRange at_most(double v) { return {false, true, 0, v}; }
 inline detail::ParamRange in_range(double lo, double hi) { return {true, true, lo, hi}; }
 /// A string parameter restricted to these values (an enum).
 inline detail::Choices one_of(std::vector<std::string> values) { return {std::move(values)}; }
+/// The parameter is a template argument of the op's run-time kernels (`{name}` in the kernel
+/// name), so each value gets its own compiled instantiation; int64_t, bool and std::string only.
+inline constexpr detail::CompileTime compile_time{};
+
+// ---- launch rules of run-time kernels -------------------------------------------------------
+
+using detail::LaunchConfig;
+
+/// One thread per element of `tensor` (an input or output): the kernel receives the tensors'
+/// pointers, then `int64_t n` (the element count), then the runtime parameters. Chain
+/// `.items_per_thread(k)` or `.bytes_per_thread(16)` for vectorised kernels (each thread then
+/// handles that many consecutive elements) and `.threads_per_block(t)` for the block size.
+class Elementwise {
+ public:
+  explicit Elementwise(std::string tensor) {
+    rule_.kind = detail::LaunchRule::kElementwise;
+    rule_.tensor = std::move(tensor);
+  }
+  Elementwise items_per_thread(int32_t k) const {
+    Elementwise e = *this;
+    e.rule_.items_per_thread = k;
+    return e;
+  }
+  Elementwise bytes_per_thread(int32_t b) const {
+    Elementwise e = *this;
+    e.rule_.bytes_per_thread = b;
+    return e;
+  }
+  Elementwise threads_per_block(int32_t t) const {
+    Elementwise e = *this;
+    e.rule_.threads = t;
+    return e;
+  }
+  operator detail::LaunchRule() const { return rule_; }  // NOLINT: implicit by design
+
+ private:
+  detail::LaunchRule rule_;
+};
+inline Elementwise elementwise(std::string tensor) { return Elementwise(std::move(tensor)); }
+
+/// One block per row of `tensor` (rows = numel / size(-1)): the kernel receives the pointers,
+/// then `int64_t rows, int64_t cols`, then the runtime parameters.
+inline detail::LaunchRule rows(std::string tensor, int32_t threads = 256) {
+  detail::LaunchRule r;
+  r.kind = detail::LaunchRule::kRows;
+  r.tensor = std::move(tensor);
+  r.threads = threads;
+  return r;
+}
 
 namespace detail {
 inline constexpr const char* kOrderMessage =
@@ -166,6 +215,51 @@ class OpBuilder {
   OpBuilder cuda(F* fn) && {
     def_->kernels.push_back(make_kernel(OPFORGE_DEVICE_CUDA, fn));
     return std::move(*this);
+  }
+
+  /// A CUDA kernel compiled at run time (see Note [Run-time kernels]): `file` is shipped in the
+  /// library's kernel folder, `name` names the kernel, with `{T}` (the first tensor input's
+  /// CUDA type), `{T_<tensor>}` and `{<param>}` (a compile_time parameter) filled in per call,
+  /// e.g. "softshrink<{T}>". Follow with `.launch(rule)`.
+  OpBuilder cuda_source(std::string file, std::string name) && {
+    auto rk = std::make_unique<detail::RuntimeKernel>();
+    rk->def = def_.get();
+    rk->file = std::move(file);
+    rk->name = std::move(name);
+    OpforgeKernel k{};
+    k.struct_size = sizeof(OpforgeKernel);
+    k.device_type = OPFORGE_DEVICE_CUDA;
+    k.fn = &detail::rtc_launch;
+    k.user = rk.get();
+    k.source = rk->file.c_str();
+    k.name = rk->name.c_str();
+    k.precompile = &detail::rtc_precompile;
+    def_->kernels.push_back(k);
+    def_->runtime_kernels.push_back(std::move(rk));
+    return std::move(*this);
+  }
+
+  /// How the last `.cuda_source()` kernel is launched: opforge::elementwise("y"),
+  /// opforge::rows("x"), or opforge::grid(fn).
+  OpBuilder launch(detail::LaunchRule rule) && {
+    if (!def_->runtime_kernels.empty()) def_->runtime_kernels.back()->rule = std::move(rule);
+    else def_->launch_without_source = true;
+    return std::move(*this);
+  }
+
+  /// An explicit grid: `opforge::LaunchConfig fn(args...)` takes the op's arguments like a
+  /// kernel does and returns grid, block, dynamic shared memory and extra int64 kernel
+  /// arguments (passed after the tensor pointers).
+  template <class F>
+  OpBuilder launch_grid(F* fn) && {
+    static_assert(std::is_same_v<F, detail::LaunchConfig(Sig...)>,
+                  "opforge: a grid function must be `opforge::LaunchConfig fn(args...)` taking the declared "
+                  "inputs, parameters and outputs in declaration order");
+    detail::LaunchRule r;
+    r.kind = detail::LaunchRule::kGrid;
+    r.grid_entry = &detail::GridEntry<Sig...>::run;
+    r.grid_fn = reinterpret_cast<const void*>(fn);
+    return std::move(*this).launch(std::move(r));
   }
 
   /// \private Hands the finished declaration to the registry (used by OPFORGE_OP).

@@ -35,4 +35,14 @@ extern "C" {
 /// (ValueError) or 2 otherwise (RuntimeError) and sets *error.
 int opforge_torch_load_library(const char* path, char** json, char** error);
 void opforge_torch_free(char* p);
+/// Forgets every compiled run-time kernel of every loaded library (opforge.reload()).
+void opforge_torch_reload(void);
+/// Compiles (or finds cached) the run-time kernels of op `name` ("ns::op") for one
+/// instantiation: per argument, a tensor's OpforgeDtype in `dtypes`, an int/bool parameter in
+/// `ints`, a float in `floats`, a string in `strings`. `arch` is e.g. "sm_90"; fresh binaries
+/// go to `cache_dir`. Sets *cache_hit; returns 0, or 1/2 with *error set (free with
+/// opforge_torch_free).
+int opforge_torch_precompile(const char* name, int32_t num_args, const int32_t* dtypes, const int64_t* ints,
+                             const double* floats, const char* const* strings, const char* arch,
+                             const char* cache_dir, int32_t* cache_hit, char** error);
 }

@@ -10,7 +10,7 @@ Op libraries are built with :func:`opforge.build_library` (or the CMake function
 :func:`opforge.aoti.package` and run by the C++ runner with :func:`opforge.aoti.run`.
 """
 
-from ._adapter import Library, OpforgeError, load_library, loaded_libraries
+from ._adapter import Library, OpforgeError, load_library, loaded_libraries, precompile, reload
 from ._build import BuildError, build_library
 from ._paths import build_dir, example_library
 
@@ -23,4 +23,6 @@ __all__ = [
     "example_library",
     "load_library",
     "loaded_libraries",
+    "precompile",
+    "reload",
 ]

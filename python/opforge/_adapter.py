@@ -23,6 +23,8 @@ class Library:
 
     Attributes:
         path: the shared object's resolved path.
+        kernel_dir: the folder its run-time kernel sources are read from
+            (``lib<name>.kernels/`` beside the shared object).
         ops: one dict per op, as the adapter describes it: ``name`` ("ns::op"), ``schema``,
             ``doc``, ``file`` and ``line`` of the declaration, ``args`` (name, type, dtypes,
             ranks, defaults, ranges) and ``outputs``.
@@ -30,6 +32,7 @@ class Library:
 
     path: Path
     ops: list[dict] = field(default_factory=list)
+    kernel_dir: Path | None = None
 
     @property
     def op_names(self) -> list[str]:
@@ -57,6 +60,13 @@ def _load_adapter() -> ctypes.CDLL:
         ]
         lib.opforge_torch_load_library.restype = ctypes.c_int
         lib.opforge_torch_free.argtypes = [ctypes.c_void_p]
+        lib.opforge_torch_reload.argtypes = []
+        lib.opforge_torch_precompile.restype = ctypes.c_int
+        lib.opforge_torch_precompile.argtypes = [
+            ctypes.c_char_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64),
+            ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_char_p), ctypes.c_char_p, ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_void_p),
+        ]
         _adapter = lib
     return _adapter
 
@@ -96,7 +106,8 @@ def load_library(path: str | Path) -> Library:
         finally:
             adapter.opforge_torch_free(out)
             adapter.opforge_torch_free(err)
-        lib = Library(path=resolved, ops=description["ops"])
+        kernel_dir = Path(description["kernel_dir"]) if description.get("kernel_dir") else None
+        lib = Library(path=resolved, ops=description["ops"], kernel_dir=kernel_dir)
         _libraries[resolved] = lib
         return lib
 
@@ -105,3 +116,91 @@ def loaded_libraries() -> list[Library]:
     """Every op library loaded in this process, in load order."""
     with _lock:
         return list(_libraries.values())
+
+
+#: opforge's dtype codes (include/opforge/c_api.h, OpforgeDtype).
+DTYPE_CODES = {
+    torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int8: 4,
+    torch.int16: 5, torch.int32: 6, torch.int64: 7, torch.uint8: 8, torch.bool: 9,
+}
+
+
+def reload() -> None:
+    """Forget every compiled run-time kernel, so the next call of each op re-reads its kernel
+    source (and recompiles it, or finds the new version in the on-disk cache). The op names,
+    schemas and anything exported or compiled that refers to them stay the same.
+    """
+    with _lock:
+        _load_adapter().opforge_torch_reload()
+
+
+def _find_op(name: str) -> dict:
+    for lib in _libraries.values():
+        for op in lib.ops:
+            if op["name"] == name:
+                return op
+    raise ValueError(f"opforge.precompile: no loaded op named {name!r}")
+
+
+def precompile(
+    op: str,
+    dtypes: dict[str, torch.dtype],
+    params: dict[str, object] | None = None,
+    *,
+    arch: str = "sm_90",
+    cache_dir: str | Path | None = None,
+) -> bool:
+    """Compile the run-time kernels of ``op`` for one instantiation, without a GPU.
+
+    The same lookup a launch does: the library's shipped cache, the user cache
+    (``$OPFORGE_CACHE_DIR/kernels``, default ``~/.cache/opforge/kernels``), then NVRTC; a fresh
+    binary is written to ``cache_dir`` (default: the user cache; a warning is printed if that
+    folder cannot be written).
+
+    Args:
+        op: qualified op name, e.g. ``"examples::softshrink"``.
+        dtypes: dtype of each tensor input, by name.
+        params: values of the op's parameters by name (those marked compile-time select the
+            instantiation; others may be omitted).
+        arch: ``"sm_XX"`` for machine code, ``"compute_XX"`` for PTX.
+        cache_dir: where a freshly compiled binary is stored.
+
+    Returns:
+        True if every binary was already cached, False if one was compiled now.
+
+    Raises:
+        ValueError: unknown op, missing tensor dtype, or the kernel source cannot be read.
+        OpforgeError: NVRTC failed; the message holds its log with the source file and line.
+    """
+    params = params or {}
+    spec = _find_op(op)
+    n = len(spec["args"])
+    codes = (ctypes.c_int32 * n)()
+    ints = (ctypes.c_int64 * n)()
+    floats = (ctypes.c_double * n)()
+    strings = (ctypes.c_char_p * n)()
+    for i, arg in enumerate(spec["args"]):
+        name = arg["name"]
+        if arg["type"] == "Tensor":
+            if name not in dtypes:
+                raise ValueError(f"opforge.precompile({op}): no dtype given for tensor input {name!r}")
+            codes[i] = DTYPE_CODES[dtypes[name]]
+        elif name in params:
+            value = params[name]
+            if isinstance(value, str):
+                strings[i] = value.encode()
+            elif isinstance(value, float):
+                floats[i] = value
+            else:
+                ints[i] = int(value)
+    hit = ctypes.c_int32(0)
+    err = ctypes.c_void_p()
+    adapter = _load_adapter()
+    status = adapter.opforge_torch_precompile(
+        op.encode(), n, codes, ints, floats, strings, arch.encode(),
+        str(cache_dir).encode() if cache_dir is not None else None, ctypes.byref(hit), ctypes.byref(err))
+    if status != 0:
+        message = ctypes.string_at(err.value).decode() if err.value else "unknown error"
+        adapter.opforge_torch_free(err)
+        raise (ValueError if status == 1 else OpforgeError)(message)
+    return bool(hit.value)

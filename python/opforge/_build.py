@@ -30,6 +30,7 @@ def build_library(
     name: str,
     sources: Sequence[str | Path],
     *,
+    kernels: Sequence[str | Path] = (),
     build_dir: str | Path | None = None,
     cuda_architectures: str = "90",
     verbose: bool = False,
@@ -42,7 +43,9 @@ def build_library(
 
     Args:
         name: the library's name (an identifier); the file is ``lib<name>.so``.
-        sources: op files (``.cpp``) and CUDA sources (``.cu``).
+        sources: op files (``.cpp``) and ahead-of-time CUDA sources (``.cu``).
+        kernels: run-time kernel sources (``.cu`` files named by ``.cuda_source()``), linked
+            into the library's kernel folder ``lib<name>.kernels/``; not compiled here.
         build_dir: where to build; default ``~/.cache/opforge/build/<name>-<hash of sources>``.
         cuda_architectures: CMake CUDA architectures for ``.cu`` files ("90": sm_90 code and
             compute_90 PTX).
@@ -58,19 +61,22 @@ def build_library(
     if not name.isidentifier():
         raise ValueError(f"opforge.build_library: name must be an identifier, got {name!r}")
     paths = [Path(s).resolve() for s in sources]
+    kernel_paths = [Path(k).resolve() for k in kernels]
     if not paths:
         raise ValueError("opforge.build_library: sources is empty")
-    missing = [str(p) for p in paths if not p.exists()]
+    missing = [str(p) for p in paths + kernel_paths if not p.exists()]
     if missing:
         raise ValueError(f"opforge.build_library: missing source files: {', '.join(missing)}")
     if build_dir is None:
-        key = hashlib.sha256("\n".join(map(str, paths)).encode()).hexdigest()[:12]
+        key = hashlib.sha256("\n".join(map(str, paths + kernel_paths)).encode()).hexdigest()[:12]
         build_dir = Path(os.environ.get("OPFORGE_CACHE_DIR", Path.home() / ".cache" / "opforge")) / "build" / f"{name}-{key}"
     build_dir = Path(build_dir).resolve()
     project = build_dir / "project"
     project.mkdir(parents=True, exist_ok=True)
     languages = "CXX CUDA" if any(p.suffix == ".cu" for p in paths) else "CXX"
     listing = " ".join(f'"{p}"' for p in paths)
+    if kernel_paths:
+        listing += " KERNELS " + " ".join(f'"{k}"' for k in kernel_paths)
     cmakelists = (
         "cmake_minimum_required(VERSION 3.28)\n"
         f"project({name} LANGUAGES {languages})\n"

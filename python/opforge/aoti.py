@@ -24,10 +24,24 @@ from typing import Sequence
 
 import torch
 
-from ._adapter import OpforgeError, loaded_libraries
+from ._adapter import OpforgeError, loaded_libraries, precompile
 from ._paths import runner_path
 
 MANIFEST = "opforge_ops.txt"
+
+
+def _opforge_nodes(program: torch.export.ExportedProgram):
+    """(op name, library, node) for every call of an opforge op in the program's graphs."""
+    owners = {name: lib for lib in loaded_libraries() for name in lib.op_names}
+    for module in program.graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            target = node.target
+            if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+                name = target._schema.name
+                if name in owners:
+                    yield name, owners[name], node
 
 
 def custom_ops(program: torch.export.ExportedProgram) -> dict[str, Path]:
@@ -39,47 +53,86 @@ def custom_ops(program: torch.export.ExportedProgram) -> dict[str, Path]:
     Returns:
         ``{"ns::op": library path}`` for every opforge op in the graph (and its submodules).
     """
-    owners = {name: lib.path for lib in loaded_libraries() for name in lib.op_names}
-    used: dict[str, Path] = {}
-    for module in program.graph_module.modules():
-        if not isinstance(module, torch.fx.GraphModule):
+    return {name: lib.path for name, lib, _ in _opforge_nodes(program)}
+
+
+def _instantiations(program: torch.export.ExportedProgram):
+    """(op name, tensor dtypes, parameter values) of each call of an op with run-time kernels."""
+    seen = set()
+    for name, lib, node in _opforge_nodes(program):
+        spec = next(op for op in lib.ops if op["name"] == name)
+        if not spec.get("runtime_kernels"):
             continue
-        for node in module.graph.nodes:
-            target = node.target
-            if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
-                name = target._schema.name
-                if name in owners:
-                    used[name] = owners[name]
-    return used
+        dtypes, params = {}, {}
+        for i, arg in enumerate(node.target._schema.arguments):
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+            if isinstance(value, torch.fx.Node):
+                dtypes[arg.name] = value.meta["val"].dtype
+            else:
+                params[arg.name] = value
+        key = (name, tuple(sorted(dtypes.items(), key=str)), tuple(sorted(params.items(), key=str)))
+        if key not in seen:
+            seen.add(key)
+            yield name, dtypes, params
+
+
+def _device_archs(program: torch.export.ExportedProgram) -> list[str]:
+    """``sm_XX`` of the CUDA devices the program's example inputs live on."""
+    archs = set()
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(val.device)
+            archs.add(f"sm_{major}{minor}")
+    return sorted(archs)
 
 
 def package(
     program: torch.export.ExportedProgram,
     package_dir: str | Path,
     *,
+    archs: list[str] | None = None,
     inductor_configs: dict | None = None,
 ) -> Path:
     """AOTInductor-compile ``program`` into ``package_dir/model.pt2`` with its op libraries beside it.
 
-    The device is that of the program's example inputs (compile on CUDA for a CUDA package).
+    Also copied: each library's run-time kernel folder (``lib<name>.kernels/``), with the
+    kernels the graph instantiates compiled ahead of time for ``archs`` into its ``cache/``, so
+    the deployed package compiles nothing on first inference on those GPUs (NVRTC remains the
+    fallback for others). The device is that of the program's example inputs.
 
     Args:
         program: an exported program whose graph may call opforge ops.
         package_dir: folder to write (created; existing files of the same names are replaced).
+        archs: GPU architectures to precompile run-time kernels for, e.g. ``["sm_90"]``;
+            default: those of the CUDA devices the program was exported on (none for CPU).
         inductor_configs: passed to ``torch._inductor.aoti_compile_and_package``.
 
     Returns:
         Path of ``model.pt2``.
+
+    Raises:
+        OpforgeError: a run-time kernel fails to compile (the message holds NVRTC's log).
     """
     package_dir = Path(package_dir)
     package_dir.mkdir(parents=True, exist_ok=True)
     pt2 = package_dir / "model.pt2"
     torch._inductor.aoti_compile_and_package(program, package_path=str(pt2), inductor_configs=inductor_configs or {})
-    lines = []
-    for name, lib in sorted(custom_ops(program).items()):
-        shutil.copy2(lib, package_dir / lib.name)
-        lines.append(f"{name} {lib.name}")
-    (package_dir / MANIFEST).write_text("# op library for each custom op of model.pt2\n" + "\n".join(lines) + "\n")
+    lines, libraries = set(), {}
+    for name, lib, _ in _opforge_nodes(program):
+        libraries[lib.path] = lib
+        lines.add(f"{name} {lib.path.name}")
+    for lib in libraries.values():
+        shutil.copy2(lib.path, package_dir / lib.path.name)
+        if lib.kernel_dir is not None and lib.kernel_dir.is_dir():
+            target = package_dir / lib.kernel_dir.name
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(lib.kernel_dir, target, symlinks=False, ignore=shutil.ignore_patterns("cache"))
+    for arch in _device_archs(program) if archs is None else archs:
+        for name, dtypes, params in _instantiations(program):
+            lib = next(lib for lib in libraries.values() if name in lib.op_names)
+            precompile(name, dtypes, params, arch=arch, cache_dir=package_dir / lib.kernel_dir.name / "cache")
+    (package_dir / MANIFEST).write_text("# op library for each custom op of model.pt2\n" + "\n".join(sorted(lines)) + "\n")
     return pt2
 
 

@@ -1,6 +1,7 @@
 #include "schema.h"
 
 #include <charconv>
+#include <cstddef>
 #include <string_view>
 #include <vector>
 
@@ -71,6 +72,11 @@ std::string json_string(std::string_view s) {
 }
 
 }  // namespace
+
+bool has_runtime_source(const OpforgeKernel& k) {
+  return k.struct_size >= offsetof(OpforgeKernel, precompile) + sizeof(k.precompile) && k.source != nullptr &&
+         k.precompile != nullptr;
+}
 
 const char* schema_type(int32_t kind) {
   switch (kind) {
@@ -196,9 +202,21 @@ std::string library_json(const OpforgeLibrary& lib) {
     os << "], \"devices\": [";
     for (int32_t i = 0; i < op.num_kernels; ++i)
       os << (i ? ", " : "") << (op.kernels[i].device_type == OPFORGE_DEVICE_CUDA ? "\"cuda\"" : "\"cpu\"");
+    os << "], \"runtime_kernels\": [";
+    bool first = true;
+    for (int32_t i = 0; i < op.num_kernels; ++i) {
+      const OpforgeKernel& k = op.kernels[i];
+      if (!has_runtime_source(k)) continue;
+      os << (first ? "" : ", ") << "{\"source\": " << json_string(k.source) << ", \"name\": " << json_string(k.name)
+         << "}";
+      first = false;
+    }
     os << "]}";
   }
-  os << "]}";
+  os << "]";
+  if (lib.struct_size >= offsetof(OpforgeLibrary, kernel_dir) + sizeof(lib.kernel_dir) && lib.kernel_dir)
+    os << ", \"kernel_dir\": " << json_string(lib.kernel_dir);
+  os << "}";
   return os.str();
 }
 

@@ -25,6 +25,10 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e);
 /// kinds, dtype sets, ranks and layouts, and outputs), for Python tooling and other adapters.
 std::string library_json(const OpforgeLibrary& lib);
 
+/// True if `k` is a run-time kernel (a CUDA source compiled at run time) of a library whose ABI
+/// carries those fields.
+bool has_runtime_source(const OpforgeKernel& k);
+
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);
 

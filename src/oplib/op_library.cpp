@@ -105,6 +105,68 @@ class Resolver {
   std::map<std::string, int32_t> index_;
 };
 
+/// Checks run-time kernels: launch rules, kernel-name placeholders, parameter kinds.
+void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOutputSpec>& outs) {
+  const auto& args = def.args;
+  const auto& outputs = def.outputs;
+  bool any_compile_time = false;
+  for (const auto& a : args) any_compile_time = any_compile_time || a.param.compile_time;
+  if (def.launch_without_source) r.error("", ".launch() comes after the .cuda_source() it applies to");
+  if (def.runtime_kernels.empty()) {
+    if (any_compile_time) r.error("", "compile_time parameters need a run-time kernel (.cuda_source())");
+    return;
+  }
+  for (const auto& a : args) {
+    if (a.kind == OPFORGE_ARG_TENSOR) continue;
+    const std::string ctx = "param '" + a.name + "': ";
+    if (a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL &&
+        a.kind != OPFORGE_ARG_STRING)
+      r.error(ctx, "compile_time applies to int64_t, bool and std::string parameters");
+    if (!a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL &&
+        a.kind != OPFORGE_ARG_FLOAT)
+      r.error(ctx, "run-time kernels take int64_t, double and bool arguments; mark it opforge::compile_time");
+  }
+  for (auto& rk : def.runtime_kernels) {
+    const std::string ctx = "cuda_source(\"" + rk->file + "\"): ";
+    if (rk->file.empty() || rk->file[0] == '/' || rk->file.find("..") != std::string::npos)
+      r.error(ctx, "the file must be a relative path inside the library's kernel folder");
+    const LaunchRule& rule = rk->rule;
+    if (rule.kind == LaunchRule::kNone) r.error(ctx, "no launch rule: add .launch(opforge::elementwise(...)) or another");
+    if (rule.kind == LaunchRule::kElementwise || rule.kind == LaunchRule::kRows) {
+      rk->rule_tensor = -1;
+      for (size_t o = 0; o < outs.size(); ++o)
+        if (outputs[o].name == rule.tensor) rk->rule_tensor = static_cast<int32_t>(args.size() + o);
+      if (rk->rule_tensor < 0) rk->rule_tensor = r.tensor(rule.tensor, ctx + "launch rule: ");
+    }
+    if (rule.threads <= 0 || rule.threads > 1024 || rule.items_per_thread <= 0 || rule.bytes_per_thread < 0)
+      r.error(ctx, "threads per block must be in [1, 1024] and items per thread positive");
+    // Placeholders in the kernel name: {T}, {T_<tensor>}, {<compile_time param>}.
+    for (size_t pos = rk->name.find('{'); pos != std::string::npos; pos = rk->name.find('{', pos + 1)) {
+      const size_t end = rk->name.find('}', pos);
+      if (end == std::string::npos) {
+        r.error(ctx, "unclosed '{' in the kernel name \"" + rk->name + "\"");
+        break;
+      }
+      const std::string key = rk->name.substr(pos + 1, end - pos - 1);
+      if (key == "T") continue;
+      if (key.rfind("T_", 0) == 0) {
+        const std::string t = key.substr(2);
+        bool is_output = false;
+        for (const auto& o : outputs) is_output = is_output || o.name == t;
+        if (!is_output) r.tensor(t, ctx + "{" + key + "}: ");
+        continue;
+      }
+      bool found = false;
+      for (const auto& a : args) {
+        if (a.name != key || a.kind == OPFORGE_ARG_TENSOR) continue;
+        found = true;
+        if (!a.param.compile_time) r.error(ctx, "{" + key + "} names a parameter that is not opforge::compile_time");
+      }
+      if (!found) r.error(ctx, "{" + key + "} names no parameter (use {T}, {T_<tensor>} or {<compile_time param>})");
+    }
+  }
+}
+
 bool in_range(const ParamDecl& p, double v) { return !(p.has_min && v < p.min) && !(p.has_max && v > p.max); }
 
 }  // namespace
@@ -137,7 +199,7 @@ std::vector<std::string> OpDef::finalize() {
   std::set<std::string> seen;
   int num_cuda = 0;
   for (const auto& k : kernels) num_cuda += k.device_type == OPFORGE_DEVICE_CUDA;
-  if (num_cuda > 1) r.error("", "more than one .cuda() kernel");
+  if (num_cuda > 1) r.error("", "more than one CUDA kernel (.cuda() or .cuda_source())");
 
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgDecl& a = args[i];
@@ -170,6 +232,7 @@ std::vector<std::string> OpDef::finalize() {
       if (t.dtypes.bits == 0) r.error(ctx, "the dtype set is empty");
     } else {
       const ParamDecl& p = a.param;
+      spec.param.compile_time = p.compile_time;
       spec.param.has_min = p.has_min;
       spec.param.has_max = p.has_max;
       spec.param.min = p.min;
@@ -235,6 +298,8 @@ std::vector<std::string> OpDef::finalize() {
     s.outputs.push_back(spec);
   }
 
+  check_runtime_kernels(*this, r, s.outputs);
+
   spec_.struct_size = sizeof(OpforgeOpSpec);
   spec_.ns = ns.c_str();
   spec_.name = name.c_str();
@@ -275,6 +340,8 @@ const OpforgeLibrary* Registry::library() {
     lib_.num_ops = static_cast<int32_t>(specs_.size());
     lib_.ops = specs_.data();
     lib_.error = errors_.empty() ? nullptr : errors_.c_str();
+    lib_.kernel_dir = kernel_dir().c_str();
+    lib_.reload = &rtc_reload;
     built_ = true;
   }
   return &lib_;

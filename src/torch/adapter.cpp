@@ -16,6 +16,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -374,3 +375,56 @@ extern "C" int opforge_torch_load_library(const char* path, char** json, char** 
 }
 
 extern "C" void opforge_torch_free(char* p) { std::free(p); }
+
+extern "C" void opforge_torch_reload(void) {
+  std::lock_guard<std::mutex> lock(opforge::torch::g_mutex);
+  for (const auto& l : opforge::torch::loaded())
+    if (l->lib->struct_size >= offsetof(OpforgeLibrary, reload) + sizeof(l->lib->reload) && l->lib->reload)
+      l->lib->reload();
+}
+
+extern "C" int opforge_torch_precompile(const char* name, int32_t num_args, const int32_t* dtypes,
+                                        const int64_t* ints, const double* floats, const char* const* strings,
+                                        const char* arch, const char* cache_dir, int32_t* cache_hit,
+                                        char** error) {
+  *error = nullptr;
+  std::lock_guard<std::mutex> lock(opforge::torch::g_mutex);
+  const OpforgeOpSpec* op = nullptr;
+  for (const auto& l : opforge::torch::loaded())
+    for (int32_t j = 0; j < l->lib->num_ops; ++j)
+      if (opforge::core::qualified_name(*l->lib->ops[j]) == name) op = l->lib->ops[j];
+  if (op == nullptr || op->num_args != num_args) {
+    *error = copy_string(std::string("opforge.precompile: no loaded op ") + name + " with " + std::to_string(num_args) +
+                         " arguments");
+    return 1;
+  }
+  std::vector<OpforgeValue> values(num_args);
+  for (int32_t i = 0; i < num_args; ++i) {
+    OpforgeValue& v = values[i];
+    v.kind = op->args[i].kind;
+    v.i = ints[i];
+    v.f = floats[i];
+    v.s = strings[i];
+    v.len = strings[i] ? std::strlen(strings[i]) : 0;
+  }
+  char message[8192] = {0};
+  *cache_hit = 1;
+  for (int32_t k = 0; k < op->num_kernels; ++k) {
+    if (!opforge::core::has_runtime_source(op->kernels[k])) continue;
+    OpforgePrecompileRequest r{};
+    r.struct_size = sizeof(r);
+    r.dtypes = dtypes;
+    r.values = values.data();
+    r.arch = arch;
+    r.cache_dir = cache_dir;
+    r.error = message;
+    r.error_capacity = sizeof(message);
+    const int32_t status = op->kernels[k].precompile(&r, op->kernels[k].user);
+    if (status != OPFORGE_STATUS_OK) {
+      *error = copy_string(opforge::core::qualified_name(*op) + ": " + message);
+      return status == OPFORGE_STATUS_INVALID_ARGUMENT ? 1 : 2;
+    }
+    *cache_hit = *cache_hit && r.cache_hit;
+  }
+  return 0;
+}

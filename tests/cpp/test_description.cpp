@@ -199,6 +199,48 @@ TEST(Description, RejectsOpWithoutTensorInput) {
             "allocated on)");
 }
 
+void ref_k(opforge::Tensor, int64_t, std::string_view, opforge::MutableTensor) {}
+
+TEST(Description, RuntimeKernelChecks) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "rtc", "f.cpp", 2)
+                              .input("x", opforge::floating)
+                              .param<int64_t>("k", opforge::compile_time)
+                              .param<std::string>("mode")
+                              .output("y", opforge::like("x"))
+                              .reference(ref_k)
+                              .cuda_source("k.cu", "k<{T}, {k}, {z}, {T_y}, {T_w}>")
+                              .cuda_source("../escape.cu", "k")
+                              .launch(opforge::elementwise("nothing"))
+                              .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:2: op unit::rtc: more than one CUDA kernel (.cuda() or .cuda_source())",
+                        "f.cpp:2: op unit::rtc: param 'mode': run-time kernels take int64_t, double and bool "
+                        "arguments; mark it opforge::compile_time",
+                        "f.cpp:2: op unit::rtc: cuda_source(\"k.cu\"): no launch rule: add "
+                        ".launch(opforge::elementwise(...)) or another",
+                        "f.cpp:2: op unit::rtc: cuda_source(\"k.cu\"): {z} names no parameter (use {T}, {T_<tensor>} "
+                        "or {<compile_time param>})",
+                        "f.cpp:2: op unit::rtc: cuda_source(\"k.cu\"): {T_w}: \"w\" names no tensor input (tensor "
+                        "inputs: x)",
+                        "f.cpp:2: op unit::rtc: cuda_source(\"../escape.cu\"): the file must be a relative path inside "
+                        "the library's kernel folder",
+                        "f.cpp:2: op unit::rtc: cuda_source(\"../escape.cu\"): launch rule: \"nothing\" names no "
+                        "tensor input (tensor inputs: x)",
+                    }));
+}
+
+TEST(Description, CompileTimeNeedsARuntimeKernel) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "ct", "f.cpp", 3)
+                              .input("x", opforge::floating)
+                              .param<int64_t>("k", opforge::compile_time)
+                              .param<std::string>("mode")
+                              .output("y", opforge::like("x"))
+                              .reference(ref_k)
+                              .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:3: op unit::ct: compile_time parameters need a run-time kernel (.cuda_source())"}));
+}
+
 TEST(Dtype, HalfConversionsRoundToNearestEven) {
   EXPECT_EQ(opforge::Half(1.0f).bits, 0x3c00);
   EXPECT_EQ(opforge::Half(65504.0f).bits, 0x7bff);

@@ -83,7 +83,8 @@ TEST(Schema, LibraryJsonDescribesOps) {
             "Tensor\", \"doc\": \"say \\\"hi\\\"\", \"file\": \"f.cpp\", \"line\": 5, \"args\": [{\"name\": \"x\", "
             "\"type\": \"Tensor\", \"dtypes\": [\"float16\", \"bfloat16\"], \"min_rank\": -1, \"max_rank\": -1, "
             "\"strided\": false}, {\"name\": \"alpha\", \"type\": \"float\", \"default\": \"0.5\", \"min\": 0.0}], "
-            "\"outputs\": [{\"name\": \"y\", \"like\": \"x\", \"dtype\": \"like x\"}], \"devices\": [\"cpu\"]}]}");
+            "\"outputs\": [{\"name\": \"y\", \"like\": \"x\", \"dtype\": \"like x\"}], \"devices\": [\"cpu\"], "
+            "\"runtime_kernels\": []}]}");
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ def packaged(request, tmp_path_factory):
     model = Pipeline().to(device).eval()
     batch = torch.export.Dim("batch", min=1, max=4096)
     program = torch.export.export(model, (torch.randn(3, 24, device=device),), dynamic_shapes=({0: batch},))
-    package = aoti.package(program, tmp_path_factory.mktemp(f"pkg-{device}"))
+    # sm_90 binaries of the run-time kernels go into the package, also for a CPU package.
+    package = aoti.package(program, tmp_path_factory.mktemp(f"pkg-{device}"), archs=["sm_90"])
     return model, package, device
 
 
@@ -46,10 +47,19 @@ def test_round_trip_in_cpp_runner(packaged):
         assert result.latency_ms["median"] > 0
 
 
+def test_package_ships_run_time_kernels_precompiled(packaged):
+    _, package, _ = packaged
+    kernels = package.parent / "libsoftshrink.kernels"
+    assert (kernels / "softshrink.cu").is_file() and not (kernels / "softshrink.cu").is_symlink()
+    assert (kernels / "opforge" / "kernel.cuh").is_file()
+    assert len(list((kernels / "cache").glob("*.bin"))) == 1  # float32 is the one instantiation
+    assert not (package.parent / "libbias_gelu.kernels" / "cache").exists()  # ahead-of-time kernel
+
+
 def test_runner_names_missing_ops_and_libraries(packaged, tmp_path):
     _, package, device = packaged
     for f in package.parent.iterdir():
-        if f.name != "libsoftshrink.so":
+        if f.is_file() and f.name != "libsoftshrink.so":
             (tmp_path / f.name).write_bytes(f.read_bytes())
     with pytest.raises(OpforgeError) as err:
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)

@@ -1,4 +1,5 @@
-// softshrink: the seed example. Matches torch.nn.functional.softshrink.
+// softshrink: the seed example, with a run-time compiled CUDA kernel. Matches
+// torch.nn.functional.softshrink.
 #include <opforge/op.h>
 
 #include <cmath>
@@ -16,13 +17,11 @@ static void softshrink_cpu(opforge::Tensor x, double lambd, opforge::MutableTens
   });
 }
 
-// softshrink.cu
-void softshrink_cuda(const opforge::Context& ctx, opforge::Tensor x, double lambd, opforge::MutableTensor y);
-
 OPFORGE_OP(examples, softshrink)
     .doc("x - lambd where x > lambd, x + lambd where x < -lambd, else 0")
     .input("x", opforge::floating)
     .param<double>("lambd", 0.5, opforge::at_least(0.0))
     .output("y", opforge::like("x"))
     .reference(softshrink_cpu)
-    .cuda(softshrink_cuda);
+    .cuda_source("softshrink.cu", "softshrink<{T}>")  // kernels/softshrink.cu, compiled at run time
+    .launch(opforge::elementwise("y").bytes_per_thread(16));

@@ -46,6 +46,7 @@ struct ParamDecl {
   bool has_min = false, has_max = false;
   double min = 0, max = 0;
   std::vector<std::string> choices;
+  bool compile_time = false;
 };
 
 struct ArgDecl {
@@ -64,6 +65,47 @@ struct OutputDecl {
   std::vector<Expr> dims;
 };
 
+/// Grid and block of a kernel launch, and extra int64 kernel arguments; returned by the
+/// function given to opforge::grid().
+struct LaunchConfig {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {256, 1, 1};
+  unsigned shared_bytes = 0;
+  std::vector<int64_t> args;
+};
+
+/// How a run-time kernel is launched (see opforge::elementwise, opforge::rows, opforge::grid).
+struct LaunchRule {
+  enum Kind { kNone, kElementwise, kRows, kGrid } kind = kNone;
+  std::string tensor;         // elementwise, rows: the tensor whose shape sets the grid
+  int32_t items_per_thread = 1;
+  int32_t bytes_per_thread = 0;  // > 0: items per thread = bytes / element size
+  int32_t threads = 256;
+  LaunchConfig (*grid_entry)(const OpforgeCallFrame*, const void*) = nullptr;
+  const void* grid_fn = nullptr;
+};
+
+struct OpDef;
+
+/// A CUDA kernel compiled at run time from a source file shipped beside the op library.
+struct RuntimeKernel {
+  const OpDef* def = nullptr;
+  std::string file;  // relative to the library's kernel folder
+  std::string name;  // name template, e.g. "softshrink<{T}>"
+  LaunchRule rule;
+  // Resolved by OpDef::finalize:
+  int32_t rule_tensor = -1;      // argument index, or num_args + output index
+};
+
+/// Kernel entry and ahead-of-time compile entry of run-time kernels (src/oplib/rtc.cpp).
+int32_t rtc_launch(const OpforgeCallFrame* frame, const void* user);
+int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user);
+/// Forgets every compiled run-time kernel of this library (OpforgeLibrary::reload).
+void rtc_reload();
+/// The folder this library's run-time kernel sources are read from: beside the shared object,
+/// `lib<name>.kernels/` (absolute; empty if it cannot be determined).
+const std::string& kernel_dir();
+
 /// Everything one OPFORGE_OP declaration says, plus the C ABI view built from it.
 struct OpDef {
   std::string ns, name, doc, file;
@@ -72,6 +114,8 @@ struct OpDef {
   std::vector<OutputDecl> outputs;
   std::vector<OpforgeKernel> kernels;  // kernels[0]: the CPU reference
   bool has_reference = false;
+  std::vector<std::unique_ptr<RuntimeKernel>> runtime_kernels;
+  bool launch_without_source = false;
 
   /// Resolves names, builds the C ABI structs, and returns problems found (each one line,
   /// with this declaration's file:line). Defined in src/oplib/op_def.cpp.
@@ -160,6 +204,7 @@ struct ParamRange {
 struct Choices {
   std::vector<std::string> values;
 };
+struct CompileTime {};
 
 inline void apply(TensorDecl& t, DtypeSet s) { t.dtypes = s; }
 inline void apply(TensorDecl& t, Dtype d) { t.dtypes = DtypeSet(d); }
@@ -179,6 +224,7 @@ inline void apply(ParamDecl& p, const ParamRange& r) {
   if (r.has_max) p.has_max = true, p.max = r.max;
 }
 inline void apply(ParamDecl& p, const Choices& c) { p.choices = c.values; }
+inline void apply(ParamDecl& p, CompileTime) { p.compile_time = true; }
 
 template <class C>
 concept TensorConstraint = requires(TensorDecl& t, const C& c) { apply(t, c); };
@@ -232,25 +278,28 @@ int32_t guarded(const OpforgeCallFrame* f, Body&& body) {
   }
 }
 
+/// Argument J of a kernel taking (S...): an input or parameter from the frame's args, or an
+/// output from its outputs (outputs come last in S).
+template <size_t J, class... S>
+auto frame_arg(const OpforgeCallFrame* f) {
+  using T = std::tuple_element_t<J, std::tuple<S...>>;
+  if constexpr (std::is_same_v<T, MutableTensor>) {
+    return MutableTensor(f->outputs[J - kNumArgs<S...>]);
+  } else {
+    return unpack<T>(f->args[J]);
+  }
+}
+
 template <bool WithContext, class... S>
 struct Entry {
   using Fn = std::conditional_t<WithContext, void (*)(const Context&, S...), void (*)(S...)>;
 
   template <size_t... I>
   static void call(Fn fn, const OpforgeCallFrame* f, std::index_sequence<I...>) {
-    constexpr int32_t n = kNumArgs<S...>;
-    auto arg = [f]<size_t J>(std::integral_constant<size_t, J>) {
-      using T = std::tuple_element_t<J, std::tuple<S...>>;
-      if constexpr (std::is_same_v<T, MutableTensor>) {
-        return MutableTensor(f->outputs[J - n]);
-      } else {
-        return unpack<T>(f->args[J]);
-      }
-    };
     if constexpr (WithContext) {
-      fn(Context(*f->ctx), arg(std::integral_constant<size_t, I>{})...);
+      fn(Context(*f->ctx), frame_arg<I, S...>(f)...);
     } else {
-      fn(arg(std::integral_constant<size_t, I>{})...);
+      fn(frame_arg<I, S...>(f)...);
     }
   }
 
@@ -261,6 +310,19 @@ struct Entry {
                      "call frame does not match the declaration");
       call(reinterpret_cast<Fn>(const_cast<void*>(user)), f, std::index_sequence_for<S...>{});
     });
+  }
+};
+
+/// Calls a grid function `LaunchConfig fn(args...)` with the frame's typed arguments.
+template <class... S>
+struct GridEntry {
+  using Fn = LaunchConfig (*)(S...);
+  template <size_t... I>
+  static LaunchConfig call(Fn fn, const OpforgeCallFrame* f, std::index_sequence<I...>) {
+    return fn(frame_arg<I, S...>(f)...);
+  }
+  static LaunchConfig run(const OpforgeCallFrame* f, const void* user) {
+    return call(reinterpret_cast<Fn>(const_cast<void*>(user)), f, std::index_sequence_for<S...>{});
   }
 };
 

@@ -1,0 +1,87 @@
+// opforge/kernel.cuh -- device-side helpers for kernels, compiled by nvcc ahead of time or by
+// NVRTC at run time (where opforge provides this header itself, so `#include
+// <opforge/kernel.cuh>` works in a shipped kernel file with no include path set).
+//
+//   #include <opforge/kernel.cuh>
+//   template <class T>
+//   __global__ void scale(const T* x, T* y, int64_t n, double alpha) {
+//     const int64_t i = opforge::kernel::global_index();
+//     if (i < n) y[i] = opforge::kernel::from_acc<T>(opforge::kernel::to_acc(x[i]) * alpha);
+//   }
+#pragma once
+
+#if defined(__CUDACC_RTC__)
+// NVRTC has no C library headers; the fixed-width integer types kernels use.
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
+#else
+#include <cstdint>
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace opforge::kernel {
+
+template <bool B, class T, class F>
+struct conditional {
+  using type = T;
+};
+template <class T, class F>
+struct conditional<false, T, F> {
+  using type = F;
+};
+template <class A, class B>
+struct is_same {
+  static constexpr bool value = false;
+};
+template <class A>
+struct is_same<A, A> {
+  static constexpr bool value = true;
+};
+
+/// The arithmetic type for an element type: double for double, float otherwise.
+template <class T>
+using acc_t = typename conditional<is_same<T, double>::value, double, float>::type;
+
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+
+/// Rounds an accumulator value to the element type (round to nearest even).
+template <class T>
+__device__ __forceinline__ T from_acc(acc_t<T> v) {
+  if constexpr (is_same<T, __half>::value) {
+    return __float2half_rn(v);
+  } else if constexpr (is_same<T, __nv_bfloat16>::value) {
+    return __float2bfloat16_rn(v);
+  } else {
+    return v;
+  }
+}
+
+/// N elements of T loaded or stored as one aligned access (16 bytes for N = 16 / sizeof(T)).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+/// True if `p` is aligned to `bytes`.
+__host__ __device__ __forceinline__ bool aligned(const void* p, int bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+/// This thread's index in a 1-d grid, 64-bit (grids may hold more than 2^31 threads).
+__device__ __forceinline__ int64_t global_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+}  // namespace opforge::kernel

@@ -1,0 +1,611 @@
+// Run-time CUDA kernels: NVRTC compilation, the on-disk cache, module loading and launch.
+// Compiled into every op library (see Note [Run-time kernels] in opforge/op.h).
+//
+// NVRTC is opened with dlopen and the driver API is reached through the CUDA runtime's
+// cudaGetDriverEntryPointByVersion, so an op library loads on machines without a GPU driver or
+// NVRTC and needs them only when a run-time kernel first runs.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <nvrtc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "opforge/op.h"
+
+namespace opforge::detail {
+namespace {
+
+// ---- files ----------------------------------------------------------------------------------
+
+bool read_file(const std::string& path, std::string& out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  out.clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  const bool ok = !std::ferror(f);
+  std::fclose(f);
+  return ok;
+}
+
+bool make_dirs(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      partial = dir.substr(0, i);
+      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    }
+  }
+  return true;
+}
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) ? std::string(buf) : path;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+/// 64-bit FNV-1a (Fowler, Noll, Vo; http://www.isthe.com/chongo/tech/comp/fnv/): names cache
+/// entries and checks their contents. Entries also store their full key, which is compared
+/// on load, so a hash collision can cost a recompile but never a wrong kernel.
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// ---- NVRTC and the driver API ---------------------------------------------------------------
+
+struct Nvrtc {
+  decltype(&::nvrtcVersion) version = nullptr;
+  decltype(&::nvrtcGetErrorString) error_string = nullptr;
+  decltype(&::nvrtcCreateProgram) create = nullptr;
+  decltype(&::nvrtcDestroyProgram) destroy = nullptr;
+  decltype(&::nvrtcAddNameExpression) add_name = nullptr;
+  decltype(&::nvrtcCompileProgram) compile = nullptr;
+  decltype(&::nvrtcGetProgramLogSize) log_size = nullptr;
+  decltype(&::nvrtcGetProgramLog) log = nullptr;
+  decltype(&::nvrtcGetLoweredName) lowered_name = nullptr;
+  decltype(&::nvrtcGetCUBINSize) cubin_size = nullptr;
+  decltype(&::nvrtcGetCUBIN) cubin = nullptr;
+  decltype(&::nvrtcGetPTXSize) ptx_size = nullptr;
+  decltype(&::nvrtcGetPTX) ptx = nullptr;
+  decltype(&::nvrtcGetNumSupportedArchs) num_archs = nullptr;
+  decltype(&::nvrtcGetSupportedArchs) archs = nullptr;
+  std::string version_text;
+  std::string load_error;
+};
+
+const Nvrtc& nvrtc() {
+  static const Nvrtc lib = [] {
+    Nvrtc n;
+    std::vector<std::string> candidates;
+    if (!env("OPFORGE_NVRTC").empty()) candidates.push_back(env("OPFORGE_NVRTC"));
+    const std::string soname = "libnvrtc.so." + std::to_string(CUDA_VERSION / 1000);
+    candidates.push_back(soname);
+    for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
+      if (!env(var).empty()) candidates.push_back(env(var) + "/lib64/" + soname);
+    candidates.push_back("/usr/local/cuda/lib64/" + soname);
+    void* h = nullptr;
+    for (const auto& c : candidates)
+      if ((h = ::dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    if (h == nullptr) {
+      n.load_error = "cannot load NVRTC (" + soname + "; set OPFORGE_NVRTC to its path)";
+      return n;
+    }
+#define OPFORGE_NVRTC_SYM(field, sym) n.field = reinterpret_cast<decltype(n.field)>(::dlsym(h, #sym))
+    OPFORGE_NVRTC_SYM(version, nvrtcVersion);
+    OPFORGE_NVRTC_SYM(error_string, nvrtcGetErrorString);
+    OPFORGE_NVRTC_SYM(create, nvrtcCreateProgram);
+    OPFORGE_NVRTC_SYM(destroy, nvrtcDestroyProgram);
+    OPFORGE_NVRTC_SYM(add_name, nvrtcAddNameExpression);
+    OPFORGE_NVRTC_SYM(compile, nvrtcCompileProgram);
+    OPFORGE_NVRTC_SYM(log_size, nvrtcGetProgramLogSize);
+    OPFORGE_NVRTC_SYM(log, nvrtcGetProgramLog);
+    OPFORGE_NVRTC_SYM(lowered_name, nvrtcGetLoweredName);
+    OPFORGE_NVRTC_SYM(cubin_size, nvrtcGetCUBINSize);
+    OPFORGE_NVRTC_SYM(cubin, nvrtcGetCUBIN);
+    OPFORGE_NVRTC_SYM(ptx_size, nvrtcGetPTXSize);
+    OPFORGE_NVRTC_SYM(ptx, nvrtcGetPTX);
+    OPFORGE_NVRTC_SYM(num_archs, nvrtcGetNumSupportedArchs);
+    OPFORGE_NVRTC_SYM(archs, nvrtcGetSupportedArchs);
+#undef OPFORGE_NVRTC_SYM
+    if (!n.version || !n.create || !n.compile || !n.cubin || !n.archs) {
+      n.load_error = "the NVRTC library found lacks required functions";
+      return n;
+    }
+    int major = 0, minor = 0;
+    n.version(&major, &minor);
+    n.version_text = std::to_string(major) + "." + std::to_string(minor);
+    return n;
+  }();
+  if (!lib.load_error.empty()) throw InternalError("opforge: " + lib.load_error);
+  return lib;
+}
+
+struct Driver {
+  decltype(&::cuModuleLoadData) module_load = nullptr;
+  decltype(&::cuModuleGetFunction) get_function = nullptr;
+  decltype(&::cuLaunchKernel) launch = nullptr;
+  decltype(&::cuFuncSetAttribute) set_attribute = nullptr;
+  decltype(&::cuGetErrorString) error_string = nullptr;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    auto get = [](const char* sym, auto& fn) {
+      cudaDriverEntryPointQueryResult status{};
+      void* p = nullptr;
+      if (cudaGetDriverEntryPointByVersion(sym, &p, 12000, cudaEnableDefault, &status) == cudaSuccess &&
+          status == cudaDriverEntryPointSuccess)
+        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    get("cuModuleLoadData", r.module_load);
+    get("cuModuleGetFunction", r.get_function);
+    get("cuLaunchKernel", r.launch);
+    get("cuFuncSetAttribute", r.set_attribute);
+    get("cuGetErrorString", r.error_string);
+    return r;
+  }();
+  if (!d.module_load || !d.get_function || !d.launch)
+    throw InternalError("opforge: the CUDA driver API is not available (no GPU driver?)");
+  return d;
+}
+
+void check_cu(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* msg = nullptr;
+  if (driver().error_string) driver().error_string(r, &msg);
+  throw InternalError(std::string(what) + " failed: " + (msg ? msg : std::to_string(static_cast<int>(r))));
+}
+
+/// The CUDA toolkit's include folder, for cuda_fp16.h and friends.
+const std::string& cuda_include_dir() {
+  static const std::string dir = [] {
+    std::vector<std::string> roots;
+    for (const char* var : {"OPFORGE_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"})
+      if (!env(var).empty()) roots.push_back(env(var));
+    roots.push_back("/usr/local/cuda");
+    for (const auto& r : roots)
+      if (is_file(r + "/include/cuda_fp16.h")) return r + "/include";
+    return std::string();
+  }();
+  if (dir.empty())
+    throw InternalError("opforge: CUDA headers (cuda_fp16.h) not found; set CUDA_HOME to the CUDA toolkit");
+  return dir;
+}
+
+// ---- names ----------------------------------------------------------------------------------
+
+const char* cuda_type(int32_t dtype) {
+  static const char* const kTypes[] = {"float", "double",    "__half", "__nv_bfloat16", "signed char",
+                                       "short", "int",       "long long", "unsigned char", "bool"};
+  return (dtype >= 0 && dtype < OPFORGE_NUM_DTYPES) ? kTypes[dtype] : "void";
+}
+
+/// The kernel's name expression for one instantiation: placeholders replaced by CUDA types
+/// and compile-time parameter values.
+std::string instantiate(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
+                        const std::vector<int32_t>& out_dtypes, const OpforgeValue* values) {
+  const OpDef& def = *rk.def;
+  auto tensor_dtype = [&](const std::string& name) -> int32_t {
+    for (size_t i = 0; i < def.args.size(); ++i)
+      if (def.args[i].name == name) return arg_dtypes[i];
+    for (size_t o = 0; o < def.outputs.size(); ++o)
+      if (def.outputs[o].name == name) return out_dtypes[o];
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < rk.name.size(); ++i) {
+    if (rk.name[i] != '{') {
+      out += rk.name[i];
+      continue;
+    }
+    const size_t end = rk.name.find('}', i);
+    const std::string key = rk.name.substr(i + 1, end - i - 1);
+    i = end;
+    if (key == "T") {
+      for (size_t a = 0; a < def.args.size(); ++a)
+        if (def.args[a].kind == OPFORGE_ARG_TENSOR) {
+          out += cuda_type(arg_dtypes[a]);
+          break;
+        }
+    } else if (key.rfind("T_", 0) == 0) {
+      out += cuda_type(tensor_dtype(key.substr(2)));
+    } else {
+      for (size_t a = 0; a < def.args.size(); ++a) {
+        if (def.args[a].name != key || def.args[a].kind == OPFORGE_ARG_TENSOR) continue;
+        const OpforgeValue& v = values[a];
+        if (def.args[a].kind == OPFORGE_ARG_BOOL) out += v.i ? "true" : "false";
+        else if (def.args[a].kind == OPFORGE_ARG_STRING) out.append(v.s, v.len);
+        else out += std::to_string(v.i);
+      }
+    }
+  }
+  return out;
+}
+
+int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg_dtypes) {
+  return o.dtype_like >= 0 ? arg_dtypes[o.dtype_like] : o.dtype;
+}
+
+// ---- compilation and the cache --------------------------------------------------------------
+
+struct Binary {
+  std::string lowered_name;
+  std::string image;  // CUBIN (or PTX when the architecture is newer than NVRTC knows)
+};
+
+std::string user_cache_dir() {
+  if (!env("OPFORGE_CACHE_DIR").empty()) return env("OPFORGE_CACHE_DIR") + "/kernels";
+  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/opforge/kernels";
+  return env("HOME") + "/.cache/opforge/kernels";
+}
+
+constexpr char kMagic[8] = {'O', 'P', 'F', 'G', 'R', 'T', 'C', '1'};
+
+void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
+bool get_u64(const std::string& s, size_t& pos, uint64_t& v) {
+  if (pos + 8 > s.size()) return false;
+  std::memcpy(&v, s.data() + pos, 8);
+  pos += 8;
+  return true;
+}
+bool get_str(const std::string& s, size_t& pos, std::string& out) {
+  uint64_t n;
+  if (!get_u64(s, pos, n) || n > s.size() - pos) return false;
+  out.assign(s, pos, n);
+  pos += n;
+  return true;
+}
+
+/// Reads a cache entry; false if missing, truncated, corrupted, or made for another key.
+bool read_entry(const std::string& path, const std::string& key, Binary& out) {
+  std::string data;
+  if (!read_file(path, data) || data.size() < 8 || std::memcmp(data.data(), kMagic, 8) != 0) return false;
+  size_t pos = 8;
+  std::string stored_key;
+  uint64_t checksum;
+  if (!get_str(data, pos, stored_key) || stored_key != key) return false;
+  if (!get_str(data, pos, out.lowered_name) || !get_u64(data, pos, checksum) || !get_str(data, pos, out.image))
+    return false;
+  return pos == data.size() && fnv1a(out.image) == checksum && !out.image.empty();
+}
+
+std::atomic<bool> g_warned_unwritable{false};
+
+/// Writes a cache entry atomically (a temporary file renamed into place), so concurrent
+/// writers and readers never see a partial entry. Returns false (and warns once) if the
+/// folder cannot be written: the kernel then lives in memory only.
+bool write_entry(const std::string& dir, const std::string& file, const std::string& key, const Binary& b) {
+  std::string data(kMagic, 8);
+  put_u64(data, key.size());
+  data += key;
+  put_u64(data, b.lowered_name.size());
+  data += b.lowered_name;
+  put_u64(data, fnv1a(b.image));
+  put_u64(data, b.image.size());
+  data += b.image;
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = dir + "/." + file + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id())) + "." +
+                          std::to_string(counter++);
+  std::string why;
+  FILE* f = make_dirs(dir) ? std::fopen(tmp.c_str(), "wb") : nullptr;
+  if (f == nullptr) {
+    why = std::strerror(errno);
+  } else {
+    const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+    const int saved = errno;
+    if (std::fclose(f) != 0 || !ok) why = std::strerror(ok ? errno : saved);
+    else if (std::rename(tmp.c_str(), (dir + "/" + file).c_str()) != 0) why = std::strerror(errno);
+    if (!why.empty()) std::remove(tmp.c_str());
+  }
+  if (why.empty()) return true;
+  if (!g_warned_unwritable.exchange(true))
+    std::fprintf(stderr, "opforge: warning: cannot write the kernel cache %s (%s); compiled kernels are kept in memory only\n",
+                 dir.c_str(), why.c_str());
+  return false;
+}
+
+/// Compiles `name` from `source` with NVRTC for `arch` ("sm_90"). Compile errors name the
+/// source file and line (NVRTC's "file(line): error: ..." log).
+Binary compile(const std::string& display_path, const std::string& source, const std::string& name,
+               const std::string& arch, const std::vector<std::string>& options) {
+  const Nvrtc& n = nvrtc();
+  nvrtcProgram prog = nullptr;
+  if (n.create(&prog, source.c_str(), display_path.c_str(), 0, nullptr, nullptr) != NVRTC_SUCCESS)
+    throw InternalError("opforge: nvrtcCreateProgram failed for " + display_path);
+  struct Destroy {
+    const Nvrtc& n;
+    nvrtcProgram* p;
+    ~Destroy() { n.destroy(p); }
+  } destroy{n, &prog};
+  n.add_name(prog, name.c_str());
+  std::vector<const char*> opts;
+  for (const auto& o : options) opts.push_back(o.c_str());
+  const nvrtcResult r = n.compile(prog, static_cast<int>(opts.size()), opts.data());
+  size_t log_size = 0;
+  n.log_size(prog, &log_size);
+  std::string log(log_size, '\0');
+  if (log_size > 1) n.log(prog, log.data());
+  while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+  if (r != NVRTC_SUCCESS)
+    throw InternalError("compiling " + name + " from " + display_path + " for " + arch + " failed:\n" + log);
+  Binary b;
+  const char* lowered = nullptr;
+  if (n.lowered_name(prog, name.c_str(), &lowered) != NVRTC_SUCCESS || lowered == nullptr)
+    throw InternalError("compiling " + display_path + ": no kernel named " + name + " (is it a __global__ function?)");
+  b.lowered_name = lowered;
+  size_t size = 0;
+  if (arch.rfind("sm_", 0) == 0) {
+    n.cubin_size(prog, &size);
+    b.image.resize(size);
+    n.cubin(prog, b.image.data());
+  } else {
+    n.ptx_size(prog, &size);
+    b.image.resize(size);
+    n.ptx(prog, b.image.data());
+  }
+  return b;
+}
+
+/// The target for a device of compute capability `cc` (e.g. 90): machine code if NVRTC knows
+/// the architecture, else PTX for the newest one it knows (the driver compiles that at load).
+std::string target_for(int cc) {
+  const Nvrtc& n = nvrtc();
+  int count = 0;
+  n.num_archs(&count);
+  std::vector<int> archs(count);
+  if (count > 0) n.archs(archs.data());
+  int best = 0;
+  for (int a : archs) {
+    if (a == cc) return "sm_" + std::to_string(cc);
+    if (a < cc) best = std::max(best, a);
+  }
+  if (best == 0) throw InternalError("opforge: NVRTC " + n.version_text + " cannot compile for sm_" + std::to_string(cc));
+  return "compute_" + std::to_string(best);
+}
+
+/// Source, options and cache key of one instantiation, read fresh from the kernel folder.
+struct Job {
+  std::string path, display_path, source, name, arch, key;
+  std::vector<std::string> options;
+};
+
+Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string& arch) {
+  Job j;
+  j.path = kernel_dir() + "/" + rk.file;
+  if (!read_file(j.path, j.source)) {
+    throw InvalidArgument(rk.def->ns + "::" + rk.def->name + ": the run-time kernel source " + j.path +
+                          " cannot be read (it ships beside the op library, in " + kernel_dir() + ")");
+  }
+  j.display_path = real_path(j.path);
+  j.name = name;
+  j.arch = arch;
+  std::string header;
+  read_file(kernel_dir() + "/opforge/kernel.cuh", header);
+  j.options = {"--std=c++17", "-arch=" + arch, "-lineinfo", "-I" + kernel_dir(), "-I" + cuda_include_dir(),
+               "-I" + cuda_include_dir() + "/cccl", "-DOPFORGE_RTC=1"};
+  j.key = "opforge-rtc-v1\nnvrtc " + nvrtc().version_text + "\narch " + arch + "\nname " + name + "\noptions";
+  for (const auto& o : j.options)
+    if (o.rfind("-I", 0) != 0) j.key += " " + o;  // include folders may move; their contents count below
+  j.key += "\nsource " + std::to_string(j.source.size()) + "\n" + j.source + "\nheader\n" + header;
+  return j;
+}
+
+/// The binary for `job`: from the shipped cache (the kernel folder's cache/), the user cache,
+/// or a fresh compile stored into `write_dir`. Sets `hit` to whether it was cached.
+Binary binary_for(const Job& job, const std::string& write_dir, bool& hit) {
+  const std::string file = hex(fnv1a(job.key)) + ".bin";
+  Binary b;
+  hit = true;
+  for (const auto& dir : {kernel_dir() + "/cache", user_cache_dir(), write_dir})
+    if (read_entry(dir + "/" + file, job.key, b)) return b;
+  hit = false;
+  b = compile(job.display_path, job.source, job.name, job.arch, job.options);
+  write_entry(write_dir, file, job.key, b);
+  return b;
+}
+
+// ---- loaded functions -----------------------------------------------------------------------
+
+std::mutex g_mutex;
+std::map<std::tuple<const RuntimeKernel*, std::string, int>, CUfunction>& functions() {
+  static std::map<std::tuple<const RuntimeKernel*, std::string, int>, CUfunction> m;
+  return m;
+}
+
+CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto key = std::make_tuple(&rk, name, device);
+  auto it = functions().find(key);
+  if (it != functions().end()) return it->second;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  bool hit = false;
+  const Binary b = binary_for(make_job(rk, name, target_for(major * 10 + minor)), user_cache_dir(), hit);
+  // Loaded into the device's primary context (current: the adapter's device guard set it).
+  // Modules are never unloaded: after reload() work already queued may still use them.
+  CUmodule module = nullptr;
+  check_cu(driver().module_load(&module, b.image.data()), "cuModuleLoadData");
+  CUfunction fn = nullptr;
+  check_cu(driver().get_function(&fn, module, b.lowered_name.c_str()), "cuModuleGetFunction");
+  functions()[key] = fn;
+  return fn;
+}
+
+int64_t numel(const OpforgeTensor& t) {
+  int64_t n = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) n *= t.sizes[d];
+  return n;
+}
+
+void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
+  const OpDef& def = *rk.def;
+  const int32_t num_args = f->num_args;
+  std::vector<int32_t> arg_dtypes(num_args, -1), out_dtypes(f->num_outputs);
+  std::vector<OpforgeValue> values(num_args);
+  for (int32_t i = 0; i < num_args; ++i) {
+    if (def.args[i].kind == OPFORGE_ARG_TENSOR) arg_dtypes[i] = f->args[i].tensor.dtype;
+    values[i] = f->args[i].value;
+  }
+  for (int32_t o = 0; o < f->num_outputs; ++o) out_dtypes[o] = f->outputs[o].dtype;
+  const std::string name = instantiate(rk, arg_dtypes, out_dtypes, values.data());
+
+  // Grid, block and the rule's scalar arguments.
+  const OpforgeTensor* rule_tensor = nullptr;
+  if (rk.rule_tensor >= 0)
+    rule_tensor = rk.rule_tensor < num_args ? &f->args[rk.rule_tensor].tensor : &f->outputs[rk.rule_tensor - num_args];
+  LaunchConfig cfg;
+  switch (rk.rule.kind) {
+    case LaunchRule::kElementwise: {
+      const int64_t n = numel(*rule_tensor);
+      if (n == 0) return;
+      const int64_t items = rk.rule.bytes_per_thread > 0
+                                ? std::max<int64_t>(1, rk.rule.bytes_per_thread / dtype_size(static_cast<Dtype>(rule_tensor->dtype)))
+                                : rk.rule.items_per_thread;
+      const int64_t per_block = int64_t{rk.rule.threads} * items;
+      const int64_t blocks = (n + per_block - 1) / per_block;
+      OPFORGE_CHECK(blocks <= INT32_MAX, def.ns, "::", def.name, ": ", n, " elements exceed one launch's grid");
+      cfg.grid[0] = static_cast<unsigned>(blocks);
+      cfg.block[0] = static_cast<unsigned>(rk.rule.threads);
+      cfg.args = {n};
+      break;
+    }
+    case LaunchRule::kRows: {
+      const int64_t n = numel(*rule_tensor);
+      const int64_t cols = rule_tensor->ndim > 0 ? rule_tensor->sizes[rule_tensor->ndim - 1] : 1;
+      const int64_t rows = cols > 0 ? n / cols : 0;
+      if (rows == 0) return;
+      OPFORGE_CHECK(rows <= INT32_MAX, def.ns, "::", def.name, ": ", rows, " rows exceed one launch's grid");
+      cfg.grid[0] = static_cast<unsigned>(rows);
+      cfg.block[0] = static_cast<unsigned>(rk.rule.threads);
+      cfg.args = {rows, cols};
+      break;
+    }
+    case LaunchRule::kGrid:
+      cfg = rk.rule.grid_entry(f, rk.rule.grid_fn);
+      if (int64_t{cfg.grid[0]} * cfg.grid[1] * cfg.grid[2] == 0) return;
+      break;
+    case LaunchRule::kNone: throw InternalError("run-time kernel without a launch rule");
+  }
+
+  // Kernel arguments: tensor pointers (inputs, then outputs), the rule's int64 values, then
+  // the parameters that are not compile-time, each with its declared C type.
+  std::vector<void*> pointers;
+  std::vector<int64_t> ints(cfg.args);
+  std::vector<double> floats;
+  std::vector<unsigned char> bools;
+  pointers.reserve(num_args + f->num_outputs);
+  ints.reserve(ints.size() + num_args);
+  floats.reserve(num_args);
+  bools.reserve(num_args);
+  std::vector<void*> params;
+  for (int32_t i = 0; i < num_args; ++i)
+    if (def.args[i].kind == OPFORGE_ARG_TENSOR) pointers.push_back(f->args[i].tensor.data);
+  for (int32_t o = 0; o < f->num_outputs; ++o) pointers.push_back(f->outputs[o].data);
+  for (auto& p : pointers) params.push_back(&p);
+  for (auto& v : ints) params.push_back(&v);
+  for (int32_t i = 0; i < num_args; ++i) {
+    const ArgDecl& a = def.args[i];
+    if (a.kind == OPFORGE_ARG_TENSOR || a.param.compile_time) continue;
+    if (a.kind == OPFORGE_ARG_FLOAT) {
+      floats.push_back(values[i].f);
+      params.push_back(&floats.back());
+    } else if (a.kind == OPFORGE_ARG_BOOL) {
+      bools.push_back(values[i].i != 0);
+      params.push_back(&bools.back());
+    } else {
+      ints.push_back(values[i].i);
+      params.push_back(&ints.back());
+    }
+  }
+
+  CUfunction fn = function_for(rk, name, f->ctx->device_index);
+  if (cfg.shared_bytes > 48 * 1024 && driver().set_attribute)
+    check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(cfg.shared_bytes)),
+             "cuFuncSetAttribute");
+  check_cu(driver().launch(fn, cfg.grid[0], cfg.grid[1], cfg.grid[2], cfg.block[0], cfg.block[1], cfg.block[2],
+                           cfg.shared_bytes, static_cast<CUstream>(f->ctx->stream), params.data(), nullptr),
+           ("cuLaunchKernel(" + name + ")").c_str());
+}
+
+}  // namespace
+
+const std::string& kernel_dir() {
+  static const std::string dir = [] {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&rtc_reload), &info) == 0 || info.dli_fname == nullptr) return std::string();
+    std::string path = real_path(info.dli_fname);
+    const size_t slash = path.rfind('/');
+    std::string base = path.substr(slash + 1);
+    const size_t so = base.find(".so");
+    if (so != std::string::npos) base = base.substr(0, so);
+    return path.substr(0, slash) + "/" + base + ".kernels";
+  }();
+  return dir;
+}
+
+int32_t rtc_launch(const OpforgeCallFrame* frame, const void* user) {
+  return guarded(frame, [&] { launch(*static_cast<const RuntimeKernel*>(user), frame); });
+}
+
+int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user) {
+  OpforgeCallFrame errors{};
+  errors.error = request->error;
+  errors.error_capacity = request->error_capacity;
+  return guarded(&errors, [&] {
+    const auto& rk = *static_cast<const RuntimeKernel*>(user);
+    const OpforgeOpSpec& spec = *rk.def->spec();
+    std::vector<int32_t> arg_dtypes(request->dtypes, request->dtypes + spec.num_args), out_dtypes;
+    for (int32_t o = 0; o < spec.num_outputs; ++o) out_dtypes.push_back(output_dtype(spec.outputs[o], arg_dtypes));
+    const std::string name = instantiate(rk, arg_dtypes, out_dtypes, request->values);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    bool hit = false;
+    binary_for(make_job(rk, name, request->arch), request->cache_dir ? request->cache_dir : user_cache_dir(), hit);
+    request->cache_hit = hit;
+  });
+}
+
+void rtc_reload() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  functions().clear();
+}
+
+}  // namespace opforge::detail

@@ -1,0 +1,174 @@
+"""Run-time kernels: NVRTC compilation, the on-disk cache, compile errors, edits and reload."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+from conftest import CASES, requires_cuda
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Example ops with run-time kernel sources (examples/ops/<op>/kernels/).
+RUNTIME_OPS = [name for name in CASES if (ROOT / "examples" / "ops" / name / "kernels").is_dir()]
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*.bin"))
+
+
+@pytest.mark.parametrize("name", RUNTIME_OPS)
+def test_every_example_kernel_compiles_for_sm90(name, tmp_path):
+    case = CASES[name]
+    for dtype in case.dtypes:
+        assert opforge.precompile(f"examples::{name}", {"x": dtype}, arch="sm_90", cache_dir=tmp_path) is False
+        assert opforge.precompile(f"examples::{name}", {"x": dtype}, arch="sm_90", cache_dir=tmp_path) is True
+    binaries = entries(tmp_path)
+    assert len(binaries) == len(case.dtypes)
+    assert all(b.read_bytes()[:8] == b"OPFGRTC1" and b"\x7fELF" in b.read_bytes() for b in binaries)  # CUBINs
+
+
+def test_ptx_for_an_architecture_name(tmp_path):
+    assert opforge.precompile("examples::softshrink", {"x": torch.float32}, arch="compute_90", cache_dir=tmp_path) is False
+    (entry,) = entries(tmp_path)
+    assert b".target sm_90" in entry.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_entry_is_recompiled(damage, tmp_path):
+    args = ("examples::softshrink", {"x": torch.float16})
+    assert opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path) is False
+    (entry,) = entries(tmp_path)
+    data = bytearray(entry.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[-100] ^= 0xFF  # inside the binary: the checksum no longer matches
+    entry.write_bytes(bytes(data))
+    assert opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path) is False  # recompiled
+    assert opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path) is True   # and rewritten whole
+
+
+def test_concurrent_first_use_from_threads_and_processes(tmp_path):
+    args = ("examples::softshrink", {"x": torch.bfloat16})
+    errors = []
+
+    def work():
+        try:
+            opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path)
+        except Exception as e:  # noqa: BLE001 -- collected and asserted below
+            errors.append(e)
+
+    script = textwrap.dedent(f"""
+        import torch, opforge
+        opforge.load_library(opforge.example_library("softshrink"))
+        opforge.precompile("examples::softshrink", {{"x": torch.bfloat16}}, arch="sm_90", cache_dir={str(tmp_path)!r})
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(3)]
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    assert errors == []
+    assert len(entries(tmp_path)) == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+    assert opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path) is True
+
+
+def test_unwritable_cache_warns_and_keeps_working(tmp_path, capfd):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert opforge.precompile("examples::softshrink", {"x": torch.float64}, arch="sm_90",
+                              cache_dir=blocker / "cache") is False
+    err = capfd.readouterr().err
+    assert f"opforge: warning: cannot write the kernel cache {blocker / 'cache'}" in err
+    assert "compiled kernels are kept in memory only" in err
+
+
+OP_FILE = """
+#include <opforge/op.h>
+static void ref(opforge::Tensor x, int64_t k, opforge::MutableTensor y) {
+  for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<float>()[i] * static_cast<float>(k);
+}
+OPFORGE_OP(rtc_test, {name})
+    .input("x", opforge::kFloat32)
+    .param<int64_t>("k", 2, opforge::compile_time)
+    .output("y", opforge::like("x"))
+    .reference(ref)
+    .cuda_source("scale.cu", "scale<{k}>")
+    .launch(opforge::elementwise("y"));
+"""
+
+KERNEL = """#include <opforge/kernel.cuh>
+template <int K>
+__global__ void scale(const float* x, float* y, int64_t n) {
+  const int64_t i = opforge::kernel::global_index();
+  if (i < n) y[i] = x[i] * K * MULTIPLIER;
+}
+"""
+
+
+def build_scale_op(tmp_path: Path, name: str, kernel: str):
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(OP_FILE.replace("{name}", name))
+    (tmp_path / "scale.cu").write_text(kernel)
+    return opforge.load_library(opforge.build_library(f"{name}_lib", [src], kernels=[tmp_path / "scale.cu"],
+                                                      build_dir=tmp_path / "build"))
+
+
+def test_compile_error_names_file_and_line(tmp_path):
+    lib = build_scale_op(tmp_path, "broken", KERNEL.replace("MULTIPLIER", "undefined_name"))
+    assert (lib.kernel_dir / "scale.cu").resolve() == (tmp_path / "scale.cu").resolve()
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.precompile("rtc_test::broken", {"x": torch.float32}, {"k": 3}, arch="sm_90", cache_dir=tmp_path / "c")
+    message = str(err.value)
+    assert message.startswith(f"rtc_test::broken: compiling scale<3> from {tmp_path / 'scale.cu'} for sm_90 failed:")
+    assert f'{tmp_path / "scale.cu"}(5): error: identifier "undefined_name" is undefined' in message
+
+
+def test_edit_and_compile_time_parameters_select_new_binaries(tmp_path):
+    build_scale_op(tmp_path, "edited", KERNEL.replace("MULTIPLIER", "1"))
+    cache = tmp_path / "c"
+    for k, hit in [(3, False), (3, True), (4, False)]:  # each compile-time value is an instantiation
+        assert opforge.precompile("rtc_test::edited", {"x": torch.float32}, {"k": k}, arch="sm_90", cache_dir=cache) is hit
+    (tmp_path / "scale.cu").write_text(KERNEL.replace("MULTIPLIER", "2"))  # an edit is a new source
+    assert opforge.precompile("rtc_test::edited", {"x": torch.float32}, {"k": 3}, arch="sm_90", cache_dir=cache) is False
+    assert len(entries(cache)) == 3
+
+
+@requires_cuda
+def test_edit_then_reload_changes_behaviour(tmp_path):
+    build_scale_op(tmp_path, "live", KERNEL.replace("MULTIPLIER", "1"))
+    x = torch.randn(1000, device="cuda")
+    torch.testing.assert_close(torch.ops.rtc_test.live(x, 3), x * 3)
+    (tmp_path / "scale.cu").write_text(KERNEL.replace("MULTIPLIER", "2"))
+    torch.testing.assert_close(torch.ops.rtc_test.live(x, 3), x * 3)  # compiled kernels stay until reload
+    opforge.reload()
+    torch.testing.assert_close(torch.ops.rtc_test.live(x, 3), x * 6)
+    torch.testing.assert_close(torch.ops.rtc_test.live(x, 5), x * 10)  # another instantiation, on demand
+
+
+@requires_cuda
+def test_launch_with_unwritable_cache_keeps_working(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    script = textwrap.dedent("""
+        import torch, torch.nn.functional as F, opforge
+        opforge.load_library(opforge.example_library("softshrink"))
+        x = torch.randn(4096, device="cuda", dtype=torch.float16)
+        torch.testing.assert_close(torch.ops.examples.softshrink(x, 0.25), F.softshrink(x, 0.25))
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**__import__("os").environ, "OPFORGE_CACHE_DIR": str(blocker)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    assert "opforge: warning: cannot write the kernel cache" in proc.stderr
