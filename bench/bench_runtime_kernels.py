@@ -50,6 +50,7 @@ __global__ void edited(const float* x, float* y, int64_t n) {
 """
 
 INLINE_CUDA = """
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 __global__ void edited(const float* x, float* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

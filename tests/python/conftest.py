@@ -71,6 +71,12 @@ def example_ops():
 
 
 @pytest.fixture(autouse=True)
+def _private_kernel_cache(tmp_path, monkeypatch):
+    """Each test compiles run-time kernels into its own cache, never the user's."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "opforge-cache"))
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     """Fresh random data for every test; the seed is printed, and pytest shows it on failure."""
     seed = int.from_bytes(os.urandom(4), "little")

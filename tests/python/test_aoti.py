@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -45,6 +48,10 @@ def test_round_trip_in_cpp_runner(packaged):
         assert len(result.outputs) == 1 and result.outputs[0].shape == (batch, 40)
         torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
         assert result.latency_ms["median"] > 0
+    # The package carries sm_90 binaries of its run-time kernels: the runner compiled nothing
+    # (the per-test kernel cache, OPFORGE_CACHE_DIR, stayed empty).
+    if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
+        assert not list((Path(os.environ["OPFORGE_CACHE_DIR"]) / "kernels").glob("*.bin"))
 
 
 def test_package_ships_run_time_kernels_precompiled(packaged):
