@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -35,23 +32,25 @@ def packaged(request, tmp_path_factory):
     return model, package, device
 
 
-def test_round_trip_in_cpp_runner(packaged):
+def test_round_trip_in_cpp_runner(packaged, tmp_path, monkeypatch):
     model, package, device = packaged
     manifest = (package.parent / aoti.MANIFEST).read_text().splitlines()
     assert manifest[1:] == ["examples::bias_gelu libbias_gelu.so", "examples::softshrink libsoftshrink.so"]
+    runner_cache = tmp_path / "runner-cache"
     for batch in (1, 7):  # neither is the export example's batch of 3
         x = torch.randn(batch, 24, device=device)
-        result = aoti.run(package, [x], device=device)
         with torch.no_grad():
             expected = model(x).cpu()
+        with monkeypatch.context() as m:
+            m.setenv("OPFORGE_CACHE_DIR", str(runner_cache))  # the runner's own kernel cache
+            result = aoti.run(package, [x], device=device)
         assert result.device.startswith(device)
         assert len(result.outputs) == 1 and result.outputs[0].shape == (batch, 40)
         torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
         assert result.latency_ms["median"] > 0
-    # The package carries sm_90 binaries of its run-time kernels: the runner compiled nothing
-    # (the per-test kernel cache, OPFORGE_CACHE_DIR, stayed empty).
+    # The package carries sm_90 binaries of its run-time kernels: the runner compiled nothing.
     if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
-        assert not list((Path(os.environ["OPFORGE_CACHE_DIR"]) / "kernels").glob("*.bin"))
+        assert not list((runner_cache / "kernels").glob("*.bin"))
 
 
 def test_package_ships_run_time_kernels_precompiled(packaged):
