@@ -90,8 +90,8 @@ def main() -> int:
     t0 = time.perf_counter()
     package = aoti.package(program, args.out / "minilm")
     compile_s = time.perf_counter() - t0
-    console.print(f"exported in {export_s:.1f} s, AOTInductor package {package} in {compile_s:.1f} s; "
-                  f"op libraries: {', '.join(sorted(aoti.custom_ops(program)))}")
+    console.print(f"exported in {export_s:.1f} s; AOTInductor package {package} in {compile_s:.1f} s", soft_wrap=True)
+    console.print(f"custom ops in the package: {', '.join(sorted(aoti.custom_ops(program)))}", soft_wrap=True)
 
     rows = []
     for name, tensors in inputs.items():

@@ -32,6 +32,26 @@
 //   std::string  std::string_view       str
 //   std::vector<int64_t>  std::span<const int64_t>   int[]
 //   std::vector<double>   std::span<const double>    float[]
+//
+// Note [Run-time kernels]
+// -----------------------
+// `.cuda_source("softshrink.cu", "softshrink<{T}>").launch(opforge::elementwise("y"))` names a
+// CUDA source that is not compiled with the library: it ships in the library's kernel folder
+// (lib<name>.kernels/ beside lib<name>.so; opforge_add_library(... KERNELS ...) links it there)
+// and is compiled by NVRTC for the GPU in use on first call, per instantiation: `{T}` becomes
+// the first tensor input's CUDA type (float, double, __half, __nv_bfloat16, ...),
+// `{T_<tensor>}` another tensor's, `{<param>}` the value of an opforge::compile_time parameter.
+// The kernel receives the tensors' data pointers (inputs, then outputs), the launch rule's
+// int64 values (elementwise: n; rows: rows, cols; grid: the LaunchConfig's args), then the
+// other parameters with their declared C types (int64_t, double, bool). Binaries are cached
+// on disk ($OPFORGE_CACHE_DIR/kernels, default ~/.cache/opforge/kernels) under a key made of
+// the source text, the kernel name, the options, the architecture and the NVRTC version;
+// entries carry their key and a checksum, are written atomically, and a damaged one is
+// recompiled. An edited source is picked up by the next process, or in this process after
+// opforge.reload(); the op's name and schema do not change. opforge.aoti.package compiles the
+// instantiations a graph uses into the package (lib<name>.kernels/cache/) so a deployed model
+// compiles nothing on its first inference. The source may `#include <opforge/kernel.cuh>`
+// (device helpers), cuda_fp16.h and cuda_bf16.h.
 #pragma once
 
 #include <string>

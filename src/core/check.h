@@ -116,42 +116,39 @@ inline void check_range(const OpforgeArgSpec& a, double v, const std::string& wh
 }
 }  // namespace detail
 
-/// Checks parameter values against their ranges and choices; appends one line per problem.
-inline void check_params(const OpforgeOpSpec& op, const OpforgeValue* values, std::vector<std::string>& out) {
-  for (int32_t i = 0; i < op.num_args; ++i) {
-    const OpforgeArgSpec& a = op.args[i];
-    const OpforgeValue& v = values[i];
-    switch (a.kind) {
-      case OPFORGE_ARG_INT: detail::check_range(a, static_cast<double>(v.i), "", out); break;
-      case OPFORGE_ARG_FLOAT: detail::check_range(a, v.f, "", out); break;
-      case OPFORGE_ARG_INT_LIST:
-        for (size_t k = 0; k < v.len; ++k)
-          detail::check_range(a, static_cast<double>(v.ints[k]), "[" + std::to_string(k) + "]", out);
-        break;
-      case OPFORGE_ARG_FLOAT_LIST:
-        for (size_t k = 0; k < v.len; ++k) detail::check_range(a, v.floats[k], "[" + std::to_string(k) + "]", out);
-        break;
-      case OPFORGE_ARG_STRING:
-        if (a.param.num_choices > 0) {
-          std::string_view s(v.s, v.len);
-          bool ok = false;
-          std::string list;
-          for (int32_t c = 0; c < a.param.num_choices; ++c) {
-            ok = ok || s == a.param.choices[c];
-            list += (c ? ", " : "") + std::string("'") + a.param.choices[c] + "'";
-          }
-          if (!ok) out.push_back(std::string(a.name) + ": expected one of " + list + ", got '" + std::string(s) + "'");
+/// Checks one parameter value against its range and choices; appends one line per problem.
+inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vector<std::string>& out) {
+  switch (a.kind) {
+    case OPFORGE_ARG_INT: detail::check_range(a, static_cast<double>(v.i), "", out); break;
+    case OPFORGE_ARG_FLOAT: detail::check_range(a, v.f, "", out); break;
+    case OPFORGE_ARG_INT_LIST:
+      for (size_t k = 0; k < v.len; ++k)
+        detail::check_range(a, static_cast<double>(v.ints[k]), "[" + std::to_string(k) + "]", out);
+      break;
+    case OPFORGE_ARG_FLOAT_LIST:
+      for (size_t k = 0; k < v.len; ++k) detail::check_range(a, v.floats[k], "[" + std::to_string(k) + "]", out);
+      break;
+    case OPFORGE_ARG_STRING:
+      if (a.param.num_choices > 0) {
+        std::string_view s(v.s, v.len);
+        bool ok = false;
+        std::string list;
+        for (int32_t c = 0; c < a.param.num_choices; ++c) {
+          ok = ok || s == a.param.choices[c];
+          list += (c ? ", " : "") + std::string("'") + a.param.choices[c] + "'";
         }
-        break;
-      default: break;
-    }
+        if (!ok) out.push_back(std::string(a.name) + ": expected one of " + list + ", got '" + std::string(s) + "'");
+      }
+      break;
+    default: break;
   }
 }
 
-/// Checks every tensor argument (dtype, device, rank, shape); appends one line per bad argument
-/// in the form "name: expected ..., got ...".
+/// Checks every argument in declaration order -- tensors (dtype, device, rank, shape) and
+/// parameters (range, choices) -- and appends one line per problem in the form
+/// "name: expected ..., got ...".
 template <class Int>
-void check_tensors(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out) {
+void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out) {
   int32_t first = -1;  // the tensor that sets the device
   std::vector<bool> bad(op.num_args, false);
   // A shape rule that reads a tensor already reported as bad would only repeat that problem.
@@ -162,7 +159,10 @@ void check_tensors(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
   };
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
-    if (a.kind != OPFORGE_ARG_TENSOR) continue;
+    if (a.kind != OPFORGE_ARG_TENSOR) {
+      check_param(a, args[i].value, out);
+      continue;
+    }
     const ArgInfo<Int>& t = args[i];
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;

@@ -177,10 +177,7 @@ class OpKernel final : public c10::OperatorKernel {
         info[i].sizes.assign(s.begin(), s.end());
       }
     }
-    if (errors.empty()) {
-      core::check_params(*op_, call.values.data(), errors);
-      core::check_tensors<Int>(*op_, info, errors);
-    }
+    if (errors.empty()) core::check_args<Int>(*op_, info, errors);
     std::vector<core::OutputInfo<Int>> outs;
     if (errors.empty()) core::output_shapes<Int>(*op_, info, outs, errors);
     TORCH_CHECK_VALUE(errors.empty(), core::invalid_arguments_message(*op_, errors));

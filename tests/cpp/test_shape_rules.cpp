@@ -49,10 +49,7 @@ Info int_value(int64_t v) {
 
 std::vector<std::string> check(const OpforgeOpSpec& op, const std::vector<Info>& args) {
   std::vector<std::string> lines;
-  std::vector<OpforgeValue> values;
-  for (const auto& a : args) values.push_back(a.value);
-  opforge::core::check_params(op, values.data(), lines);
-  opforge::core::check_tensors<int64_t>(op, args, lines);
+  opforge::core::check_args<int64_t>(op, args, lines);
   return lines;
 }
 
@@ -77,10 +74,10 @@ TEST(ShapeRules, EveryBadArgumentReportedOnceByName) {
                             int_value(0)};
   EXPECT_EQ(check(*def->spec(), args),
             (std::vector<std::string>{
-                "n: expected a value >= 1, got 0",
                 "x: expected dtype one of {float32, float64, float16, bfloat16}, got int64",
                 "x: expected rank 3, got rank 2 (shape [4, 7])",
                 "w: expected device cpu (the device of x), got cuda:0",
+                "n: expected a value >= 1, got 0",  // declaration order: x, w, n
             }));
 }
 
