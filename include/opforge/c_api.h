@@ -244,6 +244,10 @@ typedef struct OpforgeOpSpec {
   const OpforgeOutputSpec* outputs;
   int32_t num_kernels; /* kernels[0] is the CPU reference */
   const OpforgeKernel* kernels;
+  /* A Python expression computing the same outputs with torch, over the argument names
+   * (e.g. "torch.nn.functional.softshrink(x, lambd)"), or NULL. Tooling only: opforge verify
+   * checks the CPU reference against it. */
+  const char* equivalent;
 } OpforgeOpSpec;
 
 typedef struct OpforgeLibrary {

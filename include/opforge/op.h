@@ -159,6 +159,14 @@ class OpBuilder {
     return std::move(*this);
   }
 
+  /// The same computation as a Python expression over torch and the argument names, e.g.
+  /// "torch.nn.functional.softshrink(x, lambd)". Not used by kernels: `opforge verify` checks
+  /// the CPU reference against it (in float64) where no device kernel can be compared.
+  OpBuilder equivalent(std::string python_expression) && {
+    def_->equivalent = std::move(python_expression);
+    return std::move(*this);
+  }
+
   /// A tensor input. Constraints: a dtype set (`opforge::floating`, `opforge::kFloat16 |
   /// opforge::kBFloat16`), `same_dtype("x")`, `rank(n)`, `min_rank(n)`, `shape({...})`, `strided`.
   template <class... C>

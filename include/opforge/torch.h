@@ -35,6 +35,9 @@ extern "C" {
 /// (ValueError) or 2 otherwise (RuntimeError) and sets *error.
 int opforge_torch_load_library(const char* path, char** json, char** error);
 void opforge_torch_free(char* p);
+/// Fill every op output with NaN (integers: 123, bools: true) before its kernel runs, so
+/// unwritten elements show (opforge verify turns this on).
+void opforge_torch_set_poison_outputs(int enabled);
 /// Forgets every compiled run-time kernel of every loaded library (opforge.reload()).
 void opforge_torch_reload(void);
 /// Compiles (or finds cached) the run-time kernels of op `name` ("ns::op") for one

@@ -61,6 +61,7 @@ def _load_adapter() -> ctypes.CDLL:
         lib.opforge_torch_load_library.restype = ctypes.c_int
         lib.opforge_torch_free.argtypes = [ctypes.c_void_p]
         lib.opforge_torch_reload.argtypes = []
+        lib.opforge_torch_set_poison_outputs.argtypes = [ctypes.c_int]
         lib.opforge_torch_precompile.restype = ctypes.c_int
         lib.opforge_torch_precompile.argtypes = [
             ctypes.c_char_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64),
@@ -134,12 +135,23 @@ def reload() -> None:
         _load_adapter().opforge_torch_reload()
 
 
-def _find_op(name: str) -> dict:
+def set_poison_outputs(enabled: bool) -> None:
+    """Fill op outputs with NaN (integers: 123) before each kernel runs, so that elements a
+    kernel never writes show up as mismatches. Used by :mod:`opforge.verify`."""
+    _load_adapter().opforge_torch_set_poison_outputs(int(enabled))
+
+
+def find_op(name: str) -> dict:
+    """The description of loaded op ``name`` ("ns::op"), as :attr:`Library.ops` holds it.
+
+    Raises:
+        ValueError: no loaded library declares it.
+    """
     for lib in _libraries.values():
         for op in lib.ops:
             if op["name"] == name:
                 return op
-    raise ValueError(f"opforge.precompile: no loaded op named {name!r}")
+    raise ValueError(f"opforge: no loaded op named {name!r}")
 
 
 def precompile(
@@ -173,7 +185,7 @@ def precompile(
         OpforgeError: NVRTC failed; the message holds its log with the source file and line.
     """
     params = params or {}
-    spec = _find_op(op)
+    spec = find_op(op)
     n = len(spec["args"])
     codes = (ctypes.c_int32 * n)()
     ints = (ctypes.c_int64 * n)()

@@ -157,7 +157,10 @@ std::string library_json(const OpforgeLibrary& lib) {
     const OpforgeOpSpec& op = *lib.ops[k];
     os << (k ? ", " : "") << "{\"name\": " << json_string(qualified_name(op))
        << ", \"schema\": " << json_string(qualified_schema(op)) << ", \"doc\": " << json_string(op.doc)
-       << ", \"file\": " << json_string(op.file) << ", \"line\": " << op.line << ", \"args\": [";
+       << ", \"file\": " << json_string(op.file) << ", \"line\": " << op.line;
+    if (op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) && op.equivalent)
+      os << ", \"equivalent\": " << json_string(op.equivalent);
+    os << ", \"args\": [";
     for (int32_t i = 0; i < op.num_args; ++i) {
       const OpforgeArgSpec& a = op.args[i];
       os << (i ? ", " : "") << "{\"name\": " << json_string(a.name) << ", \"type\": " << json_string(schema_type(a.kind));
@@ -176,6 +179,15 @@ std::string library_json(const OpforgeLibrary& lib) {
           os << ", \"shape\": [";
           for (int32_t d = 0; d < a.tensor.num_dims; ++d)
             os << (d ? ", " : "") << json_string(expr_string(op, a.tensor.dims[d]));
+          // The same rules as postfix nodes [op, arg, value] (OpforgeExprNode), for evaluation.
+          os << "], \"shape_nodes\": [";
+          for (int32_t d = 0; d < a.tensor.num_dims; ++d) {
+            const OpforgeExpr& e = a.tensor.dims[d];
+            os << (d ? ", " : "") << "[";
+            for (int32_t k = 0; k < e.num_nodes; ++k)
+              os << (k ? ", " : "") << "[" << e.nodes[k].op << ", " << e.nodes[k].arg << ", " << e.nodes[k].value << "]";
+            os << "]";
+          }
           os << "]";
         }
       } else {

@@ -312,6 +312,7 @@ std::vector<std::string> OpDef::finalize() {
   spec_.outputs = s.outputs.data();
   spec_.num_kernels = static_cast<int32_t>(kernels.size());
   spec_.kernels = kernels.data();
+  spec_.equivalent = equivalent.empty() ? nullptr : equivalent.c_str();
   return errors;
 }
 

@@ -14,7 +14,9 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstddef>
 #include <cstring>
@@ -75,6 +77,10 @@ std::string torch_dtype_name(at::ScalarType t) {
 }
 
 enum class Mode { kCpu, kCuda, kMeta };
+
+/// When set (by opforge verify), outputs are filled with NaN (integers: a sentinel) before the
+/// kernel runs, so an element the kernel never writes shows up as a mismatch.
+std::atomic<bool> g_poison_outputs{false};
 
 /// Arguments of one call converted from the stack, with storage for strings and lists.
 struct CallArgs {
@@ -203,6 +209,12 @@ class OpKernel final : public c10::OperatorKernel {
     for (const auto& o : outputs) all_empty = all_empty && o.numel() == 0;
     if (all_empty) return;
 
+    if (g_poison_outputs.load(std::memory_order_relaxed)) {
+      for (const auto& o : outputs) {
+        if (at::isFloatingType(o.scalar_type())) const_cast<at::Tensor&>(o).fill_(NAN);
+        else const_cast<at::Tensor&>(o).fill_(o.scalar_type() == at::kBool ? 1 : 123);
+      }
+    }
     const int32_t n = op_->num_args;
     std::vector<OpforgeArg> args(n);
     for (int32_t i = 0; i < n; ++i) {
@@ -372,6 +384,10 @@ extern "C" int opforge_torch_load_library(const char* path, char** json, char** 
 }
 
 extern "C" void opforge_torch_free(char* p) { std::free(p); }
+
+extern "C" void opforge_torch_set_poison_outputs(int enabled) {
+  opforge::torch::g_poison_outputs.store(enabled != 0);
+}
 
 extern "C" void opforge_torch_reload(void) {
   std::lock_guard<std::mutex> lock(opforge::torch::g_mutex);

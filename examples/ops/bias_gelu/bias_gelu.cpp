@@ -27,5 +27,6 @@ OPFORGE_OP(examples, bias_gelu)
     .input("x", opforge::kFloat32 | opforge::kFloat16 | opforge::kBFloat16, opforge::min_rank(1))
     .input("bias", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
     .output("y", opforge::like("x"))
+    .equivalent("torch.nn.functional.gelu(x + bias)")
     .reference(bias_gelu_cpu)
     .cuda(bias_gelu_cuda);

@@ -22,6 +22,7 @@ OPFORGE_OP(examples, softshrink)
     .input("x", opforge::floating)
     .param<double>("lambd", 0.5, opforge::at_least(0.0))
     .output("y", opforge::like("x"))
+    .equivalent("torch.nn.functional.softshrink(x, lambd)")
     .reference(softshrink_cpu)
     .cuda_source("softshrink.cu", "softshrink<{T}>")  // kernels/softshrink.cu, compiled at run time
     .launch(opforge::elementwise("y").bytes_per_thread(16));

@@ -108,7 +108,7 @@ const std::string& kernel_dir();
 
 /// Everything one OPFORGE_OP declaration says, plus the C ABI view built from it.
 struct OpDef {
-  std::string ns, name, doc, file;
+  std::string ns, name, doc, file, equivalent;
   int32_t line = 0;
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;

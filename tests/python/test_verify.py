@@ -1,0 +1,99 @@
+"""opforge verify: passes the example ops, catches deliberately broken kernels, says how to
+reproduce, and checks whole models in the C++ runner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+from opforge import verify
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "broken_ops.cpp"
+
+
+@pytest.fixture(scope="module")
+def broken_ops(tmp_path_factory):
+    return opforge.load_library(opforge.build_library("broken_ops", [FIXTURE],
+                                                      build_dir=tmp_path_factory.mktemp("broken")))
+
+
+@pytest.mark.parametrize("name", ["examples::softshrink", "examples::bias_gelu"])
+def test_example_ops_pass(name):
+    report = verify.verify_op(name, seed=1234)
+    assert report.ok, [(r.case, r.message) for r in report.failures]
+    checks = {(r.check, r.status) for r in report.results}
+    assert {("opcheck", "pass"), ("meta", "pass"), ("compile", "pass")} <= checks
+    cases = {r.case for r in report.results if r.check == "values"}
+    if report.device == "cpu":  # the reference is checked against the description's torch expression
+        assert {"shape 33x255", "shape 33x257", "permuted x", "sliced x", "offset x", "empty", "nan/inf"} <= cases
+
+
+def failed_values(report: verify.Report, op: str) -> dict[str, verify.CaseResult]:
+    return {f"{r.dtype} {r.case}": r for r in report.failures if r.op == op and r.check == "values"}
+
+
+def test_catches_off_by_one(broken_ops):
+    report = verify.verify_op("fixture::off_by_one", device="cpu", seed=5)
+    failed = failed_values(report, "fixture::off_by_one")
+    assert "float32 shape 3x37" in failed
+    result = failed["float32 shape 3x37"]
+    assert "1 of 111 elements differ; first at [2, 36]: nan, expected" in result.message  # the poisoned output
+    assert result.repro["seed"] > 0 and result.repro["args"][0] == {
+        "dtype": "float32", "shape": [3, 37], "stride": [37, 1], "storage_offset": 0}
+    assert "float32 empty" not in failed
+
+
+def test_catches_missing_stride(broken_ops):
+    report = verify.verify_op("fixture::missing_stride", device="cpu", seed=5, dtypes=["float32"])
+    failed = failed_values(report, "fixture::missing_stride")
+    assert {"float32 permuted x", "float32 sliced x", "float32 expanded x"} <= set(failed)
+    assert "float32 shape 3x37" not in failed and "float32 offset x" not in failed  # dense inputs pass
+    assert failed["float32 sliced x"].repro["args"][0]["stride"] == [80, 2]
+
+
+def test_catches_wrong_dtype_path(broken_ops):
+    report = verify.verify_op("fixture::wrong_dtype_path", device="cpu", seed=5)
+    assert {r.dtype for r in report.failures} == {"bfloat16"}
+
+
+def test_correct_fixture_passes(broken_ops):
+    assert verify.verify_op("fixture::correct", device="cpu", seed=5).ok
+
+
+def test_cli_exit_code_and_json(broken_ops, tmp_path):
+    env_python = [sys.executable, "-m", "opforge", "verify"]
+    lib = str(broken_ops.path)
+    out = tmp_path / "report.json"
+    proc = subprocess.run(env_python + [lib, "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "opforge verify on cpu (seed 9)" in proc.stdout
+    assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["seed"] == 9 and data["ok"] is False and data["tolerances"]["float32"] == [1e-5, 1e-5]
+    ok = subprocess.run(env_python + ["examples::softshrink"], capture_output=True, text=True)
+    assert ok.returncode == 2 and "no loaded op" in ok.stderr  # an op name alone does not load its library
+
+
+def test_model_in_the_cpp_runner(tmp_path):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 32)
+
+        def forward(self, x):
+            return torch.ops.examples.softshrink(torch.ops.examples.bias_gelu(x @ self.linear.weight.T,
+                                                                            self.linear.bias), lambd=0.2)
+
+    batch = torch.export.Dim("batch", min=1, max=64)
+    reports = verify.verify_model(Model(), [torch.randn(4, 16)], dynamic_shapes=({0: batch},),
+                                  check_inputs=[[torch.randn(4, 16)], [torch.randn(9, 16)]], package_dir=tmp_path)
+    assert [r.outputs[0].shape for r in reports] == [[4, 32], [9, 32]]
+    assert all(r.ok for r in reports), [r.outputs for r in reports]
+    assert (tmp_path / "model.pt2").exists()
