@@ -182,6 +182,13 @@ typedef enum OpforgeStatus {
   OPFORGE_STATUS_INTERNAL = 2          /* a bug or a device failure: mapped to RuntimeError */
 } OpforgeStatus;
 
+/* Sharding kinds (see opforge::Sharding in opforge/op.h). */
+typedef enum OpforgeSharding {
+  OPFORGE_SHARDING_NONE = 0,      /* no rule: frameworks replicate or refuse */
+  OPFORGE_SHARDING_POINTWISE = 1, /* any dim of the output; inputs follow (broadcast from the right) */
+  OPFORGE_SHARDING_ROWWISE = 2    /* any dim but the last: rows (the last dim) stay whole */
+} OpforgeSharding;
+
 /* One call: arguments in declaration order (tensors in `tensor`, parameters in
  * `value` of the same slot), then the outputs, already allocated. */
 typedef struct OpforgeArg {
@@ -248,6 +255,9 @@ typedef struct OpforgeOpSpec {
    * (e.g. "torch.nn.functional.softshrink(x, lambd)"), or NULL. Tooling only: opforge verify
    * checks the CPU reference against it. */
   const char* equivalent;
+  /* How torch.distributed.tensor (or another framework's sharding) may split the op's work:
+   * OpforgeSharding. */
+  int32_t sharding;
 } OpforgeOpSpec;
 
 typedef struct OpforgeLibrary {

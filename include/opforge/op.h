@@ -94,6 +94,22 @@ inline detail::Choices one_of(std::vector<std::string> values) { return {std::mo
 /// name), so each value gets its own compiled instantiation; int64_t, bool and std::string only.
 inline constexpr detail::CompileTime compile_time{};
 
+// ---- sharding --------------------------------------------------------------------------------
+
+/// How a sharded tensor framework (torch.distributed.tensor) may split the op's work.
+///   kPointwise: each output element depends only on the input elements at the same index
+///     (inputs of lower rank broadcast from the right, like a bias over the last dim): any dim
+///     of the output may be sharded, and the inputs are sharded the same way.
+///   kRowwise: like kPointwise, but each row (the last dim) is computed as a whole (norms,
+///     softmax): any dim but the last may be sharded; lower-rank inputs are replicated.
+/// Ops with a run-time kernel launched by opforge::elementwise or opforge::rows get kPointwise
+/// or kRowwise unless they declare otherwise.
+enum class Sharding : int32_t {
+  kNone = OPFORGE_SHARDING_NONE,
+  kPointwise = OPFORGE_SHARDING_POINTWISE,
+  kRowwise = OPFORGE_SHARDING_ROWWISE,
+};
+
 // ---- launch rules of run-time kernels -------------------------------------------------------
 
 using detail::LaunchConfig;
@@ -164,6 +180,12 @@ class OpBuilder {
   /// the CPU reference against it (in float64) where no device kernel can be compared.
   OpBuilder equivalent(std::string python_expression) && {
     def_->equivalent = std::move(python_expression);
+    return std::move(*this);
+  }
+
+  /// How the op may be sharded (see opforge::Sharding).
+  OpBuilder sharding(Sharding s) && {
+    def_->sharding = static_cast<int32_t>(s);
     return std::move(*this);
   }
 

@@ -10,7 +10,7 @@ Op libraries are built with :func:`opforge.build_library` (or the CMake function
 :func:`opforge.aoti.package` and run by the C++ runner with :func:`opforge.aoti.run`.
 """
 
-from ._adapter import Library, OpforgeError, load_library, loaded_libraries, precompile, reload
+from ._adapter import Library, OpforgeError, find_op, load_library, loaded_libraries, precompile, reload
 from ._build import BuildError, build_library
 from ._paths import build_dir, example_library
 
@@ -21,6 +21,7 @@ __all__ = [
     "build_dir",
     "build_library",
     "example_library",
+    "find_op",
     "load_library",
     "loaded_libraries",
     "precompile",

@@ -77,7 +77,8 @@ def load_library(path: str | Path) -> Library:
 
     Each op ``ns::name`` becomes ``torch.ops.ns.name`` with a schema derived from its
     declaration and CPU (reference), CUDA (if declared) and Meta kernels, so it works in eager,
-    ``torch.compile``, ``torch.export`` and AOTInductor. Loading the same file twice returns the
+    ``torch.compile``, ``torch.export`` and AOTInductor; ops that declare a sharding kind also
+    get DTensor sharding rules (:mod:`opforge.distributed`). Loading the same file twice returns the
     same :class:`Library`.
 
     Args:
@@ -109,6 +110,9 @@ def load_library(path: str | Path) -> Library:
             adapter.opforge_torch_free(err)
         kernel_dir = Path(description["kernel_dir"]) if description.get("kernel_dir") else None
         lib = Library(path=resolved, ops=description["ops"], kernel_dir=kernel_dir)
+        from .distributed import register_sharding_rules
+
+        register_sharding_rules(lib.ops)
         _libraries[resolved] = lib
         return lib
 

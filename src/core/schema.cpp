@@ -160,6 +160,11 @@ std::string library_json(const OpforgeLibrary& lib) {
        << ", \"file\": " << json_string(op.file) << ", \"line\": " << op.line;
     if (op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) && op.equivalent)
       os << ", \"equivalent\": " << json_string(op.equivalent);
+    if (op.struct_size >= offsetof(OpforgeOpSpec, sharding) + sizeof(op.sharding))
+      os << ", \"sharding\": "
+         << (op.sharding == OPFORGE_SHARDING_POINTWISE ? "\"pointwise\""
+             : op.sharding == OPFORGE_SHARDING_ROWWISE ? "\"rowwise\""
+                                                        : "\"none\"");
     os << ", \"args\": [";
     for (int32_t i = 0; i < op.num_args; ++i) {
       const OpforgeArgSpec& a = op.args[i];

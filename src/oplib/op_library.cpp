@@ -313,6 +313,13 @@ std::vector<std::string> OpDef::finalize() {
   spec_.num_kernels = static_cast<int32_t>(kernels.size());
   spec_.kernels = kernels.data();
   spec_.equivalent = equivalent.empty() ? nullptr : equivalent.c_str();
+  spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
+  if (sharding < 0) {
+    for (const auto& rk : runtime_kernels) {
+      if (rk->rule.kind == LaunchRule::kElementwise) spec_.sharding = OPFORGE_SHARDING_POINTWISE;
+      if (rk->rule.kind == LaunchRule::kRows) spec_.sharding = OPFORGE_SHARDING_ROWWISE;
+    }
+  }
   return errors;
 }
 

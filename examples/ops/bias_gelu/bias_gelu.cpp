@@ -28,5 +28,6 @@ OPFORGE_OP(examples, bias_gelu)
     .input("bias", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
     .output("y", opforge::like("x"))
     .equivalent("torch.nn.functional.gelu(x + bias)")
+    .sharding(opforge::Sharding::kPointwise)
     .reference(bias_gelu_cpu)
     .cuda(bias_gelu_cuda);

@@ -110,6 +110,7 @@ const std::string& kernel_dir();
 struct OpDef {
   std::string ns, name, doc, file, equivalent;
   int32_t line = 0;
+  int32_t sharding = -1;  // OpforgeSharding; -1: derived from the run-time kernel's launch rule
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;
   std::vector<OpforgeKernel> kernels;  // kernels[0]: the CPU reference
