@@ -128,6 +128,7 @@ typedef struct OpforgeTensorSpec {
   int32_t num_dims;     /* > 0: exact rank and one expression per dim (num_nodes 0: any) */
   const OpforgeExpr* dims;
   int32_t layout;       /* OpforgeLayout */
+  int32_t shape_like;   /* index of an earlier tensor argument whose shape this must equal, or -1 */
 } OpforgeTensorSpec;
 
 /* Default, range and choices of one parameter. */

@@ -84,4 +84,21 @@ __device__ __forceinline__ int64_t global_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 
+/// Sum of `v` over the thread block (blockDim.x a multiple of 32, at most 1024); every thread
+/// gets the result. Uses 32 floats of shared memory; contains __syncthreads(), so every thread
+/// of the block must call it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial[] may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.0f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 }  // namespace opforge::kernel

@@ -70,6 +70,8 @@ namespace opforge {
 
 /// The input's dtype must equal that of the earlier tensor input `tensor`.
 inline detail::SameDtype same_dtype(std::string tensor) { return {std::move(tensor)}; }
+/// The input's shape must equal that of the earlier tensor input `tensor` (any rank).
+inline detail::SameShape same_shape(std::string tensor) { return {std::move(tensor)}; }
 /// The input has exactly `n` dims.
 inline detail::RankRange rank(int32_t n) { return {n, n}; }
 /// The input has at least `n` dims.
@@ -190,13 +192,14 @@ class OpBuilder {
   }
 
   /// A tensor input. Constraints: a dtype set (`opforge::floating`, `opforge::kFloat16 |
-  /// opforge::kBFloat16`), `same_dtype("x")`, `rank(n)`, `min_rank(n)`, `shape({...})`, `strided`.
+  /// opforge::kBFloat16`), `same_dtype("x")`, `same_shape("x")`, `rank(n)`, `min_rank(n)`,
+  /// `shape({...})`, `strided`.
   template <class... C>
   OpBuilder<false, Sig..., Tensor> input(std::string name, const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
     static_assert((detail::TensorConstraint<C> && ...),
-                  "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::rank, opforge::min_rank, "
-                  "opforge::shape and opforge::strided as constraints");
+                  "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::same_shape, opforge::rank, "
+                  "opforge::min_rank, opforge::shape and opforge::strided as constraints");
     detail::ArgDecl a{std::move(name), OPFORGE_ARG_TENSOR, {}, {}};
     (detail::apply(a.tensor, constraints), ...);
     def_->args.push_back(std::move(a));

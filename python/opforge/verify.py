@@ -142,6 +142,12 @@ def _shapes(spec: dict, lead: int, last: int, params: dict[int, object]) -> dict
             arg = spec["args"][i]
             rank = _rank(arg)
             free = [lead] + [5] * max(rank - 2, 0) + [last] if rank >= 2 else [last] * rank
+            if "same_shape" in arg:
+                j = next(k for k, a in enumerate(spec["args"]) if a["name"] == arg["same_shape"])
+                if j in shapes:
+                    shapes[i] = list(shapes[j])
+                    pending.remove(i)
+                continue
             if "shape_nodes" not in arg:
                 shapes[i] = free
                 pending.remove(i)
@@ -545,7 +551,7 @@ def print_report(report: Report, console=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(width=max(120, Console().width))
     table = Table(title=f"opforge verify on {report.device} (seed {report.seed})")
     for col in ("op", "check", "dtype", "cases", "failed", "max abs err", "worst err / tol"):
         table.add_column(col, justify="left" if col in ("op", "check", "dtype") else "right")

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -211,6 +212,15 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
         }
         why.push_back("expected shape " + rule + "] = " + want + "], got " + sizes_string(t.sizes));
       }
+    }
+    if (rank_ok && s.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(s.shape_like) &&
+        s.shape_like >= 0 && !bad[s.shape_like]) {
+      const auto& want = args[s.shape_like].sizes;
+      bool same = want.size() == t.sizes.size();
+      for (size_t d = 0; same && d < want.size(); ++d) same = IntOps<Int>::eq(want[d], t.sizes[d]);
+      if (!same)
+        why.push_back("expected shape " + sizes_string(want) + " (the shape of " + op.args[s.shape_like].name +
+                      "), got " + sizes_string(t.sizes));
     }
     bad[i] = !why.empty();
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);

@@ -180,6 +180,9 @@ std::string library_json(const OpforgeLibrary& lib) {
         os << "], \"min_rank\": " << a.tensor.min_rank << ", \"max_rank\": " << a.tensor.max_rank
            << ", \"strided\": " << (a.tensor.layout == OPFORGE_LAYOUT_STRIDED ? "true" : "false");
         if (a.tensor.dtype_like >= 0) os << ", \"same_dtype\": " << json_string(op.args[a.tensor.dtype_like].name);
+        if (a.tensor.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(a.tensor.shape_like) &&
+            a.tensor.shape_like >= 0)
+          os << ", \"same_shape\": " << json_string(op.args[a.tensor.shape_like].name);
         if (a.tensor.num_dims > 0) {
           os << ", \"shape\": [";
           for (int32_t d = 0; d < a.tensor.num_dims; ++d)

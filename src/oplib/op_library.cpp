@@ -221,6 +221,12 @@ std::vector<std::string> OpDef::finalize() {
         if (spec.tensor.dtype_like >= static_cast<int32_t>(i))
           r.error(ctx, "same_dtype(\"" + t.dtype_like + "\") must name an earlier tensor input");
       }
+      spec.tensor.shape_like = -1;
+      if (!t.shape_like.empty()) {
+        spec.tensor.shape_like = r.tensor(t.shape_like, ctx + "same_shape(): ");
+        if (spec.tensor.shape_like >= static_cast<int32_t>(i))
+          r.error(ctx, "same_shape(\"" + t.shape_like + "\") must name an earlier tensor input");
+      }
       spec.tensor.min_rank = t.min_rank;
       spec.tensor.max_rank = t.max_rank;
       if (t.has_shape) {

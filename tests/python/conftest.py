@@ -53,6 +53,17 @@ def _bias_gelu_inputs(batch, dtype, device):
     return (torch.randn(batch, 5, 48, dtype=dtype, device=device), torch.randn(48, dtype=dtype, device=device)), {}
 
 
+def _rms_norm_inputs(batch, dtype, device):
+    return (torch.randn(batch, 3, 64, dtype=dtype, device=device), torch.rand(64, dtype=dtype, device=device) + 0.5), {
+        "eps": 1e-5}
+
+
+def _add_layer_norm_inputs(batch, dtype, device):
+    x = torch.randn(batch, 3, 96, dtype=dtype, device=device)
+    return (x, torch.randn_like(x), torch.rand(96, dtype=dtype, device=device) + 0.5,
+            torch.randn(96, dtype=dtype, device=device)), {"eps": 1e-5}
+
+
 CASES = {
     "softshrink": OpCase("softshrink", _softshrink_inputs, lambda x, lambd=0.5: F.softshrink(x.double(), lambd)),
     "bias_gelu": OpCase(
@@ -61,6 +72,11 @@ CASES = {
         lambda x, b: F.gelu(x.double() + b.double()),
         dtypes=[torch.float32, torch.float16, torch.bfloat16],
     ),
+    "rms_norm": OpCase("rms_norm", _rms_norm_inputs,
+                       lambda x, w, eps: F.rms_norm(x.double(), (x.shape[-1],), w.double(), eps)),
+    "add_layer_norm": OpCase("add_layer_norm", _add_layer_norm_inputs,
+                             lambda x, r, w, b, eps: F.layer_norm(x.double() + r.double(), (x.shape[-1],), w.double(),
+                                                                  b.double(), eps)),
 }
 
 

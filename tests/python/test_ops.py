@@ -93,7 +93,8 @@ def test_export_with_dynamic_batch(name, device):
 
     args, _ = case.make(4, torch.float32, device)
     batch = torch.export.Dim("batch", min=1, max=1024)
-    shapes = ({0: batch},) + tuple(None for _ in args[1:])
+    # The batch dim is dynamic in every input that has it (same rank as the first).
+    shapes = tuple({0: batch} if a.dim() == args[0].dim() else None for a in args)
     program = torch.export.export(Model(), args, dynamic_shapes=(shapes,))
     targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
     assert targets == [case.op.default]
@@ -177,7 +178,7 @@ def test_cuda_graph_capture_on_side_stream_matches_eager(name):
 
 
 @requires_cuda
-@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("name", ["softshrink", "bias_gelu"])
 def test_cuda_large_launch_uses_64bit_indexing(name):
     """More than 2^31 elements: indexing past int32 must still write every element."""
     case = CASES[name]

@@ -26,9 +26,11 @@ def entries(cache: Path) -> list[Path]:
 @pytest.mark.parametrize("name", RUNTIME_OPS)
 def test_every_example_kernel_compiles_for_sm90(name, tmp_path):
     case = CASES[name]
+    tensors = [a["name"] for a in opforge.find_op(f"examples::{name}")["args"] if a["type"] == "Tensor"]
     for dtype in case.dtypes:
-        assert opforge.precompile(f"examples::{name}", {"x": dtype}, arch="sm_90", cache_dir=tmp_path) is False
-        assert opforge.precompile(f"examples::{name}", {"x": dtype}, arch="sm_90", cache_dir=tmp_path) is True
+        dtypes = dict.fromkeys(tensors, dtype)
+        assert opforge.precompile(f"examples::{name}", dtypes, arch="sm_90", cache_dir=tmp_path) is False
+        assert opforge.precompile(f"examples::{name}", dtypes, arch="sm_90", cache_dir=tmp_path) is True
     binaries = entries(tmp_path)
     assert len(binaries) == len(case.dtypes)
     assert all(b.read_bytes()[:8] == b"OPFGRTC1" and b"\x7fELF" in b.read_bytes() for b in binaries)  # CUBINs

@@ -32,6 +32,7 @@ namespace opforge::detail {
 struct TensorDecl {
   DtypeSet dtypes{0xffffffffu >> (32 - OPFORGE_NUM_DTYPES)};
   std::string dtype_like;
+  std::string shape_like;
   int32_t min_rank = -1, max_rank = -1;
   bool has_shape = false;
   std::vector<Expr> shape;
@@ -194,6 +195,9 @@ struct ParamTraits<std::vector<double>> {
 struct SameDtype {
   std::string tensor;
 };
+struct SameShape {
+  std::string tensor;
+};
 struct RankRange {
   int32_t min, max;
 };
@@ -210,6 +214,7 @@ struct CompileTime {};
 inline void apply(TensorDecl& t, DtypeSet s) { t.dtypes = s; }
 inline void apply(TensorDecl& t, Dtype d) { t.dtypes = DtypeSet(d); }
 inline void apply(TensorDecl& t, const SameDtype& c) { t.dtype_like = c.tensor; }
+inline void apply(TensorDecl& t, const SameShape& c) { t.shape_like = c.tensor; }
 inline void apply(TensorDecl& t, const RankRange& r) {
   t.min_rank = r.min;
   t.max_rank = r.max;
