@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -36,10 +37,20 @@ struct IntOps {
 template <class Int>
 struct ArgInfo {
   // tensors
-  int32_t dtype = -1;           // OpforgeDtype, or -1 for a dtype opforge does not know
-  std::string dtype_label;      // the framework's name for the dtype, used in messages
-  std::string device;           // the framework's device string ("cuda:1"), compared and printed
+  // Labels are static strings, so describing a call allocates nothing for them (it runs on
+  // every op call); device strings are formatted only for a message.
+  int32_t dtype = -1;                  // OpforgeDtype, or -1 for a dtype opforge does not know
+  const char* dtype_label = "unknown"; // the framework's name for the dtype, used in messages
+  const char* device_type = "cpu";     // the framework's device type name ("cuda")
+  int32_t device_index = -1;           // -1: none
   std::vector<Int> sizes;
+
+  bool same_device(const ArgInfo& o) const {
+    return device_index == o.device_index && std::string_view(device_type) == o.device_type;
+  }
+  std::string device() const {
+    return device_index < 0 ? std::string(device_type) : std::string(device_type) + ":" + std::to_string(device_index);
+  }
   // parameters
   OpforgeValue value{};
 };
@@ -168,16 +179,16 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;
     if (t.dtype < 0 || !((s.dtypes >> t.dtype) & 1u)) {
-      why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + t.dtype_label);
+      why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(t.dtype_label));
     } else if (s.dtype_like >= 0 && !bad[s.dtype_like] && args[s.dtype_like].dtype != t.dtype) {
-      why.push_back("expected dtype " + args[s.dtype_like].dtype_label + " (the dtype of " +
+      why.push_back(std::string("expected dtype ") + args[s.dtype_like].dtype_label + " (the dtype of " +
                     op.args[s.dtype_like].name + "), got " + t.dtype_label);
     }
     if (first < 0) {
       first = i;
-    } else if (args[first].device != t.device) {
-      why.push_back("expected device " + args[first].device + " (the device of " + op.args[first].name + "), got " +
-                    t.device);
+    } else if (!args[first].same_device(t)) {
+      why.push_back("expected device " + args[first].device() + " (the device of " + op.args[first].name + "), got " +
+                    t.device());
     }
     const int32_t r = static_cast<int32_t>(t.sizes.size());
     bool rank_ok = true;

@@ -14,6 +14,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -70,10 +71,26 @@ at::ScalarType to_torch(int32_t d) {
   return kTypes[d];
 }
 
-std::string torch_dtype_name(at::ScalarType t) {
-  std::string s = c10::toString(t);  // "Float"; print torch's Python names instead
-  int32_t d = to_opforge(t);
-  return d >= 0 ? dtype_name(d) : s;
+/// torch's Python name for dtypes opforge knows ("bfloat16"), else c10's ("ComplexFloat").
+const char* torch_dtype_name(at::ScalarType t) {
+  const int32_t d = to_opforge(t);
+  return d >= 0 ? dtype_name(d) : c10::toString(t);
+}
+
+/// Lower-case device type name ("cuda"), computed once per type.
+const char* device_type_name(c10::DeviceType type) {
+  static const auto names = [] {
+    std::array<std::string, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)> n;
+    for (size_t i = 0; i < n.size(); ++i) {
+      try {
+        n[i] = c10::DeviceTypeName(static_cast<c10::DeviceType>(i), /*lower_case=*/true);
+      } catch (...) {
+        n[i] = "device" + std::to_string(i);
+      }
+    }
+    return n;
+  }();
+  return names[static_cast<size_t>(type)].c_str();
 }
 
 enum class Mode { kCpu, kCuda, kMeta };
@@ -174,7 +191,8 @@ class OpKernel final : public c10::OperatorKernel {
       if (device_arg < 0) device_arg = i;
       info[i].dtype = to_opforge(t.scalar_type());
       info[i].dtype_label = torch_dtype_name(t.scalar_type());
-      info[i].device = t.device().str();
+      info[i].device_type = device_type_name(t.device().type());
+      info[i].device_index = t.device().has_index() ? t.device().index() : -1;
       if constexpr (std::is_same_v<Int, c10::SymInt>) {
         auto s = t.sym_sizes();
         info[i].sizes.assign(s.begin(), s.end());
@@ -211,8 +229,8 @@ class OpKernel final : public c10::OperatorKernel {
 
     if (g_poison_outputs.load(std::memory_order_relaxed)) {
       for (const auto& o : outputs) {
-        if (at::isFloatingType(o.scalar_type())) const_cast<at::Tensor&>(o).fill_(NAN);
-        else const_cast<at::Tensor&>(o).fill_(o.scalar_type() == at::kBool ? 1 : 123);
+        if (at::isFloatingType(o.scalar_type())) o.fill_(NAN);
+        else o.fill_(o.scalar_type() == at::kBool ? 1 : 123);
       }
     }
     const int32_t n = op_->num_args;

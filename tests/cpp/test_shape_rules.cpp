@@ -31,11 +31,12 @@ std::unique_ptr<opforge::detail::OpDef> pool_op() {
   return def;
 }
 
-Info tensor(int32_t dtype, std::vector<int64_t> sizes, std::string device = "cpu") {
+Info tensor(int32_t dtype, std::vector<int64_t> sizes, const char* device_type = "cpu", int32_t index = -1) {
   Info i;
   i.dtype = dtype;
   i.dtype_label = opforge::dtype_name(dtype);
-  i.device = std::move(device);
+  i.device_type = device_type;
+  i.device_index = index;
   i.sizes = std::move(sizes);
   return i;
 }
@@ -70,7 +71,7 @@ TEST(ShapeRules, OutputsFromExpressionsAndLike) {
 
 TEST(ShapeRules, EveryBadArgumentReportedOnceByName) {
   auto def = pool_op();
-  std::vector<Info> args = {tensor(OPFORGE_DTYPE_INT64, {4, 7}), tensor(OPFORGE_DTYPE_FLOAT32, {32, 3}, "cuda:0"),
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_INT64, {4, 7}), tensor(OPFORGE_DTYPE_FLOAT32, {32, 3}, "cuda", 0),
                             int_value(0)};
   EXPECT_EQ(check(*def->spec(), args),
             (std::vector<std::string>{

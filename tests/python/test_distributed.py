@@ -70,7 +70,12 @@ def _worker(rank: int, world: int, port: int, build_dir: str, errors) -> None:
                                                     "down": RowwiseParallel()})
         parallel.bias = torch.nn.Parameter(distribute_tensor(block.bias.detach(), mesh, [Shard(0)]))
         torch.testing.assert_close(parallel(h), expected)
+        dist.barrier()  # both ranks done before either tears down gloo
         dist.destroy_process_group()
+        # Leave without interpreter teardown: now and then (about 1 run in 10 on a 2-core
+        # machine) rank 0, which hosts the TCPStore, aborted in a static destructor with
+        # "terminate called without an active exception" after all checks had passed.
+        os._exit(0)
     except Exception as e:  # noqa: BLE001 -- reported to the parent
         import traceback
 
