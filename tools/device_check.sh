@@ -2,7 +2,7 @@
 # One call on the GPU machine: build against its python3 and torch, run every test (CUDA ones
 # included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
-# with steps from: build test sanitize demo bench (default: all).
+# with steps from: build test verify sanitize demo bench (default: all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 export OPFORGE_PYTHON="${OPFORGE_PYTHON:-python3}" PYTHONUNBUFFERED=1
 export OPFORGE_MINILM_DIR="${OPFORGE_MINILM_DIR:-$PWD/.weights/minilm}"
 export PYTHONPATH="$PWD/python"
-steps=("${@:-build test sanitize demo bench}")
+steps=("${@:-build test verify sanitize demo bench}")
 status=0
 run() {  # run <name> <command...>: log to $OUT/<name>.log, print the tail, remember failures
   local name=$1; shift
@@ -26,12 +26,14 @@ for step in ${steps[*]}; do
   case $step in
     build) run build make build ;;
     test) run test make test PYTEST_ARGS="-q -rs" ;;
+    verify) run verify python3 -m opforge verify build/lib/lib*.so --json "$OUT/verify.json" ;;
     sanitize)
       run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py
       run racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize.py ;;
     demo) run demo make demo; cp out/demo/results.json "$OUT/demo_results.json" 2>/dev/null ;;
     bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json"
       run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
+    bench_norms) run bench_norms python3 bench/bench_norms.py --json "$OUT/bench_norms.json" ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1

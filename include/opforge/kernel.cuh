@@ -84,21 +84,58 @@ __device__ __forceinline__ int64_t global_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 
-/// Sum of `v` over the thread block (blockDim.x a multiple of 32, at most 1024); every thread
-/// gets the result. Uses 32 floats of shared memory; contains __syncthreads(), so every thread
-/// of the block must call it.
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float partial[32];
+/// Sum of `v` (float or double) over the thread block (blockDim.x a multiple of 32, at most
+/// 1024); every thread gets the result. Uses 32 values of shared memory; contains
+/// __syncthreads(), so every thread of the block must call it.
+template <class A>
+__device__ __forceinline__ A block_sum(A v) {
+  __shared__ A partial[32];
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // partial[] may still be read by a previous call
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.0f;
+  v = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : A(0);
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
+
+/// A row of `cols` elements held in registers across a thread block, for row kernels that read
+/// a row once and use it several times (norms): thread t holds the 16-byte vectors t,
+/// t + blockDim.x, ... (at most kMaxVectors of them) converted to the accumulator type.
+/// `fits(cols, ...)` says whether a row qualifies (cols a multiple of the vector width, every
+/// pointer 16-byte aligned, at most kMaxVectors * blockDim.x vectors); the same answer holds
+/// for every row of a dense [rows, cols] tensor, so the whole block takes the same path.
+template <class T, int kMaxVectors = 4>
+struct RowRegisters {
+  using A = acc_t<T>;
+  static constexpr int kWidth = 16 / sizeof(T);
+  A v[kMaxVectors][kWidth];
+
+  __device__ static bool fits(int64_t cols) {
+    return cols % kWidth == 0 && cols / kWidth <= int64_t{kMaxVectors} * blockDim.x;
+  }
+  /// Whether this thread's k-th vector exists in a row of `cols` elements.
+  __device__ static bool has(int k, int64_t cols) {
+    return threadIdx.x + int64_t{k} * blockDim.x < cols / kWidth;
+  }
+  /// Element offset (within the row) of this thread's k-th vector.
+  __device__ static int64_t offset(int k) { return (threadIdx.x + int64_t{k} * blockDim.x) * kWidth; }
+  /// Loads the 16 bytes at `p` (aligned) as kWidth accumulator values.
+  __device__ static void load(const T* p, A (&out)[kWidth]) {
+    const Vec<T, kWidth> in = *reinterpret_cast<const Vec<T, kWidth>*>(p);
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) out[i] = to_acc(in.v[i]);
+  }
+  /// Rounds kWidth accumulator values to T and stores them as one 16-byte access at `p`.
+  __device__ static void store(T* p, const A (&in)[kWidth]) {
+    Vec<T, kWidth> out;
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) out.v[i] = from_acc<T>(in[i]);
+    *reinterpret_cast<Vec<T, kWidth>*>(p) = out;
+  }
+};
 
 }  // namespace opforge::kernel

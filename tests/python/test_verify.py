@@ -14,16 +14,19 @@ import torch
 import opforge
 from opforge import verify
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "broken_ops.cpp"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
 
 
 @pytest.fixture(scope="module")
 def broken_ops(tmp_path_factory):
-    return opforge.load_library(opforge.build_library("broken_ops", [FIXTURE],
+    return opforge.load_library(opforge.build_library("broken_ops", [FIXTURES / "broken_ops.cpp"],
+                                                      kernels=[FIXTURES / "kernels" / "broken_kernels.cu"],
                                                       build_dir=tmp_path_factory.mktemp("broken")))
 
 
-@pytest.mark.parametrize("name", ["examples::softshrink", "examples::bias_gelu"])
+@pytest.mark.parametrize("name", ["examples::softshrink", "examples::bias_gelu", "examples::rms_norm",
+                                  "examples::add_layer_norm"])
 def test_example_ops_pass(name):
     report = verify.verify_op(name, seed=1234)
     assert report.ok, [(r.case, r.message) for r in report.failures]
@@ -64,6 +67,17 @@ def test_catches_wrong_dtype_path(broken_ops):
 
 def test_correct_fixture_passes(broken_ops):
     assert verify.verify_op("fixture::correct", device="cpu", seed=5).ok
+
+
+@requires_cuda
+def test_catches_broken_cuda_kernels(broken_ops):
+    assert verify.verify_op("fixture::cuda_correct", device="cuda", seed=5).ok
+    report = verify.verify_op("fixture::cuda_off_by_one", device="cuda", seed=5, dtypes=["float32"])
+    failed = failed_values(report, "fixture::cuda_off_by_one")
+    assert "1 of 111 elements differ; first at [2, 36]: nan, expected" in failed["float32 shape 3x37"].message
+    assert "float32 empty" not in failed
+    report = verify.verify_op("fixture::cuda_wrong_dtype_path", device="cuda", seed=5)
+    assert report.failures and {r.dtype for r in report.failures} == {"bfloat16"}
 
 
 def test_cli_exit_code_and_json(broken_ops, tmp_path):

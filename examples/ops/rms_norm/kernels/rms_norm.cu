@@ -1,18 +1,45 @@
-// rms_norm, compiled at run time: one block per row (opforge::rows("x")), float accumulation.
+// rms_norm, compiled at run time: one block per row (opforge::rows("x")), accumulation in
+// float (double for double). Rows that fit are read once into registers with 16-byte loads;
+// others take a plain loop that reads the row twice.
 #include <opforge/kernel.cuh>
 
 template <class T>
 __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ y, int64_t rows,
                          int64_t cols, double eps) {
   using opforge::kernel::to_acc;
+  using A = opforge::kernel::acc_t<T>;
+  using Row = opforge::kernel::RowRegisters<T>;
   const T* in = x + static_cast<int64_t>(blockIdx.x) * cols;
   T* out = y + static_cast<int64_t>(blockIdx.x) * cols;
-  float sumsq = 0.0f;
+  if (Row::fits(cols) && opforge::kernel::aligned(x, 16) && opforge::kernel::aligned(weight, 16) &&
+      opforge::kernel::aligned(y, 16)) {
+    Row row;
+    A sumsq = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (!Row::has(k, cols)) continue;
+      Row::load(in + Row::offset(k), row.v[k]);
+#pragma unroll
+      for (int i = 0; i < Row::kWidth; ++i) sumsq += row.v[k][i] * row.v[k][i];
+    }
+    const A scale = A(1) / sqrt(opforge::kernel::block_sum(sumsq) / static_cast<A>(cols) + static_cast<A>(eps));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (!Row::has(k, cols)) continue;
+      A w[Row::kWidth];
+      Row::load(weight + Row::offset(k), w);
+#pragma unroll
+      for (int i = 0; i < Row::kWidth; ++i) w[i] *= row.v[k][i] * scale;
+      Row::store(out + Row::offset(k), w);
+    }
+    return;
+  }
+  A sumsq = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = to_acc(in[c]);
+    const A v = to_acc(in[c]);
     sumsq += v * v;
   }
-  const float scale = rsqrtf(opforge::kernel::block_sum(sumsq) / static_cast<float>(cols) + static_cast<float>(eps));
+  const A scale = A(1) / sqrt(opforge::kernel::block_sum(sumsq) / static_cast<A>(cols) + static_cast<A>(eps));
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    out[c] = opforge::kernel::from_acc<T>(static_cast<opforge::kernel::acc_t<T>>(to_acc(in[c]) * scale * to_acc(weight[c])));
+    out[c] = opforge::kernel::from_acc<T>(to_acc(in[c]) * scale * to_acc(weight[c]));
 }
