@@ -26,7 +26,7 @@ for step in ${steps[*]}; do
   case $step in
     build) run build make build ;;
     test) run test make test PYTEST_ARGS="-q -rs" ;;
-    verify) run verify python3 -m opforge verify build/lib/lib*.so --json "$OUT/verify.json" ;;
+    verify) run verify python3 -m opforge verify $(ls examples/ops) --json "$OUT/verify.json" ;;
     sanitize)
       run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py
       run racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize.py ;;

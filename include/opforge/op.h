@@ -149,8 +149,11 @@ class Elementwise {
 inline Elementwise elementwise(std::string tensor) { return Elementwise(std::move(tensor)); }
 
 /// One block per row of `tensor` (rows = numel / size(-1)): the kernel receives the pointers,
-/// then `int64_t rows, int64_t cols`, then the runtime parameters.
-inline detail::LaunchRule rows(std::string tensor, int32_t threads = 256) {
+/// then `int64_t rows, int64_t cols`, then the runtime parameters. `threads` is the block size
+/// (a multiple of 32, at most 1024); 0 (the default) picks it per call from the row's bytes:
+/// enough warps that each thread holds at most four 16-byte vectors of the row (see
+/// opforge::kernel::RowRegisters), between 32 and 1024 threads.
+inline detail::LaunchRule rows(std::string tensor, int32_t threads = 0) {
   detail::LaunchRule r;
   r.kind = detail::LaunchRule::kRows;
   r.tensor = std::move(tensor);
@@ -292,8 +295,8 @@ class OpBuilder {
     return std::move(*this);
   }
 
-  /// How the last `.cuda_source()` kernel is launched: opforge::elementwise("y"),
-  /// opforge::rows("x"), or opforge::grid(fn).
+  /// How the last `.cuda_source()` kernel is launched: opforge::elementwise("y") or
+  /// opforge::rows("x"); see also launch_grid().
   OpBuilder launch(detail::LaunchRule rule) && {
     if (!def_->runtime_kernels.empty()) def_->runtime_kernels.back()->rule = std::move(rule);
     else def_->launch_without_source = true;

@@ -138,8 +138,13 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
         if (outputs[o].name == rule.tensor) rk->rule_tensor = static_cast<int32_t>(args.size() + o);
       if (rk->rule_tensor < 0) rk->rule_tensor = r.tensor(rule.tensor, ctx + "launch rule: ");
     }
-    if (rule.threads <= 0 || rule.threads > 1024 || rule.items_per_thread <= 0 || rule.bytes_per_thread < 0)
-      r.error(ctx, "threads per block must be in [1, 1024] and items per thread positive");
+    const bool auto_threads = rule.kind == LaunchRule::kRows && rule.threads == 0;
+    if (!auto_threads && (rule.threads <= 0 || rule.threads > 1024))
+      r.error(ctx, "threads per block must be in [1, 1024]" + std::string(rule.kind == LaunchRule::kRows ? " (or 0: chosen per call)" : ""));
+    if (rule.kind == LaunchRule::kRows && rule.threads % 32 != 0)
+      r.error(ctx, "threads per block of a row kernel must be a multiple of 32 (whole warps)");
+    if (rule.items_per_thread <= 0 || rule.bytes_per_thread < 0)
+      r.error(ctx, "items (or bytes) per thread must be positive");
     // Placeholders in the kernel name: {T}, {T_<tensor>}, {<compile_time param>}.
     for (size_t pos = rk->name.find('{'); pos != std::string::npos; pos = rk->name.find('{', pos + 1)) {
       const size_t end = rk->name.find('}', pos);

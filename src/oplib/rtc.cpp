@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -515,7 +516,12 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
       if (rows == 0) return;
       OPFORGE_CHECK(rows <= INT32_MAX, def.ns, "::", def.name, ": ", rows, " rows exceed one launch's grid");
       cfg.grid[0] = static_cast<unsigned>(rows);
-      cfg.block[0] = static_cast<unsigned>(rk.rule.threads);
+      int64_t threads = rk.rule.threads;
+      if (threads <= 0) {  // auto: at most four 16-byte vectors of the row per thread
+        const int64_t vectors = (cols * dtype_size(static_cast<Dtype>(rule_tensor->dtype)) + 15) / 16;
+        threads = std::clamp<int64_t>((vectors + 4 * 32 - 1) / (4 * 32) * 32, 32, 1024);
+      }
+      cfg.block[0] = static_cast<unsigned>(threads);
       cfg.args = {rows, cols};
       break;
     }

@@ -273,3 +273,25 @@ TEST(Dtype, VisitInstantiatesOnlyTheAllowedSet) {
 }
 
 }  // namespace
+
+void ref_xy(opforge::Tensor, opforge::MutableTensor) {}
+
+TEST(Description, RowKernelBlocksAreWholeWarps) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "rows", "f.cpp", 4)
+                              .input("x", opforge::floating)
+                              .output("y", opforge::like("x"))
+                              .reference(ref_xy)
+                              .cuda_source("k.cu", "k<{T}>")
+                              .launch(opforge::rows("x", 100))
+                              .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{"f.cpp:4: op unit::rows: cuda_source(\"k.cu\"): threads per block of a "
+                                              "row kernel must be a multiple of 32 (whole warps)"}));
+  EXPECT_TRUE(errors_of(opforge::detail::make_op("unit", "rows_auto", "f.cpp", 5)
+                            .input("x", opforge::floating)
+                            .output("y", opforge::like("x"))
+                            .reference(ref_xy)
+                            .cuda_source("k.cu", "k<{T}>")
+                            .launch(opforge::rows("x"))
+                            .release())
+                  .empty());
+}
