@@ -138,7 +138,7 @@ typedef struct OpforgeParamSpec {
   OpforgeValue default_value;
   int32_t has_min, has_max; /* inclusive bounds, for INT and FLOAT (and their lists, per element) */
   double min, max;
-  int32_t num_choices;      /* STRING only: allowed values (an enum); 0: any string */
+  int32_t num_choices;      /* STRING or INT: allowed values (INT ones in decimal); 0: any value */
   const char* const* choices;
   int32_t compile_time;     /* a template argument of run-time kernels, not a kernel argument */
 } OpforgeParamSpec;

@@ -54,6 +54,7 @@
 // (device helpers), cuda_fp16.h and cuda_bf16.h.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,7 +92,13 @@ inline detail::ParamRange at_most(double v) { return {false, true, 0, v}; }
 /// `lo` <= parameter <= `hi`.
 inline detail::ParamRange in_range(double lo, double hi) { return {true, true, lo, hi}; }
 /// A string parameter restricted to these values (an enum).
-inline detail::Choices one_of(std::vector<std::string> values) { return {std::move(values)}; }
+inline detail::Choices one_of(std::vector<std::string> values) { return {std::move(values), false}; }
+/// An int64_t parameter restricted to these values, e.g. a head dim `one_of({64, 128})`.
+inline detail::Choices one_of(std::initializer_list<int64_t> values) {
+  detail::Choices c{{}, true};
+  for (int64_t v : values) c.values.push_back(std::to_string(v));
+  return c;
+}
 /// The parameter is a template argument of the op's run-time kernels (`{name}` in the kernel
 /// name), so each value gets its own compiled instantiation; int64_t, bool and std::string only.
 inline constexpr detail::CompileTime compile_time{};

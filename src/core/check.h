@@ -131,7 +131,19 @@ inline void check_range(const OpforgeArgSpec& a, double v, const std::string& wh
 /// Checks one parameter value against its range and choices; appends one line per problem.
 inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vector<std::string>& out) {
   switch (a.kind) {
-    case OPFORGE_ARG_INT: detail::check_range(a, static_cast<double>(v.i), "", out); break;
+    case OPFORGE_ARG_INT:
+      detail::check_range(a, static_cast<double>(v.i), "", out);
+      if (a.param.num_choices > 0) {
+        const std::string s = std::to_string(v.i);
+        bool ok = false;
+        std::string list;
+        for (int32_t c = 0; c < a.param.num_choices; ++c) {
+          ok = ok || s == a.param.choices[c];
+          list += (c ? ", " : "") + std::string(a.param.choices[c]);
+        }
+        if (!ok) out.push_back(std::string(a.name) + ": expected one of " + list + ", got " + s);
+      }
+      break;
     case OPFORGE_ARG_FLOAT: detail::check_range(a, v.f, "", out); break;
     case OPFORGE_ARG_INT_LIST:
       for (size_t k = 0; k < v.len; ++k)

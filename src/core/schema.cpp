@@ -204,7 +204,8 @@ std::string library_json(const OpforgeLibrary& lib) {
         if (a.param.has_max) os << ", \"max\": " << format_double(a.param.max);
         if (a.param.num_choices > 0) {
           os << ", \"choices\": [";
-          for (int32_t c = 0; c < a.param.num_choices; ++c) os << (c ? ", " : "") << json_string(a.param.choices[c]);
+          for (int32_t c = 0; c < a.param.num_choices; ++c)  // integers as JSON numbers
+            os << (c ? ", " : "") << (a.kind == OPFORGE_ARG_INT ? std::string(a.param.choices[c]) : json_string(a.param.choices[c]));
           os << "]";
         }
       }

@@ -249,7 +249,9 @@ std::vector<std::string> OpDef::finalize() {
       spec.param.min = p.min;
       spec.param.max = p.max;
       if (!p.choices.empty()) {
-        if (a.kind != OPFORGE_ARG_STRING) r.error(ctx, "one_of() applies to std::string parameters only");
+        if (a.kind != (p.integer_choices ? OPFORGE_ARG_INT : OPFORGE_ARG_STRING))
+          r.error(ctx, p.integer_choices ? "one_of() with integers applies to int64_t parameters only"
+                                         : "one_of() with strings applies to std::string parameters only");
         auto& cs = s.cstrs.emplace_back();
         for (const auto& c : p.choices) cs.push_back(cstr(c));
         spec.param.num_choices = static_cast<int32_t>(cs.size());
@@ -266,6 +268,8 @@ std::vector<std::string> OpDef::finalize() {
             if constexpr (std::is_same_v<D, int64_t>) {
               v.i = d;
               if (!in_range(p, static_cast<double>(d))) r.error(ctx, "the default is outside the declared range");
+              if (p.integer_choices && std::find(p.choices.begin(), p.choices.end(), std::to_string(d)) == p.choices.end())
+                r.error(ctx, "the default " + std::to_string(d) + " is not one of the declared choices");
             } else if constexpr (std::is_same_v<D, double>) {
               v.f = d;
               if (!in_range(p, d)) r.error(ctx, "the default is outside the declared range");

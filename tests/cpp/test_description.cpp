@@ -295,3 +295,16 @@ TEST(Description, RowKernelBlocksAreWholeWarps) {
                             .release())
                   .empty());
 }
+
+void ref_int(opforge::Tensor, int64_t, opforge::MutableTensor) {}
+
+TEST(Description, IntegerChoices) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "ints", "f.cpp", 6)
+                              .input("x", opforge::floating)
+                              .param<int64_t>("head_dim", 96, opforge::one_of({64, 128}))
+                              .output("y", opforge::like("x"))
+                              .reference(ref_int)
+                              .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:6: op unit::ints: param 'head_dim': the default 96 is not one of the declared choices"}));
+}

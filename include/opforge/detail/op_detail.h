@@ -47,6 +47,7 @@ struct ParamDecl {
   bool has_min = false, has_max = false;
   double min = 0, max = 0;
   std::vector<std::string> choices;
+  bool integer_choices = false;
   bool compile_time = false;
 };
 
@@ -207,7 +208,8 @@ struct ParamRange {
   double min, max;
 };
 struct Choices {
-  std::vector<std::string> values;
+  std::vector<std::string> values;  // integers in decimal when `integers`
+  bool integers = false;
 };
 struct CompileTime {};
 
@@ -229,7 +231,10 @@ inline void apply(ParamDecl& p, const ParamRange& r) {
   if (r.has_min) p.has_min = true, p.min = r.min;
   if (r.has_max) p.has_max = true, p.max = r.max;
 }
-inline void apply(ParamDecl& p, const Choices& c) { p.choices = c.values; }
+inline void apply(ParamDecl& p, const Choices& c) {
+  p.choices = c.values;
+  p.integer_choices = c.integers;
+}
 inline void apply(ParamDecl& p, CompileTime) { p.compile_time = true; }
 
 template <class C>
