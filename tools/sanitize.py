@@ -4,8 +4,9 @@ compute-sanitizer:
     compute-sanitizer --tool memcheck python3 tools/sanitize.py
 
 Sizes straddle the vector width and the block size, and inputs include storage offsets that
-defeat 16-byte alignment (the scalar path) and zero-size tensors. Exits non-zero if an output
-differs from the CPU reference.
+defeat 16-byte alignment (the scalar path), zero-size tensors, and permuted, sliced, offset and
+expanded views of the first input (read as they are by ops that declare it strided). Exits
+non-zero if an output differs from the CPU reference.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
-from conftest import CASES, TOLERANCE  # noqa: E402
+from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
 
 import opforge  # noqa: E402
 
@@ -29,14 +30,15 @@ def main() -> int:
         for dtype in case.dtypes:
             for batch in (0, 1, 3, 257):
                 args, kwargs = case.make(batch, dtype, "cuda")
-                for offset in (0, 1):
-                    shifted = [torch.empty(a.numel() + offset, dtype=a.dtype, device="cuda")[offset:].view_as(a).copy_(a)
-                               for a in args]
-                    out = case.op(*shifted, **kwargs)
-                    ref = case.op(*[a.cpu() for a in shifted], **kwargs)
+                layouts = [(f"offset={offset}", [torch.empty(a.numel() + offset, dtype=a.dtype, device="cuda")[offset:]
+                                                 .view_as(a).copy_(a) for a in args]) for offset in (0, 1)]
+                layouts += [(label, [view, *args[1:]]) for label, view in strided_views(args[0])]
+                for label, inputs in layouts:
+                    out = case.op(*inputs, **kwargs)
+                    ref = case.op(*[a.cpu() for a in inputs], **kwargs)
                     tol = TOLERANCE[dtype]
                     if not torch.allclose(out.cpu().double(), ref.double(), atol=tol, rtol=tol, equal_nan=True):
-                        print(f"MISMATCH {name} {dtype} batch={batch} offset={offset}")
+                        print(f"MISMATCH {name} {dtype} batch={batch} {label}")
                         failures += 1
     torch.cuda.synchronize()
     print(f"sanitize: {failures} mismatches")

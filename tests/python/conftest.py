@@ -16,13 +16,17 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
-#: Absolute and relative tolerance by dtype, against a float64 reference.
+#: Absolute and relative tolerance by dtype, against a float64 reference; integers and bool exactly.
 TOLERANCE = {
     torch.float32: 2e-6,
     torch.float64: 1e-12,
     torch.float16: 2e-3,
     torch.bfloat16: 1.6e-2,
+    **{d: 0.0 for d in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)},
 }
+#: Every dtype opforge supports.
+ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
+              torch.int64, torch.uint8, torch.bool]
 
 
 @dataclass
@@ -45,6 +49,27 @@ class OpCase:
         return getattr(getattr(torch.ops, ns), name)
 
 
+def random_tensor(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Random values of any dtype: normal for floats, [-100, 100) for signed and [0, 200) for
+    unsigned integers, either value for bool."""
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype, device=device)
+    if dtype == torch.bool:
+        return torch.rand(shape, device=device) > 0.5
+    low = 0 if dtype == torch.uint8 else -100
+    return torch.randint(low, low + 200, shape, dtype=dtype, device=device)
+
+
+def strided_views(like: torch.Tensor):
+    """(label, view) for non-dense tensors of ``like``'s shape, dtype and device: permuted,
+    sliced, storage-offset (misaligned), expanded."""
+    shape, dtype, device = like.shape, like.dtype, like.device
+    yield "permuted", like.transpose(0, -1).contiguous().transpose(0, -1)
+    yield "sliced", random_tensor((*shape[:-1], 2 * shape[-1]), dtype, device)[..., ::2]
+    yield "offset", random_tensor((like.numel() + 3,), dtype, device)[3:].view(shape)
+    yield "expanded", random_tensor((1, *shape[1:]), dtype, device).expand(shape)
+
+
 def _softshrink_inputs(batch, dtype, device):
     return (torch.randn(batch, 37, dtype=dtype, device=device),), {"lambd": 0.3}
 
@@ -64,6 +89,10 @@ def _add_layer_norm_inputs(batch, dtype, device):
             torch.randn(96, dtype=dtype, device=device)), {"eps": 1e-5}
 
 
+def _identity_conv_inputs(batch, dtype, device):
+    return (random_tensor((batch, 3, 37), dtype, device),), {}
+
+
 CASES = {
     "softshrink": OpCase("softshrink", _softshrink_inputs, lambda x, lambd=0.5: F.softshrink(x.double(), lambd)),
     "bias_gelu": OpCase(
@@ -77,6 +106,7 @@ CASES = {
     "add_layer_norm": OpCase("add_layer_norm", _add_layer_norm_inputs,
                              lambda x, r, w, b, eps: F.layer_norm(x.double() + r.double(), (x.shape[-1],), w.double(),
                                                                   b.double(), eps)),
+    "identity_conv": OpCase("identity_conv", _identity_conv_inputs, lambda x: x.clone(), dtypes=ALL_DTYPES),
 }
 
 

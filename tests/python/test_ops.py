@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from conftest import CASES, DEVICES, assert_matches, requires_cuda, requires_two_gpus
+from conftest import CASES, DEVICES, assert_matches, requires_cuda, requires_two_gpus, strided_views
 
 OPS = list(CASES)
 
@@ -64,6 +64,7 @@ def test_meta_matches_real(name, device):
 @pytest.mark.parametrize("name", OPS)
 def test_compile_fullgraph_no_recompile_across_batch_sizes(name, device):
     case = CASES[name]
+    torch._dynamo.reset()  # fn's code object is shared by every case: start under the recompile limit
     counter = CompileCounterWithBackend("inductor")
 
     def fn(*args, **kwargs):
@@ -103,21 +104,12 @@ def test_export_with_dynamic_batch(name, device):
         torch.testing.assert_close(program.module()(*new_args), Model()(*new_args))
 
 
-def _strided_views(like: torch.Tensor):
-    """Non-dense tensors of ``like``'s shape: permuted, sliced, storage-offset (misaligned), expanded."""
-    shape, opts = like.shape, {"dtype": like.dtype, "device": like.device}
-    yield "permuted", like.transpose(0, -1).contiguous().transpose(0, -1)
-    yield "sliced", torch.randn(*shape[:-1], 2 * shape[-1], **opts)[..., ::2]
-    yield "offset", torch.randn(like.numel() + 3, **opts)[3:].view(shape)
-    yield "expanded", torch.randn(1, *shape[1:], **opts).expand(shape)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", OPS)
 def test_strided_inputs_match_contiguous(name, device):
     case = CASES[name]
     args, kwargs = case.make(4, torch.float16, device)
-    for label, view in _strided_views(args[0]):
+    for label, view in strided_views(args[0]):
         assert view.shape == args[0].shape
         out = case.op(view, *args[1:], **kwargs)
         assert out.is_contiguous(), label

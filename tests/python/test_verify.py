@@ -26,7 +26,7 @@ def broken_ops(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["examples::softshrink", "examples::bias_gelu", "examples::rms_norm",
-                                  "examples::add_layer_norm"])
+                                  "examples::add_layer_norm", "examples::identity_conv"])
 def test_example_ops_pass(name):
     report = verify.verify_op(name, seed=1234)
     assert report.ok, [(r.case, r.message) for r in report.failures]
