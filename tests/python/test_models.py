@@ -1,0 +1,116 @@
+"""The example models (examples/models/pipeline.py and side_by_side.py) end to end: each
+``main()`` exports the model with a dynamic batch dim, AOTInductor-compiles it, runs it in the
+C++ runner and compares it with the same weights in plain torch, in eager on the CPU. One
+package per model and device (module-scoped): AOTInductor takes tens of seconds on a CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from opforge import verify
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "models"))
+import model_check  # noqa: E402
+import pipeline  # noqa: E402
+import side_by_side  # noqa: E402
+
+MODELS = {"pipeline": pipeline, "side_by_side": side_by_side}
+#: Output shapes for a batch of b.
+SHAPES = {
+    "pipeline": lambda b: [[b, pipeline.SEQ, pipeline.HIDDEN]],
+    "side_by_side": lambda b: [[b, side_by_side.LENGTH, side_by_side.HIDDEN], [b, side_by_side.CLASSES]],
+}
+
+
+@dataclass
+class MainRun:
+    name: str
+    exit_code: int
+    stdout: str
+    results: dict
+    package_dir: Path
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param(("pipeline", "cpu"), id="pipeline-cpu"),
+    pytest.param(("side_by_side", "cpu"), id="side_by_side-cpu"),
+    pytest.param(("pipeline", "cuda"), id="pipeline-cuda", marks=requires_cuda),
+    pytest.param(("side_by_side", "cuda"), id="side_by_side-cuda", marks=requires_cuda),
+])
+def main_run(request, tmp_path_factory) -> MainRun:
+    """The model's ``main(["--device", device, "--out", dir])``, run once, its output captured."""
+    name, device = request.param
+    tmp = tmp_path_factory.mktemp(f"{name}-{device}")
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
+        mp.setenv("OPFORGE_CACHE_DIR", str(tmp / "kernel-cache"))  # never the user's kernel cache
+        code = MODELS[name].main(["--device", device, "--out", str(tmp / "package")])
+    return MainRun(name, code, stdout.getvalue(), json.loads((tmp / "package" / "results.json").read_text()),
+                   tmp / "package")
+
+
+def test_runner_matches_plain_torch(main_run):
+    assert main_run.exit_code == 0, main_run.stdout
+    assert main_run.results["passed"] is True
+    batches = [run["batch"] for run in main_run.results["runs"]]
+    assert batches == list(MODELS[main_run.name].SPEC.batches)
+    for run in main_run.results["runs"]:
+        outputs = run["outputs"]
+        assert [o["shape"] for o in outputs] == SHAPES[main_run.name](run["batch"])
+        assert all(o["status"] == "pass" and o["max_abs_error"] < 1e-4 for o in outputs), outputs
+        assert run["device"].split(":")[0] == main_run.results["device"]
+
+
+def test_prints_every_output_error(main_run):
+    for run in main_run.results["runs"]:
+        for o in run["outputs"]:
+            assert (f"{main_run.name} on {run['device']}, batch {run['batch']}: output {o['index']} {o['shape']}: "
+                    f"max abs error {o['max_abs_error']:.2e}") in main_run.stdout
+    assert f"{main_run.name}: OK" in main_run.stdout
+
+
+def test_package_carries_every_custom_op(main_run):
+    manifest = (main_run.package_dir / "opforge_ops.txt").read_text().splitlines()
+    ops = {line.split()[0] for line in manifest if not line.startswith("#")}
+    assert ops == {f"examples::{name}" for name in model_check.EXAMPLE_OPS}
+    assert all((main_run.package_dir / line.split()[1]).exists() for line in manifest if not line.startswith("#"))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_opforge_ops_match_plain_torch_in_eager(name):
+    spec = MODELS[name].SPEC
+    model, plain = spec.make_model(), spec.make_model(plain=True)
+    for batch in spec.batches:
+        inputs = spec.example_inputs(batch)
+        with torch.inference_mode():
+            got, want = model(*inputs), plain(*inputs)
+        for g, w in zip(*[[t] if isinstance(t, torch.Tensor) else t for t in (got, want)]):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_side_by_side_passes_identity_conv_a_permuted_view():
+    spec = side_by_side.SPEC
+    program = torch.export.export(spec.make_model(), tuple(spec.example_inputs(2)), dynamic_shapes=spec.dynamic_shapes)
+    (node,) = [n for n in program.graph.nodes if n.target == torch.ops.examples.identity_conv.default]
+    x = node.args[0].meta["val"]
+    assert not x.is_contiguous() and x.stride()[1:] == (1, side_by_side.LENGTH)
+
+
+def test_mismatch_exits_nonzero(monkeypatch, tmp_path, capsys):
+    output = verify.OutputResult(index=0, shape=[3, 6, 32], max_abs_error=0.5, cosine=0.9, status="FAIL")
+    bad = verify.ModelReport(device="cpu", outputs=[output], latency_ms={"median": 1.0}, package="model.pt2")
+    monkeypatch.setattr(verify, "verify_model", lambda *args, **kwargs: [bad] * len(pipeline.SPEC.batches))
+    assert pipeline.main(["--device", "cpu", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "batch 3: output 0 [3, 6, 32]: max abs error 5.00e-01, cosine 0.9000000: FAIL" in out
+    assert "pipeline: FAILED" in out
+    assert json.loads((tmp_path / "results.json").read_text())["passed"] is False
