@@ -51,7 +51,13 @@ typedef enum OpforgeDeviceType {
 } OpforgeDeviceType;
 
 /* A strided view of device or host memory. `data` points at element [0, ..., 0]
- * (any storage offset is already applied); sizes and strides count elements. */
+ * (any storage offset is already applied); sizes and strides count elements.
+ *
+ * An absent optional tensor (an input declared optional that the caller left out, None in
+ * Python) has `ndim == -1`, `data`, `sizes` and `strides` NULL and `dtype == -1`;
+ * `device_type` and `device_index` are those of the call. `ndim == -1` is the marker: a
+ * present tensor may have a NULL `data` too (no elements). Arguments not declared optional
+ * are never absent. */
 typedef struct OpforgeTensor {
   void* data;
   int32_t dtype;        /* OpforgeDtype */
@@ -129,6 +135,11 @@ typedef struct OpforgeTensorSpec {
   const OpforgeExpr* dims;
   int32_t layout;       /* OpforgeLayout */
   int32_t shape_like;   /* index of an earlier tensor argument whose shape this must equal, or -1 */
+  /* 1: the caller may leave the tensor out (schema `Tensor? name=None`); it then arrives absent
+   * (see OpforgeTensor) and its constraints are not checked. No other argument's constraint,
+   * shape rule, output rule or launch rule refers to an optional tensor, and the first tensor
+   * argument is never optional. */
+  int32_t optional;
 } OpforgeTensorSpec;
 
 /* Default, range and choices of one parameter. */
@@ -216,7 +227,8 @@ typedef int32_t (*OpforgeKernelFn)(const OpforgeCallFrame* frame, const void* us
  * `cache_dir` (with a warning if that folder cannot be written). Needs no GPU. */
 typedef struct OpforgePrecompileRequest {
   size_t struct_size;
-  const int32_t* dtypes;      /* per argument: the tensor's OpforgeDtype (ignored for params) */
+  const int32_t* dtypes;      /* per argument: the tensor's OpforgeDtype, -1 for an absent
+                               * optional tensor (ignored for params) */
   const OpforgeValue* values; /* per argument: the parameter's value (ignored for tensors) */
   const char* arch;
   const char* cache_dir;

@@ -43,7 +43,11 @@
 // `{T_<tensor>}` another tensor's, `{<param>}` the value of an opforge::compile_time parameter.
 // The kernel receives the tensors' data pointers (inputs, then outputs), the launch rule's
 // int64 values (elementwise: n; rows: rows, cols; grid: the LaunchConfig's args), then the
-// other parameters with their declared C types (int64_t, double, bool). Binaries are cached
+// other parameters with their declared C types (int64_t, double, bool). An opforge::optional
+// input keeps its place among the pointers and is a null pointer when the caller left it out,
+// so the kernel tests `mask != nullptr` (an empty tensor that was given may have a null pointer
+// too; pass its size through the grid function's args if that matters); a grid function gets
+// it as an opforge::Tensor whose defined() is false. Binaries are cached
 // on disk ($OPFORGE_CACHE_DIR/kernels, default ~/.cache/opforge/kernels) under a key made of
 // the source text, the kernel name, the options, the architecture and the NVRTC version;
 // entries carry their key and a checksum, are written atomically, and a damaged one is
@@ -82,6 +86,13 @@ inline detail::RankRange rank_between(int32_t lo, int32_t hi) { return {lo, hi};
 /// The kernel reads strides, so the adapter passes any layout (permuted, sliced, expanded)
 /// as it is. Without this, inputs reach kernels dense and row-major.
 inline constexpr detail::Strided strided{};
+/// The caller may leave the input out: the schema says `Tensor? name=None`, and the kernel
+/// then gets an opforge::Tensor whose defined() is false (run-time kernels: a null pointer).
+/// The input's other constraints apply only when it is given. Nothing else may refer to it
+/// (another input's same_dtype/same_shape/shape rule, an output rule, a launch rule, a
+/// `{T_name}` placeholder), the first tensor input cannot be optional, and every input and
+/// parameter declared after it needs a default (is optional, or has a default value).
+inline constexpr detail::Optional optional{};
 
 // ---- parameter constraints ------------------------------------------------------------------
 
@@ -203,13 +214,13 @@ class OpBuilder {
 
   /// A tensor input. Constraints: a dtype set (`opforge::floating`, `opforge::kFloat16 |
   /// opforge::kBFloat16`), `same_dtype("x")`, `same_shape("x")`, `rank(n)`, `min_rank(n)`,
-  /// `shape({...})`, `strided`.
+  /// `shape({...})`, `strided`, `optional`.
   template <class... C>
   OpBuilder<false, Sig..., Tensor> input(std::string name, const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
     static_assert((detail::TensorConstraint<C> && ...),
                   "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::same_shape, opforge::rank, "
-                  "opforge::min_rank, opforge::shape and opforge::strided as constraints");
+                  "opforge::min_rank, opforge::shape, opforge::strided and opforge::optional as constraints");
     detail::ArgDecl a{std::move(name), OPFORGE_ARG_TENSOR, {}, {}};
     (detail::apply(a.tensor, constraints), ...);
     def_->args.push_back(std::move(a));

@@ -16,18 +16,28 @@ namespace opforge {
 
 /// Read-only view of an input tensor (shape, strides in elements, dtype, device).
 /// Inputs are dense and row-major unless the op declares them `opforge::strided`.
+///
+/// An `opforge::optional` input the caller left out (None) is undefined: defined() is false,
+/// data<T>() and raw_data() are null, ndim() and numel() are 0, sizes() and strides() are null,
+/// is_contiguous() is true, dtype() is not a valid Dtype (visit_dtype throws on it), is_cuda()
+/// and device_index() are the call's device; size(d) and stride(d) must not be called (it has
+/// no dims). Every other input is always defined.
 class Tensor {
  public:
   explicit Tensor(const OpforgeTensor& t) : t_(t) {}
 
-  int32_t ndim() const { return t_.ndim; }
+  /// False for an `opforge::optional` input the caller left out (None); see the class comment.
+  bool defined() const { return t_.ndim >= 0; }
+  int32_t ndim() const { return t_.ndim < 0 ? 0 : t_.ndim; }
   /// Size of dim `d`; negative `d` counts from the end.
   int64_t size(int32_t d) const { return t_.sizes[d < 0 ? d + t_.ndim : d]; }
   /// Stride of dim `d` in elements; negative `d` counts from the end.
   int64_t stride(int32_t d) const { return t_.strides[d < 0 ? d + t_.ndim : d]; }
   const int64_t* sizes() const { return t_.sizes; }
   const int64_t* strides() const { return t_.strides; }
+  /// Element count; 0 for an undefined tensor.
   int64_t numel() const {
+    if (t_.ndim < 0) return 0;
     int64_t n = 1;
     for (int32_t d = 0; d < t_.ndim; ++d) n *= t_.sizes[d];
     return n;

@@ -27,7 +27,8 @@ class Library:
             (``lib<name>.kernels/`` beside the shared object).
         ops: one dict per op, as the adapter describes it: ``name`` ("ns::op"), ``schema``,
             ``doc``, ``file`` and ``line`` of the declaration, ``args`` (name, type, dtypes,
-            ranks, defaults, ranges) and ``outputs``.
+            ranks, defaults, ranges; ``optional: True`` for a tensor the caller may leave out)
+            and ``outputs``.
     """
 
     path: Path
@@ -175,7 +176,8 @@ def precompile(
 
     Args:
         op: qualified op name, e.g. ``"examples::softshrink"``.
-        dtypes: dtype of each tensor input, by name.
+        dtypes: dtype of each tensor input, by name; an optional input left out (None in the
+            call) is omitted.
         params: values of the op's parameters by name (those marked compile-time select the
             instantiation; others may be omitted).
         arch: ``"sm_XX"`` for machine code, ``"compute_XX"`` for PTX.
@@ -198,9 +200,9 @@ def precompile(
     for i, arg in enumerate(spec["args"]):
         name = arg["name"]
         if arg["type"] == "Tensor":
-            if name not in dtypes:
+            if name not in dtypes and not arg.get("optional"):
                 raise ValueError(f"opforge.precompile({op}): no dtype given for tensor input {name!r}")
-            codes[i] = DTYPE_CODES[dtypes[name]]
+            codes[i] = DTYPE_CODES[dtypes[name]] if name in dtypes else -1  # -1: absent
         elif name in params:
             value = params[name]
             if isinstance(value, str):

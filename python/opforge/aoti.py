@@ -68,7 +68,7 @@ def _instantiations(program: torch.export.ExportedProgram):
             value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
             if isinstance(value, torch.fx.Node):
                 dtypes[arg.name] = value.meta["val"].dtype
-            else:
+            elif value is not None or not isinstance(arg.type, torch.OptionalType):  # None: an absent tensor
                 params[arg.name] = value
         key = (name, tuple(sorted(dtypes.items(), key=str)), tuple(sorted(params.items(), key=str)))
         if key not in seen:

@@ -20,7 +20,8 @@ from typing import Sequence
 
 def strategies(kind: str, num_outputs: int, args: Sequence[object]) -> list[tuple[list, list]]:
     """DTensor sharding strategies -- (output placements, input placements) pairs -- for an op of
-    sharding ``kind`` ("pointwise" or "rowwise") called with ``args`` (tensor-likes have ``ndim``).
+    sharding ``kind`` ("pointwise" or "rowwise") called with ``args`` (tensor-likes have ``ndim``;
+    other values, including None for an optional tensor left out, get placement None).
     """
     from torch.distributed.tensor import Replicate, Shard
 
@@ -63,7 +64,7 @@ def register_sharding_rules(ops: Sequence[dict]) -> list[str]:
         num_outputs = len(spec["outputs"])
 
         def rule(*args, _kind=kind, _n=num_outputs, **kwargs):
-            return strategies(_kind, _n, args)
+            return strategies(_kind, _n, [*args, *kwargs.values()])  # DTensor's order: args, then kwargs
 
         register_sharding(op)(rule)
         done.append(spec["name"])

@@ -3,6 +3,8 @@
 Op level (:func:`verify_op`): inputs are generated from the op's description (dtype sets, ranks,
 shape rules, parameter ranges): random sizes, sizes that straddle vector and block boundaries,
 strided views (permuted, sliced, expanded, storage-offset), empty tensors and NaN/Inf values.
+Optional tensor inputs (``Tensor? name=None``) are given in every case, and the shape and empty
+cases are repeated with all of them left out (None).
 Each case runs the device kernel with its outputs poisoned (NaN) beforehand and compares it
 with the CPU reference run on float64 copies of the inputs where the op accepts float64, with
 tolerances by dtype (:data:`TOLERANCES`). On a machine without a GPU, the CPU reference is
@@ -10,7 +12,7 @@ compared with the description's ``.equivalent()`` torch expression instead (a re
 compared with itself proves nothing). Every case draws fresh random data from a seed that the
 report prints. Each op also gets ``torch.library.opcheck``, a ``torch.compile(fullgraph=True,
 dynamic=True)`` no-recompile check over three batch sizes, and a Meta-versus-real check of
-shape, dtype and strides.
+shape, dtype and strides (with and without its optional tensor inputs, if it has any).
 
 Model level (:func:`verify_model`): export, AOTInductor-compile, run the package in the C++
 runner on the device, and compare each output with the model run in eager on the CPU.
@@ -251,14 +253,24 @@ class _Inputs:
                          if isinstance(a, torch.Tensor) else a for a in self.args]}
 
 
+def _without_optional(spec: dict) -> str:
+    """The label suffix of cases that leave out the op's optional tensor inputs ("" if it has none)."""
+    names = [a["name"] for a in spec["args"] if a["type"] == "Tensor" and a.get("optional")]
+    return f" without {', '.join(names)}" if names else ""
+
+
 def generate_cases(spec: dict, dtype: str, seed: int) -> list[_Inputs]:
-    """Every input case for one op and dtype (CPU tensors), each from its own seed."""
+    """Every input case for one op and dtype (CPU tensors), each from its own seed. Optional
+    tensor inputs are given, except in the cases labelled with :func:`_without_optional`'s suffix
+    (every shape, and empty), where they are None."""
     rng = random.Random(seed)
     cases: list[_Inputs] = []
     tensor_args = [i for i, a in enumerate(spec["args"]) if a["type"] == "Tensor"]
+    without = _without_optional(spec)
 
     def build(label: str, lead: int, last: int, params: dict[int, object],
-              transform: Callable[[int, torch.Tensor, torch.Generator], torch.Tensor] | None = None) -> None:
+              transform: Callable[[int, torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+              omit_optional: bool = False) -> None:
         case_seed = rng.randrange(2**31)
         gen = torch.Generator().manual_seed(case_seed)
         shapes = _shapes(spec, lead, last, params)
@@ -267,6 +279,9 @@ def generate_cases(spec: dict, dtype: str, seed: int) -> list[_Inputs]:
             if a["type"] != "Tensor":
                 args.append(params[i])
                 continue
+            if omit_optional and a.get("optional"):
+                args.append(None)
+                continue
             t = _random_tensor(shapes[i], _DTYPES[_tensor_dtype(spec, i, dtype)], gen)
             args.append(transform(i, t, gen) if transform else t)
         cases.append(_Inputs(label, args, case_seed))
@@ -274,6 +289,8 @@ def generate_cases(spec: dict, dtype: str, seed: int) -> list[_Inputs]:
     params = _param_sets(spec, rng)
     for lead, last in _SHAPES:
         build(f"shape {lead}x{last}", lead, last, params[0])
+        if without:
+            build(f"shape {lead}x{last}{without}", lead, last, params[0], omit_optional=True)
     for k, p in enumerate(params[1:], 1):
         build(f"params #{k}", 3, 37, p)
     for how in ("permuted", "sliced", "expanded", "offset"):
@@ -289,6 +306,8 @@ def generate_cases(spec: dict, dtype: str, seed: int) -> list[_Inputs]:
 
             build(f"{how} {name}", 4, 40, params[0], transform)
     build("empty", 0, 37, params[0])
+    if without:
+        build(f"empty{without}", 0, 37, params[0], omit_optional=True)
     if dtype in _FLOATING:
         first = tensor_args[0]
         build("nan/inf", 3, 37, params[0], lambda j, t, gen: _special(t) if j == first else t)
@@ -383,20 +402,27 @@ def _check_values(spec: dict, dtype: str, device: str, seed: int, report: Report
 
 
 def _check_structure(spec: dict, dtype: str, device: str, seed: int, report: Report) -> None:
-    """opcheck, compile without recompiles over three batch sizes, and Meta against real."""
+    """opcheck, compile without recompiles over three batch sizes, and Meta against real; for an
+    op with optional tensor inputs, once with them and once without."""
+    cases = generate_cases(spec, dtype, seed)
+    for suffix in dict.fromkeys(["", _without_optional(spec)]):
+        _check_structure_of(spec, dtype, device, report, cases, suffix)
+
+
+def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cases: list[_Inputs],
+                        suffix: str) -> None:
     name = spec["name"]
     op = _op_handle(name)
-    cases = generate_cases(spec, dtype, seed)
-    base = next(c for c in cases if c.label == "shape 3x37")
+    base = next(c for c in cases if c.label == "shape 3x37" + suffix)
     args = _to(base.args, device)
 
     def record(check: str, fn: Callable[[], str | None]) -> None:
         try:
             why = fn()
-            report.results.append(CaseResult(name, check, dtype, "shape 3x37", "FAIL" if why else "pass",
+            report.results.append(CaseResult(name, check, dtype, base.label, "FAIL" if why else "pass",
                                              message=why or "", repro=base.repro()))
         except Exception as e:  # noqa: BLE001
-            report.results.append(CaseResult(name, check, dtype, "shape 3x37", "FAIL",
+            report.results.append(CaseResult(name, check, dtype, base.label, "FAIL",
                                              message=f"{type(e).__name__}: {e}".splitlines()[0], repro=base.repro()))
 
     def opcheck():
@@ -415,7 +441,8 @@ def _check_structure(spec: dict, dtype: str, device: str, seed: int, report: Rep
 
         torch._dynamo.reset()
         compiled = torch.compile(lambda *a: op(*a), fullgraph=True, dynamic=True)
-        batches = [c for c in cases if c.label.startswith("shape ") and not c.label.startswith("shape 0")][1:4]
+        labels = {f"shape {lead}x{last}{suffix}" for lead, last in _SHAPES[1:4]}
+        batches = [c for c in cases if c.label in labels]
         compiled(*_to(batches[0].args, device))
         with torch._dynamo.config.patch(error_on_recompile=True):
             for c in batches[1:]:

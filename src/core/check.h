@@ -44,6 +44,7 @@ struct ArgInfo {
   const char* device_type = "cpu";     // the framework's device type name ("cuda")
   int32_t device_index = -1;           // -1: none
   std::vector<Int> sizes;
+  bool defined = true;                 // false: no tensor (None), e.g. an optional input left out
 
   bool same_device(const ArgInfo& o) const {
     return device_index == o.device_index && std::string_view(device_type) == o.device_type;
@@ -170,7 +171,8 @@ inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vec
 
 /// Checks every argument in declaration order -- tensors (dtype, device, rank, shape) and
 /// parameters (range, choices) -- and appends one line per problem in the form
-/// "name: expected ..., got ...".
+/// "name: expected ..., got ...". An optional tensor that is not defined passes unchecked (no
+/// other argument's rule reads it); any other undefined tensor is a problem.
 template <class Int>
 void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out) {
   int32_t first = -1;  // the tensor that sets the device
@@ -188,6 +190,13 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
       continue;
     }
     const ArgInfo<Int>& t = args[i];
+    if (!t.defined) {
+      if (!is_optional(a)) {
+        out.push_back(std::string(a.name) + ": expected a tensor, got an undefined tensor");
+        bad[i] = true;
+      }
+      continue;
+    }
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;
     if (t.dtype < 0 || !((s.dtypes >> t.dtype) & 1u)) {

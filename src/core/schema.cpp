@@ -99,6 +99,10 @@ std::string schema(const OpforgeOpSpec& op) {
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
     if (i) os << ", ";
+    if (is_optional(a)) {
+      os << "Tensor? " << a.name << "=None";
+      continue;
+    }
     os << schema_type(a.kind) << " " << a.name;
     if (a.kind != OPFORGE_ARG_TENSOR && a.param.has_default) os << "=" << format_value(a.param.default_value);
   }
@@ -179,6 +183,7 @@ std::string library_json(const OpforgeLibrary& lib) {
         }
         os << "], \"min_rank\": " << a.tensor.min_rank << ", \"max_rank\": " << a.tensor.max_rank
            << ", \"strided\": " << (a.tensor.layout == OPFORGE_LAYOUT_STRIDED ? "true" : "false");
+        if (is_optional(a)) os << ", \"optional\": true";
         if (a.tensor.dtype_like >= 0) os << ", \"same_dtype\": " << json_string(op.args[a.tensor.dtype_like].name);
         if (a.tensor.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(a.tensor.shape_like) &&
             a.tensor.shape_like >= 0)

@@ -1,6 +1,7 @@
 // Schema strings and descriptions derived from an op's C ABI record.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "opforge/c_api.h"
@@ -11,8 +12,9 @@ namespace opforge::core {
 std::string qualified_name(const OpforgeOpSpec& op);
 
 /// The torch schema without namespace, e.g. "softshrink(Tensor x, float lambd=0.5) -> Tensor".
-/// Types: Tensor, int, float, bool, str, int[], float[]; defaults printed so that torch's
-/// schema parser reads back the same value (floats as shortest round-trip decimals).
+/// Types: Tensor (`Tensor? name=None` if optional), int, float, bool, str, int[], float[];
+/// defaults printed so that torch's schema parser reads back the same value (floats as
+/// shortest round-trip decimals).
 std::string schema(const OpforgeOpSpec& op);
 
 /// The schema with namespace, as error messages print it: "examples::softshrink(...) -> Tensor".
@@ -22,7 +24,8 @@ std::string qualified_schema(const OpforgeOpSpec& op);
 std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e);
 
 /// A JSON description of a library's ops (name, schema, doc, declaration site, arguments with
-/// kinds, dtype sets, ranks and layouts, and outputs), for Python tooling and other adapters.
+/// kinds, dtype sets, ranks, layouts and `"optional": true` for optional tensors, and outputs),
+/// for Python tooling and other adapters.
 std::string library_json(const OpforgeLibrary& lib);
 
 /// True if `k` is a run-time kernel (a CUDA source compiled at run time) of a library whose ABI
@@ -31,5 +34,13 @@ bool has_runtime_source(const OpforgeKernel& k);
 
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);
+
+/// True if `a` is a tensor argument the caller may leave out (`Tensor? name=None`), in a
+/// library whose ABI carries OpforgeTensorSpec::optional.
+inline bool is_optional(const OpforgeArgSpec& a) {
+  return a.kind == OPFORGE_ARG_TENSOR &&
+         a.tensor.struct_size >= offsetof(OpforgeTensorSpec, optional) + sizeof(a.tensor.optional) &&
+         a.tensor.optional != 0;
+}
 
 }  // namespace opforge::core

@@ -65,11 +65,18 @@ class Resolver {
     return out.empty() ? "none" : out;
   }
 
-  /// Index of the tensor input `name`, or -1 after recording an error.
+  /// Index of the tensor input `name`, or -1 after recording an error. Every caller refers to
+  /// the input from elsewhere (a constraint, shape rule, output or launch rule), which an
+  /// optional input, absent in some calls, cannot serve.
   int32_t tensor(const std::string& name, const std::string& context) {
     auto it = index_.find(name);
     if (it == index_.end() || def_.args[it->second].kind != OPFORGE_ARG_TENSOR) {
       error(context, "\"" + name + "\" names no tensor input (tensor inputs: " + inputs_list(true) + ")");
+      return -1;
+    }
+    if (def_.args[it->second].tensor.optional) {
+      error(context,
+            "\"" + name + "\" is an opforge::optional input, which may be absent, so nothing else may refer to it");
       return -1;
     }
     return it->second;
@@ -202,6 +209,8 @@ std::vector<std::string> OpDef::finalize() {
   if (std::none_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.kind == OPFORGE_ARG_TENSOR; }))
     r.error("", "an op takes at least one tensor .input() (it sets the device outputs are allocated on)");
   std::set<std::string> seen;
+  std::string after_optional;  // the first optional input: torch schemas put defaults last
+  bool first_tensor = true;
   int num_cuda = 0;
   for (const auto& k : kernels) num_cuda += k.device_type == OPFORGE_DEVICE_CUDA;
   if (num_cuda > 1) r.error("", "more than one CUDA kernel (.cuda() or .cuda_source())");
@@ -211,6 +220,20 @@ std::vector<std::string> OpDef::finalize() {
     const std::string ctx = (a.kind == OPFORGE_ARG_TENSOR ? "input '" : "param '") + a.name + "': ";
     if (!is_identifier(a.name)) r.error(ctx, "the name must be an identifier");
     if (!seen.insert(a.name).second) r.error(ctx, "declared twice");
+    if (a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional && first_tensor)
+      r.error(ctx, "the first tensor input cannot be opforge::optional (it sets the outputs' device and the run-time "
+                   "kernels' {T})");
+    if (!after_optional.empty() && a.kind == OPFORGE_ARG_TENSOR && !a.tensor.optional)
+      r.error(ctx, "follows the opforge::optional input '" + after_optional +
+                       "', so it must be optional too (torch schemas put arguments with defaults last)");
+    if (!after_optional.empty() && a.kind != OPFORGE_ARG_TENSOR &&
+        std::holds_alternative<std::monostate>(a.param.default_value))
+      r.error(ctx, "follows the opforge::optional input '" + after_optional +
+                       "', so it needs a default (torch schemas put arguments with defaults last)");
+    if (a.kind == OPFORGE_ARG_TENSOR) {
+      if (a.tensor.optional && after_optional.empty()) after_optional = a.name;
+      first_tensor = false;
+    }
     OpforgeArgSpec spec{};
     spec.struct_size = sizeof(OpforgeArgSpec);
     spec.name = cstr(a.name);
@@ -240,6 +263,7 @@ std::vector<std::string> OpDef::finalize() {
         spec.tensor.min_rank = spec.tensor.max_rank = spec.tensor.num_dims;
       }
       spec.tensor.layout = t.layout;
+      spec.tensor.optional = t.optional;
       if (t.dtypes.bits == 0) r.error(ctx, "the dtype set is empty");
     } else {
       const ParamDecl& p = a.param;

@@ -532,8 +532,9 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
     case LaunchRule::kNone: throw InternalError("run-time kernel without a launch rule");
   }
 
-  // Kernel arguments: tensor pointers (inputs, then outputs), the rule's int64 values, then
-  // the parameters that are not compile-time, each with its declared C type.
+  // Kernel arguments: tensor pointers (inputs, then outputs; an absent optional input's is
+  // null), the rule's int64 values, then the parameters that are not compile-time, each with
+  // its declared C type.
   std::vector<void*> pointers;
   std::vector<int64_t> ints(cfg.args);
   std::vector<double> floats;

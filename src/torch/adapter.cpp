@@ -150,7 +150,9 @@ class OpKernel final : public c10::OperatorKernel {
       OpforgeValue& v = c.values[i];
       v.kind = op_->args[i].kind;
       switch (op_->args[i].kind) {
-        case OPFORGE_ARG_TENSOR: c.tensors[i] = iv.toTensor(); break;
+        case OPFORGE_ARG_TENSOR:  // None (an optional input left out) stays an undefined tensor
+          if (!iv.isNone()) c.tensors[i] = iv.toTensor();
+          break;
         case OPFORGE_ARG_INT: v.i = iv.toInt(); break;
         case OPFORGE_ARG_FLOAT: v.f = iv.toDouble(); break;
         case OPFORGE_ARG_BOOL: v.i = iv.toBool(); break;
@@ -184,8 +186,8 @@ class OpKernel final : public c10::OperatorKernel {
       info[i].value = call.values[i];
       if (op_->args[i].kind != OPFORGE_ARG_TENSOR) continue;
       const at::Tensor& t = call.tensors[i];
-      if (!t.defined()) {
-        errors.push_back(std::string(op_->args[i].name) + ": expected a tensor, got an undefined tensor");
+      if (!t.defined()) {  // check_args accepts it for an optional input only
+        info[i].defined = false;
         continue;
       }
       if (device_arg < 0) device_arg = i;
@@ -201,7 +203,7 @@ class OpKernel final : public c10::OperatorKernel {
         info[i].sizes.assign(s.begin(), s.end());
       }
     }
-    if (errors.empty()) core::check_args<Int>(*op_, info, errors);
+    core::check_args<Int>(*op_, info, errors);
     std::vector<core::OutputInfo<Int>> outs;
     if (errors.empty()) core::output_shapes<Int>(*op_, info, outs, errors);
     TORCH_CHECK_VALUE(errors.empty(), core::invalid_arguments_message(*op_, errors));
@@ -239,6 +241,11 @@ class OpKernel final : public c10::OperatorKernel {
       args[i].value = call.values[i];
       if (op_->args[i].kind != OPFORGE_ARG_TENSOR) continue;
       at::Tensor& t = call.tensors[i];
+      if (!t.defined()) {  // an optional input left out: absent (see OpforgeTensor)
+        const int32_t index = device.has_index() ? device.index() : -1;
+        args[i].tensor = {nullptr, -1, kernel_device_type(), index, /*ndim=*/-1, nullptr, nullptr};
+        continue;
+      }
       if (op_->args[i].tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS) t = t.contiguous();
       args[i].tensor = view(t);
     }
@@ -249,7 +256,7 @@ class OpKernel final : public c10::OperatorKernel {
     c10::OptionalDeviceGuard guard;
     OpforgeContext ctx{};
     ctx.struct_size = sizeof(OpforgeContext);
-    ctx.device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
+    ctx.device_type = kernel_device_type();
     ctx.device_index = device.has_index() ? device.index() : -1;
     if (mode_ == Mode::kCuda) {
       guard.reset_device(device);
@@ -274,6 +281,8 @@ class OpKernel final : public c10::OperatorKernel {
     TORCH_CHECK_VALUE(status != OPFORGE_STATUS_INVALID_ARGUMENT, core::qualified_name(*op_), ": ", error);
     TORCH_CHECK(status == OPFORGE_STATUS_OK, core::qualified_name(*op_), " (", device.str(), " kernel): ", error);
   }
+
+  int32_t kernel_device_type() const { return mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU; }
 
   static OpforgeTensor view(const at::Tensor& t) {
     OpforgeTensor v{};

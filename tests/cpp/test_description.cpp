@@ -308,3 +308,162 @@ TEST(Description, IntegerChoices) {
   EXPECT_EQ(errors, (std::vector<std::string>{
                         "f.cpp:6: op unit::ints: param 'head_dim': the default 96 is not one of the declared choices"}));
 }
+
+// ---- optional tensor inputs ----------------------------------------------------------------
+
+namespace {
+
+struct Seen {
+  bool defined = true;
+  int32_t ndim = -2;
+  int64_t numel = -2;
+  bool null_data = false;
+  bool contiguous = false;
+};
+Seen g_seen;
+
+void note(opforge::Tensor mask) {
+  g_seen = {mask.defined(), mask.ndim(), mask.numel(), mask.raw_data() == nullptr, mask.is_contiguous()};
+}
+
+void masked_ref(opforge::Tensor x, opforge::Tensor mask, double fill, opforge::MutableTensor y) {
+  note(mask);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    y.data<float>()[i] = mask.defined() && mask.data<bool>()[i] ? static_cast<float>(fill) : x.data<float>()[i];
+}
+
+opforge::LaunchConfig masked_grid(opforge::Tensor, opforge::Tensor mask, double, opforge::MutableTensor y) {
+  note(mask);
+  opforge::LaunchConfig c;
+  c.args = {y.numel()};
+  return c;
+}
+
+std::unique_ptr<opforge::detail::OpDef> masked_op() {
+  auto def = opforge::detail::make_op("unit", "masked", "f.cpp", 1)
+                 .input("x", opforge::kFloat32)
+                 .input("mask", opforge::optional, opforge::kBool, opforge::same_shape("x"))
+                 .param<double>("fill", 0.0)
+                 .output("y", opforge::like("x"))
+                 .reference(masked_ref)
+                 .cuda_source("masked.cu", "masked")
+                 .launch_grid(masked_grid)
+                 .release();
+  EXPECT_TRUE(def->finalize().empty());
+  return def;
+}
+
+struct MaskedFrame {
+  float in[3] = {1, 2, 3};
+  bool mask[3] = {false, true, false};
+  float out[3] = {-1, -1, -1};
+  int64_t sizes[1] = {3}, strides[1] = {1};
+  OpforgeArg args[3] = {};
+  OpforgeTensor output{};
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr};
+  char error[256] = {0};
+  OpforgeCallFrame frame{};
+  explicit MaskedFrame(bool with_mask) {
+    args[0].tensor = {in, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, 1, sizes, strides};
+    args[1].tensor = with_mask ? OpforgeTensor{mask, OPFORGE_DTYPE_BOOL, OPFORGE_DEVICE_CPU, -1, 1, sizes, strides}
+                               : OpforgeTensor{nullptr, -1, OPFORGE_DEVICE_CPU, -1, -1, nullptr, nullptr};  // absent
+    args[2].value.kind = OPFORGE_ARG_FLOAT;
+    args[2].value.f = 9;
+    output = {out, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, 1, sizes, strides};
+    frame = {sizeof(OpforgeCallFrame), &ctx, 3, args, 1, &output, error, sizeof(error)};
+  }
+};
+
+TEST(Optional, RecordedInTheSpec) {
+  auto def = masked_op();
+  const OpforgeOpSpec& op = *def->spec();
+  EXPECT_EQ(op.args[0].tensor.optional, 0);
+  EXPECT_EQ(op.args[1].tensor.optional, 1);
+  EXPECT_EQ(op.args[1].tensor.dtypes, 1u << OPFORGE_DTYPE_BOOL);
+  EXPECT_EQ(op.args[1].tensor.shape_like, 0);
+}
+
+TEST(Optional, KernelsGetAnUndefinedTensor) {
+  auto def = masked_op();
+  const OpforgeKernel& ref = def->spec()->kernels[0];
+  MaskedFrame absent(false);
+  ASSERT_EQ(ref.fn(&absent.frame, ref.user), OPFORGE_STATUS_OK) << absent.error;
+  EXPECT_FALSE(g_seen.defined);
+  EXPECT_EQ(g_seen.ndim, 0);
+  EXPECT_EQ(g_seen.numel, 0);
+  EXPECT_TRUE(g_seen.null_data);
+  EXPECT_TRUE(g_seen.contiguous);
+  EXPECT_EQ(absent.out[1], 2.0f);
+
+  MaskedFrame given(true);
+  ASSERT_EQ(ref.fn(&given.frame, ref.user), OPFORGE_STATUS_OK) << given.error;
+  EXPECT_TRUE(g_seen.defined);
+  EXPECT_EQ(g_seen.ndim, 1);
+  EXPECT_EQ(g_seen.numel, 3);
+  EXPECT_EQ(given.out[0], 1.0f);
+  EXPECT_EQ(given.out[1], 9.0f);
+}
+
+TEST(Optional, GridFunctionsGetAnUndefinedTensor) {
+  auto def = masked_op();
+  const opforge::detail::LaunchRule& rule = def->runtime_kernels[0]->rule;
+  MaskedFrame absent(false);
+  EXPECT_EQ(rule.grid_entry(&absent.frame, rule.grid_fn).args, (std::vector<int64_t>{3}));
+  EXPECT_FALSE(g_seen.defined);
+  MaskedFrame given(true);
+  rule.grid_entry(&given.frame, rule.grid_fn);
+  EXPECT_TRUE(g_seen.defined);
+}
+
+void ref_4_2(opforge::Tensor, opforge::Tensor, opforge::Tensor, opforge::Tensor, opforge::MutableTensor,
+             opforge::MutableTensor) {}
+
+TEST(Optional, NothingMayReferToAnOptionalInput) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "refs", "f.cpp", 8)
+                              .input("x", opforge::floating)
+                              .input("mask", opforge::optional, opforge::kBool)
+                              .input("w", opforge::optional, opforge::same_dtype("mask"), opforge::same_shape("mask"))
+                              .input("v", opforge::optional, opforge::shape({opforge::dim("mask", 0)}))
+                              .output("y", opforge::like("mask"))
+                              .output("z", opforge::shape({opforge::dim("mask", -1)}), opforge::dtype_of("mask"))
+                              .reference(ref_4_2)
+                              .cuda_source("k.cu", "k<{T_mask}>")
+                              .launch(opforge::elementwise("mask"))
+                              .release());
+  const std::string why =
+      "\"mask\" is an opforge::optional input, which may be absent, so nothing else may refer to it";
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:8: op unit::refs: input 'w': same_dtype(): " + why,
+                        "f.cpp:8: op unit::refs: input 'w': same_shape(): " + why,
+                        "f.cpp:8: op unit::refs: input 'v': shape(): dim(): " + why,
+                        "f.cpp:8: op unit::refs: output 'y': like(): " + why,
+                        "f.cpp:8: op unit::refs: output 'z': dtype_of(): " + why,
+                        "f.cpp:8: op unit::refs: output 'z': dim(): " + why,
+                        "f.cpp:8: op unit::refs: cuda_source(\"k.cu\"): launch rule: " + why,
+                        "f.cpp:8: op unit::refs: cuda_source(\"k.cu\"): {T_mask}: " + why,
+                    }));
+}
+
+void ref_3_2p(opforge::Tensor, opforge::Tensor, opforge::Tensor, double, double, opforge::MutableTensor) {}
+
+TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {
+  auto errors = errors_of(opforge::detail::make_op("unit", "order", "f.cpp", 9)
+                              .input("mask", opforge::optional)
+                              .input("x", opforge::floating)
+                              .input("b", opforge::optional)
+                              .param<double>("eps")
+                              .param<double>("scale", 1.0)
+                              .output("y", opforge::like("x"))
+                              .reference(ref_3_2p)
+                              .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:9: op unit::order: input 'mask': the first tensor input cannot be opforge::optional "
+                        "(it sets the outputs' device and the run-time kernels' {T})",
+                        "f.cpp:9: op unit::order: input 'x': follows the opforge::optional input 'mask', so it must "
+                        "be optional too (torch schemas put arguments with defaults last)",
+                        "f.cpp:9: op unit::order: param 'eps': follows the opforge::optional input 'mask', so it "
+                        "needs a default (torch schemas put arguments with defaults last)",
+                    }));
+}
+
+}  // namespace

@@ -88,4 +88,27 @@ TEST(Schema, LibraryJsonDescribesOps) {
             "\"runtime_kernels\": []}]}");
 }
 
+void two_inputs(Tensor, Tensor, MutableTensor) {}
+
+TEST(Schema, OptionalTensorDefaultsToNone) {
+  auto def = finalized(opforge::detail::make_op("ns", "masked", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .input("mask", opforge::optional, opforge::kBool, opforge::rank(2))
+                           .output("y", opforge::like("x"))
+                           .reference(two_inputs)
+                           .release());
+  EXPECT_EQ(opforge::core::schema(*def->spec()), "masked(Tensor x, Tensor? mask=None) -> Tensor");
+  const OpforgeOpSpec* ops[] = {def->spec()};
+  OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, 1, ops, nullptr};
+  const std::string json = opforge::core::library_json(lib);
+  EXPECT_NE(json.find("{\"name\": \"x\", \"type\": \"Tensor\", \"dtypes\": [\"float32\", \"float64\", \"float16\", "
+                      "\"bfloat16\"], \"min_rank\": -1, \"max_rank\": -1, \"strided\": false}"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("{\"name\": \"mask\", \"type\": \"Tensor\", \"dtypes\": [\"bool\"], \"min_rank\": 2, "
+                      "\"max_rank\": 2, \"strided\": false, \"optional\": true}"),
+            std::string::npos)
+      << json;
+}
+
 }  // namespace

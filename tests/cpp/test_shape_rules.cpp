@@ -126,4 +126,59 @@ TEST(ShapeRules, NegativeSizeIsAnError) {
   EXPECT_EQ(errors, (std::vector<std::string>{"output y: the shape rule x.size(0) - k gives a negative size -2"}));
 }
 
+void bias_ref(Tensor, Tensor, int64_t, MutableTensor) {}
+
+// x: [B, H]; bias (optional): [H] of x's dtype; y like x.
+std::unique_ptr<opforge::detail::OpDef> bias_op() {
+  auto def = opforge::detail::make_op("ns", "add_bias", "f.cpp", 1)
+                 .input("x", opforge::floating, opforge::rank(2))
+                 .input("bias", opforge::optional, opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
+                 .param<int64_t>("n", 1, opforge::at_least(1))
+                 .output("y", opforge::like("x"))
+                 .reference(bias_ref)
+                 .release();
+  EXPECT_TRUE(def->finalize().empty());
+  return def;
+}
+
+Info absent() {
+  Info i;
+  i.defined = false;
+  return i;
+}
+
+TEST(ShapeRules, OptionalInputLeftOutIsNotChecked) {
+  auto def = bias_op();
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {2, 4}), absent(), int_value(1)};
+  EXPECT_TRUE(check(*def->spec(), args).empty());
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  std::vector<std::string> errors;
+  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(*def->spec(), args, outs, errors));
+  EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(opforge::core::qualified_schema(*def->spec()),
+            "ns::add_bias(Tensor x, Tensor? bias=None, int n=1) -> Tensor");
+}
+
+TEST(ShapeRules, OptionalInputGivenIsChecked) {
+  auto def = bias_op();
+  EXPECT_TRUE(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT16, {2, 4}), tensor(OPFORGE_DTYPE_FLOAT16, {4}),
+                                   int_value(1)})
+                  .empty());
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {2, 4}), tensor(OPFORGE_DTYPE_FLOAT64, {3}, "cuda", 0),
+                            int_value(0)};
+  EXPECT_EQ(opforge::core::invalid_arguments_message(*def->spec(), check(*def->spec(), args)),
+            "ns::add_bias(Tensor x, Tensor? bias=None, int n=1) -> Tensor: invalid arguments\n"
+            "  bias: expected dtype float32 (the dtype of x), got float64\n"
+            "  bias: expected device cpu (the device of x), got cuda:0\n"
+            "  bias: expected shape [x.size(-1)] = [4], got [3]\n"
+            "  n: expected a value >= 1, got 0");
+}
+
+TEST(ShapeRules, RequiredInputLeftOutIsAnError) {
+  auto def = bias_op();
+  std::vector<Info> args = {absent(), tensor(OPFORGE_DTYPE_FLOAT32, {4}), int_value(1)};
+  // bias's rules read x, which is already reported.
+  EXPECT_EQ(check(*def->spec(), args), (std::vector<std::string>{"x: expected a tensor, got an undefined tensor"}));
+}
+
 }  // namespace

@@ -24,52 +24,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, build_dir: str, errors) -> None:
+def _entry(rank: int, world: int, port: int, build_dir: str, errors, target, args) -> None:
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OPFORGE_BUILD_DIR=build_dir)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-        from torch.distributed.tensor.device_mesh import init_device_mesh
-
-        for op in ("softshrink", "bias_gelu"):
-            opforge.load_library(opforge.example_library(op))
-        mesh = init_device_mesh("cpu", (world,))
-        torch.manual_seed(0)  # the same full tensors on every rank
-        x, bias = torch.randn(6, 4, 8), torch.randn(8)
-
-        # pointwise: every dim of x can be sharded; the bias follows on the last dim.
-        for d in range(3):
-            dx = distribute_tensor(x, mesh, [Shard(d)])
-            db = distribute_tensor(bias, mesh, [Shard(0)] if d == 2 else [Replicate()])
-            y = torch.ops.examples.bias_gelu(dx, db)
-            assert y.placements == (Shard(d),), (d, y.placements)
-            torch.testing.assert_close(y.full_tensor(), F.gelu(x + bias))
-            s = torch.ops.examples.softshrink(dx, 0.3)
-            assert s.placements == (Shard(d),)
-            torch.testing.assert_close(s.full_tensor(), F.softshrink(x, 0.3))
-
-        # A tensor-parallel feed-forward block: column-parallel matmul -> bias_gelu -> row-parallel
-        # matmul, against the same block in one process.
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-        class FeedForward(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.up = torch.nn.Linear(8, 32, bias=False)
-                self.bias = torch.nn.Parameter(torch.randn(32))
-                self.down = torch.nn.Linear(32, 8)
-
-            def forward(self, h):
-                return self.down(torch.ops.examples.bias_gelu(self.up(h), self.bias))
-
-        torch.manual_seed(1)
-        block = FeedForward()
-        h = torch.randn(5, 8)
-        expected = block(h)
-        parallel = parallelize_module(block, mesh, {"up": ColwiseParallel(use_local_output=False),
-                                                    "down": RowwiseParallel()})
-        parallel.bias = torch.nn.Parameter(distribute_tensor(block.bias.detach(), mesh, [Shard(0)]))
-        torch.testing.assert_close(parallel(h), expected)
+        target(rank, world, *args)
         dist.barrier()  # both ranks done before either tears down gloo
         dist.destroy_process_group()
         # Leave without interpreter teardown: now and then (about 1 run in 10 on a 2-core
@@ -83,17 +42,70 @@ def _worker(rank: int, world: int, port: int, build_dir: str, errors) -> None:
         raise SystemExit(1) from e
 
 
-def test_sharding_rules_under_two_processes():
+def run_in_processes(target, *args, world: int = 2) -> None:
+    """Run ``target(rank, world, *args)`` (a module-level function) in ``world`` spawned processes
+    that form a gloo process group and use this process's opforge build; fails with the
+    tracebacks of the processes that raised."""
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 2, port, str(opforge.build_dir()), errors)) for r in range(2)]
+    procs = [ctx.Process(target=_entry, args=(r, world, port, str(opforge.build_dir()), errors, target, args))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=300)
     messages = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
-    assert [p.exitcode for p in procs] == [0, 0], "\n".join(messages)
+    assert [p.exitcode for p in procs] == [0] * world, "\n".join(messages)
+
+
+def _worker(rank: int, world: int) -> None:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.device_mesh import init_device_mesh
+
+    for op in ("softshrink", "bias_gelu"):
+        opforge.load_library(opforge.example_library(op))
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)  # the same full tensors on every rank
+    x, bias = torch.randn(6, 4, 8), torch.randn(8)
+
+    # pointwise: every dim of x can be sharded; the bias follows on the last dim.
+    for d in range(3):
+        dx = distribute_tensor(x, mesh, [Shard(d)])
+        db = distribute_tensor(bias, mesh, [Shard(0)] if d == 2 else [Replicate()])
+        y = torch.ops.examples.bias_gelu(dx, db)
+        assert y.placements == (Shard(d),), (d, y.placements)
+        torch.testing.assert_close(y.full_tensor(), F.gelu(x + bias))
+        s = torch.ops.examples.softshrink(dx, 0.3)
+        assert s.placements == (Shard(d),)
+        torch.testing.assert_close(s.full_tensor(), F.softshrink(x, 0.3))
+
+    # A tensor-parallel feed-forward block: column-parallel matmul -> bias_gelu -> row-parallel
+    # matmul, against the same block in one process.
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    class FeedForward(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(8, 32, bias=False)
+            self.bias = torch.nn.Parameter(torch.randn(32))
+            self.down = torch.nn.Linear(32, 8)
+
+        def forward(self, h):
+            return self.down(torch.ops.examples.bias_gelu(self.up(h), self.bias))
+
+    torch.manual_seed(1)
+    block = FeedForward()
+    h = torch.randn(5, 8)
+    expected = block(h)
+    parallel = parallelize_module(block, mesh, {"up": ColwiseParallel(use_local_output=False),
+                                                "down": RowwiseParallel()})
+    parallel.bias = torch.nn.Parameter(distribute_tensor(block.bias.detach(), mesh, [Shard(0)]))
+    torch.testing.assert_close(parallel(h), expected)
+
+
+def test_sharding_rules_under_two_processes():
+    run_in_processes(_worker)
 
 
 def test_strategies_from_the_description():

@@ -37,6 +37,7 @@ struct TensorDecl {
   bool has_shape = false;
   std::vector<Expr> shape;
   int32_t layout = OPFORGE_LAYOUT_CONTIGUOUS;
+  bool optional = false;
 };
 
 using ParamDefault = std::variant<std::monostate, int64_t, double, bool, std::string, std::vector<int64_t>,
@@ -203,6 +204,7 @@ struct RankRange {
   int32_t min, max;
 };
 struct Strided {};
+struct Optional {};
 struct ParamRange {
   bool has_min, has_max;
   double min, max;
@@ -226,6 +228,7 @@ inline void apply(TensorDecl& t, const Shape& s) {
   t.shape = s.dims;
 }
 inline void apply(TensorDecl& t, Strided) { t.layout = OPFORGE_LAYOUT_STRIDED; }
+inline void apply(TensorDecl& t, Optional) { t.optional = true; }
 
 inline void apply(ParamDecl& p, const ParamRange& r) {
   if (r.has_min) p.has_min = true, p.min = r.min;
