@@ -14,18 +14,13 @@ triton.testing.do_bench (CUDA events), inputs random.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 import opforge
-
-
-def median_ms(fn) -> float:
-    return do_bench(fn, warmup=50, rep=400, return_mode="median")
+from common import median_ms, report
 
 
 def host_us_per_call(fn, calls: int = 20000) -> float:
@@ -107,19 +102,10 @@ def main() -> int:
         rows.append({"group": group, "impl": name, "us_per_call": us,
                      "vs_native": per_call["torch F.softshrink"] / us})
 
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    last = None
-    for r in rows:
-        if r["group"] != last:
-            print(f"\n{r['group']}")
-            last = r["group"]
-        if "GB/s" in r:
-            print(f"  {r['impl']:<34} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy")
-        else:
-            print(f"  {r['impl']:<34} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+    report(rows, lambda r: (f"{r['impl']:<34} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy"
+                            if "GB/s" in r else
+                            f"{r['impl']:<34} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed"),
+           args.json)
     return 0
 
 

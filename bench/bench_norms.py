@@ -14,14 +14,13 @@ triton.testing.do_bench (CUDA events), inputs random.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import opforge
-from bench_elementwise import median_ms
+from common import median_ms, report
 
 
 def main() -> int:
@@ -70,16 +69,8 @@ def main() -> int:
                copy_gbs)
         del x, r, y
 
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    last = None
-    for row in rows:
-        if row["group"] != last:
-            print(f"\n{row['group']}")
-            last = row["group"]
-        print(f"  {row['impl']:<36} {row['ms']:8.3f} ms {row['GB/s']:8.0f} GB/s  {row['vs_copy']:.3f} x copy")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+    report(rows, lambda r: f"{r['impl']:<36} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy",
+           args.json)
     return 0
 
 

@@ -2,7 +2,8 @@
 # One call on the GPU machine: build against its python3 and torch, run every test (CUDA ones
 # included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
-# with steps from: build test verify sanitize demo bench (default: all).
+# with steps from: build test verify sanitize demo bench (default: all), and pytest (the tests
+# named by $PYTEST_SELECT), bench_norms, bench_attention, bench_minilm, memcheck.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
@@ -26,6 +27,7 @@ for step in ${steps[*]}; do
   case $step in
     build) run build make build ;;
     test) run test make test PYTEST_ARGS="-q -rs" ;;
+    pytest) run pytest python3 -m pytest -q -rs -p no:logging ${PYTEST_SELECT:-tests/python} ;;
     verify) run verify python3 -m opforge verify $(ls examples/ops) --json "$OUT/verify.json" ;;
     sanitize)
       run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py
@@ -34,6 +36,9 @@ for step in ${steps[*]}; do
     bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json"
       run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
     bench_norms) run bench_norms python3 bench/bench_norms.py --json "$OUT/bench_norms.json" ;;
+    bench_attention) run bench_attention python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ;;
+    bench_minilm) run bench_minilm python3 bench/bench_minilm.py --json "$OUT/bench_minilm.json" ;;
+    memcheck) run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1

@@ -22,6 +22,32 @@ from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
 import opforge  # noqa: E402
 
 
+def attention_cases() -> int:
+    """examples::attention (not in CASES: it takes q, k, v, head_dim and an optional mask) over
+    lengths that straddle its 128-query and 32/64-key tiles, every head dim, with and without
+    mask and causal, aligned and misaligned q; returns the number of mismatches."""
+    opforge.load_library(opforge.example_library("attention"))
+    failures = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for head_dim in (32, 64, 128):
+            for sq, sk in ((1, 1), (129, 65), (64, 31), (200, 0)):
+                for causal in (False, True):
+                    for offset in (0, 1):
+                        q = torch.randn(2, 2, sq, head_dim, dtype=dtype, device="cuda")
+                        q = torch.empty(q.numel() + offset, dtype=dtype, device="cuda")[offset:].view_as(q).copy_(q)
+                        k, v = (torch.randn(2, 2, sk, head_dim, dtype=dtype, device="cuda") for _ in range(2))
+                        mask = torch.randn(2, sk, dtype=dtype, device="cuda") if offset else None
+                        args = (q, k, v, head_dim, mask)
+                        out = torch.ops.examples.attention(*args, causal=causal)
+                        ref = torch.ops.examples.attention(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args],
+                                                           causal=causal)
+                        if not torch.allclose(out.cpu().double(), ref.double(), atol=2.5e-2, rtol=2.5e-2):
+                            print(f"MISMATCH attention {dtype} head_dim={head_dim} sq={sq} sk={sk} causal={causal} "
+                                  f"offset={offset}")
+                            failures += 1
+    return failures
+
+
 def main() -> int:
     for name in CASES:
         opforge.load_library(opforge.example_library(name))
@@ -40,6 +66,7 @@ def main() -> int:
                     if not torch.allclose(out.cpu().double(), ref.double(), atol=tol, rtol=tol, equal_nan=True):
                         print(f"MISMATCH {name} {dtype} batch={batch} {label}")
                         failures += 1
+    failures += attention_cases()
     torch.cuda.synchronize()
     print(f"sanitize: {failures} mismatches")
     return 1 if failures else 0

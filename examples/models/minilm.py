@@ -63,7 +63,8 @@ class SentenceEmbedder(torch.nn.Module):
         self.bert = bert
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        tokens = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        tokens = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+        tokens = getattr(tokens, "last_hidden_state", tokens)  # a BertModel's output, or OpforgeBert's tensor
         mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
         pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return F.normalize(pooled, p=2, dim=1)
@@ -96,4 +97,85 @@ def with_bias_gelu(model: SentenceEmbedder) -> SentenceEmbedder:
         raise ValueError(f"bias_gelu computes the exact GELU; this model uses {model.bert.config.hidden_act!r}")
     for layer in model.bert.encoder.layer:
         layer.intermediate = BiasGeluIntermediate(layer.intermediate.dense)
+    return model
+
+
+class OpforgeBertLayer(torch.nn.Module):
+    """One BERT encoder layer computed with opforge ops beside standard linear layers:
+    ``examples::attention`` (fused scaled-dot-product attention with the padding mask),
+    ``examples::add_layer_norm`` (each residual add with its LayerNorm) and
+    ``examples::bias_gelu`` (the intermediate block's bias and exact GELU). Reuses the layer's
+    own weights (no copy).
+
+    Inputs: hidden states [batch, seq, hidden] and the additive padding mask [batch, seq], both
+    in the model's dtype (float16 or bfloat16: the attention op's dtypes).
+    Output: [batch, seq, hidden].
+    """
+
+    def __init__(self, layer: torch.nn.Module, num_heads: int):
+        super().__init__()
+        attention = layer.attention
+        self.query, self.key, self.value = attention.self.query, attention.self.key, attention.self.value
+        self.num_heads = num_heads
+        self.head_dim = self.query.out_features // num_heads
+        self.attention_out, self.attention_norm = attention.output.dense, attention.output.LayerNorm
+        self.intermediate = layer.intermediate.dense
+        self.out, self.out_norm = layer.output.dense, layer.output.LayerNorm
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = hidden.shape
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, S, H * D] -> [B, H, S, D]
+            return x.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+
+        context = torch.ops.examples.attention(heads(self.query(hidden)), heads(self.key(hidden)),
+                                               heads(self.value(hidden)), self.head_dim, mask)
+        context = context.transpose(1, 2).reshape(batch, seq, -1)
+        norm = self.attention_norm
+        hidden = torch.ops.examples.add_layer_norm(self.attention_out(context), hidden, norm.weight, norm.bias, norm.eps)
+        inter = torch.ops.examples.bias_gelu(F.linear(hidden, self.intermediate.weight), self.intermediate.bias)
+        norm = self.out_norm
+        return torch.ops.examples.add_layer_norm(self.out(inter), hidden, norm.weight, norm.bias, norm.eps)
+
+
+class OpforgeBert(torch.nn.Module):
+    """BERT's embeddings (the original module) followed by :class:`OpforgeBertLayer` encoder layers.
+
+    Inputs: ``input_ids`` and ``attention_mask``, int64 [batch, seq].
+    Output: the last hidden states [batch, seq, hidden] in the model's dtype.
+    """
+
+    def __init__(self, bert: torch.nn.Module):
+        super().__init__()
+        self.embeddings = bert.embeddings
+        self.layers = torch.nn.ModuleList(OpforgeBertLayer(layer, bert.config.num_attention_heads)
+                                          for layer in bert.encoder.layer)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.embeddings(input_ids=input_ids)
+        # Padding keys get the dtype's most negative value, as BERT's extended attention mask does.
+        mask = (1.0 - attention_mask.to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        for layer in self.layers:
+            hidden = layer(hidden, mask)
+        return hidden
+
+
+def with_opforge_ops(model: SentenceEmbedder, dtype: torch.dtype = torch.float16) -> SentenceEmbedder:
+    """A copy of ``model`` in ``dtype`` whose every encoder layer runs attention, both residual
+    LayerNorms and the intermediate bias + GELU as opforge ops (:class:`OpforgeBertLayer`); the
+    embeddings, linear layers, pooling and normalisation stay standard torch.
+
+    Raises:
+        ValueError: ``dtype`` is not float16 or bfloat16, the model's activation is not the exact
+            GELU, or its head dim is not one the attention op compiles (32, 64, 128).
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"examples::attention takes float16 or bfloat16; got {dtype}")
+    config = model.bert.config
+    if config.hidden_act != "gelu":
+        raise ValueError(f"bias_gelu computes the exact GELU; this model uses {config.hidden_act!r}")
+    if config.hidden_size // config.num_attention_heads not in (32, 64, 128):
+        raise ValueError(f"head dim {config.hidden_size // config.num_attention_heads} is not 32, 64 or 128")
+    model = copy.deepcopy(model).to(dtype)
+    model.bert = OpforgeBert(model.bert)
     return model

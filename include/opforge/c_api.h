@@ -120,7 +120,7 @@ typedef struct OpforgeExpr {
 } OpforgeExpr;
 
 typedef enum OpforgeLayout {
-  OPFORGE_LAYOUT_CONTIGUOUS = 0, /* the adapter passes a dense row-major copy if needed */
+  OPFORGE_LAYOUT_CONTIGUOUS = 0, /* the adapter passes a dense, row-major, 16-byte aligned copy if needed */
   OPFORGE_LAYOUT_STRIDED = 1     /* kernels read `strides`; any layout is passed as is */
 } OpforgeLayout;
 

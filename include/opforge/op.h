@@ -84,7 +84,8 @@ inline detail::RankRange min_rank(int32_t n) { return {n, -1}; }
 /// The input has between `lo` and `hi` dims (inclusive).
 inline detail::RankRange rank_between(int32_t lo, int32_t hi) { return {lo, hi}; }
 /// The kernel reads strides, so the adapter passes any layout (permuted, sliced, expanded)
-/// as it is. Without this, inputs reach kernels dense and row-major.
+/// as it is. Without this, inputs reach kernels dense, row-major and 16-byte aligned (a
+/// misaligned view is copied), so kernels may use 16-byte vector loads unconditionally.
 inline constexpr detail::Strided strided{};
 /// The caller may leave the input out: the schema says `Tensor? name=None`, and the kernel
 /// then gets an opforge::Tensor whose defined() is false (run-time kernels: a null pointer).

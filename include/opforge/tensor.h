@@ -15,7 +15,7 @@
 namespace opforge {
 
 /// Read-only view of an input tensor (shape, strides in elements, dtype, device).
-/// Inputs are dense and row-major unless the op declares them `opforge::strided`.
+/// Inputs are dense, row-major and 16-byte aligned unless the op declares them `opforge::strided`.
 ///
 /// An `opforge::optional` input the caller left out (None) is undefined: defined() is false,
 /// data<T>() and raw_data() are null, ndim() and numel() are 0, sizes() and strides() are null,

@@ -246,7 +246,12 @@ class OpKernel final : public c10::OperatorKernel {
         args[i].tensor = {nullptr, -1, kernel_device_type(), index, /*ndim=*/-1, nullptr, nullptr};
         continue;
       }
-      if (op_->args[i].tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS) t = t.contiguous();
+      if (op_->args[i].tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS) {
+        // Dense, row-major and 16-byte aligned, so kernels may use vector loads unconditionally:
+        // a misaligned view (a storage offset) is copied into a fresh, aligned allocation.
+        t = t.contiguous();
+        if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) t = t.clone(at::MemoryFormat::Contiguous);
+      }
       args[i].tensor = view(t);
     }
     std::vector<OpforgeTensor> out_views;

@@ -12,13 +12,16 @@ MAX_LINES = 30
 
 
 def description_lines(op_file: Path) -> list[str]:
-    """Lines of an op file that are neither kernel, nor reference, nor comment, nor blank."""
+    """Lines of an op file that are neither kernel, nor reference, nor grid function (part of the
+    kernel's launch), nor comment, nor blank."""
     text = re.sub(r"/\*.*?\*/", "", op_file.read_text(), flags=re.S)
     lines = [line.split("//")[0].rstrip() for line in text.splitlines()]
     reference = re.search(r"\.reference\((\w+)\)", text).group(1)
+    grid = re.search(r"\.launch_grid\((\w+)\)", text)
+    skipped = rf"(static )?(void {reference}|opforge::LaunchConfig {grid.group(1) if grid else reference})\("
     out, skipping = [], False
     for line in lines:
-        if re.match(rf"(static )?void {reference}\(", line):
+        if re.match(skipped, line):
             skipping = True
         if not skipping and line.strip():
             out.append(line)

@@ -1,5 +1,6 @@
-"""The demo model: the reference is the real sentence-transformers model, and swapping in
-bias_gelu keeps its embeddings."""
+"""The demo model: the reference is the real sentence-transformers model, swapping in
+bias_gelu keeps its embeddings, and the mixed model (attention, add_layer_norm and bias_gelu
+in every layer) matches it through the C++ runner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "models"))
 import minilm  # noqa: E402
+
+import opforge  # noqa: E402
+from conftest import DEVICES  # noqa: E402
+from opforge import verify  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +45,29 @@ def test_bias_gelu_swap_keeps_embeddings(model):
         a = reference(batch["input_ids"], batch["attention_mask"])
         b = custom(batch["input_ids"], batch["attention_mask"])
     assert torch.nn.functional.cosine_similarity(a, b).min() > 0.99999
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp_path):
+    """attention, add_layer_norm and bias_gelu in every layer, float16, exported with dynamic
+    batch and sequence, AOTInductor-compiled, run by the C++ runner, against the float32 model in
+    eager on the CPU."""
+    for op in ("attention", "add_layer_norm", "bias_gelu"):
+        opforge.load_library(opforge.example_library(op))
+    reference, tokenizer = model
+    mixed = minilm.with_opforge_ops(reference, torch.float16)
+    assert len(mixed.bert.layers) == 6 and all(isinstance(layer, minilm.OpforgeBertLayer) for layer in mixed.bert.layers)
+    batches = [tokenizer(s, padding=True, return_tensors="pt") for s in (minilm.SENTENCES, minilm.SENTENCES[5:7])]
+    inputs = [[b["input_ids"], b["attention_mask"]] for b in batches]
+    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    reports = verify.verify_model(mixed, inputs[0], device=device, dynamic_shapes={"input_ids": auto, "attention_mask": auto},
+                                  check_inputs=inputs, reference=reference, package_dir=tmp_path, atol=1e-3, iters=1)
+    assert [r.outputs[0].shape for r in reports] == [[8, 384], [2, 384]]
+    assert all(r.ok and r.outputs[0].cosine > 0.99999 for r in reports), [r.outputs for r in reports]
+    program_ops = (tmp_path / "opforge_ops.txt").read_text()
+    assert all(f"examples::{op}" in program_ops for op in ("attention", "add_layer_norm", "bias_gelu"))
+
+
+def test_with_opforge_ops_refuses_float32(model):
+    with pytest.raises(ValueError, match="examples::attention takes float16 or bfloat16; got torch.float32"):
+        minilm.with_opforge_ops(model[0], torch.float32)

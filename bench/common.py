@@ -1,0 +1,30 @@
+"""Timing and reporting shared by the benchmarks in this folder."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import torch
+from triton.testing import do_bench
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    """Median GPU time of ``fn`` in milliseconds (triton.testing.do_bench: CUDA events, 50
+    warm-up runs, 400 ms of timed runs)."""
+    return do_bench(fn, warmup=50, rep=400, return_mode="median")
+
+
+def report(rows: list[dict], line: Callable[[dict], str], json_path: str | None) -> None:
+    """Print ``rows`` grouped by their "group" key, one ``line(row)`` each, under the torch
+    version and GPU name; write them to ``json_path`` as JSON if given."""
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    last = None
+    for row in rows:
+        if row.get("group") != last:
+            last = row.get("group")
+            print(f"\n{last}")
+        print(f"  {line(row)}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)

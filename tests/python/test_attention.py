@@ -1,0 +1,147 @@
+"""examples::attention: the CPU reference and the CUDA kernel against SDPA in float64 (padding
+mask, causal, lengths that straddle the kernel's 128-row and 32/64-key tiles, both head dims),
+fully masked rows, misaligned inputs, bad arguments, opcheck, and compile/export with dynamic
+batch and sequence length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opforge
+from conftest import DEVICES, requires_cuda
+
+#: Against a float64 SDPA: outputs are weighted means of v (|o| < 4 for randn inputs), rounded to
+#: the dtype; the kernel also rounds the probabilities to the dtype before P @ V.
+TOL = {torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    return opforge.load_library(opforge.example_library("attention"))
+
+
+def expected(q, k, v, mask=None, causal=False, scale=None):
+    """SDPA in float64 on the CPU with the op's masks as one additive bias."""
+    bias = torch.zeros(q.shape[2], k.shape[2], dtype=torch.float64)
+    if causal:
+        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
+    if mask is not None:
+        bias = bias + mask.double().cpu()[:, None, None, :]
+    return F.scaled_dot_product_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), attn_mask=bias,
+                                          scale=scale)
+
+
+def inputs(batch, heads, sq, sk, head_dim, dtype, device, mask=False):
+    q = torch.randn(batch, heads, sq, head_dim, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, heads, sk, head_dim, dtype=dtype, device=device) for _ in range(2))
+    m = torch.randn(batch, sk, dtype=dtype, device=device) if mask else None
+    return q, k, v, m
+
+
+def check(dtype, device, batch, heads, sq, sk, head_dim, causal, mask, scale=0.0):
+    q, k, v, m = inputs(batch, heads, sq, sk, head_dim, dtype, device, mask)
+    out = torch.ops.examples.attention(q, k, v, head_dim, m, causal=causal, scale=scale)
+    assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
+    ref = expected(q, k, v, m, causal, scale or None)
+    torch.testing.assert_close(out.double().cpu(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("sq, sk", [(1, 1), (5, 7), (7, 5)])
+def test_cpu_reference_matches_sdpa(dtype, causal, mask, sq, sk):
+    check(dtype, "cpu", 2, 3, sq, sk, 64, causal, mask)
+
+
+def test_cpu_reference_head_dim_128_and_explicit_scale():
+    check(torch.bfloat16, "cpu", 1, 2, 6, 9, 128, True, True, scale=0.3)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("sq, sk", [(1, 1), (63, 65), (129, 129), (300, 257), (128, 32), (40, 700)])
+def test_cuda_matches_sdpa(dtype, head_dim, causal, mask, sq, sk):
+    check(dtype, "cuda", 2, 3, sq, sk, head_dim, causal, mask)
+
+
+@requires_cuda
+def test_cuda_matches_cpu_reference():
+    q, k, v, m = inputs(2, 2, 150, 190, 128, torch.bfloat16, "cuda", mask=True)
+    out = torch.ops.examples.attention(q, k, v, 128, m, causal=True, scale=0.05)
+    ref = torch.ops.examples.attention(q.cpu(), k.cpu(), v.cpu(), 128, m.cpu(), causal=True, scale=0.05)
+    torch.testing.assert_close(out.cpu().double(), ref.double(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fully_masked_rows_give_zeros(device):
+    q, k, v, _ = inputs(2, 2, 9, 11, 64, torch.float16, device)
+    mask = torch.zeros(2, 11, dtype=torch.float16, device=device)
+    mask[0] = float("-inf")  # batch 0 sees no key
+    out = torch.ops.examples.attention(q, k, v, 64, mask)
+    assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
+    torch.testing.assert_close(out[1].double().cpu(), expected(q, k, v, mask)[1], atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_misaligned_and_strided_inputs(device):
+    q, k, v, m = inputs(2, 2, 70, 70, 64, torch.bfloat16, device, mask=True)
+    ref = torch.ops.examples.attention(q, k, v, 64, m)
+    q_offset = torch.empty(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape).copy_(q)  # 2-byte aligned
+    k_permuted = k.transpose(1, 2).contiguous().transpose(1, 2)  # [B, S, H, D] memory, as a model's reshape gives
+    out = torch.ops.examples.attention(q_offset, k_permuted, v, 64, m)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_sequences(device):
+    q, k, v, _ = inputs(2, 2, 0, 5, 64, torch.float16, device)
+    assert torch.ops.examples.attention(q, k, v, 64).shape == (2, 2, 0, 64)
+    q, k, v, _ = inputs(2, 2, 3, 0, 64, torch.float16, device)
+    assert torch.equal(torch.ops.examples.attention(q, k, v, 64).cpu(), torch.zeros(2, 2, 3, 64, dtype=torch.float16))
+
+
+def test_bad_arguments_name_the_problem():
+    q, k, v, _ = inputs(2, 2, 4, 5, 64, torch.float16, "cpu")
+    with pytest.raises(ValueError, match="head_dim: expected one of 32, 64, 128, got 96"):
+        torch.ops.examples.attention(q[..., :48].repeat(1, 1, 1, 2), k, v, 96)
+    with pytest.raises(ValueError, match=r"q: expected shape \[\*, \*, \*, head_dim\] = \[\*, \*, \*, 128\]"):
+        torch.ops.examples.attention(q, k, v, 128)
+    with pytest.raises(ValueError, match=r"mask: expected shape \[q.size\(0\), k.size\(2\)\] = \[2, 5\], got \[2, 4\]"):
+        torch.ops.examples.attention(q, k, v, 64, torch.zeros(2, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="q: expected dtype one of {float16, bfloat16}, got float32"):
+        torch.ops.examples.attention(q.float(), k.float(), v.float(), 64)
+    with pytest.raises(ValueError, match="v: expected shape"):
+        torch.ops.examples.attention(q, k, v[:, :, :4], 64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_opcheck(device, with_mask):
+    q, k, v, m = inputs(2, 2, 5, 6, 64, torch.bfloat16, device, mask=with_mask)
+    torch.library.opcheck(torch.ops.examples.attention.default, (q, k, v, 64, m, True, 0.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_and_export_with_dynamic_batch_and_sequence(device):
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.ops.examples.attention(q, k, v, 64, mask) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(Block(), fullgraph=True, dynamic=True)
+    for batch, seq in ((3, 9), (4, 17), (6, 33)):  # sizes unlike the 2 heads (no duck sizing)
+        q, k, v, m = inputs(batch, 2, seq, seq, 64, torch.float16, device, mask=True)
+        with torch._dynamo.config.patch(error_on_recompile=batch != 3):
+            torch.testing.assert_close(compiled(q, k, v, m), Block()(q, k, v, m))
+    batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("seq", max=4096)
+    q, k, v, m = inputs(3, 2, 9, 9, 64, torch.float16, device, mask=True)
+    dims = {0: batch, 2: seq}
+    program = torch.export.export(Block(), (q, k, v, m), dynamic_shapes=(dims, dims, dims, {0: batch, 1: seq}))
+    q, k, v, m = inputs(4, 2, 21, 21, 64, torch.float16, device, mask=True)
+    torch.testing.assert_close(program.module()(q, k, v, m), Block()(q, k, v, m))
