@@ -3,7 +3,7 @@
 # included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
 # with steps from: build test verify sanitize demo bench (default: all), and pytest (the tests
-# named by $PYTEST_SELECT), bench_norms, bench_attention, bench_minilm, memcheck.
+# named by $PYTEST_SELECT), bench_norms, bench_attention, bench_minilm, memcheck, racecheck.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
@@ -39,6 +39,7 @@ for step in ${steps[*]}; do
     bench_attention) run bench_attention python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ;;
     bench_minilm) run bench_minilm python3 bench/bench_minilm.py --json "$OUT/bench_minilm.json" ;;
     memcheck) run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py ;;
+    racecheck) run racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize.py ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
