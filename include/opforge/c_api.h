@@ -198,7 +198,11 @@ typedef enum OpforgeStatus {
 typedef enum OpforgeSharding {
   OPFORGE_SHARDING_NONE = 0,      /* no rule: frameworks replicate or refuse */
   OPFORGE_SHARDING_POINTWISE = 1, /* any dim of the output; inputs follow (broadcast from the right) */
-  OPFORGE_SHARDING_ROWWISE = 2    /* any dim but the last: rows (the last dim) stay whole */
+  OPFORGE_SHARDING_ROWWISE = 2,   /* any dim but the last: rows (the last dim) stay whole */
+  OPFORGE_SHARDING_DIMS = 3       /* any one of the first tensor input's dims in sharding_dims (and
+                                   * the same dim of the outputs); other inputs follow through their
+                                   * shape rules (a dim declared dim(first, d) is sharded with d),
+                                   * else are replicated */
 } OpforgeSharding;
 
 /* One call: arguments in declaration order (tensors in `tensor`, parameters in
@@ -271,6 +275,8 @@ typedef struct OpforgeOpSpec {
   /* How torch.distributed.tensor (or another framework's sharding) may split the op's work:
    * OpforgeSharding. */
   int32_t sharding;
+  /* OPFORGE_SHARDING_DIMS: bit d set if dim d of the first tensor input may be sharded. */
+  uint32_t sharding_dims;
 } OpforgeOpSpec;
 
 typedef struct OpforgeLibrary {

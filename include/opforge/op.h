@@ -124,12 +124,20 @@ inline constexpr detail::CompileTime compile_time{};
 ///   kRowwise: like kPointwise, but each row (the last dim) is computed as a whole (norms,
 ///     softmax): any dim but the last may be sharded; lower-rank inputs are replicated.
 /// Ops with a run-time kernel launched by opforge::elementwise or opforge::rows get kPointwise
-/// or kRowwise unless they declare otherwise.
+/// or kRowwise unless they declare otherwise. See also opforge::shard_dims.
 enum class Sharding : int32_t {
   kNone = OPFORGE_SHARDING_NONE,
   kPointwise = OPFORGE_SHARDING_POINTWISE,
   kRowwise = OPFORGE_SHARDING_ROWWISE,
 };
+
+/// The op computes each index of these dims of its first tensor input independently (and its
+/// outputs have them at the same positions), e.g. batch and heads of attention:
+/// `.sharding(opforge::shard_dims({0, 1}))`. A sharded tensor framework may shard any one of
+/// them; every other input follows through its shape rule (a dim declared
+/// `opforge::dim("q", d)`, or `same_shape` of such an input, is sharded with d) and is
+/// replicated otherwise. Dims in [0, 32).
+inline detail::ShardDims shard_dims(std::initializer_list<int32_t> dims) { return {std::vector<int32_t>(dims)}; }
 
 // ---- launch rules of run-time kernels -------------------------------------------------------
 
@@ -210,6 +218,13 @@ class OpBuilder {
   /// How the op may be sharded (see opforge::Sharding).
   OpBuilder sharding(Sharding s) && {
     def_->sharding = static_cast<int32_t>(s);
+    return std::move(*this);
+  }
+
+  /// Independent dims of the first tensor input (see opforge::shard_dims).
+  OpBuilder sharding(const detail::ShardDims& s) && {
+    def_->sharding = OPFORGE_SHARDING_DIMS;
+    def_->sharding_dims = s.dims;
     return std::move(*this);
   }
 

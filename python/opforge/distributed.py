@@ -9,6 +9,10 @@ calls opforge ops on DTensors without gathering them:
   rank aligns with the output's trailing dims, like a bias: ``Shard(d - offset)`` where it has
   that dim, else ``Replicate()``); or everything replicated.
 - rowwise: the same except the last dim: rows stay whole on one rank.
+- dims (``.sharding(opforge::shard_dims({0, 1}))``): each listed dim of the first tensor input,
+  with the outputs ``Shard(d)`` too; another input is ``Shard(j)`` where its shape rule declares
+  dim j as ``dim(first, d)`` (or it has ``same_shape`` of such an input), else ``Replicate()``.
+  Attention shards over batch and heads this way, its padding mask over batch only.
 
 ``opforge.load_library`` registers the rules of every op it loads.
 """
@@ -41,6 +45,48 @@ def strategies(kind: str, num_outputs: int, args: Sequence[object]) -> list[tupl
     return out
 
 
+def follow_dims(spec: dict) -> dict[int, dict[int, int]]:
+    """For an op of sharding kind "dims": {argument index: {dim d of the first tensor input: the
+    argument's dim declared ``dim(first, d)``}}, from the shape rules in ``spec`` (an op
+    description from :func:`opforge.find_op`); ``same_shape`` inputs inherit their model's map."""
+    args = spec["args"]
+    first = next(i for i, a in enumerate(args) if a["type"] == "Tensor")
+    maps: dict[int, dict[int, int]] = {first: {d: d for d in spec.get("sharding_dims", [])}}
+    for i, a in enumerate(args):
+        if a["type"] != "Tensor" or i == first:
+            continue
+        if "same_shape" in a:
+            maps[i] = maps.get(next(j for j, b in enumerate(args) if b["name"] == a["same_shape"]), {})
+            continue
+        maps[i] = {}
+        for j, nodes in enumerate(a.get("shape_nodes", [])):
+            if len(nodes) == 1 and nodes[0][0] == 1 and nodes[0][1] == first:  # [OPFORGE_EXPR_DIM, first, d]
+                maps[i][nodes[0][2]] = j
+    return maps
+
+
+def dims_strategies(spec: dict, num_outputs: int, args: Sequence[object], names: Sequence[str | None]) -> list:
+    """DTensor strategies for sharding kind "dims" (see the module docstring) for a call with
+    ``args`` in DTensor's order, ``names[k]`` being the declared argument name of ``args[k]``
+    (None: positional, the k-th declared argument)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    index = {a["name"]: i for i, a in enumerate(spec["args"])}
+    positions = [k if n is None else index[n] for k, n in enumerate(names)]
+    maps = follow_dims(spec)
+    out = [([Replicate()] * num_outputs, [Replicate() if hasattr(a, "ndim") else None for a in args])]
+    for d in spec.get("sharding_dims", []):
+        inputs = []
+        for a, i in zip(args, positions):
+            if not hasattr(a, "ndim"):
+                inputs.append(None)
+            else:
+                j = maps.get(i, {}).get(d)
+                inputs.append(Shard(j) if j is not None else Replicate())
+        out.append(([Shard(d)] * num_outputs, inputs))
+    return out
+
+
 def register_sharding_rules(ops: Sequence[dict]) -> list[str]:
     """Register DTensor strategies for every op in ``ops`` (descriptions from
     :attr:`opforge.Library.ops`) whose sharding is not "none".
@@ -63,8 +109,11 @@ def register_sharding_rules(ops: Sequence[dict]) -> list[str]:
         op = getattr(getattr(torch.ops, ns), name).default
         num_outputs = len(spec["outputs"])
 
-        def rule(*args, _kind=kind, _n=num_outputs, **kwargs):
-            return strategies(_kind, _n, [*args, *kwargs.values()])  # DTensor's order: args, then kwargs
+        def rule(*args, _kind=kind, _n=num_outputs, _spec=spec, **kwargs):
+            values = [*args, *kwargs.values()]  # DTensor's order: args, then kwargs
+            if _kind == "dims":
+                return dims_strategies(_spec, _n, values, [None] * len(args) + list(kwargs))
+            return strategies(_kind, _n, values)
 
         register_sharding(op)(rule)
         done.append(spec["name"])

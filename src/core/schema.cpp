@@ -168,7 +168,17 @@ std::string library_json(const OpforgeLibrary& lib) {
       os << ", \"sharding\": "
          << (op.sharding == OPFORGE_SHARDING_POINTWISE ? "\"pointwise\""
              : op.sharding == OPFORGE_SHARDING_ROWWISE ? "\"rowwise\""
-                                                        : "\"none\"");
+             : op.sharding == OPFORGE_SHARDING_DIMS &&
+                     op.struct_size >= offsetof(OpforgeOpSpec, sharding_dims) + sizeof(op.sharding_dims)
+                 ? "\"dims\""
+                 : "\"none\"");
+    if (op.sharding == OPFORGE_SHARDING_DIMS &&
+        op.struct_size >= offsetof(OpforgeOpSpec, sharding_dims) + sizeof(op.sharding_dims)) {
+      os << ", \"sharding_dims\": [";
+      for (int32_t d = 0, n = 0; d < 32; ++d)
+        if (op.sharding_dims >> d & 1u) os << (n++ ? ", " : "") << d;
+      os << "]";
+    }
     os << ", \"args\": [";
     for (int32_t i = 0; i < op.num_args; ++i) {
       const OpforgeArgSpec& a = op.args[i];

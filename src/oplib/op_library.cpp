@@ -353,6 +353,14 @@ std::vector<std::string> OpDef::finalize() {
   spec_.kernels = kernels.data();
   spec_.equivalent = equivalent.empty() ? nullptr : equivalent.c_str();
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
+  spec_.sharding_dims = 0;
+  for (int32_t d : sharding_dims) {
+    if (d < 0 || d >= 32) {
+      r.error("", "shard_dims(): dim " + std::to_string(d) + " is outside [0, 32)");
+      continue;
+    }
+    spec_.sharding_dims |= 1u << d;
+  }
   if (sharding < 0) {
     for (const auto& rk : runtime_kernels) {
       if (rk->rule.kind == LaunchRule::kElementwise) spec_.sharding = OPFORGE_SHARDING_POINTWISE;

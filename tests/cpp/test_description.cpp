@@ -467,3 +467,22 @@ TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {
 }
 
 }  // namespace
+
+TEST(Description, ShardDimsAreRecordedAsABitmask) {
+  auto def = opforge::detail::make_op("unit", "dims", "f.cpp", 7)
+                 .input("x", opforge::floating)
+                 .output("y", opforge::like("x"))
+                 .reference(ref_xy)
+                 .sharding(opforge::shard_dims({0, 2}))
+                 .release();
+  EXPECT_TRUE(def->finalize().empty());
+  EXPECT_EQ(def->spec()->sharding, OPFORGE_SHARDING_DIMS);
+  EXPECT_EQ(def->spec()->sharding_dims, 0b101u);
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "bad_dims", "f.cpp", 8)
+                          .input("x", opforge::floating)
+                          .output("y", opforge::like("x"))
+                          .reference(ref_xy)
+                          .sharding(opforge::shard_dims({40}))
+                          .release()),
+            (std::vector<std::string>{"f.cpp:8: op unit::bad_dims: shard_dims(): dim 40 is outside [0, 32)"}));
+}

@@ -104,6 +104,58 @@ def _worker(rank: int, world: int) -> None:
     torch.testing.assert_close(parallel(h), expected)
 
 
+def _attention_worker(rank: int, world: int) -> None:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    opforge.load_library(opforge.example_library("attention"))
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 6, 7, 32, dtype=torch.float16) for _ in range(3))
+    mask = torch.randn(4, 7, dtype=torch.float16)
+    expected = torch.ops.examples.attention(q, k, v, 32, mask, causal=True)
+    # batch (dim 0) and heads (dim 1): the mask follows the batch and is replicated over heads.
+    for d, mask_placement in ((0, Shard(0)), (1, Replicate())):
+        dq, dk, dv = (distribute_tensor(t, mesh, [Shard(d)]) for t in (q, k, v))
+        out = torch.ops.examples.attention(dq, dk, dv, 32, distribute_tensor(mask, mesh, [mask_placement]), causal=True)
+        assert out.placements == (Shard(d),), (d, out.placements)
+        assert torch.equal(out.full_tensor(), expected)  # the same per-(batch, head) computation
+    out = torch.ops.examples.attention(*(distribute_tensor(t, mesh, [Shard(1)]) for t in (q, k, v)), 32)
+    assert out.placements == (Shard(1),) and torch.equal(out.full_tensor(), torch.ops.examples.attention(q, k, v, 32))
+
+    class SelfAttention(torch.nn.Module):
+        """q, k, v projections column-parallel (heads split across ranks), attention per local
+        head, output projection row-parallel: Megatron-style tensor parallelism."""
+
+        def __init__(self, hidden=128, heads=4):
+            super().__init__()
+            self.heads = heads
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden, dtype=torch.float16) for _ in range(4))
+
+        def forward(self, x, mask):
+            b, s, _ = x.shape
+            split = [t.view(b, s, self.heads, -1).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x))]
+            ctx = torch.ops.examples.attention(*split, split[0].shape[-1], mask)
+            return self.o(ctx.transpose(1, 2).reshape(b, s, -1))
+
+    torch.manual_seed(1)
+    block = SelfAttention()
+    x, mask = torch.randn(3, 5, 128, dtype=torch.float16), torch.zeros(3, 5, dtype=torch.float16)
+    mask[0, 3:] = float("-inf")
+    expected = block(x, mask)
+    parallel = parallelize_module(block, mesh, {"q": ColwiseParallel(use_local_output=False),
+                                                "k": ColwiseParallel(use_local_output=False),
+                                                "v": ColwiseParallel(use_local_output=False),
+                                                "o": RowwiseParallel()})
+    torch.testing.assert_close(parallel(x, distribute_tensor(mask, mesh, [Replicate()])), expected,
+                               atol=2e-3, rtol=2e-3)
+
+
+def test_attention_shards_over_batch_and_heads():
+    run_in_processes(_attention_worker)
+
+
 def test_sharding_rules_under_two_processes():
     run_in_processes(_worker)
 
@@ -122,3 +174,24 @@ def test_strategies_from_the_description():
     rows = strategies("rowwise", 1, [Like(2), 0.5])
     assert rows == [([Replicate()], [Replicate(), None]), ([Shard(0)], [Shard(0), None])]
     assert opforge.find_op("examples::softshrink")["sharding"] == "pointwise"  # from its launch rule
+
+
+def test_dims_strategies_follow_the_shape_rules():
+    from opforge.distributed import dims_strategies, follow_dims
+    from torch.distributed.tensor import Replicate, Shard
+
+    opforge.load_library(opforge.example_library("attention"))
+    spec = opforge.find_op("examples::attention")
+    assert spec["sharding"] == "dims" and spec["sharding_dims"] == [0, 1]
+    assert follow_dims(spec) == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 1}, 2: {0: 0, 1: 1}, 4: {0: 0}}
+
+    class Like:
+        ndim = 4
+
+    q = Like()
+    mask = type("Mask", (), {"ndim": 2})()
+    # The mask passed by keyword lands after the positional args in DTensor's order.
+    got = dims_strategies(spec, 1, [q, q, q, 32, mask], [None, None, None, None, "mask"])
+    assert got == [([Replicate()], [Replicate(), Replicate(), Replicate(), None, Replicate()]),
+                   ([Shard(0)], [Shard(0), Shard(0), Shard(0), None, Shard(0)]),
+                   ([Shard(1)], [Shard(1), Shard(1), Shard(1), None, Replicate()])]

@@ -74,4 +74,5 @@ OPFORGE_OP(examples, attention)
                 "else mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), float('-inf'), dtype=q.dtype).triu(1 if causal else k.shape[2]))")
     .reference(attention_cpu)
     .cuda_source("attention.cu", "attention<{T}, {head_dim}, {causal}>")
-    .launch_grid(attention_grid);
+    .launch_grid(attention_grid)
+    .sharding(opforge::shard_dims({0, 1}));  // batch and heads

@@ -114,6 +114,7 @@ struct OpDef {
   std::string ns, name, doc, file, equivalent;
   int32_t line = 0;
   int32_t sharding = -1;  // OpforgeSharding; -1: derived from the run-time kernel's launch rule
+  std::vector<int32_t> sharding_dims;  // OPFORGE_SHARDING_DIMS
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;
   std::vector<OpforgeKernel> kernels;  // kernels[0]: the CPU reference
@@ -208,6 +209,9 @@ struct Optional {};
 struct ParamRange {
   bool has_min, has_max;
   double min, max;
+};
+struct ShardDims {
+  std::vector<int32_t> dims;
 };
 struct Choices {
   std::vector<std::string> values;  // integers in decimal when `integers`
