@@ -195,3 +195,21 @@ def test_dims_strategies_follow_the_shape_rules():
     assert got == [([Replicate()], [Replicate(), Replicate(), Replicate(), None, Replicate()]),
                    ([Shard(0)], [Shard(0), Shard(0), Shard(0), None, Shard(0)]),
                    ([Shard(1)], [Shard(1), Shard(1), Shard(1), None, Replicate()])]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (one per process, NCCL)"))])
+def test_tensor_parallel_layer_under_torchrun(device):
+    """examples/models/tensor_parallel.py under torchrun with 2 processes matches one process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "models" / "tensor_parallel.py"
+    env = {**os.environ, "OPFORGE_BUILD_DIR": str(opforge.build_dir())}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(_free_port()), str(script), "--device", device], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}/2 on {device}" in proc.stdout and "matches one process" in proc.stdout
