@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICES
+from conftest import DEVICES, requires_two_gpus
 from opforge import OpforgeError, aoti
 
 
@@ -51,6 +51,21 @@ def test_round_trip_in_cpp_runner(packaged, tmp_path, monkeypatch):
     # The package carries sm_90 binaries of its run-time kernels: the runner compiled nothing.
     if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
         assert not list((runner_cache / "kernels").glob("*.bin"))
+
+
+@requires_two_gpus
+def test_cuda_package_runs_on_the_second_gpu(packaged):
+    """A package exported on cuda:0, run by the C++ runner on cuda:1: the custom ops compute on
+    the runner's device (their device guard and stream), not on the current device 0."""
+    model, package, device = packaged
+    if device != "cuda":
+        pytest.skip("the CUDA package")
+    x = torch.randn(5, 24)
+    with torch.no_grad():
+        expected = model(x.to(device)).cpu()
+    result = aoti.run(package, [x], device="cuda:1")
+    assert result.device == "cuda:1"
+    torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_package_ships_run_time_kernels_precompiled(packaged):

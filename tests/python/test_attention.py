@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from conftest import DEVICES, requires_cuda
+from conftest import DEVICES, requires_cuda, requires_two_gpus
 
 #: Against a float64 SDPA: outputs are weighted means of v (|o| < 4 for randn inputs), rounded to
 #: the dtype; the kernel also rounds the probabilities to the dtype before P @ V.
@@ -76,6 +76,18 @@ def test_cuda_matches_cpu_reference():
     out = torch.ops.examples.attention(q, k, v, 128, m, causal=True, scale=0.05)
     ref = torch.ops.examples.attention(q.cpu(), k.cpu(), v.cpu(), 128, m.cpu(), causal=True, scale=0.05)
     torch.testing.assert_close(out.cpu().double(), ref.double(), atol=2e-2, rtol=2e-2)
+
+
+@requires_two_gpus
+def test_inputs_on_a_non_current_gpu():
+    q, k, v, m = inputs(2, 3, 70, 90, 64, torch.bfloat16, "cuda:1", mask=True)
+    with torch.cuda.device(0):
+        out = torch.ops.examples.attention(q, k, v, 64, m, causal=True)
+    assert out.device == torch.device("cuda:1")
+    torch.testing.assert_close(out.double().cpu(), expected(q, k, v, m, True), atol=TOL[torch.bfloat16],
+                               rtol=TOL[torch.bfloat16])
+    with pytest.raises(ValueError, match=r"mask: expected device cuda:1 \(the device of q\), got cuda:0"):
+        torch.ops.examples.attention(q, k, v, 64, m.to("cuda:0"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
