@@ -9,7 +9,10 @@ Each case runs the device kernel with its outputs poisoned (NaN) beforehand and 
 with the CPU reference run on float64 copies of the inputs where the op accepts float64, with
 tolerances by dtype (:data:`TOLERANCES`). On a machine without a GPU, the CPU reference is
 compared with the description's ``.equivalent()`` torch expression instead (a reference
-compared with itself proves nothing). Every case draws fresh random data from a seed that the
+compared with itself proves nothing), and each run-time kernel instantiation the cases would use
+is compiled with NVRTC for sm_90 (check "nvrtc"), so a kernel source that does not compile
+fails there too. Parameters: defaults, the bounds of ranges and a point inside, a random value
+for unranged floats, every choice. Every case draws fresh random data from a seed that the
 report prints. Each op also gets ``torch.library.opcheck``, a ``torch.compile(fullgraph=True,
 dynamic=True)`` no-recompile check over three batch sizes, and a Meta-versus-real check of
 shape, dtype and strides (with and without its optional tensor inputs, if it has any).
@@ -22,6 +25,7 @@ CLI: ``python -m opforge verify LIBRARY_OR_OP... [--device cuda] [--seed N] [--j
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import tempfile
@@ -32,7 +36,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import aoti
-from ._adapter import DTYPE_CODES, find_op, set_poison_outputs
+from ._adapter import DTYPE_CODES, find_op, precompile, set_poison_outputs
 
 #: (atol, rtol) against a float64 reference, by dtype. tf32 is listed for ops whose kernels use
 #: TF32 tensor-core math on float32 inputs.
@@ -165,7 +169,8 @@ def _shapes(spec: dict, lead: int, last: int, params: dict[int, object]) -> dict
 
 def _param_sets(spec: dict, rng: random.Random) -> list[dict[int, object]]:
     """Parameter values: the defaults, then each ranged numeric parameter at its bounds and at a
-    random point inside, and each choice of each enum parameter."""
+    random point inside, each unranged float parameter at a random point of [0.25, 2], the other
+    value of each bool, and every other choice of each parameter with choices."""
     base: dict[int, object] = {}
     for i, a in enumerate(spec["args"]):
         if a["type"] == "Tensor":
@@ -188,10 +193,12 @@ def _param_sets(spec: dict, rng: random.Random) -> list[dict[int, object]]:
             lo, hi = a.get("min", -4.0), a.get("max", 4.0)
             for v in (lo, hi, rng.uniform(lo, hi)):
                 sets.append({**base, i: int(round(v)) if a["type"] == "int" else float(v)})
+        elif a["type"] == "float" and "choices" not in a:
+            sets.append({**base, i: rng.uniform(0.25, 2.0)})
         elif a["type"] == "bool":
             sets.append({**base, i: not base[i]})
         elif "choices" in a:
-            sets.extend({**base, i: c} for c in a["choices"][1:])
+            sets.extend({**base, i: c} for c in a["choices"] if c != base[i])
     return sets
 
 
@@ -457,6 +464,33 @@ def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cas
     record("compile", compile_check)
 
 
+def _check_kernels_compile(spec: dict, dtypes: Sequence[str], seed: int, report: Report) -> None:
+    """Without a GPU the run-time kernels never run, so compile every instantiation (each dtype x
+    each combination of the compile-time parameter values the cases use) with NVRTC for sm_90: a
+    source that does not compile fails here, with NVRTC's log."""
+    import re
+
+    args = spec["args"]
+    placeholders = {m for rk in spec.get("runtime_kernels", []) for m in re.findall(r"\{(\w+)\}", rk["name"])}
+    compile_time = [i for i, a in enumerate(args) if a["type"] != "Tensor" and a["name"] in placeholders]
+    sets = _param_sets(spec, random.Random(seed))
+    choices = [list(dict.fromkeys(p[i] for p in sets)) for i in compile_time]
+    for dtype in dtypes:
+        for combination in itertools.product(*choices):  # every combination, not one at a time
+            params = dict(zip(compile_time, combination))
+            tensors = {a["name"]: _DTYPES[_tensor_dtype(spec, i, dtype)] for i, a in enumerate(args)
+                       if a["type"] == "Tensor"}
+            values = {args[i]["name"]: params[i] for i in compile_time}
+            result = CaseResult(spec["name"], "nvrtc", dtype, ", ".join(f"{k}={v}" for k, v in values.items()) or "all",
+                                "pass", repro={"dtypes": {k: str(v).removeprefix("torch.") for k, v in tensors.items()},
+                                               "params": values, "arch": "sm_90"})
+            try:
+                precompile(spec["name"], tensors, values, arch="sm_90")
+            except Exception as e:  # noqa: BLE001 -- reported as a failed case
+                result.status, result.message = "FAIL", "\n".join(f"{type(e).__name__}: {e}".splitlines()[:8])
+            report.results.append(result)
+
+
 def verify_op(name: str, *, device: str | None = None, seed: int | None = None,
               dtypes: Sequence[str] | None = None, report: Report | None = None) -> Report:
     """Verify one loaded op (see the module docstring).
@@ -482,6 +516,8 @@ def verify_op(name: str, *, device: str | None = None, seed: int | None = None,
     try:
         for k, dtype in enumerate(dtypes):
             _check_values(spec, dtype, device, seed + k, report)
+        if device == "cpu" and spec.get("runtime_kernels"):
+            _check_kernels_compile(spec, dtypes, seed, report)
         _check_structure(spec, "float32" if "float32" in dtypes else dtypes[0], device, seed, report)
     finally:
         set_poison_outputs(False)

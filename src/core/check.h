@@ -192,7 +192,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     const ArgInfo<Int>& t = args[i];
     if (!t.defined) {
       if (!is_optional(a)) {
-        out.push_back(std::string(a.name) + ": expected a tensor, got an undefined tensor");
+        out.push_back(std::string(a.name) + ": expected a tensor, got None");
         bad[i] = true;
       }
       continue;

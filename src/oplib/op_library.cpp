@@ -143,7 +143,17 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
       rk->rule_tensor = -1;
       for (size_t o = 0; o < outs.size(); ++o)
         if (outputs[o].name == rule.tensor) rk->rule_tensor = static_cast<int32_t>(args.size() + o);
-      if (rk->rule_tensor < 0) rk->rule_tensor = r.tensor(rule.tensor, ctx + "launch rule: ");
+      bool is_input = false;
+      for (const auto& a : def.args) is_input = is_input || (a.kind == OPFORGE_ARG_TENSOR && a.name == rule.tensor);
+      if (rk->rule_tensor < 0 && !is_input) {
+        std::string names;
+        for (const auto& a : def.args)
+          if (a.kind == OPFORGE_ARG_TENSOR) names += (names.empty() ? "" : ", ") + a.name;
+        for (const auto& o : def.outputs) names += (names.empty() ? "" : ", ") + o.name;
+        r.error(ctx, "launch rule: \"" + rule.tensor + "\" names no tensor input or output (tensors: " + names + ")");
+      } else if (rk->rule_tensor < 0) {
+        rk->rule_tensor = r.tensor(rule.tensor, ctx + "launch rule: ");
+      }
     }
     const bool auto_threads = rule.kind == LaunchRule::kRows && rule.threads == 0;
     if (!auto_threads && (rule.threads <= 0 || rule.threads > 1024))
@@ -180,6 +190,15 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
 }
 
 bool in_range(const ParamDecl& p, double v) { return !(p.has_min && v < p.min) && !(p.has_max && v > p.max); }
+
+/// "the default 5 is outside the declared range [0, 4]" (or "... range [0, inf)", or "the
+/// declared range [5, 0] is empty").
+std::string range_error(const ParamDecl& p, double v) {
+  const std::string range = (p.has_min ? cat("[", p.min) : std::string("(-inf")) + ", " +
+                            (p.has_max ? cat(p.max, "]") : std::string("inf)"));
+  if (p.has_min && p.has_max && p.min > p.max) return "the declared range " + range + " is empty";
+  return cat("the default ", v, " is outside the declared range ", range);
+}
 
 }  // namespace
 
@@ -291,12 +310,12 @@ std::vector<std::string> OpDef::finalize() {
             using D = std::decay_t<decltype(d)>;
             if constexpr (std::is_same_v<D, int64_t>) {
               v.i = d;
-              if (!in_range(p, static_cast<double>(d))) r.error(ctx, "the default is outside the declared range");
+              if (!in_range(p, static_cast<double>(d))) r.error(ctx, range_error(p, static_cast<double>(d)));
               if (p.integer_choices && std::find(p.choices.begin(), p.choices.end(), std::to_string(d)) == p.choices.end())
                 r.error(ctx, "the default " + std::to_string(d) + " is not one of the declared choices");
             } else if constexpr (std::is_same_v<D, double>) {
               v.f = d;
-              if (!in_range(p, d)) r.error(ctx, "the default is outside the declared range");
+              if (!in_range(p, d)) r.error(ctx, range_error(p, d));
             } else if constexpr (std::is_same_v<D, bool>) {
               v.i = d;
             } else if constexpr (std::is_same_v<D, std::string>) {

@@ -160,7 +160,14 @@ TEST(Description, RejectsDefaultOutsideRange) {
                               .reference(ref_p)
                               .release());
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0], "f.cpp:3: op unit::range: param 'eps': the default is outside the declared range");
+  EXPECT_EQ(errors[0], "f.cpp:3: op unit::range: param 'eps': the default -1 is outside the declared range [0, inf)");
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "empty_range", "f.cpp", 4)
+                          .input("x", opforge::floating)
+                          .param<double>("eps", 1.0, opforge::in_range(5.0, 0.0))
+                          .output("y", opforge::like("x"))
+                          .reference(ref_p)
+                          .release()),
+            (std::vector<std::string>{"f.cpp:4: op unit::empty_range: param 'eps': the declared range [5, 0] is empty"}));
 }
 
 TEST(Description, RejectsDefaultOutsideChoices) {
@@ -225,7 +232,7 @@ TEST(Description, RuntimeKernelChecks) {
                         "f.cpp:2: op unit::rtc: cuda_source(\"../escape.cu\"): the file must be a relative path inside "
                         "the library's kernel folder",
                         "f.cpp:2: op unit::rtc: cuda_source(\"../escape.cu\"): launch rule: \"nothing\" names no "
-                        "tensor input (tensor inputs: x)",
+                        "tensor input or output (tensors: x, y)",
                     }));
 }
 

@@ -178,7 +178,7 @@ TEST(ShapeRules, RequiredInputLeftOutIsAnError) {
   auto def = bias_op();
   std::vector<Info> args = {absent(), tensor(OPFORGE_DTYPE_FLOAT32, {4}), int_value(1)};
   // bias's rules read x, which is already reported.
-  EXPECT_EQ(check(*def->spec(), args), (std::vector<std::string>{"x: expected a tensor, got an undefined tensor"}));
+  EXPECT_EQ(check(*def->spec(), args), (std::vector<std::string>{"x: expected a tensor, got None"}));
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 @pytest.fixture(scope="module")
 def broken_ops(tmp_path_factory):
     return opforge.load_library(opforge.build_library("broken_ops", [FIXTURES / "broken_ops.cpp"],
-                                                      kernels=[FIXTURES / "kernels" / "broken_kernels.cu"],
+                                                      kernels=[FIXTURES / "kernels" / "broken_kernels.cu",
+                                                               FIXTURES / "kernels" / "syntax_error.cu"],
                                                       build_dir=tmp_path_factory.mktemp("broken")))
 
 
@@ -70,6 +71,27 @@ def test_catches_wrong_dtype_path(broken_ops):
 
 def test_correct_fixture_passes(broken_ops):
     assert verify.verify_op("fixture::correct", device="cpu", seed=5).ok
+
+
+def test_run_time_kernels_are_compiled_without_a_gpu(broken_ops):
+    report = verify.verify_op("fixture::cuda_syntax_error", device="cpu", seed=5, dtypes=["float32", "bfloat16"])
+    failed = [r for r in report.failures if r.check == "nvrtc"]
+    assert [r.dtype for r in failed] == ["float32", "bfloat16"]
+    assert "syntax_error.cu(8)" in failed[0].message and "twice_syntax_error<float>" in failed[0].message
+    assert failed[0].repro == {"dtypes": {"x": "float32"}, "params": {}, "arch": "sm_90"}
+    ok = verify.verify_op("fixture::cuda_correct", device="cpu", seed=5)
+    assert {r.case for r in ok.results if r.check == "nvrtc"} == {"all"} and ok.ok
+
+
+def test_every_choice_and_unranged_float_is_verified():
+    import opforge
+
+    opforge.load_library(opforge.example_library("attention"))
+    report = verify.verify_op("examples::attention", device="cpu", seed=3, dtypes=["float16"])
+    head_dims = {r.repro["args"][3] for r in report.results if r.check == "values" and r.repro}
+    assert head_dims == {32, 64, 128}
+    assert {r.case for r in report.results if r.check == "nvrtc"} == {
+        f"head_dim={d}, causal={c}" for d in (32, 64, 128) for c in (False, True)}
 
 
 @requires_cuda
