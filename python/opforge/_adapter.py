@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +112,12 @@ def load_library(path: str | Path) -> Library:
             adapter.opforge_torch_free(err)
         kernel_dir = Path(description["kernel_dir"]) if description.get("kernel_dir") else None
         lib = Library(path=resolved, ops=description["ops"], kernel_dir=kernel_dir)
+        for spec in lib.ops:  # a missing run-time kernel source fails only at the first CUDA call: say so now
+            for rk in spec.get("runtime_kernels", []):
+                if kernel_dir is not None and not (kernel_dir / rk["source"]).is_file():
+                    warnings.warn(f"opforge.load_library: {spec['name']}'s run-time kernel source {rk['source']} is "
+                                  f"not in {kernel_dir} (name it in build_library(kernels=...) or "
+                                  f"opforge_add_library(... KERNELS ...)); its CUDA calls will fail", stacklevel=2)
         from .distributed import register_sharding_rules
 
         register_sharding_rules(lib.ops)
@@ -202,9 +209,19 @@ def precompile(
         if arg["type"] == "Tensor":
             if name not in dtypes and not arg.get("optional"):
                 raise ValueError(f"opforge.precompile({op}): no dtype given for tensor input {name!r}")
+            if name in dtypes and str(dtypes[name]).removeprefix("torch.") not in arg["dtypes"]:
+                raise ValueError(f"opforge.precompile({op}): {name}: expected dtype one of {{{', '.join(arg['dtypes'])}}}, "
+                                 f"got {str(dtypes[name]).removeprefix('torch.')}")
             codes[i] = DTYPE_CODES[dtypes[name]] if name in dtypes else -1  # -1: absent
         elif name in params:
             value = params[name]
+            if "choices" in arg and value not in arg["choices"]:
+                raise ValueError(f"opforge.precompile({op}): {name}: expected one of "
+                                 f"{', '.join(map(str, arg['choices']))}, got {value}")
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+                    arg.get("min", value) <= value <= arg.get("max", value)):
+                raise ValueError(f"opforge.precompile({op}): {name}: expected a value in "
+                                 f"[{arg.get('min', '-inf')}, {arg.get('max', 'inf')}], got {value}")
             if isinstance(value, str):
                 strings[i] = value.encode()
             elif isinstance(value, float):

@@ -174,3 +174,26 @@ def test_launch_with_unwritable_cache_keeps_working(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert "opforge: warning: cannot write the kernel cache" in proc.stderr
+
+
+def test_precompile_checks_dtypes_and_parameters_first(tmp_path):
+    opforge.load_library(opforge.example_library("attention"))
+    with pytest.raises(ValueError, match=r"examples::attention\): q: expected dtype one of \{float16, bfloat16\}, "
+                                         r"got float32"):
+        opforge.precompile("examples::attention", dict.fromkeys("qkv", torch.float32), {"head_dim": 64},
+                           cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"head_dim: expected one of 32, 64, 128, got 96"):
+        opforge.precompile("examples::attention", dict.fromkeys("qkv", torch.float16), {"head_dim": 96},
+                           cache_dir=tmp_path)
+    assert not entries(tmp_path)  # nothing was compiled
+
+
+def test_missing_kernel_source_warns_at_load(tmp_path):
+    src = tmp_path / "nofile.cpp"
+    src.write_text(OP_FILE.replace("{name}", "nofile"))
+    path = opforge.build_library("nofile_lib", [src], build_dir=tmp_path / "build")  # scale.cu not given
+    with pytest.warns(UserWarning, match=r"rtc_test::nofile's run-time kernel source scale.cu is not in .*"
+                                         r"libnofile_lib.kernels"):
+        opforge.load_library(path)
+    x = torch.randn(5)
+    torch.testing.assert_close(torch.ops.rtc_test.nofile(x, 3), x * 3)  # the CPU reference still works
