@@ -15,8 +15,17 @@
  * Note [ABI versioning]
  * ---------------------
  * OPFORGE_ABI_VERSION changes only on an incompatible change (a field removed or
- * its meaning changed). Appending a field to a struct is compatible: readers
- * check `struct_size` before reading a field past the ones they know.
+ * its meaning changed, or a struct that is embedded by value or laid out in an
+ * array growing: OpforgeTensorSpec and OpforgeParamSpec live inside
+ * OpforgeArgSpec, which op specs hold as an array, so growing any of them moves
+ * every later element). Appending a field to a struct that is only reached
+ * through a pointer is compatible: readers check `struct_size` before reading a
+ * field past the ones they know, and a field that fits in an older struct's
+ * tail padding is read only when a value that needs it says so (as
+ * `sharding_dims` is read only for OPFORGE_SHARDING_DIMS).
+ *
+ * Version 2: OpforgeTensorSpec::optional (OpforgeArgSpec grew),
+ * OpforgeOpSpec::sharding_dims.
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -28,7 +37,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 1
+#define OPFORGE_ABI_VERSION 2
 
 /* Element types. The numbering is opforge's own and stable across versions. */
 typedef enum OpforgeDtype {

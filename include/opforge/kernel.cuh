@@ -105,9 +105,11 @@ __device__ __forceinline__ A block_sum(A v) {
 /// A row of `cols` elements held in registers across a thread block, for row kernels that read
 /// a row once and use it several times (norms): thread t holds the 16-byte vectors t,
 /// t + blockDim.x, ... (at most kMaxVectors of them) converted to the accumulator type.
-/// `fits(cols, ...)` says whether a row qualifies (cols a multiple of the vector width, every
-/// pointer 16-byte aligned, at most kMaxVectors * blockDim.x vectors); the same answer holds
-/// for every row of a dense [rows, cols] tensor, so the whole block takes the same path.
+/// `fits(cols)` says whether a row qualifies (cols a multiple of the vector width, at most
+/// kMaxVectors * blockDim.x vectors); the same answer holds for every row of a dense
+/// [rows, cols] tensor, so the whole block takes the same path. The caller also checks that its
+/// pointers are 16-byte aligned (opforge::kernel::aligned); dense inputs are, as opforge passes
+/// them.
 template <class T, int kMaxVectors = 4>
 struct RowRegisters {
   using A = acc_t<T>;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -166,6 +167,21 @@ def find_op(name: str) -> dict:
     raise ValueError(f"opforge: no loaded op named {name!r}")
 
 
+def parse_default(arg: dict) -> object:
+    """The Python value of a parameter's declared default, from its library-JSON entry (``arg``
+    has "type" and "default", the schema's text, e.g. ``"0.5"``, ``"True"``, ``"'fast'"``)."""
+    text = arg["default"]
+    kind = arg["type"]
+    if kind == "bool":
+        return text == "True"
+    if kind == "str":
+        return text[1:-1]
+    if kind.endswith("[]"):
+        inner = [t for t in text.strip("[]").split(",") if t.strip()]
+        return [float(t) if kind == "float[]" else int(t) for t in inner]
+    return float(text) if kind == "float" else int(text)
+
+
 def precompile(
     op: str,
     dtypes: dict[str, torch.dtype],
@@ -197,8 +213,16 @@ def precompile(
         ValueError: unknown op, missing tensor dtype, or the kernel source cannot be read.
         OpforgeError: NVRTC failed; the message holds its log with the source file and line.
     """
-    params = params or {}
     spec = find_op(op)
+    # Compile-time parameters (the kernel names' {placeholders}) left out take their defaults.
+    placeholders = {m for rk in spec.get("runtime_kernels", []) for m in re.findall(r"\{(\w+)\}", rk["name"])}
+    params = dict(params or {})
+    for arg in spec["args"]:
+        if arg["type"] != "Tensor" and arg["name"] in placeholders and arg["name"] not in params:
+            if "default" not in arg:
+                raise ValueError(f"opforge.precompile({op}): no value given for the compile-time parameter "
+                                 f"{arg['name']!r}, which has no default")
+            params[arg["name"]] = parse_default(arg)
     n = len(spec["args"])
     codes = (ctypes.c_int32 * n)()
     ints = (ctypes.c_int64 * n)()

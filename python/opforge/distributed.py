@@ -51,6 +51,9 @@ def follow_dims(spec: dict) -> dict[int, dict[int, int]]:
     description from :func:`opforge.find_op`); ``same_shape`` inputs inherit their model's map."""
     args = spec["args"]
     first = next(i for i, a in enumerate(args) if a["type"] == "Tensor")
+    lead = args[first]
+    rank = (len(lead["shape_nodes"]) if "shape_nodes" in lead
+            else lead["max_rank"] if lead.get("min_rank", -1) == lead.get("max_rank", -2) else None)
     maps: dict[int, dict[int, int]] = {first: {d: d for d in spec.get("sharding_dims", [])}}
     for i, a in enumerate(args):
         if a["type"] != "Tensor" or i == first:
@@ -61,7 +64,8 @@ def follow_dims(spec: dict) -> dict[int, dict[int, int]]:
         maps[i] = {}
         for j, nodes in enumerate(a.get("shape_nodes", [])):
             if len(nodes) == 1 and nodes[0][0] == 1 and nodes[0][1] == first:  # [OPFORGE_EXPR_DIM, first, d]
-                maps[i][nodes[0][2]] = j
+                d = nodes[0][2]
+                maps[i][d + rank if d < 0 and rank is not None else d] = j  # dim(first, -1) counts from the end
     return maps
 
 

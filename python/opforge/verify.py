@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import aoti
-from ._adapter import DTYPE_CODES, find_op, precompile, set_poison_outputs
+from ._adapter import DTYPE_CODES, find_op, parse_default as _parse_default, precompile, set_poison_outputs
 
 #: (atol, rtol) against a float64 reference, by dtype. tf32 is listed for ops whose kernels use
 #: TF32 tensor-core math on float32 inputs.
@@ -189,7 +189,9 @@ def _param_sets(spec: dict, rng: random.Random) -> list[dict[int, object]]:
             base[i] = [] if a["type"].endswith("[]") else ""
     sets = [base]
     for i, a in enumerate(spec["args"]):
-        if a["type"] in ("float", "int") and ("min" in a or "max" in a):
+        if "choices" in a:  # before ranges: a parameter with both takes only its choices
+            sets.extend({**base, i: c} for c in a["choices"] if c != base[i])
+        elif a["type"] in ("float", "int") and ("min" in a or "max" in a):
             lo, hi = a.get("min", -4.0), a.get("max", 4.0)
             for v in (lo, hi, rng.uniform(lo, hi)):
                 sets.append({**base, i: int(round(v)) if a["type"] == "int" else float(v)})
@@ -197,22 +199,7 @@ def _param_sets(spec: dict, rng: random.Random) -> list[dict[int, object]]:
             sets.append({**base, i: rng.uniform(0.25, 2.0)})
         elif a["type"] == "bool":
             sets.append({**base, i: not base[i]})
-        elif "choices" in a:
-            sets.extend({**base, i: c} for c in a["choices"] if c != base[i])
     return sets
-
-
-def _parse_default(arg: dict) -> object:
-    text = arg["default"]
-    kind = arg["type"]
-    if kind == "bool":
-        return text == "True"
-    if kind == "str":
-        return text[1:-1]
-    if kind.endswith("[]"):
-        inner = [t for t in text.strip("[]").split(",") if t.strip()]
-        return [float(t) if kind == "float[]" else int(t) for t in inner]
-    return float(text) if kind == "float" else int(text)
 
 
 def _random_tensor(shape: list[int], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:

@@ -373,9 +373,21 @@ std::vector<std::string> OpDef::finalize() {
   spec_.equivalent = equivalent.empty() ? nullptr : equivalent.c_str();
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
+  int32_t first_rank = -1;  // the first tensor input's rank, if fixed
+  for (const auto& a : args) {
+    if (a.kind != OPFORGE_ARG_TENSOR) continue;
+    first_rank = a.tensor.has_shape ? static_cast<int32_t>(a.tensor.shape.size())
+                 : a.tensor.min_rank == a.tensor.max_rank ? a.tensor.max_rank : -1;
+    break;
+  }
   for (int32_t d : sharding_dims) {
     if (d < 0 || d >= 32) {
       r.error("", "shard_dims(): dim " + std::to_string(d) + " is outside [0, 32)");
+      continue;
+    }
+    if (first_rank >= 0 && d >= first_rank) {
+      r.error("", "shard_dims(): dim " + std::to_string(d) + " is not a dim of the first tensor input (rank " +
+                      std::to_string(first_rank) + ")");
       continue;
     }
     spec_.sharding_dims |= 1u << d;

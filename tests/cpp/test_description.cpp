@@ -492,4 +492,12 @@ TEST(Description, ShardDimsAreRecordedAsABitmask) {
                           .sharding(opforge::shard_dims({40}))
                           .release()),
             (std::vector<std::string>{"f.cpp:8: op unit::bad_dims: shard_dims(): dim 40 is outside [0, 32)"}));
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "past_rank", "f.cpp", 9)
+                          .input("x", opforge::floating, opforge::rank(2))
+                          .output("y", opforge::like("x"))
+                          .reference(ref_xy)
+                          .sharding(opforge::shard_dims({2}))
+                          .release()),
+            (std::vector<std::string>{
+                "f.cpp:9: op unit::past_rank: shard_dims(): dim 2 is not a dim of the first tensor input (rank 2)"}));
 }

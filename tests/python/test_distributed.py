@@ -184,6 +184,10 @@ def test_dims_strategies_follow_the_shape_rules():
     spec = opforge.find_op("examples::attention")
     assert spec["sharding"] == "dims" and spec["sharding_dims"] == [0, 1]
     assert follow_dims(spec) == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 1}, 2: {0: 0, 1: 1}, 4: {0: 0}}
+    # A rule written with a negative dim of a fixed-rank first input means the same dim.
+    negative = {**spec, "args": [dict(a) for a in spec["args"]]}
+    negative["args"][4]["shape_nodes"] = [[[1, 0, -4]], [[1, 1, 2]]]
+    assert follow_dims(negative)[4] == {0: 0}
 
     class Like:
         ndim = 4

@@ -197,3 +197,13 @@ def test_missing_kernel_source_warns_at_load(tmp_path):
         opforge.load_library(path)
     x = torch.randn(5)
     torch.testing.assert_close(torch.ops.rtc_test.nofile(x, 3), x * 3)  # the CPU reference still works
+
+
+def test_precompile_fills_compile_time_defaults_and_refuses_missing_ones(tmp_path):
+    build_scale_op(tmp_path, "defaults", KERNEL.replace("MULTIPLIER", "1"))
+    cache = tmp_path / "c"
+    assert opforge.precompile("rtc_test::defaults", {"x": torch.float32}, arch="sm_90", cache_dir=cache) is False
+    assert opforge.precompile("rtc_test::defaults", {"x": torch.float32}, {"k": 2}, arch="sm_90", cache_dir=cache)
+    opforge.load_library(opforge.example_library("attention"))
+    with pytest.raises(ValueError, match="no value given for the compile-time parameter 'head_dim', which has no default"):
+        opforge.precompile("examples::attention", dict.fromkeys("qkv", torch.float16), cache_dir=cache)
