@@ -5,7 +5,7 @@ that expression; all compared with a device-to-device copy of the same bytes (th
 ceiling). Then the per-call host cost on a tiny tensor, against the native op and a Python
 ``torch.library.custom_op`` wrapping it.
 
-    python3 bench/bench_elementwise.py [--gib 1] [--json out.json]
+    python3 bench/bench_elementwise.py [--gib 4] [--json out.json]
 
 Bandwidth counts bytes read plus bytes written once each. Times are medians of
 triton.testing.do_bench (CUDA events), inputs random.
@@ -50,7 +50,7 @@ def _(x, lambd):
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--gib", type=float, default=1.0, help="size of each input tensor in GiB")
+    parser.add_argument("--gib", type=float, default=4.0, help="size of each input tensor in GiB (the target size)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     for op in ("softshrink", "bias_gelu"):
