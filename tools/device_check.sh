@@ -23,23 +23,23 @@ run() {  # run <name> <command...>: log to $OUT/<name>.log, print the tail, reme
   echo "=== $name: exit $rc in $((SECONDS - t0)) s"
   [ $rc -eq 0 ] || status=1
 }
+sanitizer() {  # sanitizer <memcheck|racecheck>: compute-sanitizer over every example kernel
+  run "$1" compute-sanitizer --tool "$1" --error-exitcode 9 python3 tools/sanitize.py
+}
 for step in ${steps[*]}; do
   case $step in
     build) run build make build ;;
     test) run test make test PYTEST_ARGS="-q -rs" ;;
     pytest) run pytest python3 -m pytest -q -rs -p no:logging ${PYTEST_SELECT:-tests/python} ;;
     verify) run verify python3 -m opforge verify $(ls examples/ops) --json "$OUT/verify.json" ;;
-    sanitize)
-      run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py
-      run racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize.py ;;
+    sanitize) sanitizer memcheck; sanitizer racecheck ;;
+    memcheck | racecheck) sanitizer "$step" ;;
     demo) run demo make demo; cp out/demo/results.json "$OUT/demo_results.json" 2>/dev/null ;;
     bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json"
       run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
     bench_norms) run bench_norms python3 bench/bench_norms.py --json "$OUT/bench_norms.json" ;;
     bench_attention) run bench_attention python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ;;
     bench_minilm) run bench_minilm python3 bench/bench_minilm.py --json "$OUT/bench_minilm.json" ;;
-    memcheck) run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize.py ;;
-    racecheck) run racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize.py ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1

@@ -114,6 +114,7 @@ template <class T, int kMaxVectors = 4>
 struct RowRegisters {
   using A = acc_t<T>;
   static constexpr int kWidth = 16 / sizeof(T);
+  static constexpr int kVectors = kMaxVectors;
   A v[kMaxVectors][kWidth];
 
   __device__ static bool fits(int64_t cols) {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import re
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -202,7 +201,7 @@ def precompile(
         dtypes: dtype of each tensor input, by name; an optional input left out (None in the
             call) is omitted.
         params: values of the op's parameters by name (those marked compile-time select the
-            instantiation; others may be omitted).
+            instantiation and default to their declared defaults; others may be omitted).
         arch: ``"sm_XX"`` for machine code, ``"compute_XX"`` for PTX.
         cache_dir: where a freshly compiled binary is stored.
 
@@ -210,15 +209,15 @@ def precompile(
         True if every binary was already cached, False if one was compiled now.
 
     Raises:
-        ValueError: unknown op, missing tensor dtype, or the kernel source cannot be read.
+        ValueError: unknown op, missing tensor dtype, a dtype or compile-time value the
+            description does not allow (checked as a call would), or the kernel source cannot
+            be read.
         OpforgeError: NVRTC failed; the message holds its log with the source file and line.
     """
     spec = find_op(op)
-    # Compile-time parameters (the kernel names' {placeholders}) left out take their defaults.
-    placeholders = {m for rk in spec.get("runtime_kernels", []) for m in re.findall(r"\{(\w+)\}", rk["name"])}
     params = dict(params or {})
-    for arg in spec["args"]:
-        if arg["type"] != "Tensor" and arg["name"] in placeholders and arg["name"] not in params:
+    for arg in spec["args"]:  # compile-time parameters left out take their defaults
+        if arg.get("compile_time") and arg["name"] not in params:
             if "default" not in arg:
                 raise ValueError(f"opforge.precompile({op}): no value given for the compile-time parameter "
                                  f"{arg['name']!r}, which has no default")
@@ -233,19 +232,9 @@ def precompile(
         if arg["type"] == "Tensor":
             if name not in dtypes and not arg.get("optional"):
                 raise ValueError(f"opforge.precompile({op}): no dtype given for tensor input {name!r}")
-            if name in dtypes and str(dtypes[name]).removeprefix("torch.") not in arg["dtypes"]:
-                raise ValueError(f"opforge.precompile({op}): {name}: expected dtype one of {{{', '.join(arg['dtypes'])}}}, "
-                                 f"got {str(dtypes[name]).removeprefix('torch.')}")
             codes[i] = DTYPE_CODES[dtypes[name]] if name in dtypes else -1  # -1: absent
         elif name in params:
             value = params[name]
-            if "choices" in arg and value not in arg["choices"]:
-                raise ValueError(f"opforge.precompile({op}): {name}: expected one of "
-                                 f"{', '.join(map(str, arg['choices']))}, got {value}")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
-                    arg.get("min", value) <= value <= arg.get("max", value)):
-                raise ValueError(f"opforge.precompile({op}): {name}: expected a value in "
-                                 f"[{arg.get('min', '-inf')}, {arg.get('max', 'inf')}], got {value}")
             if isinstance(value, str):
                 strings[i] = value.encode()
             elif isinstance(value, float):

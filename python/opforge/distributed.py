@@ -69,15 +69,17 @@ def follow_dims(spec: dict) -> dict[int, dict[int, int]]:
     return maps
 
 
-def dims_strategies(spec: dict, num_outputs: int, args: Sequence[object], names: Sequence[str | None]) -> list:
+def dims_strategies(spec: dict, num_outputs: int, args: Sequence[object], names: Sequence[str | None],
+                    maps: dict[int, dict[int, int]] | None = None) -> list:
     """DTensor strategies for sharding kind "dims" (see the module docstring) for a call with
     ``args`` in DTensor's order, ``names[k]`` being the declared argument name of ``args[k]``
-    (None: positional, the k-th declared argument)."""
+    (None: positional, the k-th declared argument); ``maps`` is :func:`follow_dims` of
+    ``spec`` (computed here if not given)."""
     from torch.distributed.tensor import Replicate, Shard
 
     index = {a["name"]: i for i, a in enumerate(spec["args"])}
     positions = [k if n is None else index[n] for k, n in enumerate(names)]
-    maps = follow_dims(spec)
+    maps = follow_dims(spec) if maps is None else maps
     out = [([Replicate()] * num_outputs, [Replicate() if hasattr(a, "ndim") else None for a in args])]
     for d in spec.get("sharding_dims", []):
         inputs = []
@@ -113,10 +115,12 @@ def register_sharding_rules(ops: Sequence[dict]) -> list[str]:
         op = getattr(getattr(torch.ops, ns), name).default
         num_outputs = len(spec["outputs"])
 
-        def rule(*args, _kind=kind, _n=num_outputs, _spec=spec, **kwargs):
+        maps = follow_dims(spec) if kind == "dims" else None  # from the description, once
+
+        def rule(*args, _kind=kind, _n=num_outputs, _spec=spec, _maps=maps, **kwargs):
             values = [*args, *kwargs.values()]  # DTensor's order: args, then kwargs
             if _kind == "dims":
-                return dims_strategies(_spec, _n, values, [None] * len(args) + list(kwargs))
+                return dims_strategies(_spec, _n, values, [None] * len(args) + list(kwargs), _maps)
             return strategies(_kind, _n, values)
 
         register_sharding(op)(rule)

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -118,6 +119,19 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
 
 namespace detail {
 inline std::string number(double v) { return opforge::detail::cat(v); }
+
+/// Appends "name: expected one of ..., got ..." unless `s` is one of the parameter's choices
+/// (those of an int parameter are stored in decimal; strings are quoted in the message). Builds
+/// no string when the value is allowed: this runs on every call.
+inline void check_choice(const OpforgeArgSpec& a, std::string_view s, bool quote, std::vector<std::string>& out) {
+  for (int32_t c = 0; c < a.param.num_choices; ++c)
+    if (s == a.param.choices[c]) return;
+  const std::string q = quote ? "'" : "";
+  std::string list;
+  for (int32_t c = 0; c < a.param.num_choices; ++c) list += (c ? ", " : "") + q + a.param.choices[c] + q;
+  out.push_back(std::string(a.name) + ": expected one of " + list + ", got " + q + std::string(s) + q);
+}
+
 inline void check_range(const OpforgeArgSpec& a, double v, const std::string& what, std::vector<std::string>& out) {
   const OpforgeParamSpec& p = a.param;
   if ((p.has_min && v < p.min) || (p.has_max && v > p.max) || v != v) {
@@ -135,14 +149,9 @@ inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vec
     case OPFORGE_ARG_INT:
       detail::check_range(a, static_cast<double>(v.i), "", out);
       if (a.param.num_choices > 0) {
-        const std::string s = std::to_string(v.i);
-        bool ok = false;
-        std::string list;
-        for (int32_t c = 0; c < a.param.num_choices; ++c) {
-          ok = ok || s == a.param.choices[c];
-          list += (c ? ", " : "") + std::string(a.param.choices[c]);
-        }
-        if (!ok) out.push_back(std::string(a.name) + ": expected one of " + list + ", got " + s);
+        char digits[24];
+        const auto end = std::to_chars(digits, digits + sizeof(digits), v.i).ptr;
+        detail::check_choice(a, std::string_view(digits, static_cast<size_t>(end - digits)), false, out);
       }
       break;
     case OPFORGE_ARG_FLOAT: detail::check_range(a, v.f, "", out); break;
@@ -154,16 +163,7 @@ inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vec
       for (size_t k = 0; k < v.len; ++k) detail::check_range(a, v.floats[k], "[" + std::to_string(k) + "]", out);
       break;
     case OPFORGE_ARG_STRING:
-      if (a.param.num_choices > 0) {
-        std::string_view s(v.s, v.len);
-        bool ok = false;
-        std::string list;
-        for (int32_t c = 0; c < a.param.num_choices; ++c) {
-          ok = ok || s == a.param.choices[c];
-          list += (c ? ", " : "") + std::string("'") + a.param.choices[c] + "'";
-        }
-        if (!ok) out.push_back(std::string(a.name) + ": expected one of " + list + ", got '" + std::string(s) + "'");
-      }
+      if (a.param.num_choices > 0) detail::check_choice(a, std::string_view(v.s, v.len), true, out);
       break;
     default: break;
   }

@@ -215,6 +215,7 @@ std::string library_json(const OpforgeLibrary& lib) {
         }
       } else {
         if (a.param.has_default) os << ", \"default\": " << json_string(format_value(a.param.default_value));
+        if (a.param.compile_time) os << ", \"compile_time\": true";
         if (a.param.has_min) os << ", \"min\": " << format_double(a.param.min);
         if (a.param.has_max) os << ", \"max\": " << format_double(a.param.max);
         if (a.param.num_choices > 0) {

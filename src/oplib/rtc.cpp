@@ -517,9 +517,11 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
       OPFORGE_CHECK(rows <= INT32_MAX, def.ns, "::", def.name, ": ", rows, " rows exceed one launch's grid");
       cfg.grid[0] = static_cast<unsigned>(rows);
       int64_t threads = rk.rule.threads;
-      if (threads <= 0) {  // auto: at most four 16-byte vectors of the row per thread
+      if (threads <= 0) {  // auto: whole warps, at most kRowVectorsPerThread 16-byte vectors of the row each
+        constexpr int64_t kRowVectorsPerThread = 4;  // opforge::kernel::RowRegisters' default (kernel.cuh)
         const int64_t vectors = (cols * dtype_size(static_cast<Dtype>(rule_tensor->dtype)) + 15) / 16;
-        threads = std::clamp<int64_t>((vectors + 4 * 32 - 1) / (4 * 32) * 32, 32, 1024);
+        const int64_t per_warp = kRowVectorsPerThread * 32;
+        threads = std::clamp<int64_t>((vectors + per_warp - 1) / per_warp * 32, 32, 1024);
       }
       cfg.block[0] = static_cast<unsigned>(threads);
       cfg.args = {rows, cols};

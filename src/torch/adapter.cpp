@@ -452,6 +452,22 @@ extern "C" int opforge_torch_precompile(const char* name, int32_t num_args, cons
     v.s = strings[i];
     v.len = strings[i] ? std::strlen(strings[i]) : 0;
   }
+  // The description's rules first (what a call would check), so that no instantiation a call
+  // would refuse gets compiled: tensor dtypes given, and the compile-time parameters.
+  std::vector<std::string> why;
+  for (int32_t i = 0; i < num_args; ++i) {
+    const OpforgeArgSpec& a = op->args[i];
+    if (a.kind == OPFORGE_ARG_TENSOR && dtypes[i] >= 0 && !((a.tensor.dtypes >> dtypes[i]) & 1u))
+      why.push_back(std::string(a.name) + ": expected dtype " + opforge::core::dtype_set_string(a.tensor.dtypes) +
+                    ", got " + opforge::dtype_name(dtypes[i]));
+    if (a.kind != OPFORGE_ARG_TENSOR && a.param.compile_time) opforge::core::check_param(a, values[i], why);
+  }
+  if (!why.empty()) {
+    std::string text = std::string("opforge.precompile(") + name + "): ";
+    for (size_t k = 0; k < why.size(); ++k) text += (k ? "; " : "") + why[k];
+    *error = copy_string(text);
+    return 1;
+  }
   char message[8192] = {0};
   *cache_hit = 1;
   for (int32_t k = 0; k < op->num_kernels; ++k) {

@@ -19,7 +19,7 @@ __global__ void add_layer_norm(const T* __restrict__ x, const T* __restrict__ re
     Row h;
     A sum = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
       A r[Row::kWidth];
       Row::load(x + base + Row::offset(k), h.v[k]);
@@ -30,14 +30,14 @@ __global__ void add_layer_norm(const T* __restrict__ x, const T* __restrict__ re
     const A mean = block_sum(sum) / n;
     A sq = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
 #pragma unroll
       for (int i = 0; i < Row::kWidth; ++i) sq += (h.v[k][i] - mean) * (h.v[k][i] - mean);
     }
     const A inv = A(1) / sqrt(block_sum(sq) / n + static_cast<A>(eps));
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
       A w[Row::kWidth], b[Row::kWidth];
       Row::load(weight + Row::offset(k), w);

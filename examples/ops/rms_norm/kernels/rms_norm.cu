@@ -16,7 +16,7 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
     Row row;
     A sumsq = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
       Row::load(in + Row::offset(k), row.v[k]);
 #pragma unroll
@@ -24,7 +24,7 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
     }
     const A scale = A(1) / sqrt(opforge::kernel::block_sum(sumsq) / static_cast<A>(cols) + static_cast<A>(eps));
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
       A w[Row::kWidth];
       Row::load(weight + Row::offset(k), w);
