@@ -402,6 +402,13 @@ std::string target_for(int cc) {
   return "compute_" + std::to_string(best);
 }
 
+/// The -arch NVRTC gets for a requested target: machine code for compute capability 9.0 is
+/// built as sm_90a, with Hopper's architecture-specific instructions (wgmma, setmaxnreg) that
+/// kernels may use under `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)`; such code runs on 9.0
+/// devices only, which is what "sm_90" machine code targets anyway (the choice torch's and
+/// Triton's Hopper builds make). Other targets are used as given.
+std::string with_arch_features(const std::string& arch) { return arch == "sm_90" ? "sm_90a" : arch; }
+
 /// Source, options and cache key of one instantiation, read fresh from the kernel folder.
 struct Job {
   std::string path, display_path, source, name, arch, key;
@@ -417,12 +424,12 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
   }
   j.display_path = real_path(j.path);
   j.name = name;
-  j.arch = arch;
+  j.arch = with_arch_features(arch);
   std::string header;
   read_file(kernel_dir() + "/opforge/kernel.cuh", header);
-  j.options = {"--std=c++17", "-arch=" + arch, "-lineinfo", "-I" + kernel_dir(), "-I" + cuda_include_dir(),
+  j.options = {"--std=c++17", "-arch=" + j.arch, "-lineinfo", "-I" + kernel_dir(), "-I" + cuda_include_dir(),
                "-I" + cuda_include_dir() + "/cccl", "-DOPFORGE_RTC=1"};
-  j.key = "opforge-rtc-v1\nnvrtc " + nvrtc().version_text + "\narch " + arch + "\nname " + name + "\noptions";
+  j.key = "opforge-rtc-v1\nnvrtc " + nvrtc().version_text + "\narch " + j.arch + "\nname " + name + "\noptions";
   for (const auto& o : j.options)
     if (o.rfind("-I", 0) != 0) j.key += " " + o;  // include folders may move; their contents count below
   j.key += "\nsource " + std::to_string(j.source.size()) + "\n" + j.source + "\nheader\n" + header;
@@ -618,3 +625,21 @@ void rtc_reload() {
 }
 
 }  // namespace opforge::detail
+
+namespace opforge {
+
+int compute_capability(const Tensor& t) {
+  if (!t.is_cuda()) return 0;
+  static std::atomic<int> cached[64] = {};
+  const int device = t.device_index();
+  if (device >= 0 && device < 64 && cached[device].load() > 0) return cached[device].load();
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    throw InternalError("opforge::compute_capability: the CUDA runtime cannot query device " + std::to_string(device));
+  const int cc = major * 10 + minor;
+  if (device >= 0 && device < 64) cached[device].store(cc);
+  return cc;
+}
+
+}  // namespace opforge

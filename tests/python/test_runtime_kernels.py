@@ -132,7 +132,7 @@ def test_compile_error_names_file_and_line(tmp_path):
     with pytest.raises(opforge.OpforgeError) as err:
         opforge.precompile("rtc_test::broken", {"x": torch.float32}, {"k": 3}, arch="sm_90", cache_dir=tmp_path / "c")
     message = str(err.value)
-    assert message.startswith(f"rtc_test::broken: compiling scale<3> from {tmp_path / 'scale.cu'} for sm_90 failed:")
+    assert message.startswith(f"rtc_test::broken: compiling scale<3> from {tmp_path / 'scale.cu'} for sm_90a failed:")  # sm_90: Hopper's arch features
     assert f'{tmp_path / "scale.cu"}(5): error: identifier "undefined_name" is undefined' in message
 
 
