@@ -43,9 +43,11 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
   });
 }
 
-// Grid of kernels/attention.cu: 128 query rows per block of 128 threads, one block row per
-// (head, batch); keys per step 32 (head dim 128) or 64 (head dim 64), in shared memory with
-// the 128 query rows.
+// Grid of kernels/attention.cu: 128 query rows per block, one block row per (head, batch).
+// Head dim 128 on a compute capability 9.0 device takes the kernel's wgmma path (compiled as
+// sm_90a): 256 threads, 128 keys per step, Q and two stages of K and V in 161 KiB of shared
+// memory (attention_sm90::kSharedBytes). Otherwise 128 threads; keys per step 32 (head dim
+// 128) or 64, in shared memory with the 128 query rows.
 static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor, int64_t head_dim,
                                             opforge::Tensor, bool, double, opforge::MutableTensor) {
   OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535, "examples::attention: batch and heads must be at most "
@@ -54,8 +56,13 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
   c.grid[0] = static_cast<unsigned>((q.size(2) + 127) / 128);
   c.grid[1] = static_cast<unsigned>(q.size(1));
   c.grid[2] = static_cast<unsigned>(q.size(0));
-  c.block[0] = 128;
-  c.shared_bytes = static_cast<unsigned>((128 + 2 * (head_dim == 128 ? 32 : 64)) * head_dim * 2);
+  if (head_dim == 128 && opforge::compute_capability(q) == 90) {
+    c.block[0] = 256;
+    c.shared_bytes = 10 * 128 * 128 + 1024;
+  } else {
+    c.block[0] = 128;
+    c.shared_bytes = static_cast<unsigned>((128 + 2 * (head_dim == 128 ? 32 : 64)) * head_dim * 2);
+  }
   c.args = {q.size(1), q.size(2), k.size(2)};
   return c;
 }

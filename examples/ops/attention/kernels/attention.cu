@@ -13,10 +13,18 @@
 // ldmatrix reads are free of bank conflicts. Products use mma.sync m16n8k16 (fp16/bf16 in,
 // fp32 accumulate); P is rounded to the input dtype before P V, as in FlashAttention-2.
 //
+// On Hopper (compiled as sm_90a), head dim 128 takes another path, attention_sm90 below:
+// warpgroup MMAs (wgmma) read Q and K straight from shared memory and P from registers,
+// 128 keys per step, two warpgroups of 64 query rows each, and the P V product of one step
+// runs on the tensor cores while the softmax of the next is computed (FlashAttention-3's
+// intra-warpgroup overlap: Shah et al., "FlashAttention-3: Fast and Accurate Attention with
+// Asynchrony and Low-precision", 2024, Algorithm 2; without its TMA and warp specialisation).
+//
 // Arguments (opforge run-time kernel convention): q, k, v [B, H, Sq|Sk, D] dense, mask [B, Sk]
 // or null, o [B, H, Sq, D]; then the grid function's heads, Sq, Sk; then scale (0: 1/sqrt(D)).
-// Grid: (ceil(Sq / 128), H, B), 128 threads, (128 + 2 * kBlockN) * D * sizeof(T) bytes of
-// dynamic shared memory (attention.cpp's grid function).
+// Grid: (ceil(Sq / 128), H, B); 128 threads and (128 + 2 * kBlockN) * D * sizeof(T) bytes of
+// dynamic shared memory, or on the Hopper path 256 threads and attention_sm90::kSharedBytes
+// (attention.cpp's grid function, which asks opforge::compute_capability).
 #include <opforge/kernel.cuh>
 
 namespace attention_detail {
@@ -26,6 +34,19 @@ constexpr int kBlockM = 128, kThreads = 128;
 template <int D>
 constexpr int kBlockN = D == 128 ? 32 : 64;
 constexpr float kLog2e = 1.4426950408889634f;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool kHopper = true;  // compiled as sm_90a: wgmma available
+#else
+constexpr bool kHopper = false;
+#endif
+/// Whether head dim D takes the wgmma path, and that path's block size.
+template <int D>
+constexpr bool kUsesWgmma = kHopper && D == 128;
+template <int D>
+constexpr int kThreadsFor = kUsesWgmma<D> ? 256 : kThreads;
+template <int D>
+constexpr int kMinBlocksFor = kUsesWgmma<D> ? 1 : 2;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
@@ -135,32 +156,52 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, i
   }
 }
 
+
+/// What one block of either path works on: its (batch, head) `bh`, its first query row `m0`
+/// (causal grids run the heaviest blocks, the last rows, first), the slices of q, k, v and the
+/// mask, the scale in log2 units, and the number of key blocks of kBlockN it visits (causal:
+/// none past its last row).
+template <class T, int D, int kBlockN, bool kCausal>
+struct BlockWork {
+  int64_t bh, m0;
+  const T *q, *k, *v, *mask;
+  float scale_log2;
+  int n_blocks;
+  __device__ BlockWork(const T* q_, const T* k_, const T* v_, const T* mask_, int64_t heads, int64_t sq, int64_t sk,
+                       double scale) {
+    const int64_t batch = blockIdx.z;
+    bh = batch * heads + blockIdx.y;
+    m0 = static_cast<int64_t>(kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockM;
+    q = q_ + bh * sq * D;
+    k = k_ + bh * sk * D;
+    v = v_ + bh * sk * D;
+    mask = mask_ ? mask_ + batch * sk : nullptr;
+    scale_log2 = static_cast<float>(scale > 0 ? scale : 1.0 / sqrt(static_cast<double>(D))) * kLog2e;
+    const int64_t n_end = kCausal ? (sk < m0 + kBlockM ? sk : m0 + kBlockM) : sk;
+    n_blocks = static_cast<int>((n_end + kBlockN - 1) / kBlockN);
+  }
+};
 }  // namespace attention_detail
 
+namespace attention_detail {
+
+/// The mma.sync path: every head dim off Hopper, head dims 32 and 64 on it.
 template <class T, int D, bool kCausal>
-__global__ void __launch_bounds__(128, 2)
-    attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ mask,
-              T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, double scale) {
-  using namespace attention_detail;
-  static_assert(D == 32 || D == 64 || D == 128, "head dim 32, 64 or 128");
+__device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
+                                              const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
+                                              int64_t heads, int64_t sq, int64_t sk, double scale) {
   constexpr int kBlockN = attention_detail::kBlockN<D>, kTilesN = kBlockN / 8, kTilesD = D / 8;
-  extern __shared__ __align__(128) unsigned char shared[];
+  if (blockDim.x != kThreads) __trap();  // the grid function and this path disagree: fail, never compute wrong
   T* sQ = reinterpret_cast<T*>(shared);
   T* sK = sQ + kBlockM * D;
   T* sV = sK + kBlockN * D;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t batch = blockIdx.z, bh = batch * heads + blockIdx.y;
-  // Causal blocks do less work the earlier their rows: start the heaviest first.
-  const int64_t m0 = static_cast<int64_t>(kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockM;
-  const T* qb = q + bh * sq * D;
-  const T* kb = k + bh * sk * D;
-  const T* vb = v + bh * sk * D;
-  const T* mb = mask ? mask + batch * sk : nullptr;
-  const float scale_log2 = static_cast<float>(scale > 0 ? scale : 1.0 / sqrt(static_cast<double>(D))) * kLog2e;
-
-  const int64_t n_end = kCausal ? (sk < m0 + kBlockM ? sk : m0 + kBlockM) : sk;
-  const int n_blocks = static_cast<int>((n_end + kBlockN - 1) / kBlockN);
+  const BlockWork<T, D, kBlockN, kCausal> work(q, k, v, mask, heads, sq, sk, scale);
+  const int64_t bh = work.bh, m0 = work.m0;
+  const T *qb = work.q, *kb = work.k, *vb = work.v, *mb = work.mask;
+  const float scale_log2 = work.scale_log2;
+  const int n_blocks = work.n_blocks;
 
   load_tile<T, D, kBlockM>(sQ, qb, m0, sq);
   if (n_blocks > 0) load_tile<T, D, kBlockN>(sK, kb, 0, sk);
@@ -317,4 +358,298 @@ __global__ void __launch_bounds__(128, 2)
         *reinterpret_cast<unsigned*>(out + dt * 8) = pack2<T>(acc[mt][dt][2 * h] * inv, acc[mt][dt][2 * h + 1] * inv);
     }
   }
+}
+
+}  // namespace attention_detail
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace attention_sm90 {
+
+using attention_detail::fast_exp2;
+using attention_detail::kLog2e;
+using attention_detail::neg_inf;
+using attention_detail::pack2;
+
+constexpr int kBlockM = 128, kBlockN = 128, kD = 128, kThreads = 256;
+/// One 64-column half of a 128-row tile: 128 rows of 128 bytes.
+constexpr unsigned kHalf = 128 * 128;
+/// Shared memory, from a 1024-byte-aligned base: Q, then K in two stages, then V in two
+/// stages, each a tile of two halves. The 1024 spare bytes pay for aligning the base.
+constexpr unsigned kQ = 0, kK = 2 * kHalf, kV = 6 * kHalf, kSharedBytes = 10 * kHalf + 1024;
+
+__device__ __forceinline__ unsigned k_tile(int stage) { return kK + stage * 2 * kHalf; }
+__device__ __forceinline__ unsigned v_tile(int stage) { return kV + stage * 2 * kHalf; }
+
+/// Copies rows [row0, row0 + 128) of a dense [rows, 128] matrix into the tile at shared address
+/// `tile` with cp.async: columns 64 h .. 64 h + 63 go to half h, whose row r holds its 16-byte
+/// chunk c at chunk c ^ (r % 8), the 128-byte swizzle (cute's Swizzle<3, 4, 3>) that
+/// descriptors of layout type 1 describe. Rows at or past `limit` become zeros.
+template <class T>
+__device__ __forceinline__ void load_tile(unsigned tile, const T* src, int64_t row0, int64_t limit) {
+#pragma unroll
+  for (int it = 0; it < kBlockM * 16 / kThreads; ++it) {
+    const int i = it * kThreads + threadIdx.x, r = i / 16, c = i % 16;
+    const bool valid = row0 + r < limit;
+    const T* from = src + (valid ? (row0 + r) * kD + c * 8 : 0);
+    const unsigned to = tile + (c / 8) * kHalf + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(valid ? 16 : 0));
+  }
+}
+
+/// A wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start
+/// address, leading and stride byte offsets (16-byte units), layout type 1 (128-byte swizzle).
+/// K-major operands (Q, K): stride = 1024 bytes between 8-row groups, leading unused.
+/// MN-major V: leading = bytes between the 64-column halves, stride = 1024 bytes between 8-row
+/// groups along the keys.
+__device__ __forceinline__ unsigned long long descriptor(unsigned address, unsigned leading, unsigned stride) {
+  return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>(leading >> 4) << 16) | (static_cast<unsigned long long>(stride >> 4) << 32) |
+         (1ull << 62);
+}
+
+// The 64 accumulator operands of an m64n128 wgmma with f32 accumulators (PTX ISA, "Register
+// Fragments and Shared Memory Matrix Layouts", wgmma .m64nNk16): d[4 j + e] is row
+// 16 * warp + lane / 4 (+ 8 for e >= 2) and column 8 j + 2 * (lane % 4) + e % 2 of the
+// warp's 16 rows of the 64 x 128 tile, as mma.sync m16n8 accumulators are.
+#define ATTENTION_WGMMA_D                                                                                       \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),    \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),     \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),    \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),    \
+      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),    \
+      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),    \
+      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),    \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define ATTENTION_WGMMA_D_REGS                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
+  "%62, %63}"
+
+/// d (+)= A B for a 64 x 128 tile, k = 16; A and B from shared memory, both K-major.
+/// `accumulate` 0 overwrites d.
+template <class T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], unsigned long long a, unsigned long long b, int accumulate) {
+  if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : ATTENTION_WGMMA_D
+                 : "l"(a), "l"(b), "r"(accumulate));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ATTENTION_WGMMA_D_REGS
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : ATTENTION_WGMMA_D
+                 : "l"(a), "l"(b), "r"(accumulate));
+  }
+}
+
+/// d += A B for a 64 x 128 tile, k = 16; A (16 rows per warp, mma.sync's A fragment layout)
+/// from registers, B from shared memory MN-major (transposed).
+template <class T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
+  if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : ATTENTION_WGMMA_D
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ATTENTION_WGMMA_D_REGS
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : ATTENTION_WGMMA_D
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+#undef ATTENTION_WGMMA_D
+#undef ATTENTION_WGMMA_D_REGS
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Makes this thread's cp.async writes to shared memory visible to wgmma (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/// Keeps the compiler from moving accesses of registers an in-flight wgmma reads or writes
+/// across the wait that ends it (cutlass's warpgroup_fence_operand).
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+/// Head dim 128 on Hopper. Block: 2 warpgroups, 128 query rows (warpgroup g owns rows
+/// 64 g .. 64 g + 63; within it, warp w rows 16 w .. 16 w + 15). Per key block j: wait for K_j
+/// (and V_{j-1}), start loading K_{j+1} and V_j, issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1},
+/// wait for S_j only, mask and exponentiate S_j while the P V product runs, wait for it, rescale
+/// O by the new row maxima and round S_j to P_j. P_{n-1} V_{n-1} closes the loop.
+template <class T, bool kCausal>
+__device__ __forceinline__ void attention(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
+                                          const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
+                                          int64_t heads, int64_t sq, int64_t sk, double scale) {
+  using attention_detail::cp_async_commit;
+  using attention_detail::cp_async_wait_all;
+  if (blockDim.x != kThreads) __trap();  // the grid function and this path disagree: fail, never compute wrong
+  const unsigned base = (attention_detail::smem_address(shared) + 1023u) & ~1023u;
+  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const attention_detail::BlockWork<T, kD, kBlockN, kCausal> work(q, k, v, mask, heads, sq, sk, scale);
+  const int64_t bh = work.bh, m0 = work.m0;
+  const T *qb = work.q, *kb = work.k, *vb = work.v, *mb = work.mask;
+  const float scale_log2 = work.scale_log2;
+  const int n_blocks = work.n_blocks;
+
+  load_tile<T>(base + kQ, qb, m0, sq);
+  if (n_blocks > 0) load_tile<T>(base + k_tile(0), kb, 0, sk);
+  cp_async_commit();
+
+  float acc[64], s[64];
+  unsigned p[kBlockN / 16][4];
+  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = s[i] = 0.0f;
+  // This thread's rows, relative to m0: row_in_block (+ 8 for accumulator elements 2, 3).
+  const int row_in_block = group * 64 + warp * 16 + lane / 4;
+  const unsigned q_rows = base + kQ + group * 64 * 128;
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = nb & 1;
+    const int64_t n0 = static_cast<int64_t>(nb) * kBlockN;
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // K_nb and V_{nb-1} landed; every wgmma of the previous step is done
+    if (nb + 1 < n_blocks) load_tile<T>(base + k_tile(stage ^ 1), kb, n0 + kBlockN, sk);
+    load_tile<T>(base + v_tile(stage), vb, n0, sk);
+    cp_async_commit();
+
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const unsigned at = (kk / 4) * kHalf + (kk % 4) * 32;  // columns 16 kk ..: half kk / 4, 32 bytes per step
+      wgmma_ss<T>(s, descriptor(q_rows + at, 16, 1024), descriptor(base + k_tile(stage) + at, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    if (nb > 0) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)  // keys 16 kk ..: 16 rows of 128 bytes per step
+        wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile(stage ^ 1) + kk * 16 * 128, kHalf, 1024));
+      wgmma_commit();
+      wgmma_wait<1>();  // S_nb done; P V may still run
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(s);
+
+    // Scores in log2 units, masked as on the mma.sync path.
+    const int keys = static_cast<int>(sk - n0 < kBlockN ? sk - n0 : kBlockN);
+    const int diagonal = kCausal ? static_cast<int>(m0 - n0) : 0;
+    const bool edge = keys < kBlockN || (kCausal && diagonal < kBlockN);
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = j * 8 + (lane & 3) * 2 + c;
+        const float add = mb != nullptr && col < keys ? opforge::kernel::to_acc(mb[n0 + col]) * kLog2e : 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& x = s[4 * j + 2 * h + c];
+          x = x * scale_log2 + add;
+          if (edge && (col >= keys || (kCausal && col > row_in_block + h * 8 + diagonal))) x = neg_inf();
+        }
+      }
+    }
+    float correction[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[h];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base_max = mx == neg_inf() ? 0.0f : mx;  // a row masked so far stays at zero
+      correction[h] = fast_exp2(row_max[h] - base_max);
+      row_max[h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        s[4 * j + 2 * h] = fast_exp2(s[4 * j + 2 * h] - base_max);
+        s[4 * j + 2 * h + 1] = fast_exp2(s[4 * j + 2 * h + 1] - base_max);
+        sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+      }
+      row_sum[h] = row_sum[h] * correction[h] + sum;
+    }
+
+    wgmma_wait<0>();  // P_{nb-1} V_{nb-1} done: acc and p are free
+    fence_operands(acc);
+    fence_operands(p);
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      acc[4 * j] *= correction[0];
+      acc[4 * j + 1] *= correction[0];
+      acc[4 * j + 2] *= correction[1];
+      acc[4 * j + 3] *= correction[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {  // the accumulator layout is the A fragment layout
+      p[kk][0] = pack2<T>(s[8 * kk], s[8 * kk + 1]);
+      p[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      p[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      p[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  }
+  cp_async_wait_all();
+  if (n_blocks > 0) {
+    fence_proxy_async();
+    __syncthreads();  // V_{n-1} landed
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile((n_blocks - 1) & 1) + kk * 16 * 128, kHalf, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(acc);
+    fence_operands(p);
+  }
+
+  // o = acc / row sum (rows whose every key is masked out get zeros).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // NaN stays NaN
+    const int64_t row = m0 + row_in_block + h * 8;
+    if (row >= sq) continue;
+    T* out = o + (bh * sq + row) * kD + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      *reinterpret_cast<unsigned*>(out + j * 8) = pack2<T>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+  }
+}
+
+}  // namespace attention_sm90
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <class T, int D, bool kCausal>
+__global__ void __launch_bounds__(attention_detail::kThreadsFor<D>, attention_detail::kMinBlocksFor<D>)
+    attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ mask,
+              T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, double scale) {
+  static_assert(D == 32 || D == 64 || D == 128, "head dim 32, 64 or 128");
+  extern __shared__ __align__(1024) unsigned char shared[];
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (attention_detail::kUsesWgmma<D>)
+    attention_sm90::attention<T, kCausal>(shared, q, k, v, mask, o, heads, sq, sk, scale);
+  else
+#endif
+    attention_detail::attention_mma<T, D, kCausal>(shared, q, k, v, mask, o, heads, sq, sk, scale);
 }
