@@ -13,7 +13,12 @@ Each is compared with the float32 model in eager on the CPU (worst cosine over t
 abs error). Runner latency: median wall time of ``AOTIModelPackageLoader::run`` plus a device
 synchronisation (``opforge.aoti.run``); eager: median wall time per forward, synchronised.
 
-    python3 bench/bench_minilm.py [--batch 32] [--seq 128] [--iters 50] [--json out.json]
+With ``--profile``, each AOTInductor package is also loaded in this process
+(``torch._inductor.aoti_load_package``) and one forward is traced with ``torch.profiler``: the
+GPU kernels it launches, grouped by name, with their count and total device time, show where
+the two compiled models differ.
+
+    python3 bench/bench_minilm.py [--batch 32] [--seq 128] [--iters 50] [--profile] [--json out.json]
 """
 
 from __future__ import annotations
@@ -35,11 +40,42 @@ import opforge  # noqa: E402
 from opforge import aoti  # noqa: E402
 
 
+def profile_package(package: Path, inputs: list[torch.Tensor], rows: int = 25) -> list[dict]:
+    """GPU kernels of one forward of an AOTInductor package, by name: count and device time (us).
+
+    The package is loaded with ``torch._inductor.aoti_load_package`` in this process (opforge
+    libraries already loaded), warmed up, then traced for ``10`` forwards with ``torch.profiler``;
+    counts and times are per forward, sorted by time, at most ``rows`` names.
+    """
+    model = torch._inductor.aoti_load_package(str(package))
+    for _ in range(3):
+        model(*inputs)
+    torch.cuda.synchronize()
+    repeats = 10
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            model(*inputs)
+        torch.cuda.synchronize()
+    kernels: dict[str, dict] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        k = kernels.setdefault(event.name, {"name": event.name, "count": 0, "us": 0.0})
+        k["count"] += 1
+        k["us"] += event.device_time_total / repeats
+    table = sorted(kernels.values(), key=lambda k: -k["us"])
+    for k in table:
+        k["count"] = k["count"] / repeats
+    return table[:rows] + ([{"name": "(total)", "count": sum(k["count"] for k in table),
+                             "us": sum(k["us"] for k in table)}])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--profile", action="store_true", help="trace each compiled model's GPU kernels")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     for op in ("attention", "add_layer_norm", "bias_gelu"):
@@ -55,7 +91,7 @@ def main() -> int:
     models = {"opforge ops": minilm.with_opforge_ops(reference, torch.float16),
               "no custom ops": minilm.SentenceEmbedder(minilm.load()[0]).to(torch.float16)}
     cuda_inputs = [t.cuda() for t in inputs]
-    rows = []
+    rows, profiles = [], {}
     with tempfile.TemporaryDirectory(prefix="opforge-bench-minilm-") as tmp:
         for name, model in models.items():
             model = model.cuda().eval()
@@ -65,6 +101,8 @@ def main() -> int:
             run = aoti.run(package, inputs, device="cuda", warmup=5, iters=args.iters)
             rows.append({"impl": f"AOTI runner, {name}", **compare(run.outputs[0], expected),
                          "latency_ms": run.latency_ms["median"]})
+            if args.profile:
+                profiles[name] = profile_package(package, cuda_inputs)
             with torch.inference_mode():
                 out = model(*cuda_inputs)
             rows.append({"impl": f"eager CUDA, {name}", **compare(out, expected),
@@ -76,9 +114,14 @@ def main() -> int:
         r["speedup_vs_aoti_without"] = base / r["latency_ms"]
         print(f"  {r['impl']:<32} {r['latency_ms']:8.3f} ms  {r['speedup_vs_aoti_without']:.3f} x AOTI without  "
               f"cosine {r['cosine_min']:.6f}  max abs err {r['max_abs_error']:.2e}")
+    for name, table in profiles.items():
+        print(f"GPU kernels per forward, AOTInductor package, {name} (count, device time):")
+        for k in table:
+            print(f"  {k['count']:6.1f}  {k['us']:9.1f} us  {k['name'][:110]}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows,
+                       "profiles": profiles}, f, indent=2)
     return 0 if all(r["cosine_min"] > 0.999 for r in rows) else 1
 
 

@@ -39,7 +39,7 @@ for step in ${steps[*]}; do
       run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
     bench_norms) run bench_norms python3 bench/bench_norms.py --json "$OUT/bench_norms.json" ;;
     bench_attention) run bench_attention python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ;;
-    bench_minilm) run bench_minilm python3 bench/bench_minilm.py --json "$OUT/bench_minilm.json" ;;
+    bench_minilm) run bench_minilm python3 bench/bench_minilm.py --profile --json "$OUT/bench_minilm.json" ;;
   esac
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
