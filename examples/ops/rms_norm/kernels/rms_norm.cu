@@ -14,15 +14,11 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
   if (Row::fits(cols) && opforge::kernel::aligned(x, 16) && opforge::kernel::aligned(weight, 16) &&
       opforge::kernel::aligned(y, 16)) {
     Row row;
-    opforge::kernel::Vec<T, Row::kWidth> w[Row::kVectors];
     A sumsq = 0;
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
       Row::load(in + Row::offset(k), row.v[k]);
-      // The weights are loaded now, not after the reduction, so that their latency hides
-      // behind it (measured in bench/RESULTS.md).
-      w[k] = *reinterpret_cast<const opforge::kernel::Vec<T, Row::kWidth>*>(weight + Row::offset(k));
 #pragma unroll
       for (int i = 0; i < Row::kWidth; ++i) sumsq += row.v[k][i] * row.v[k][i];
     }
@@ -30,9 +26,11 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
+      A w[Row::kWidth];
+      Row::load(weight + Row::offset(k), w);
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) row.v[k][i] = row.v[k][i] * scale * to_acc(w[k].v[i]);
-      Row::store(out + Row::offset(k), row.v[k]);
+      for (int i = 0; i < Row::kWidth; ++i) w[i] *= row.v[k][i] * scale;
+      Row::store(out + Row::offset(k), w);
     }
     return;
   }
