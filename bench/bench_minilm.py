@@ -13,10 +13,9 @@ Each is compared with the float32 model in eager on the CPU (worst cosine over t
 abs error). Runner latency: median wall time of ``AOTIModelPackageLoader::run`` plus a device
 synchronisation (``opforge.aoti.run``); eager: median wall time per forward, synchronised.
 
-With ``--profile``, each AOTInductor package is also loaded in this process
-(``torch._inductor.aoti_load_package``) and one forward is traced with ``torch.profiler``: the
-GPU kernels it launches, grouped by name, with their count and total device time, show where
-the two compiled models differ.
+With ``--profile``, one forward of each model under ``torch.compile`` (the Inductor lowering
+AOTInductor packages) is traced with ``torch.profiler``: the GPU kernels it launches, grouped by
+name, with their count and total device time, show where the two compiled models differ.
 
     python3 bench/bench_minilm.py [--batch 32] [--seq 128] [--iters 50] [--profile] [--json out.json]
 """
@@ -40,22 +39,25 @@ import opforge  # noqa: E402
 from opforge import aoti  # noqa: E402
 
 
-def profile_package(package: Path, inputs: list[torch.Tensor], rows: int = 25) -> list[dict]:
-    """GPU kernels of one forward of an AOTInductor package, by name: count and device time (us).
+def profile_compiled(model: torch.nn.Module, inputs: list[torch.Tensor], rows: int = 25) -> list[dict]:
+    """GPU kernels of one forward of ``torch.compile(model)``, by name: count and device time (us).
 
-    The package is loaded with ``torch._inductor.aoti_load_package`` in this process (opforge
-    libraries already loaded), warmed up, then traced for ``10`` forwards with ``torch.profiler``;
-    counts and times are per forward, sorted by time, at most ``rows`` names.
+    torch.compile runs the same Inductor lowering as AOTInductor, so the kernels are those of
+    the package the runner executes (loading the package's .so into this process instead is
+    not supported next to the runner's). Warmed up, then 10 forwards are traced with
+    ``torch.profiler``; counts and times are per forward, sorted by time, at most ``rows`` names
+    and a total.
     """
-    model = torch._inductor.aoti_load_package(str(package))
-    for _ in range(3):
-        model(*inputs)
-    torch.cuda.synchronize()
-    repeats = 10
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            model(*inputs)
+    compiled = torch.compile(model, dynamic=False)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(*inputs)
         torch.cuda.synchronize()
+        repeats = 10
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                compiled(*inputs)
+            torch.cuda.synchronize()
     kernels: dict[str, dict] = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
@@ -66,8 +68,8 @@ def profile_package(package: Path, inputs: list[torch.Tensor], rows: int = 25) -
     table = sorted(kernels.values(), key=lambda k: -k["us"])
     for k in table:
         k["count"] = k["count"] / repeats
-    return table[:rows] + ([{"name": "(total)", "count": sum(k["count"] for k in table),
-                             "us": sum(k["us"] for k in table)}])
+    total = {"name": "(total)", "count": sum(k["count"] for k in table), "us": sum(k["us"] for k in table)}
+    return table[:rows] + [total]
 
 
 def main() -> int:
@@ -101,8 +103,9 @@ def main() -> int:
             run = aoti.run(package, inputs, device="cuda", warmup=5, iters=args.iters)
             rows.append({"impl": f"AOTI runner, {name}", **compare(run.outputs[0], expected),
                          "latency_ms": run.latency_ms["median"]})
+            print(f"  measured: {rows[-1]}", flush=True)
             if args.profile:
-                profiles[name] = profile_package(package, cuda_inputs)
+                profiles[name] = profile_compiled(model, cuda_inputs)
             with torch.inference_mode():
                 out = model(*cuda_inputs)
             rows.append({"impl": f"eager CUDA, {name}", **compare(out, expected),
@@ -115,7 +118,7 @@ def main() -> int:
         print(f"  {r['impl']:<32} {r['latency_ms']:8.3f} ms  {r['speedup_vs_aoti_without']:.3f} x AOTI without  "
               f"cosine {r['cosine_min']:.6f}  max abs err {r['max_abs_error']:.2e}")
     for name, table in profiles.items():
-        print(f"GPU kernels per forward, AOTInductor package, {name} (count, device time):")
+        print(f"GPU kernels per forward, torch.compile, {name} (count, device time):")
         for k in table:
             print(f"  {k['count']:6.1f}  {k['us']:9.1f} us  {k['name'][:110]}")
     if args.json:
