@@ -2,29 +2,45 @@
 // rows allow.
 #include <opforge/cuda.h>
 
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 
 namespace {
 
-/// erf(x) to |error| <= 1.5e-7 with one reciprocal and one exponential (Abramowitz & Stegun,
-/// Handbook of Mathematical Functions, 1964, formula 7.1.26). Used for 16-bit outputs, whose
-/// rounding (2^-11 relative or coarser) dwarfs that error; erff costs about twice the
-/// instructions, which made the 16-bit kernel compute-bound (bench/RESULTS.md).
-__device__ __forceinline__ float erf_as(float x) {
-  const float t = __fdividef(1.0f, fmaf(0.3275911f, fabsf(x), 1.0f));
-  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f),
-                              0.254829592f);
-  return copysignf(1.0f - poly * __expf(-x * x), x);
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// gelu(v) = v * Phi(v) for 16-bit outputs, with the normal tail
+/// 1 - Phi(|v|) = erfc(|v| / sqrt 2) / 2 = t * poly(t) * exp(-v^2 / 2), t = 1 / (1 + p |v| / sqrt 2)
+/// (Abramowitz & Stegun, Handbook of Mathematical Functions, 1964, formula 7.1.26:
+/// |error of erfc| <= 1.5e-7; the factor 1/2 is folded into the coefficients). About 17
+/// instructions an element against about 26 with erff, which made the 16-bit kernel bound by
+/// instruction issue (bench/RESULTS.md); the error is far below a 16-bit output's rounding
+/// (2^-11 relative or coarser).
+__device__ __forceinline__ float gelu_16bit(float v) {
+  constexpr float kP = 0.3275911f * 0.70710678118654752f;  // p / sqrt 2
+  constexpr float kExp2 = -0.72134752044448170f;            // -log2(e) / 2: exp(-v^2 / 2) = 2^(kExp2 v^2)
+  const float t = rcp_approx(fmaf(kP, fabsf(v), 1.0f));
+  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 0.5307027145f, -0.7265760135f), 0.7107068705f),
+                                  -0.142248368f),
+                              0.127414796f);
+  const float tail = poly * exp2_approx(v * v * kExp2);  // 1 - Phi(|v|)
+  return v * (v < 0.0f ? tail : 1.0f - tail);
 }
 
 template <class T>
 __device__ __forceinline__ T bias_gelu(T x, T b) {
   const float v = opforge::cuda::to_acc(x) + opforge::cuda::to_acc(b);
-  const float u = v * 0.70710678118654752f;
-  const float erf_u = sizeof(T) == 2 ? erf_as(u) : erff(u);
-  return opforge::cuda::from_acc<T>(0.5f * v * (1.0f + erf_u));
+  if constexpr (sizeof(T) == 2) return opforge::cuda::from_acc<T>(gelu_16bit(v));
+  return opforge::cuda::from_acc<T>(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
 }
 
 /// Quotients by a divisor fixed for the launch with a multiply-high and a shift instead of a
@@ -44,35 +60,52 @@ struct FastDivisor {
   }
 };
 
+/// 16-byte vectors each thread loads before computing any: enough bytes in flight per thread
+/// to cover DRAM latency while the erf chain runs (bench/RESULTS.md).
+constexpr int kVectorsPerThread = 2;
+constexpr int kThreads = 256;
+
 // Vectors of N elements never straddle a row (cols % N == 0 on the vector path; N = 1 else).
-// kFast: vec_items < 2^31, the column comes from FastDivisor; else from a 64-bit remainder.
+// Block b handles vectors [b * kThreads * kVectorsPerThread, ...), thread t the vectors
+// t, t + kThreads, ... of them (coalesced). kFast: vec_items < 2^31, the column comes from
+// FastDivisor; else from a 64-bit remainder.
 template <class T, int N, bool kFast>
-__global__ void bias_gelu_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
-                                 int64_t vec_items, int64_t vec_cols, FastDivisor cols_divisor) {
+__global__ void __launch_bounds__(kThreads) bias_gelu_kernel(const T* __restrict__ x, const T* __restrict__ bias,
+                                                             T* __restrict__ y, int64_t vec_items, int64_t vec_cols,
+                                                             FastDivisor cols_divisor) {
   using V = opforge::cuda::Vec<T, N>;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < vec_items; i += stride) {
-    const int64_t col = kFast ? i - int64_t{cols_divisor.quotient(static_cast<uint32_t>(i))} * vec_cols : i % vec_cols;
-    const V b = reinterpret_cast<const V*>(bias)[col];
-    V v = reinterpret_cast<const V*>(x)[i];
+  const int64_t first = int64_t{blockIdx.x} * kThreads * kVectorsPerThread + threadIdx.x;
+  V v[kVectorsPerThread], b[kVectorsPerThread];
 #pragma unroll
-    for (int k = 0; k < N; ++k) v.v[k] = bias_gelu(v.v[k], b.v[k]);
-    reinterpret_cast<V*>(y)[i] = v;
+  for (int k = 0; k < kVectorsPerThread; ++k) {
+    const int64_t i = first + int64_t{k} * kThreads;
+    if (i >= vec_items) break;
+    const int64_t col = kFast ? i - int64_t{cols_divisor.quotient(static_cast<uint32_t>(i))} * vec_cols : i % vec_cols;
+    v[k] = reinterpret_cast<const V*>(x)[i];
+    b[k] = reinterpret_cast<const V*>(bias)[col];
+  }
+#pragma unroll
+  for (int k = 0; k < kVectorsPerThread; ++k) {
+    const int64_t i = first + int64_t{k} * kThreads;
+    if (i >= vec_items) break;
+#pragma unroll
+    for (int e = 0; e < N; ++e) v[k].v[e] = bias_gelu(v[k].v[e], b[k].v[e]);
+    reinterpret_cast<V*>(y)[i] = v[k];
   }
 }
 
 template <class T, int N>
 void launch(const T* in, const T* b, T* out, int64_t items, int64_t cols, cudaStream_t stream) {
-  // One vector per thread: a grid-stride loop over a grid capped at the resident blocks keeps
-  // too few loads in flight (0.92 x copy against 1.0 for one vector per thread, bench/RESULTS.md).
-  constexpr int kThreads = 256;
   if (items == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, INT_MAX));
+  constexpr int64_t kPerBlock = int64_t{kThreads} * kVectorsPerThread;
+  const int64_t blocks = (items + kPerBlock - 1) / kPerBlock;
+  OPFORGE_CHECK(blocks <= INT_MAX, "examples::bias_gelu: x has ", items * N, " elements, more than one launch covers");
   if (items < (int64_t{1} << 31)) {
-    bias_gelu_kernel<T, N, true><<<blocks, kThreads, 0, stream>>>(in, b, out, items, cols,
-                                                                   FastDivisor(static_cast<uint32_t>(cols)));
+    bias_gelu_kernel<T, N, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        in, b, out, items, cols, FastDivisor(static_cast<uint32_t>(cols)));
   } else {
-    bias_gelu_kernel<T, N, false><<<blocks, kThreads, 0, stream>>>(in, b, out, items, cols, FastDivisor(1));
+    bias_gelu_kernel<T, N, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(in, b, out, items, cols,
+                                                                                         FastDivisor(1));
   }
 }
 
