@@ -3,7 +3,8 @@
 # included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
 # with steps from: build test verify sanitize demo bench (default: all), and pytest (the tests
-# named by $PYTEST_SELECT), bench_norms, bench_attention, bench_minilm, memcheck, racecheck.
+# named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_minilm, memcheck,
+# racecheck.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
@@ -37,6 +38,7 @@ for step in ${steps[*]}; do
     demo) run demo make demo; cp out/demo/results.json "$OUT/demo_results.json" 2>/dev/null ;;
     bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json"
       run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
+    bench_elementwise) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json" ;;
     bench_norms) run bench_norms python3 bench/bench_norms.py --json "$OUT/bench_norms.json" ;;
     bench_attention) run bench_attention python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ;;
     bench_minilm) run bench_minilm python3 bench/bench_minilm.py --profile --json "$OUT/bench_minilm.json" ;;

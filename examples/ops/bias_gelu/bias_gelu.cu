@@ -60,13 +60,16 @@ struct FastDivisor {
   }
 };
 
-/// 16-byte vectors each thread loads before computing any: enough bytes in flight per thread
-/// to cover DRAM latency while the erf chain runs (bench/RESULTS.md).
-constexpr int kVectorsPerThread = 2;
+/// Elements each thread loads before computing any (kVectors<N> 16-byte vectors): two vectors
+/// for float32, one for 16-bit types. Measured at 4 GiB on the H200 (bench/RESULTS.md), 1, 2, 4
+/// vectors per thread: float32 0.948, 0.974, 0.970 x copy; bfloat16 0.896, 0.821, 0.694.
+constexpr int kElementsPerThread = 8;
+template <int N>
+constexpr int kVectors = kElementsPerThread / N > 0 ? kElementsPerThread / N : 1;
 constexpr int kThreads = 256;
 
 // Vectors of N elements never straddle a row (cols % N == 0 on the vector path; N = 1 else).
-// Block b handles vectors [b * kThreads * kVectorsPerThread, ...), thread t the vectors
+// Block b handles vectors [b * kThreads * kVectors<N>, ...), thread t the vectors
 // t, t + kThreads, ... of them (coalesced). kFast: vec_items < 2^31, the column comes from
 // FastDivisor; else from a 64-bit remainder.
 template <class T, int N, bool kFast>
@@ -74,10 +77,11 @@ __global__ void __launch_bounds__(kThreads) bias_gelu_kernel(const T* __restrict
                                                              T* __restrict__ y, int64_t vec_items, int64_t vec_cols,
                                                              FastDivisor cols_divisor) {
   using V = opforge::cuda::Vec<T, N>;
-  const int64_t first = int64_t{blockIdx.x} * kThreads * kVectorsPerThread + threadIdx.x;
-  V v[kVectorsPerThread], b[kVectorsPerThread];
+  constexpr int kPerThread = kVectors<N>;
+  const int64_t first = int64_t{blockIdx.x} * kThreads * kPerThread + threadIdx.x;
+  V v[kPerThread], b[kPerThread];
 #pragma unroll
-  for (int k = 0; k < kVectorsPerThread; ++k) {
+  for (int k = 0; k < kPerThread; ++k) {
     const int64_t i = first + int64_t{k} * kThreads;
     if (i >= vec_items) break;
     const int64_t col = kFast ? i - int64_t{cols_divisor.quotient(static_cast<uint32_t>(i))} * vec_cols : i % vec_cols;
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) bias_gelu_kernel(const T* __restrict
     b[k] = reinterpret_cast<const V*>(bias)[col];
   }
 #pragma unroll
-  for (int k = 0; k < kVectorsPerThread; ++k) {
+  for (int k = 0; k < kPerThread; ++k) {
     const int64_t i = first + int64_t{k} * kThreads;
     if (i >= vec_items) break;
 #pragma unroll
@@ -97,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) bias_gelu_kernel(const T* __restrict
 template <class T, int N>
 void launch(const T* in, const T* b, T* out, int64_t items, int64_t cols, cudaStream_t stream) {
   if (items == 0) return;
-  constexpr int64_t kPerBlock = int64_t{kThreads} * kVectorsPerThread;
+  constexpr int64_t kPerBlock = int64_t{kThreads} * kVectors<N>;
   const int64_t blocks = (items + kPerBlock - 1) / kPerBlock;
   OPFORGE_CHECK(blocks <= INT_MAX, "examples::bias_gelu: x has ", items * N, " elements, more than one launch covers");
   if (items < (int64_t{1} << 31)) {

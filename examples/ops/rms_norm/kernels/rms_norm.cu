@@ -13,14 +13,15 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
   T* out = y + static_cast<int64_t>(blockIdx.x) * cols;
   if (Row::fits(cols) && opforge::kernel::aligned(x, 16) && opforge::kernel::aligned(weight, 16) &&
       opforge::kernel::aligned(y, 16)) {
-    Row row;
+    using V = opforge::kernel::Vec<T, Row::kWidth>;
+    V row[Row::kVectors];  // the row as loaded: half the registers of accumulators for 16-bit T
     A sumsq = 0;
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
-      Row::load(in + Row::offset(k), row.v[k]);
+      row[k] = *reinterpret_cast<const V*>(in + Row::offset(k));
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) sumsq += row.v[k][i] * row.v[k][i];
+      for (int i = 0; i < Row::kWidth; ++i) sumsq += to_acc(row[k].v[i]) * to_acc(row[k].v[i]);
     }
     const A scale = A(1) / sqrt(opforge::kernel::block_sum(sumsq) / static_cast<A>(cols) + static_cast<A>(eps));
 #pragma unroll
@@ -29,7 +30,7 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
       A w[Row::kWidth];
       Row::load(weight + Row::offset(k), w);
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) w[i] *= row.v[k][i] * scale;
+      for (int i = 0; i < Row::kWidth; ++i) w[i] *= to_acc(row[k].v[i]) * scale;
       Row::store(out + Row::offset(k), w);
     }
     return;
