@@ -26,6 +26,8 @@
  *
  * Version 2: OpforgeTensorSpec::optional (OpforgeArgSpec grew),
  * OpforgeOpSpec::sharding_dims.
+ * Version 3: OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM (an older adapter would pass such inputs
+ * as is, misaligned or with a strided last dim).
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -37,7 +39,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 2
+#define OPFORGE_ABI_VERSION 3
 
 /* Element types. The numbering is opforge's own and stable across versions. */
 typedef enum OpforgeDtype {
@@ -130,7 +132,11 @@ typedef struct OpforgeExpr {
 
 typedef enum OpforgeLayout {
   OPFORGE_LAYOUT_CONTIGUOUS = 0, /* the adapter passes a dense, row-major, 16-byte aligned copy if needed */
-  OPFORGE_LAYOUT_STRIDED = 1     /* kernels read `strides`; any layout is passed as is */
+  OPFORGE_LAYOUT_STRIDED = 1,    /* kernels read `strides`; any layout is passed as is */
+  /* kernels read `strides` of every dim but the last, which has stride 1: a view whose last
+   * dim has stride 1 and whose data pointer and other strides are multiples of 16 bytes is
+   * passed as is, any other a dense, row-major, 16-byte aligned copy */
+  OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM = 2
 } OpforgeLayout;
 
 /* Constraints of one tensor argument, checked by adapters before any launch. */

@@ -87,6 +87,12 @@ inline detail::RankRange rank_between(int32_t lo, int32_t hi) { return {lo, hi};
 /// as it is. Without this, inputs reach kernels dense, row-major and 16-byte aligned (a
 /// misaligned view is copied), so kernels may use 16-byte vector loads unconditionally.
 inline constexpr detail::Strided strided{};
+/// The kernel reads the strides of every dim but the last, whose elements are adjacent (the
+/// layout of a head split `x.view(b, s, h, d).transpose(1, 2)`, or of a slice of rows): such a
+/// view is passed as is when its data pointer and its other strides are multiples of 16 bytes,
+/// so 16-byte vector loads along a row stay valid; any other layout reaches the kernel as a
+/// dense, 16-byte aligned copy. (PyTorch's fused attention kernels ask the same of q, k and v.)
+inline constexpr detail::ContiguousLastDim contiguous_last_dim{};
 /// The caller may leave the input out: the schema says `Tensor? name=None`, and the kernel
 /// then gets an opforge::Tensor whose defined() is false (run-time kernels: a null pointer).
 /// The input's other constraints apply only when it is given. Nothing else may refer to it
@@ -237,13 +243,14 @@ class OpBuilder {
 
   /// A tensor input. Constraints: a dtype set (`opforge::floating`, `opforge::kFloat16 |
   /// opforge::kBFloat16`), `same_dtype("x")`, `same_shape("x")`, `rank(n)`, `min_rank(n)`,
-  /// `shape({...})`, `strided`, `optional`.
+  /// `shape({...})`, `strided`, `contiguous_last_dim`, `optional`.
   template <class... C>
   OpBuilder<false, Sig..., Tensor> input(std::string name, const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
     static_assert((detail::TensorConstraint<C> && ...),
                   "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::same_shape, opforge::rank, "
-                  "opforge::min_rank, opforge::shape, opforge::strided and opforge::optional as constraints");
+                  "opforge::min_rank, opforge::shape, opforge::strided, opforge::contiguous_last_dim and "
+                  "opforge::optional as constraints");
     detail::ArgDecl a{std::move(name), OPFORGE_ARG_TENSOR, {}, {}};
     (detail::apply(a.tensor, constraints), ...);
     def_->args.push_back(std::move(a));

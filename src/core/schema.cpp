@@ -193,6 +193,7 @@ std::string library_json(const OpforgeLibrary& lib) {
         }
         os << "], \"min_rank\": " << a.tensor.min_rank << ", \"max_rank\": " << a.tensor.max_rank
            << ", \"strided\": " << (a.tensor.layout == OPFORGE_LAYOUT_STRIDED ? "true" : "false");
+        if (a.tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM) os << ", \"contiguous_last_dim\": true";
         if (is_optional(a)) os << ", \"optional\": true";
         if (a.tensor.dtype_like >= 0) os << ", \"same_dtype\": " << json_string(op.args[a.tensor.dtype_like].name);
         if (a.tensor.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(a.tensor.shape_like) &&

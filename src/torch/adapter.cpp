@@ -246,7 +246,9 @@ class OpKernel final : public c10::OperatorKernel {
         args[i].tensor = {nullptr, -1, kernel_device_type(), index, /*ndim=*/-1, nullptr, nullptr};
         continue;
       }
-      if (op_->args[i].tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS) {
+      const int32_t layout = op_->args[i].tensor.layout;
+      if (layout == OPFORGE_LAYOUT_CONTIGUOUS ||
+          (layout == OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM && !rows_aligned(t))) {
         // Dense, row-major and 16-byte aligned, so kernels may use vector loads unconditionally:
         // a misaligned view (a storage offset) is copied into a fresh, aligned allocation.
         t = t.contiguous();
@@ -288,6 +290,20 @@ class OpKernel final : public c10::OperatorKernel {
   }
 
   int32_t kernel_device_type() const { return mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU; }
+
+  /// Whether `t` may reach an input declared opforge::contiguous_last_dim as it is: a last dim
+  /// of adjacent elements, and a data pointer and other strides that are multiples of 16 bytes
+  /// (strides of size-1 dims never move a pointer and are not looked at).
+  static bool rows_aligned(const at::Tensor& t) {
+    const int64_t rank = t.dim();
+    if (rank == 0) return false;
+    if (t.size(rank - 1) > 1 && t.stride(rank - 1) != 1) return false;
+    const int64_t item = static_cast<int64_t>(t.element_size());
+    if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+    for (int64_t d = 0; d + 1 < rank; ++d)
+      if (t.size(d) > 1 && (t.stride(d) * item) % 16 != 0) return false;
+    return true;
+  }
 
   static OpforgeTensor view(const at::Tensor& t) {
     OpforgeTensor v{};

@@ -79,7 +79,7 @@ TEST(Schema, LibraryJsonDescribesOps) {
   const OpforgeOpSpec* ops[] = {def->spec()};
   OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, 1, ops, nullptr};
   EXPECT_EQ(opforge::core::library_json(lib),
-            "{\"abi_version\": 2, \"ops\": [{\"name\": \"ns::req\", \"schema\": \"ns::req(Tensor x, float alpha=0.5) -> "
+            "{\"abi_version\": " + std::to_string(OPFORGE_ABI_VERSION) + ", \"ops\": [{\"name\": \"ns::req\", \"schema\": \"ns::req(Tensor x, float alpha=0.5) -> "
             "Tensor\", \"doc\": \"say \\\"hi\\\"\", \"file\": \"f.cpp\", \"line\": 5, \"sharding\": \"none\", "
             "\"args\": [{\"name\": \"x\", "
             "\"type\": \"Tensor\", \"dtypes\": [\"float16\", \"bfloat16\"], \"min_rank\": -1, \"max_rank\": -1, "

@@ -110,6 +110,37 @@ def test_misaligned_and_strided_inputs(device):
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
 
 
+def copies_made(fn) -> int:
+    """ATen copies (aten::copy_) that running ``fn`` dispatches, counted with torch.profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name == "aten::copy_")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_head_split_views_reach_the_kernel_without_a_copy(device, head_dim):
+    """q, k, v are declared opforge::contiguous_last_dim: a model's head split (a transpose of a
+    [B, S, H * D] projection, here one fused q/k/v projection) is read in place by the kernel,
+    whose result equals that of dense inputs; a view whose last dim is strided, or whose rows
+    are not 16-byte aligned, is copied first and gives the same result too."""
+    batch, seq, heads = 2, 150, 3
+    qkv = torch.randn(batch, seq, 3, heads, head_dim, dtype=torch.bfloat16, device=device)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B, H, S, D], rows 3 * H * D apart
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    mask = torch.randn(batch, seq, dtype=torch.bfloat16, device=device)
+    dense = torch.ops.examples.attention(q.contiguous(), k.contiguous(), v.contiguous(), head_dim, mask, causal=True)
+    out = torch.ops.examples.attention(q, k, v, head_dim, mask, causal=True)
+    torch.testing.assert_close(out, dense, atol=0, rtol=0)
+    assert copies_made(lambda: torch.ops.examples.attention(q, k, v, head_dim, mask, causal=True)) == 0
+    strided_last = q.transpose(2, 3).contiguous().transpose(2, 3)  # same values, last dim strided
+    misaligned = torch.empty(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape).copy_(q)
+    for view in (strided_last, misaligned):
+        assert copies_made(lambda: torch.ops.examples.attention(view, k, v, head_dim, mask, causal=True)) == 1
+        torch.testing.assert_close(torch.ops.examples.attention(view, k, v, head_dim, mask, causal=True), dense,
+                                   atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_sequences(device):
     q, k, v, _ = inputs(2, 2, 0, 5, 64, torch.float16, device)

@@ -9,6 +9,12 @@
 #include <limits>
 #include <vector>
 
+/// Element offset of row `i` of (batch b, head h) in a [batch, heads, seq, head_dim] input
+/// whose last dim is contiguous (opforge::contiguous_last_dim).
+static int64_t row_offset(const opforge::Tensor& t, int64_t b, int64_t h, int64_t i) {
+  return b * t.stride(0) + h * t.stride(1) + i * t.stride(2);
+}
+
 // CPU reference, in double, one (batch, head, query row) at a time. A row whose every score is
 // -inf (all keys masked) gives zeros; a NaN score gives a NaN row.
 static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
@@ -18,15 +24,16 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
     const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d));
     std::vector<double> p(sk);
     for (int64_t b = 0; b < bh; ++b) {
+      const int64_t batch = b / heads, head = b % heads;
       for (int64_t i = 0; i < sq; ++i) {
-        const T* qi = q.data<T>() + (b * sq + i) * d;
+        const T* qi = q.data<T>() + row_offset(q, batch, head, i);
         double mx = -std::numeric_limits<double>::infinity(), sum = 0;
         bool nan = false;  // a NaN score makes the row NaN, as in softmax
         for (int64_t j = 0; j < sk; ++j) {
-          const T* kj = k.data<T>() + (b * sk + j) * d;
+          const T* kj = k.data<T>() + row_offset(k, batch, head, j);
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += double(qi[c]) * double(kj[c]);
-          p[j] = dot * s + (mask.defined() ? double(mask.data<T>()[b / heads * sk + j]) : 0.0);
+          p[j] = dot * s + (mask.defined() ? double(mask.data<T>()[batch * sk + j]) : 0.0);
           if (causal && j > i) p[j] = -std::numeric_limits<double>::infinity();
           mx = std::max(mx, p[j]);
           nan = nan || std::isnan(p[j]);
@@ -35,7 +42,7 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
         for (int64_t j = 0; j < sk; ++j) sum += p[j] = std::isinf(mx) && mx < 0 ? 0.0 : std::exp(p[j] - mx);
         for (int64_t c = 0; c < d; ++c) {
           double acc = 0;
-          for (int64_t j = 0; j < sk; ++j) acc += p[j] * double(v.data<T>()[(b * sk + j) * d + c]);
+          for (int64_t j = 0; j < sk; ++j) acc += p[j] * double(v.data<T>()[row_offset(v, batch, head, j) + c]);
           o.data<T>()[(b * sq + i) * d + c] = T(sum == 0 ? 0.0 : acc / sum);
         }
       }
@@ -43,12 +50,14 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
   });
 }
 
-// Grid of kernels/attention.cu: 128 query rows per block, one block row per (head, batch).
+// Grid of kernels/attention.cu: 128 query rows per block, one block row per (head, batch);
+// the kernel also gets the batch, head and row strides of q, k and v (declared
+// contiguous_last_dim, so a model's head split is read in place).
 // Head dim 128 on a compute capability 9.0 device takes the kernel's wgmma path (compiled as
 // sm_90a): 256 threads, 128 keys per step, Q and two stages of K and V in 161 KiB of shared
 // memory (attention_sm90::kSharedBytes). Otherwise 128 threads; keys per step 32 (head dim
 // 128) or 64, in shared memory with the 128 query rows.
-static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor, int64_t head_dim,
+static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
                                             opforge::Tensor, bool, double, opforge::MutableTensor) {
   OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535, "examples::attention: batch and heads must be at most "
                 "65535 each (one grid dim each), got ", q.size(0), " and ", q.size(1));
@@ -64,14 +73,18 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
     c.shared_bytes = static_cast<unsigned>((128 + 2 * (head_dim == 128 ? 32 : 64)) * head_dim * 2);
   }
   c.args = {q.size(1), q.size(2), k.size(2)};
+  for (const opforge::Tensor* t : {&q, &k, &v})  // batch, head and row strides (elements) of q, k, v
+    for (int d = 0; d < 3; ++d) c.args.push_back(t->stride(d));
   return c;
 }
 
 OPFORGE_OP(examples, attention)
     .doc("softmax(q k^T * scale + mask) v over [batch, heads, seq, head_dim]; causal: key j sees query i if j <= i")
-    .input("q", opforge::half_precision, opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}))
-    .input("k", opforge::same_dtype("q"), opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}))
-    .input("v", opforge::same_dtype("q"), opforge::same_shape("k"))
+    .input("q", opforge::half_precision, opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
+           opforge::contiguous_last_dim)
+    .input("k", opforge::same_dtype("q"), opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}),
+           opforge::contiguous_last_dim)
+    .input("v", opforge::same_dtype("q"), opforge::same_shape("k"), opforge::contiguous_last_dim)
     .param<int64_t>("head_dim", opforge::one_of({32, 64, 128}), opforge::compile_time)
     .input("mask", opforge::optional, opforge::same_dtype("q"), opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)}))
     .param<bool>("causal", false, opforge::compile_time)

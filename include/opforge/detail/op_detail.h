@@ -205,6 +205,7 @@ struct RankRange {
   int32_t min, max;
 };
 struct Strided {};
+struct ContiguousLastDim {};
 struct Optional {};
 struct ParamRange {
   bool has_min, has_max;
@@ -232,6 +233,7 @@ inline void apply(TensorDecl& t, const Shape& s) {
   t.shape = s.dims;
 }
 inline void apply(TensorDecl& t, Strided) { t.layout = OPFORGE_LAYOUT_STRIDED; }
+inline void apply(TensorDecl& t, ContiguousLastDim) { t.layout = OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM; }
 inline void apply(TensorDecl& t, Optional) { t.optional = true; }
 
 inline void apply(ParamDecl& p, const ParamRange& r) {

@@ -20,8 +20,10 @@
 // intra-warpgroup overlap: Shah et al., "FlashAttention-3: Fast and Accurate Attention with
 // Asynchrony and Low-precision", 2024, Algorithm 2; without its TMA and warp specialisation).
 //
-// Arguments (opforge run-time kernel convention): q, k, v [B, H, Sq|Sk, D] dense, mask [B, Sk]
-// or null, o [B, H, Sq, D]; then the grid function's heads, Sq, Sk; then scale (0: 1/sqrt(D)).
+// Arguments (opforge run-time kernel convention): q, k, v [B, H, Sq|Sk, D] with contiguous,
+// 16-byte aligned rows (opforge::contiguous_last_dim), mask [B, Sk] or null, o [B, H, Sq, D]
+// dense; then the grid function's heads, Sq, Sk and the batch, head and row strides of q, k,
+// v; then scale (0: 1/sqrt(D)).
 // Grid: (ceil(Sq / 128), H, B); 128 threads and (128 + 2 * kBlockN) * D * sizeof(T) bytes of
 // dynamic shared memory, or on the Hopper path 256 threads and attention_sm90::kSharedBytes
 // (attention.cpp's grid function, which asks opforge::compute_capability).
@@ -140,22 +142,33 @@ struct TileAddress {
   __device__ unsigned operator()(int j, int row_offset) const { return base[j % 4] + (j / 4) * 128 + row_offset * D * 2; }
 };
 
-/// Copies rows [row0, row0 + ROWS) of a [rows, D] matrix into a swizzled shared tile with
-/// cp.async (16-byte chunks: opforge passes dense inputs 16-byte aligned); rows at or past
-/// `limit` become zeros.
+/// Copies rows [row0, row0 + ROWS) of a [rows, D] matrix (rows `row_stride` elements apart)
+/// into a swizzled shared tile with cp.async (16-byte chunks: opforge passes rows 16-byte
+/// aligned); rows at or past `limit` become zeros.
 template <class T, int D, int ROWS>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t limit) {
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row_stride, int64_t row0, int64_t limit) {
   constexpr int kChunks = D / 8;
   static_assert(ROWS * kChunks % kThreads == 0, "whole chunks per thread");
 #pragma unroll
   for (int it = 0; it < ROWS * kChunks / kThreads; ++it) {
     const int i = it * kThreads + threadIdx.x, r = i / kChunks, c = i % kChunks;
     const bool valid = row0 + r < limit;
-    const T* from = src + (valid ? (row0 + r) * D + c * 8 : 0);
+    const T* from = src + (valid ? (row0 + r) * row_stride + c * 8 : 0);
     cp_async_16(tile + swizzled<D>(r, c), from, valid);
   }
 }
 
+
+/// Batch, head and row strides (elements) of one of q, k, v, whose rows are contiguous and
+/// 16-byte aligned (opforge::contiguous_last_dim: a head split's transpose arrives as is).
+struct Strides {
+  int64_t batch, head, row;
+};
+/// The problem: heads, query and key lengths, and the strides of q, k and v.
+struct Layout {
+  int64_t heads, sq, sk;
+  Strides q, k, v;
+};
 
 /// What one block of either path works on: its (batch, head) `bh`, its first query row `m0`
 /// (causal grids run the heaviest blocks, the last rows, first), the slices of q, k, v and the
@@ -167,14 +180,13 @@ struct BlockWork {
   const T *q, *k, *v, *mask;
   float scale_log2;
   int n_blocks;
-  __device__ BlockWork(const T* q_, const T* k_, const T* v_, const T* mask_, int64_t heads, int64_t sq, int64_t sk,
-                       double scale) {
-    const int64_t batch = blockIdx.z;
-    bh = batch * heads + blockIdx.y;
+  __device__ BlockWork(const T* q_, const T* k_, const T* v_, const T* mask_, const Layout& l, double scale) {
+    const int64_t batch = blockIdx.z, head = blockIdx.y, sk = l.sk;
+    bh = batch * l.heads + head;
     m0 = static_cast<int64_t>(kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockM;
-    q = q_ + bh * sq * D;
-    k = k_ + bh * sk * D;
-    v = v_ + bh * sk * D;
+    q = q_ + batch * l.q.batch + head * l.q.head;
+    k = k_ + batch * l.k.batch + head * l.k.head;
+    v = v_ + batch * l.v.batch + head * l.v.head;
     mask = mask_ ? mask_ + batch * sk : nullptr;
     scale_log2 = static_cast<float>(scale > 0 ? scale : 1.0 / sqrt(static_cast<double>(D))) * kLog2e;
     const int64_t n_end = kCausal ? (sk < m0 + kBlockM ? sk : m0 + kBlockM) : sk;
@@ -189,7 +201,8 @@ namespace attention_detail {
 template <class T, int D, bool kCausal>
 __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
                                               const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
-                                              int64_t heads, int64_t sq, int64_t sk, double scale) {
+                                              const Layout& l, double scale) {
+  const int64_t sq = l.sq, sk = l.sk;
   constexpr int kBlockN = attention_detail::kBlockN<D>, kTilesN = kBlockN / 8, kTilesD = D / 8;
   if (blockDim.x != kThreads) __trap();  // the grid function and this path disagree: fail, never compute wrong
   T* sQ = reinterpret_cast<T*>(shared);
@@ -197,14 +210,14 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
   T* sV = sK + kBlockN * D;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const BlockWork<T, D, kBlockN, kCausal> work(q, k, v, mask, heads, sq, sk, scale);
+  const BlockWork<T, D, kBlockN, kCausal> work(q, k, v, mask, l, scale);
   const int64_t bh = work.bh, m0 = work.m0;
   const T *qb = work.q, *kb = work.k, *vb = work.v, *mb = work.mask;
   const float scale_log2 = work.scale_log2;
   const int n_blocks = work.n_blocks;
 
-  load_tile<T, D, kBlockM>(sQ, qb, m0, sq);
-  if (n_blocks > 0) load_tile<T, D, kBlockN>(sK, kb, 0, sk);
+  load_tile<T, D, kBlockM>(sQ, qb, l.q.row, m0, sq);
+  if (n_blocks > 0) load_tile<T, D, kBlockN>(sK, kb, l.k.row, 0, sk);
   cp_async_commit();
 
   float acc[2][kTilesD][4];
@@ -229,7 +242,7 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
     const int64_t n0 = static_cast<int64_t>(nb) * kBlockN;
     cp_async_wait_all();
     __syncthreads();  // K (and Q) landed; every warp is done with the previous V
-    load_tile<T, D, kBlockN>(sV, vb, n0, sk);
+    load_tile<T, D, kBlockN>(sV, vb, l.v.row, n0, sk);
     cp_async_commit();
 
     // S = Q K^T for this warp's 32 rows and the block's 64 keys.
@@ -260,7 +273,7 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
     cp_async_wait_all();
     __syncthreads();  // V landed; every warp is done with K
     if (nb + 1 < n_blocks) {
-      load_tile<T, D, kBlockN>(sK, kb, n0 + kBlockN, sk);
+      load_tile<T, D, kBlockN>(sK, kb, l.k.row, n0 + kBlockN, sk);
       cp_async_commit();
     }
 
@@ -380,17 +393,18 @@ constexpr unsigned kQ = 0, kK = 2 * kHalf, kV = 6 * kHalf, kSharedBytes = 10 * k
 __device__ __forceinline__ unsigned k_tile(int stage) { return kK + stage * 2 * kHalf; }
 __device__ __forceinline__ unsigned v_tile(int stage) { return kV + stage * 2 * kHalf; }
 
-/// Copies rows [row0, row0 + 128) of a dense [rows, 128] matrix into the tile at shared address
+/// Copies rows [row0, row0 + 128) of a [rows, 128] matrix (rows `row_stride` elements apart,
+/// 16-byte aligned) into the tile at shared address
 /// `tile` with cp.async: columns 64 h .. 64 h + 63 go to half h, whose row r holds its 16-byte
 /// chunk c at chunk c ^ (r % 8), the 128-byte swizzle (cute's Swizzle<3, 4, 3>) that
 /// descriptors of layout type 1 describe. Rows at or past `limit` become zeros.
 template <class T>
-__device__ __forceinline__ void load_tile(unsigned tile, const T* src, int64_t row0, int64_t limit) {
+__device__ __forceinline__ void load_tile(unsigned tile, const T* src, int64_t row_stride, int64_t row0, int64_t limit) {
 #pragma unroll
   for (int it = 0; it < kBlockM * 16 / kThreads; ++it) {
     const int i = it * kThreads + threadIdx.x, r = i / 16, c = i % 16;
     const bool valid = row0 + r < limit;
-    const T* from = src + (valid ? (row0 + r) * kD + c * 8 : 0);
+    const T* from = src + (valid ? (row0 + r) * row_stride + c * 8 : 0);
     const unsigned to = tile + (c / 8) * kHalf + r * 128 + (((c % 8) ^ (r % 8)) << 4);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(valid ? 16 : 0));
   }
@@ -497,20 +511,21 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
 template <class T, bool kCausal>
 __device__ __forceinline__ void attention(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
                                           const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
-                                          int64_t heads, int64_t sq, int64_t sk, double scale) {
+                                          const attention_detail::Layout& l, double scale) {
+  const int64_t sq = l.sq, sk = l.sk;
   using attention_detail::cp_async_commit;
   using attention_detail::cp_async_wait_all;
   if (blockDim.x != kThreads) __trap();  // the grid function and this path disagree: fail, never compute wrong
   const unsigned base = (attention_detail::smem_address(shared) + 1023u) & ~1023u;
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const attention_detail::BlockWork<T, kD, kBlockN, kCausal> work(q, k, v, mask, heads, sq, sk, scale);
+  const attention_detail::BlockWork<T, kD, kBlockN, kCausal> work(q, k, v, mask, l, scale);
   const int64_t bh = work.bh, m0 = work.m0;
   const T *qb = work.q, *kb = work.k, *vb = work.v, *mb = work.mask;
   const float scale_log2 = work.scale_log2;
   const int n_blocks = work.n_blocks;
 
-  load_tile<T>(base + kQ, qb, m0, sq);
-  if (n_blocks > 0) load_tile<T>(base + k_tile(0), kb, 0, sk);
+  load_tile<T>(base + kQ, qb, l.q.row, m0, sq);
+  if (n_blocks > 0) load_tile<T>(base + k_tile(0), kb, l.k.row, 0, sk);
   cp_async_commit();
 
   float acc[64], s[64];
@@ -528,8 +543,8 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     cp_async_wait_all();
     fence_proxy_async();
     __syncthreads();  // K_nb and V_{nb-1} landed; every wgmma of the previous step is done
-    if (nb + 1 < n_blocks) load_tile<T>(base + k_tile(stage ^ 1), kb, n0 + kBlockN, sk);
-    load_tile<T>(base + v_tile(stage), vb, n0, sk);
+    if (nb + 1 < n_blocks) load_tile<T>(base + k_tile(stage ^ 1), kb, l.k.row, n0 + kBlockN, sk);
+    load_tile<T>(base + v_tile(stage), vb, l.v.row, n0, sk);
     cp_async_commit();
 
     wgmma_fence();
@@ -643,13 +658,17 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
 template <class T, int D, bool kCausal>
 __global__ void __launch_bounds__(attention_detail::kThreadsFor<D>, attention_detail::kMinBlocksFor<D>)
     attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ mask,
-              T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, double scale) {
+              T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, int64_t q_batch, int64_t q_head,
+              int64_t q_row, int64_t k_batch, int64_t k_head, int64_t k_row, int64_t v_batch, int64_t v_head,
+              int64_t v_row, double scale) {
   static_assert(D == 32 || D == 64 || D == 128, "head dim 32, 64 or 128");
+  const attention_detail::Layout l{heads, sq, sk, {q_batch, q_head, q_row}, {k_batch, k_head, k_row},
+                                   {v_batch, v_head, v_row}};
   extern __shared__ __align__(1024) unsigned char shared[];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (attention_detail::kUsesWgmma<D>)
-    attention_sm90::attention<T, kCausal>(shared, q, k, v, mask, o, heads, sq, sk, scale);
+    attention_sm90::attention<T, kCausal>(shared, q, k, v, mask, o, l, scale);
   else
 #endif
-    attention_detail::attention_mma<T, D, kCausal>(shared, q, k, v, mask, o, heads, sq, sk, scale);
+    attention_detail::attention_mma<T, D, kCausal>(shared, q, k, v, mask, o, l, scale);
 }
