@@ -25,7 +25,8 @@ import opforge  # noqa: E402
 def attention_cases() -> int:
     """examples::attention (not in CASES: it takes q, k, v, head_dim and an optional mask) over
     lengths that straddle its 128-query and 32/64-key tiles, every head dim, with and without
-    mask and causal, aligned and misaligned q; returns the number of mismatches."""
+    mask and causal, head-split (strided) views and a misaligned q; returns the number of
+    mismatches."""
     opforge.load_library(opforge.example_library("attention"))
     failures = 0
     for dtype in (torch.float16, torch.bfloat16):
@@ -33,9 +34,13 @@ def attention_cases() -> int:
             for sq, sk in ((1, 1), (129, 65), (64, 31), (200, 0)):
                 for causal in (False, True):
                     for offset in (0, 1):
-                        q = torch.randn(2, 2, sq, head_dim, dtype=dtype, device="cuda")
-                        q = torch.empty(q.numel() + offset, dtype=dtype, device="cuda")[offset:].view_as(q).copy_(q)
-                        k, v = (torch.randn(2, 2, sk, head_dim, dtype=dtype, device="cuda") for _ in range(2))
+                        if offset:  # misaligned q (copied by the adapter), dense k and v
+                            q = torch.randn(2, 2, sq, head_dim, dtype=dtype, device="cuda")
+                            q = torch.empty(q.numel() + 1, dtype=dtype, device="cuda")[1:].view_as(q).copy_(q)
+                            k, v = (torch.randn(2, 2, sk, head_dim, dtype=dtype, device="cuda") for _ in range(2))
+                        else:  # head-split views of one q/k/v projection, read in place by the kernel
+                            qkv = torch.randn(2, max(sq, sk), 3, 2, head_dim, dtype=dtype, device="cuda")
+                            q, k, v = (t.transpose(1, 2)[:, :, :n] for t, n in zip(qkv.unbind(2), (sq, sk, sk)))
                         mask = torch.randn(2, sk, dtype=dtype, device="cuda") if offset else None
                         args = (q, k, v, head_dim, mask)
                         out = torch.ops.examples.attention(*args, causal=causal)
