@@ -192,9 +192,10 @@ def precompile(
     """Compile the run-time kernels of ``op`` for one instantiation, without a GPU.
 
     The same lookup a launch does: the library's shipped cache, the user cache
-    (``$OPFORGE_CACHE_DIR/kernels``, default ``~/.cache/opforge/kernels``), then NVRTC; a fresh
-    binary is written to ``cache_dir`` (default: the user cache; a warning is printed if that
-    folder cannot be written).
+    (``$OPFORGE_CACHE_DIR/kernels``, default ``~/.cache/opforge/kernels``), then NVRTC; the
+    binary ends up in ``cache_dir`` (default: the user cache), compiled now or copied from the
+    cache it was found in, so that a package built there carries it (a warning is printed if
+    that folder cannot be written).
 
     Args:
         op: qualified op name, e.g. ``"examples::softshrink"``.

@@ -438,12 +438,21 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
 
 /// The binary for `job`: from the shipped cache (the kernel folder's cache/), the user cache,
 /// or a fresh compile stored into `write_dir`. Sets `hit` to whether it was cached.
-Binary binary_for(const Job& job, const std::string& write_dir, bool& hit) {
+/// The binary of `job`: from the library's shipped cache, the user cache or `write_dir`, else
+/// compiled now and stored in `write_dir`. With `store_in_write_dir` (precompile: packages
+/// must carry their binaries), one found elsewhere is also stored in `write_dir`.
+Binary binary_for(const Job& job, const std::string& write_dir, bool& hit, bool store_in_write_dir = false) {
   const std::string file = hex(fnv1a(job.key)) + ".bin";
   Binary b;
   hit = true;
-  for (const auto& dir : {kernel_dir() + "/cache", user_cache_dir(), write_dir})
-    if (read_entry(dir + "/" + file, job.key, b)) return b;
+  for (const auto& dir : {kernel_dir() + "/cache", user_cache_dir(), write_dir}) {
+    if (read_entry(dir + "/" + file, job.key, b)) {
+      Binary stored;
+      if (store_in_write_dir && dir != write_dir && !read_entry(write_dir + "/" + file, job.key, stored))
+        write_entry(write_dir, file, job.key, b);
+      return b;
+    }
+  }
   hit = false;
   b = compile(job.display_path, job.source, job.name, job.arch, job.options);
   write_entry(write_dir, file, job.key, b);
@@ -614,7 +623,8 @@ int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user) {
     const std::string name = instantiate(rk, arg_dtypes, out_dtypes, request->values);
     std::lock_guard<std::mutex> lock(g_mutex);
     bool hit = false;
-    binary_for(make_job(rk, name, request->arch), request->cache_dir ? request->cache_dir : user_cache_dir(), hit);
+    binary_for(make_job(rk, name, request->arch), request->cache_dir ? request->cache_dir : user_cache_dir(), hit,
+               /*store_in_write_dir=*/true);
     request->cache_hit = hit;
   });
 }

@@ -207,3 +207,19 @@ def test_precompile_fills_compile_time_defaults_and_refuses_missing_ones(tmp_pat
     opforge.load_library(opforge.example_library("attention"))
     with pytest.raises(ValueError, match="no value given for the compile-time parameter 'head_dim', which has no default"):
         opforge.precompile("examples::attention", dict.fromkeys("qkv", torch.float16), cache_dir=cache)
+
+
+def test_precompile_stores_a_binary_found_in_another_cache(tmp_path, monkeypatch):
+    """A package must carry its binaries even when the user cache already had them (as it does
+    on a machine that ran the op): precompile copies a binary it finds into cache_dir."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "user"))
+    build_scale_op(tmp_path, "copied", KERNEL.replace("MULTIPLIER", "4"))
+    assert opforge.precompile("rtc_test::copied", {"x": torch.float32}, {"k": 2}, arch="sm_90") is False
+    user_bins = list((tmp_path / "user" / "kernels").glob("*.bin"))
+    assert len(user_bins) == 1
+    package_cache = tmp_path / "package" / "cache"
+    assert opforge.precompile("rtc_test::copied", {"x": torch.float32}, {"k": 2}, arch="sm_90",
+                              cache_dir=package_cache) is True  # found, not compiled
+    package_bins = list(package_cache.glob("*.bin"))
+    assert [p.name for p in package_bins] == [user_bins[0].name]
+    assert package_bins[0].read_bytes() == user_bins[0].read_bytes()
