@@ -112,7 +112,7 @@ def test_misaligned_and_strided_inputs(device):
 
 def copies_made(fn) -> int:
     """ATen copies (aten::copy_) that running ``fn`` dispatches, counted with torch.profiler."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True) as prof:
         fn()
     return sum(1 for e in prof.events() if e.name == "aten::copy_")
 
