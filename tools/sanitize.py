@@ -41,7 +41,7 @@ def attention_cases() -> int:
                         else:  # head-split views of one q/k/v projection, read in place by the kernel
                             qkv = torch.randn(2, max(sq, sk), 3, 2, head_dim, dtype=dtype, device="cuda")
                             q, k, v = (t.transpose(1, 2)[:, :, :n] for t, n in zip(qkv.unbind(2), (sq, sk, sk)))
-                        mask = torch.randn(2, sk, dtype=dtype, device="cuda") if offset else None
+                        mask = torch.randn(2, sk, dtype=dtype, device="cuda") if offset or causal else None
                         args = (q, k, v, head_dim, mask)
                         out = torch.ops.examples.attention(*args, causal=causal)
                         ref = torch.ops.examples.attention(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args],

@@ -135,7 +135,8 @@ typedef enum OpforgeLayout {
   OPFORGE_LAYOUT_STRIDED = 1,    /* kernels read `strides`; any layout is passed as is */
   /* kernels read `strides` of every dim but the last, which has stride 1: a view whose last
    * dim has stride 1 and whose data pointer and other strides are multiples of 16 bytes is
-   * passed as is, any other a dense, row-major, 16-byte aligned copy */
+   * passed as is (strides of size-1 dims, the last included, are not looked at: they never
+   * move a pointer), any other a dense, row-major, 16-byte aligned copy */
   OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM = 2
 } OpforgeLayout;
 

@@ -149,12 +149,13 @@ inline detail::ShardDims shard_dims(std::initializer_list<int32_t> dims) { retur
 
 using detail::LaunchConfig;
 
-/// Compute capability of the CUDA device holding `t`, as major * 10 + minor (90 on an H100 or
-/// H200); 0 for a tensor on the CPU. For grid functions of kernels that take another path on
-/// some architectures: opforge compiles run-time kernels for a 9.0 device as sm_90a, so code
+/// The NVRTC target opforge compiles run-time kernels for on the CUDA device holding `t`:
+/// "sm_90a" on a compute capability 9.0 GPU (an H100 or H200; NVRTC 12.0 or newer), "sm_XY"
+/// machine code for other GPUs NVRTC knows, "compute_XY" PTX for newer ones; "" for a tensor on
+/// the CPU. For grid functions of kernels that take another path on some architectures: code
 /// under `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)` (wgmma, setmaxnreg) runs exactly when this
-/// returns 90. Throws InternalError if the CUDA runtime cannot answer.
-int compute_capability(const Tensor& t);
+/// returns "sm_90a". Throws InternalError if the CUDA runtime or NVRTC cannot answer.
+std::string kernel_target(const Tensor& t);
 
 /// One thread per element of `tensor` (an input or output): the kernel receives the tensors'
 /// pointers, then `int64_t n` (the element count), then the runtime parameters. Chain

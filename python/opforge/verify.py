@@ -10,8 +10,8 @@ with the CPU reference run on float64 copies of the inputs where the op accepts 
 tolerances by dtype (:data:`TOLERANCES`). On a machine without a GPU, the CPU reference is
 compared with the description's ``.equivalent()`` torch expression instead (a reference
 compared with itself proves nothing), and each run-time kernel instantiation the cases would use
-is compiled with NVRTC for sm_90 (check "nvrtc"), so a kernel source that does not compile
-fails there too. Parameters: defaults, the bounds of ranges and a point inside, a random value
+is compiled with NVRTC for sm_90 and sm_80 (check "nvrtc"), so a kernel source that does not
+compile fails there too, on either side of an architecture-specific path. Parameters: defaults, the bounds of ranges and a point inside, a random value
 for unranged floats, every choice. Every case draws fresh random data from a seed that the
 report prints. Each op also gets ``torch.library.opcheck``, a ``torch.compile(fullgraph=True,
 dynamic=True)`` no-recompile check over three batch sizes, and a Meta-versus-real check of
@@ -451,10 +451,15 @@ def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cas
     record("compile", compile_check)
 
 
+#: Targets run-time kernels are compiled for on a machine without a GPU: Hopper (built as sm_90a,
+#: where kernels may take wgmma paths) and Ampere (sm_80), which compiles their other paths.
+CHECK_ARCHS = ("sm_90", "sm_80")
+
+
 def _check_kernels_compile(spec: dict, dtypes: Sequence[str], seed: int, report: Report) -> None:
     """Without a GPU the run-time kernels never run, so compile every instantiation (each dtype x
-    each combination of the compile-time parameter values the cases use) with NVRTC for sm_90: a
-    source that does not compile fails here, with NVRTC's log."""
+    each combination of the compile-time parameter values the cases use) with NVRTC for each of
+    :data:`CHECK_ARCHS`: a source that does not compile fails here, with NVRTC's log."""
     args = spec["args"]
     compile_time = [i for i, a in enumerate(args) if a.get("compile_time")]
     sets = _param_sets(spec, random.Random(seed))
@@ -465,14 +470,16 @@ def _check_kernels_compile(spec: dict, dtypes: Sequence[str], seed: int, report:
             tensors = {a["name"]: _DTYPES[_tensor_dtype(spec, i, dtype)] for i, a in enumerate(args)
                        if a["type"] == "Tensor"}
             values = {args[i]["name"]: params[i] for i in compile_time}
-            result = CaseResult(spec["name"], "nvrtc", dtype, ", ".join(f"{k}={v}" for k, v in values.items()) or "all",
-                                "pass", repro={"dtypes": {k: str(v).removeprefix("torch.") for k, v in tensors.items()},
-                                               "params": values, "arch": "sm_90"})
-            try:
-                precompile(spec["name"], tensors, values, arch="sm_90")
-            except Exception as e:  # noqa: BLE001 -- reported as a failed case
-                result.status, result.message = "FAIL", "\n".join(f"{type(e).__name__}: {e}".splitlines()[:8])
-            report.results.append(result)
+            for arch in CHECK_ARCHS:
+                label = ", ".join([f"{k}={v}" for k, v in values.items()] + [arch])
+                result = CaseResult(spec["name"], "nvrtc", dtype, label, "pass",
+                                    repro={"dtypes": {k: str(v).removeprefix("torch.") for k, v in tensors.items()},
+                                           "params": values, "arch": arch})
+                try:
+                    precompile(spec["name"], tensors, values, arch=arch)
+                except Exception as e:  # noqa: BLE001 -- reported as a failed case
+                    result.status, result.message = "FAIL", "\n".join(f"{type(e).__name__}: {e}".splitlines()[:8])
+                report.results.append(result)
 
 
 def verify_op(name: str, *, device: str | None = None, seed: int | None = None,

@@ -106,6 +106,7 @@ struct Nvrtc {
   decltype(&::nvrtcGetPTX) ptx = nullptr;
   decltype(&::nvrtcGetNumSupportedArchs) num_archs = nullptr;
   decltype(&::nvrtcGetSupportedArchs) archs = nullptr;
+  int major = 0, minor = 0;
   std::string version_text;
   std::string load_error;
 };
@@ -148,9 +149,8 @@ const Nvrtc& nvrtc() {
       n.load_error = "the NVRTC library found lacks required functions";
       return n;
     }
-    int major = 0, minor = 0;
-    n.version(&major, &minor);
-    n.version_text = std::to_string(major) + "." + std::to_string(minor);
+    n.version(&n.major, &n.minor);
+    n.version_text = std::to_string(n.major) + "." + std::to_string(n.minor);
     return n;
   }();
   if (!lib.load_error.empty()) throw InternalError("opforge: " + lib.load_error);
@@ -403,11 +403,26 @@ std::string target_for(int cc) {
 }
 
 /// The -arch NVRTC gets for a requested target: machine code for compute capability 9.0 is
-/// built as sm_90a, with Hopper's architecture-specific instructions (wgmma, setmaxnreg) that
-/// kernels may use under `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)`; such code runs on 9.0
-/// devices only, which is what "sm_90" machine code targets anyway (the choice torch's and
-/// Triton's Hopper builds make). Other targets are used as given.
-std::string with_arch_features(const std::string& arch) { return arch == "sm_90" ? "sm_90a" : arch; }
+/// built as sm_90a (NVRTC 12.0 or newer), with Hopper's architecture-specific instructions
+/// (wgmma, setmaxnreg) that kernels may use under `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)`;
+/// such code runs on 9.0 devices only, which is what "sm_90" machine code targets anyway (the
+/// choice torch's and Triton's Hopper builds make). Other targets are used as given.
+std::string with_arch_features(const std::string& arch) {
+  return arch == "sm_90" && nvrtc().major >= 12 ? "sm_90a" : arch;
+}
+
+/// The NVRTC target of run-time kernels launched on CUDA device `device`.
+std::string device_target(int device) {
+  int major = 0, minor = 0;
+  const cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  const cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e1 != cudaSuccess || e2 != cudaSuccess) {
+    cudaGetLastError();  // not left for an unrelated launch check to report
+    throw InternalError("opforge: the CUDA runtime cannot query the compute capability of device " +
+                        std::to_string(device) + ": " + cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
+  }
+  return with_arch_features(target_for(major * 10 + minor));
+}
 
 /// Source, options and cache key of one instantiation, read fresh from the kernel folder.
 struct Job {
@@ -436,11 +451,10 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
   return j;
 }
 
-/// The binary for `job`: from the shipped cache (the kernel folder's cache/), the user cache,
-/// or a fresh compile stored into `write_dir`. Sets `hit` to whether it was cached.
-/// The binary of `job`: from the library's shipped cache, the user cache or `write_dir`, else
-/// compiled now and stored in `write_dir`. With `store_in_write_dir` (precompile: packages
-/// must carry their binaries), one found elsewhere is also stored in `write_dir`.
+/// The binary of `job`: from the shipped cache (the kernel folder's cache/), the user cache or
+/// `write_dir`, else compiled now and stored in `write_dir`; `hit` says whether it was cached.
+/// With `store_in_write_dir` (precompile: packages must carry their binaries), one found
+/// elsewhere is also stored in `write_dir`.
 Binary binary_for(const Job& job, const std::string& write_dir, bool& hit, bool store_in_write_dir = false) {
   const std::string file = hex(fnv1a(job.key)) + ".bin";
   Binary b;
@@ -472,11 +486,8 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   auto key = std::make_tuple(&rk, name, device);
   auto it = functions().find(key);
   if (it != functions().end()) return it->second;
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   bool hit = false;
-  const Binary b = binary_for(make_job(rk, name, target_for(major * 10 + minor)), user_cache_dir(), hit);
+  const Binary b = binary_for(make_job(rk, name, device_target(device)), user_cache_dir(), hit);
   // Loaded into the device's primary context (current: the adapter's device guard set it).
   // Modules are never unloaded: after reload() work already queued may still use them.
   CUmodule module = nullptr;
@@ -638,18 +649,14 @@ void rtc_reload() {
 
 namespace opforge {
 
-int compute_capability(const Tensor& t) {
-  if (!t.is_cuda()) return 0;
-  static std::atomic<int> cached[64] = {};
-  const int device = t.device_index();
-  if (device >= 0 && device < 64 && cached[device].load() > 0) return cached[device].load();
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    throw InternalError("opforge::compute_capability: the CUDA runtime cannot query device " + std::to_string(device));
-  const int cc = major * 10 + minor;
-  if (device >= 0 && device < 64) cached[device].store(cc);
-  return cc;
+std::string kernel_target(const Tensor& t) {
+  if (!t.is_cuda()) return "";
+  static std::mutex mutex;
+  static std::map<int, std::string> targets;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = targets.find(t.device_index());
+  if (it == targets.end()) it = targets.emplace(t.device_index(), detail::device_target(t.device_index())).first;
+  return it->second;
 }
 
 }  // namespace opforge

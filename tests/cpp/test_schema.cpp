@@ -71,7 +71,7 @@ TEST(Schema, SeveralOutputsReturnATuple) {
 TEST(Schema, LibraryJsonDescribesOps) {
   auto def = finalized(opforge::detail::make_op("ns", "req", "f.cpp", 5)
                            .doc("say \"hi\"")
-                           .input("x", opforge::kFloat16 | opforge::kBFloat16)
+                           .input("x", opforge::kFloat16 | opforge::kBFloat16, opforge::contiguous_last_dim)
                            .param<double>("alpha", 0.5, opforge::at_least(0))
                            .output("y", opforge::like("x"))
                            .reference(one_param)
@@ -83,7 +83,7 @@ TEST(Schema, LibraryJsonDescribesOps) {
             "Tensor\", \"doc\": \"say \\\"hi\\\"\", \"file\": \"f.cpp\", \"line\": 5, \"sharding\": \"none\", "
             "\"args\": [{\"name\": \"x\", "
             "\"type\": \"Tensor\", \"dtypes\": [\"float16\", \"bfloat16\"], \"min_rank\": -1, \"max_rank\": -1, "
-            "\"strided\": false}, {\"name\": \"alpha\", \"type\": \"float\", \"default\": \"0.5\", \"min\": 0.0}], "
+            "\"strided\": false, \"contiguous_last_dim\": true}, {\"name\": \"alpha\", \"type\": \"float\", \"default\": \"0.5\", \"min\": 0.0}], "
             "\"outputs\": [{\"name\": \"y\", \"like\": \"x\", \"dtype\": \"like x\"}], \"devices\": [\"cpu\"], "
             "\"runtime_kernels\": []}]}");
 }

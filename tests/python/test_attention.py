@@ -91,11 +91,12 @@ def test_inputs_on_a_non_current_gpu():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fully_masked_rows_give_zeros(device):
-    q, k, v, _ = inputs(2, 2, 9, 11, 64, torch.float16, device)
+@pytest.mark.parametrize("head_dim", [64, 128])  # 128: the wgmma path on Hopper
+def test_fully_masked_rows_give_zeros(device, head_dim):
+    q, k, v, _ = inputs(2, 2, 9, 11, head_dim, torch.float16, device)
     mask = torch.zeros(2, 11, dtype=torch.float16, device=device)
     mask[0] = float("-inf")  # batch 0 sees no key
-    out = torch.ops.examples.attention(q, k, v, 64, mask)
+    out = torch.ops.examples.attention(q, k, v, head_dim, mask)
     assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
     torch.testing.assert_close(out[1].double().cpu(), expected(q, k, v, mask)[1], atol=4e-3, rtol=4e-3)
 

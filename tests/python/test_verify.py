@@ -76,11 +76,12 @@ def test_correct_fixture_passes(broken_ops):
 def test_run_time_kernels_are_compiled_without_a_gpu(broken_ops):
     report = verify.verify_op("fixture::cuda_syntax_error", device="cpu", seed=5, dtypes=["float32", "bfloat16"])
     failed = [r for r in report.failures if r.check == "nvrtc"]
-    assert [r.dtype for r in failed] == ["float32", "bfloat16"]
+    assert [(r.dtype, r.repro["arch"]) for r in failed] == [
+        ("float32", "sm_90"), ("float32", "sm_80"), ("bfloat16", "sm_90"), ("bfloat16", "sm_80")]
     assert "syntax_error.cu(8)" in failed[0].message and "twice_syntax_error<float>" in failed[0].message
     assert failed[0].repro == {"dtypes": {"x": "float32"}, "params": {}, "arch": "sm_90"}
     ok = verify.verify_op("fixture::cuda_correct", device="cpu", seed=5)
-    assert {r.case for r in ok.results if r.check == "nvrtc"} == {"all"} and ok.ok
+    assert {r.case for r in ok.results if r.check == "nvrtc"} == {"sm_90", "sm_80"} and ok.ok
 
 
 def test_every_choice_and_unranged_float_is_verified():
@@ -91,7 +92,7 @@ def test_every_choice_and_unranged_float_is_verified():
     head_dims = {r.repro["args"][3] for r in report.results if r.check == "values" and r.repro}
     assert head_dims == {32, 64, 128}
     assert {r.case for r in report.results if r.check == "nvrtc"} == {
-        f"head_dim={d}, causal={c}" for d in (32, 64, 128) for c in (False, True)}
+        f"head_dim={d}, causal={c}, {arch}" for d in (32, 64, 128) for c in (False, True) for arch in ("sm_90", "sm_80")}
 
 
 @requires_cuda

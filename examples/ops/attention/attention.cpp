@@ -54,7 +54,7 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
 // the kernel also gets the batch, head and row strides of q, k and v (declared
 // contiguous_last_dim, so a model's head split is read in place).
 // Head dim 128 on a compute capability 9.0 device takes the kernel's wgmma path (compiled as
-// sm_90a): 256 threads, 128 keys per step, Q and two stages of K and V in 161 KiB of shared
+// sm_90a, opforge::kernel_target): 256 threads, 128 keys per step, Q and two stages of K and V in 161 KiB of shared
 // memory (attention_sm90::kSharedBytes). Otherwise 128 threads; keys per step 32 (head dim
 // 128) or 64, in shared memory with the 128 query rows.
 static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
@@ -65,7 +65,7 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
   c.grid[0] = static_cast<unsigned>((q.size(2) + 127) / 128);
   c.grid[1] = static_cast<unsigned>(q.size(1));
   c.grid[2] = static_cast<unsigned>(q.size(0));
-  if (head_dim == 128 && opforge::compute_capability(q) == 90) {
+  if (head_dim == 128 && opforge::kernel_target(q) == "sm_90a") {
     c.block[0] = 256;
     c.shared_bytes = 10 * 128 * 128 + 1024;
   } else {

@@ -26,7 +26,7 @@
 // v; then scale (0: 1/sqrt(D)).
 // Grid: (ceil(Sq / 128), H, B); 128 threads and (128 + 2 * kBlockN) * D * sizeof(T) bytes of
 // dynamic shared memory, or on the Hopper path 256 threads and attention_sm90::kSharedBytes
-// (attention.cpp's grid function, which asks opforge::compute_capability).
+// (attention.cpp's grid function, which asks opforge::kernel_target).
 #include <opforge/kernel.cuh>
 
 namespace attention_detail {
