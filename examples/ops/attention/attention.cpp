@@ -59,7 +59,7 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
 // 128) or 64, in shared memory with the 128 query rows.
 static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
                                             opforge::Tensor, bool, double, opforge::MutableTensor) {
-  OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535, "examples::attention: batch and heads must be at most "
+  OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535, "batch and heads must be at most "
                 "65535 each (one grid dim each), got ", q.size(0), " and ", q.size(1));
   opforge::LaunchConfig c;
   c.grid[0] = static_cast<unsigned>((q.size(2) + 127) / 128);

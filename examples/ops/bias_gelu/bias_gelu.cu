@@ -105,7 +105,7 @@ void launch(const T* in, const T* b, T* out, int64_t items, int64_t cols, cudaSt
   if (items == 0) return;
   constexpr int64_t kPerBlock = int64_t{kThreads} * kVectors<N>;
   const int64_t blocks = (items + kPerBlock - 1) / kPerBlock;
-  OPFORGE_CHECK(blocks <= INT_MAX, "examples::bias_gelu: x has ", items * N, " elements, more than one launch covers");
+  OPFORGE_CHECK(blocks <= INT_MAX, "x has ", items * N, " elements, more than one launch covers");
   if (items < (int64_t{1} << 31)) {
     bias_gelu_kernel<T, N, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         in, b, out, items, cols, FastDivisor(static_cast<uint32_t>(cols)));
