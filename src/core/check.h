@@ -176,11 +176,12 @@ inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vec
 template <class Int>
 void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out) {
   int32_t first = -1;  // the tensor that sets the device
-  std::vector<bool> bad(op.num_args, false);
-  // A shape rule that reads a tensor already reported as bad would only repeat that problem.
+  // A rule that reads a tensor whose dtype (or rank and shape) was already reported as bad would
+  // only repeat that problem; rules reading its other, good properties still run.
+  std::vector<bool> bad_dtype(op.num_args, false), bad_shape(op.num_args, false);
   auto reads_bad = [&](const OpforgeExpr& e) {
     for (int32_t k = 0; k < e.num_nodes; ++k)
-      if (e.nodes[k].op == OPFORGE_EXPR_DIM && bad[e.nodes[k].arg]) return true;
+      if (e.nodes[k].op == OPFORGE_EXPR_DIM && bad_shape[e.nodes[k].arg]) return true;
     return false;
   };
   for (int32_t i = 0; i < op.num_args; ++i) {
@@ -193,7 +194,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     if (!t.defined) {
       if (!is_optional(a)) {
         out.push_back(std::string(a.name) + ": expected a tensor, got None");
-        bad[i] = true;
+        bad_dtype[i] = bad_shape[i] = true;
       }
       continue;
     }
@@ -201,16 +202,18 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     std::vector<std::string> why;
     if (t.dtype < 0 || !((s.dtypes >> t.dtype) & 1u)) {
       why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(t.dtype_label));
-    } else if (s.dtype_like >= 0 && !bad[s.dtype_like] && args[s.dtype_like].dtype != t.dtype) {
+    } else if (s.dtype_like >= 0 && !bad_dtype[s.dtype_like] && args[s.dtype_like].dtype != t.dtype) {
       why.push_back(std::string("expected dtype ") + args[s.dtype_like].dtype_label + " (the dtype of " +
                     op.args[s.dtype_like].name + "), got " + t.dtype_label);
     }
+    bad_dtype[i] = !why.empty();
     if (first < 0) {
       first = i;
     } else if (!args[first].same_device(t)) {
       why.push_back("expected device " + args[first].device() + " (the device of " + op.args[first].name + "), got " +
                     t.device());
     }
+    const size_t before_shape = why.size();
     const int32_t r = static_cast<int32_t>(t.sizes.size());
     bool rank_ok = true;
     if ((s.min_rank >= 0 && r < s.min_rank) || (s.max_rank >= 0 && r > s.max_rank)) {
@@ -246,7 +249,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
       }
     }
     if (rank_ok && s.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(s.shape_like) &&
-        s.shape_like >= 0 && !bad[s.shape_like]) {
+        s.shape_like >= 0 && !bad_shape[s.shape_like]) {
       const auto& want = args[s.shape_like].sizes;
       bool same = want.size() == t.sizes.size();
       for (size_t d = 0; same && d < want.size(); ++d) same = IntOps<Int>::eq(want[d], t.sizes[d]);
@@ -254,7 +257,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
         why.push_back("expected shape " + sizes_string(want) + " (the shape of " + op.args[s.shape_like].name +
                       "), got " + sizes_string(t.sizes));
     }
-    bad[i] = !why.empty();
+    bad_shape[i] = why.size() > before_shape;
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);
   }
 }

@@ -42,6 +42,14 @@ def test_wrong_rank():
         torch.ops.examples.bias_gelu(torch.tensor(1.0), torch.ones(1, 1))
 
 
+def test_a_bad_rank_does_not_hide_another_arguments_dtype():
+    # x's rank is wrong but its dtype is fine: bias is still checked against that dtype (its
+    # shape rule, which reads x's last dim, is skipped: it would only repeat x's problem).
+    with raises(ValueError, BIAS_GELU + "  x: expected rank >= 1, got rank 0 (shape [])\n"
+                "  bias: expected dtype float32 (the dtype of x), got float16"):
+        torch.ops.examples.bias_gelu(torch.tensor(1.0), torch.ones(3, dtype=torch.float16))
+
+
 def test_parameter_out_of_range():
     with raises(ValueError, SOFTSHRINK + "  lambd: expected a value >= 0, got -0.25"):
         torch.ops.examples.softshrink(torch.randn(3), lambd=-0.25)
