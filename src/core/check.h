@@ -200,11 +200,15 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     }
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;
-    if (t.dtype < 0 || !((s.dtypes >> t.dtype) & 1u)) {
+    const bool in_set = t.dtype >= 0 && ((s.dtypes >> t.dtype) & 1u);
+    if (s.dtype_like >= 0) {  // same_dtype: judged against that tensor's dtype, unless it is bad
+      if (!bad_dtype[s.dtype_like] && args[s.dtype_like].dtype != t.dtype)
+        why.push_back(std::string("expected dtype ") + args[s.dtype_like].dtype_label + " (the dtype of " +
+                      op.args[s.dtype_like].name + "), got " + t.dtype_label);
+      else if (!bad_dtype[s.dtype_like] && !in_set)
+        why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(t.dtype_label));
+    } else if (!in_set) {
       why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(t.dtype_label));
-    } else if (s.dtype_like >= 0 && !bad_dtype[s.dtype_like] && args[s.dtype_like].dtype != t.dtype) {
-      why.push_back(std::string("expected dtype ") + args[s.dtype_like].dtype_label + " (the dtype of " +
-                    op.args[s.dtype_like].name + "), got " + t.dtype_label);
     }
     bad_dtype[i] = !why.empty();
     if (first < 0) {

@@ -71,10 +71,27 @@ at::ScalarType to_torch(int32_t d) {
   return kTypes[d];
 }
 
-/// torch's Python name for dtypes opforge knows ("bfloat16"), else c10's ("ComplexFloat").
+/// torch's Python name of a dtype ("bfloat16", "complex64"); c10's for the rare ones this
+/// does not list.
 const char* torch_dtype_name(at::ScalarType t) {
   const int32_t d = to_opforge(t);
-  return d >= 0 ? dtype_name(d) : c10::toString(t);
+  if (d >= 0) return dtype_name(d);
+  switch (t) {
+    case at::kComplexHalf: return "complex32";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    case at::kFloat8_e4m3fn: return "float8_e4m3fn";
+    case at::kFloat8_e5m2: return "float8_e5m2";
+    case at::kFloat8_e4m3fnuz: return "float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz: return "float8_e5m2fnuz";
+    case at::kUInt16: return "uint16";
+    case at::kUInt32: return "uint32";
+    case at::kUInt64: return "uint64";
+    case at::kQInt8: return "qint8";
+    case at::kQUInt8: return "quint8";
+    case at::kQInt32: return "qint32";
+    default: return c10::toString(t);
+  }
 }
 
 /// Lower-case device type name ("cuda"), computed once per type.

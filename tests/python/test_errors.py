@@ -50,6 +50,14 @@ def test_a_bad_rank_does_not_hide_another_arguments_dtype():
         torch.ops.examples.bias_gelu(torch.tensor(1.0), torch.ones(3, dtype=torch.float16))
 
 
+def test_dtypes_opforge_does_not_know_get_torch_names():
+    x, bias = torch.randn(2, 4, dtype=torch.complex64), torch.randn(4, dtype=torch.complex64)
+    with raises(ValueError, BIAS_GELU + "  x: expected dtype one of {float32, float16, bfloat16}, got complex64"):
+        torch.ops.examples.bias_gelu(x, bias)  # bias follows x's dtype: only x is reported
+    with raises(ValueError, BIAS_GELU + "  bias: expected dtype float32 (the dtype of x), got complex64"):
+        torch.ops.examples.bias_gelu(x.real.contiguous(), bias)
+
+
 def test_parameter_out_of_range():
     with raises(ValueError, SOFTSHRINK + "  lambd: expected a value >= 0, got -0.25"):
         torch.ops.examples.softshrink(torch.randn(3), lambd=-0.25)
