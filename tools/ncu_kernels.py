@@ -1,0 +1,39 @@
+"""Launch each example kernel whose benchmark misses its target once, at the benchmark's size,
+for Nsight Compute to profile (`tools/device_check.sh ncu`): bias_gelu float32 and bfloat16 at
+1 GiB (the kernel's behaviour does not depend on the size past a few waves) and rms_norm
+bfloat16, float16 and float32 at [32768, 4096], with a device-to-device copy of the same bytes
+before each as the bandwidth reference. Prints nothing; the numbers are ncu's.
+
+    ncu --kernel-name regex:'bias_gelu|rms_norm|copy' --metrics ... python3 tools/ncu_kernels.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+import opforge
+
+
+def main() -> None:
+    for op in ("bias_gelu", "rms_norm"):
+        opforge.load_library(opforge.example_library(op))
+    for dtype in (torch.float32, torch.bfloat16):
+        cols = 1536
+        x = torch.randn(2**30 // x_bytes(dtype) // cols, cols, device="cuda", dtype=dtype)
+        b = torch.randn(cols, device="cuda", dtype=dtype)
+        torch.empty_like(x).copy_(x)
+        torch.ops.examples.bias_gelu(x, b)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = torch.randn(32768, 4096, device="cuda", dtype=dtype)
+        w = torch.rand(4096, device="cuda", dtype=dtype) + 0.5
+        torch.empty_like(x).copy_(x)
+        torch.ops.examples.rms_norm(x, w, 1e-6)
+    torch.cuda.synchronize()
+
+
+def x_bytes(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
+if __name__ == "__main__":
+    main()
