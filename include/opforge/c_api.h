@@ -27,7 +27,7 @@
  * Version 2: OpforgeTensorSpec::optional (OpforgeArgSpec grew),
  * OpforgeOpSpec::sharding_dims.
  * Version 3: OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM (an older adapter would pass such inputs
- * as is, misaligned or with a strided last dim).
+ * as is, misaligned or with a strided last dim), OPFORGE_EXPR_MULTIPLE_OF.
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -105,7 +105,9 @@ typedef struct OpforgeValue {
 /* Shape expressions, stored in postfix order (see Note [Shape expressions] in
  * opforge/expr.h). DIM reads dimension `value` (negative counts from the end) of
  * tensor argument `arg`; PARAM reads integer parameter `arg`; CONST pushes
- * `value`; the binary operators pop two operands (left pushed first). */
+ * `value`; the binary operators pop two operands (left pushed first). MULTIPLE_OF is
+ * only ever a whole one-node rule of an input's dim: any size that is a multiple of
+ * `value` (> 0). */
 typedef enum OpforgeExprOp {
   OPFORGE_EXPR_CONST = 0,
   OPFORGE_EXPR_DIM = 1,
@@ -116,7 +118,8 @@ typedef enum OpforgeExprOp {
   OPFORGE_EXPR_FLOORDIV = 6,
   OPFORGE_EXPR_CEILDIV = 7,
   OPFORGE_EXPR_MIN = 8,
-  OPFORGE_EXPR_MAX = 9
+  OPFORGE_EXPR_MAX = 9,
+  OPFORGE_EXPR_MULTIPLE_OF = 10
 } OpforgeExprOp;
 
 typedef struct OpforgeExprNode {

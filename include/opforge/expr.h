@@ -7,7 +7,8 @@
 // Note [Shape expressions]
 // ------------------------
 // An expression is a small tree over integer dims: constants, a dim of an input (`dim`), an
-// integer parameter (`int_param`), + - * / (floor division), ceildiv, min and max. It is stored
+// integer parameter (`int_param`), + - * / (floor division), ceildiv, min and max. An input's
+// dim may instead be left free (`any`) or free up to a factor (`multiple_of(k)`). It is stored
 // as data in the op library (postfix nodes, opforge/c_api.h), never as compiled code, so each
 // adapter evaluates the same rule its own way: with int64 at run time to check inputs and
 // allocate outputs, with torch's SymInt in the Meta kernel (so torch.compile and torch.export
@@ -78,6 +79,10 @@ inline Expr dim(std::string tensor, int64_t d) { return Expr::leaf(OPFORGE_EXPR_
 inline Expr int_param(std::string name) { return Expr::leaf(OPFORGE_EXPR_PARAM, std::move(name), 0); }
 /// Any size (an input shape constraint that leaves one dim free).
 inline const Expr any{};
+/// Any size that is a multiple of `k` (> 0), for kernels that load `k` elements at a time:
+/// `shape({opforge::any, opforge::multiple_of(8)})`. Allowed only as a whole dim of an input's
+/// shape({...}), like opforge::any; opforge verify generates sizes that satisfy it.
+inline Expr multiple_of(int64_t k) { return Expr::leaf(OPFORGE_EXPR_MULTIPLE_OF, "", k); }
 
 inline Expr operator+(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_ADD, a, b); }
 inline Expr operator-(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_SUB, a, b); }

@@ -121,6 +121,16 @@ def _eval_nodes(nodes: list, shapes: dict[int, list[int]], params: dict[int, obj
     return stack[0] if len(stack) == 1 else None
 
 
+#: OPFORGE_EXPR_MULTIPLE_OF: a whole dim rule, any multiple of the node's value.
+_MULTIPLE_OF = 10
+
+
+def _round_up(size: int, k: int) -> int:
+    """The multiple of ``k`` at or above ``size``: the edge sizes the cases use (1, 37, 257, ...)
+    land on the smallest multiple and on those that straddle the kernels' tiles; 0 stays 0."""
+    return -(-size // k) * k if size else 0
+
+
 def _tensor_dtype(spec: dict, i: int, dtype: str) -> str:
     """dtype of tensor argument ``i`` for a case whose main dtype is ``dtype``."""
     arg = spec["args"][i]
@@ -158,12 +168,15 @@ def _shapes(spec: dict, lead: int, last: int, params: dict[int, object]) -> dict
                 shapes[i] = free
                 pending.remove(i)
                 continue
-            dims = [(_eval_nodes(n, shapes, params) if n else free[d]) for d, n in enumerate(arg["shape_nodes"])]
+            dims = [(_eval_nodes(n, shapes, params) if n and n[0][0] != _MULTIPLE_OF
+                     else _round_up(free[d], n[0][2]) if n else free[d]) for d, n in enumerate(arg["shape_nodes"])]
             if all(d is not None for d in dims):
                 shapes[i] = dims
                 pending.remove(i)
     for i in pending:  # rules that read each other: fall back to free sizes
-        shapes[i] = [lead] * _rank(spec["args"][i])
+        nodes = spec["args"][i].get("shape_nodes", [])
+        shapes[i] = [_round_up(lead, n[0][2]) if n and n[0][0] == _MULTIPLE_OF else lead
+                     for n in nodes] or [lead] * _rank(spec["args"][i])
     return shapes
 
 

@@ -31,6 +31,7 @@ struct IntOps {
   static Int min(const Int& a, const Int& b) { return std::min(a, b); }
   static Int max(const Int& a, const Int& b) { return std::max(a, b); }
   static bool eq(const Int& a, const Int& b) { return a == b; }
+  static bool divisible(const Int& a, int64_t k) { return a % k == 0; }
   static std::string str(const Int& a) { return opforge::detail::cat(a); }
 };
 
@@ -234,8 +235,14 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
       // Compare first; build the message only for a mismatch (this runs on every call).
       bool ok = true, skip = false;
       std::vector<std::optional<Int>> values(s.num_dims);
+      bool computed = false;  // some dim has a value to show (not only any / multiple_of)
       for (int32_t d = 0; d < s.num_dims && !skip; ++d) {
         if (s.dims[d].num_nodes == 0) continue;
+        if (s.dims[d].nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF) {
+          if (!IntOps<Int>::divisible(t.sizes[d], s.dims[d].nodes[0].value)) ok = false;
+          continue;
+        }
+        computed = true;
         skip = reads_bad(s.dims[d]);
         if (skip) break;
         values[d] = eval_expr(s.dims[d], args);
@@ -244,12 +251,14 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
       if (!ok && !skip) {
         std::string rule = "[", want = "[";
         for (int32_t d = 0; d < s.num_dims; ++d) {
+          const bool open = s.dims[d].num_nodes == 0 || s.dims[d].nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF;
           rule += (d ? ", " : "") + expr_string(op, s.dims[d]);
-          want += (d ? ", " : "") + (s.dims[d].num_nodes == 0 ? std::string("*")
-                                     : values[d]              ? IntOps<Int>::str(*values[d])
-                                                              : std::string("?"));
+          want += (d ? ", " : "") + (open        ? expr_string(op, s.dims[d])
+                                     : values[d] ? IntOps<Int>::str(*values[d])
+                                                 : std::string("?"));
         }
-        why.push_back("expected shape " + rule + "] = " + want + "], got " + sizes_string(t.sizes));
+        why.push_back("expected shape " + rule + "]" + (computed ? " = " + want + "]" : std::string()) + ", got " +
+                      sizes_string(t.sizes));
       }
     }
     if (rank_ok && s.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(s.shape_like) &&

@@ -126,6 +126,7 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
     const OpforgeExprNode& n = e.nodes[i];
     switch (n.op) {
       case OPFORGE_EXPR_CONST: stack.emplace_back(std::to_string(n.value), false); break;
+      case OPFORGE_EXPR_MULTIPLE_OF: stack.emplace_back("multiple of " + std::to_string(n.value), false); break;
       case OPFORGE_EXPR_DIM:
         stack.emplace_back(std::string(n.arg >= 0 ? op.args[n.arg].name : "?") + ".size(" + std::to_string(n.value) + ")",
                            false);

@@ -86,6 +86,10 @@ class Resolver {
                const std::string& context) {
     switch (n->op) {
       case OPFORGE_EXPR_CONST: out.push_back({OPFORGE_EXPR_CONST, -1, n->value}); return;
+      case OPFORGE_EXPR_MULTIPLE_OF:
+        error(context, "opforge::multiple_of(" + std::to_string(n->value) +
+                           ") stands for a whole dim of an input's shape({...}); it cannot be part of an expression");
+        return;
       case OPFORGE_EXPR_DIM: out.push_back({OPFORGE_EXPR_DIM, tensor(n->name, context + "dim(): "), n->value}); return;
       case OPFORGE_EXPR_PARAM: {
         auto it = index_.find(n->name);
@@ -214,6 +218,11 @@ std::vector<std::string> OpDef::finalize() {
       auto& nodes = s.nodes.emplace_back();
       if (es[i].is_any()) {
         if (!allow_any) r.error(context, "opforge::any is allowed only in an input's shape({...})");
+      } else if (es[i].node()->op == OPFORGE_EXPR_MULTIPLE_OF) {
+        const int64_t k = es[i].node()->value;
+        if (!allow_any) r.error(context, "opforge::multiple_of is allowed only in an input's shape({...})");
+        if (k <= 0) r.error(context, "opforge::multiple_of(" + std::to_string(k) + "): expected a factor > 0");
+        nodes.push_back({OPFORGE_EXPR_MULTIPLE_OF, -1, k});
       } else {
         r.flatten(es[i].node(), nodes, context);
       }

@@ -37,6 +37,7 @@ struct IntOps<c10::SymInt> {
   static c10::SymInt min(const c10::SymInt& a, const c10::SymInt& b) { return a.min(b); }
   static c10::SymInt max(const c10::SymInt& a, const c10::SymInt& b) { return a.max(b); }
   static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a == b; }
+  static bool divisible(const c10::SymInt& a, int64_t k) { return a % k == 0; }
   // Printed through the symbolic node, not iostreams (Note [No iostreams across the torch boundary]).
   static std::string str(const c10::SymInt& a) {
     if (auto v = a.maybe_as_int()) return std::to_string(*v);

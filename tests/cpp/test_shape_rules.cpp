@@ -182,3 +182,51 @@ TEST(ShapeRules, RequiredInputLeftOutIsAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+void vec_ref(Tensor, Tensor, MutableTensor) {}
+
+// x: [rows, a multiple of 8]; w: [x.size(-1)].
+std::unique_ptr<opforge::detail::OpDef> vec_op() {
+  auto def = opforge::detail::make_op("ns", "vec", "f.cpp", 1)
+                 .input("x", opforge::floating, opforge::shape({opforge::any, opforge::multiple_of(8)}))
+                 .input("w", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
+                 .output("y", opforge::like("x"))
+                 .reference(vec_ref)
+                 .release();
+  EXPECT_TRUE(def->finalize().empty());
+  return def;
+}
+
+}  // namespace
+
+TEST(ShapeRules, MultipleOfAcceptsMultiplesOnly) {
+  auto def = vec_op();
+  for (int64_t cols : {0, 8, 4096})
+    EXPECT_TRUE(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3, cols}), tensor(OPFORGE_DTYPE_FLOAT32, {cols})})
+                    .empty())
+        << cols;
+  EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3, 12}), tensor(OPFORGE_DTYPE_FLOAT32, {12})}),
+            (std::vector<std::string>{"x: expected shape [*, multiple of 8], got [3, 12]"}));
+  EXPECT_EQ(opforge::core::library_json(OpforgeLibrary{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, 1,
+                                                       std::vector<const OpforgeOpSpec*>{def->spec()}.data(), nullptr})
+                .find("\"shape\": [\"*\", \"multiple of 8\"]") != std::string::npos,
+            true);
+}
+
+TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
+  auto errors = opforge::detail::make_op("ns", "badvec", "f.cpp", 3)
+                    .input("x", opforge::floating, opforge::shape({opforge::multiple_of(0)}))
+                    .input("w", opforge::floating, opforge::shape({opforge::multiple_of(8) + 1}))
+                    .output("y", opforge::shape({opforge::multiple_of(4)}), opforge::dtype_of("x"))
+                    .reference(vec_ref)
+                    .release()
+                    ->finalize();
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_EQ(errors[0], "f.cpp:3: op ns::badvec: input 'x': shape(): opforge::multiple_of(0): expected a factor > 0");
+  EXPECT_EQ(errors[1], "f.cpp:3: op ns::badvec: input 'w': shape(): opforge::multiple_of(8) stands for a whole dim of an "
+                       "input's shape({...}); it cannot be part of an expression");
+  EXPECT_EQ(errors[2], "f.cpp:3: op ns::badvec: output 'y': opforge::multiple_of is allowed only in an input's "
+                       "shape({...})");
+}
