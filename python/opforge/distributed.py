@@ -9,6 +9,8 @@ calls opforge ops on DTensors without gathering them:
   rank aligns with the output's trailing dims, like a bias: ``Shard(d - offset)`` where it has
   that dim, else ``Replicate()``); or everything replicated.
 - rowwise: the same except the last dim: rows stay whole on one rank.
+- in both, a dim that an input declares ``opforge::multiple_of(k)`` is never sharded (a shard of
+  it need not be a multiple of k).
 - dims (``.sharding(opforge::shard_dims({0, 1}))``): each listed dim of the first tensor input,
   with the outputs ``Shard(d)`` too; another input is ``Shard(j)`` where its shape rule declares
   dim j as ``dim(first, d)`` (or it has ``same_shape`` of such an input), else ``Replicate()``.
@@ -22,10 +24,26 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def strategies(kind: str, num_outputs: int, args: Sequence[object]) -> list[tuple[list, list]]:
+#: OPFORGE_EXPR_MULTIPLE_OF, a whole dim rule (see opforge/c_api.h).
+_MULTIPLE_OF = 10
+
+
+def whole_dims(spec: dict) -> frozenset[int]:
+    """Dims, counted from the end (-1 is the last), that some tensor input declares
+    ``opforge::multiple_of(k)``: aligned from the right as pointwise inputs are."""
+    dims = set()
+    for a in spec["args"]:
+        nodes = a.get("shape_nodes", []) if a["type"] == "Tensor" else []
+        dims.update(j - len(nodes) for j, n in enumerate(nodes) if n and n[0][0] == _MULTIPLE_OF)
+    return frozenset(dims)
+
+
+def strategies(kind: str, num_outputs: int, args: Sequence[object],
+               whole: frozenset[int] = frozenset()) -> list[tuple[list, list]]:
     """DTensor sharding strategies -- (output placements, input placements) pairs -- for an op of
     sharding ``kind`` ("pointwise" or "rowwise") called with ``args`` (tensor-likes have ``ndim``;
-    other values, including None for an optional tensor left out, get placement None).
+    other values, including None for an optional tensor left out, get placement None). Dims in
+    ``whole`` (counted from the end, see :func:`whole_dims`) are not sharded.
     """
     from torch.distributed.tensor import Replicate, Shard
 
@@ -33,7 +51,7 @@ def strategies(kind: str, num_outputs: int, args: Sequence[object]) -> list[tupl
     rank = tensors[0].ndim
     out = [([Replicate()] * num_outputs, [Replicate() if hasattr(a, "ndim") else None for a in args])]
     shardable = range(rank) if kind == "pointwise" else range(rank - 1)
-    for d in shardable:
+    for d in (d for d in shardable if d - rank not in whole):
         inputs = []
         for a in args:
             if not hasattr(a, "ndim"):
@@ -116,12 +134,13 @@ def register_sharding_rules(ops: Sequence[dict]) -> list[str]:
         num_outputs = len(spec["outputs"])
 
         maps = follow_dims(spec) if kind == "dims" else None  # from the description, once
+        whole = whole_dims(spec)
 
-        def rule(*args, _kind=kind, _n=num_outputs, _spec=spec, _maps=maps, **kwargs):
+        def rule(*args, _kind=kind, _n=num_outputs, _spec=spec, _maps=maps, _whole=whole, **kwargs):
             values = [*args, *kwargs.values()]  # DTensor's order: args, then kwargs
             if _kind == "dims":
                 return dims_strategies(_spec, _n, values, [None] * len(args) + list(kwargs), _maps)
-            return strategies(_kind, _n, values)
+            return strategies(_kind, _n, values, _whole)
 
         register_sharding(op)(rule)
         done.append(spec["name"])

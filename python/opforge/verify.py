@@ -224,12 +224,26 @@ def _random_tensor(shape: list[int], dtype: torch.dtype, gen: torch.Generator) -
     return torch.randint(1, 10, shape, generator=gen).to(dtype)
 
 
+def _first_lines(e: BaseException, count: int = 6) -> str:
+    """An exception as "Type: message", its first ``count`` lines (opforge's input errors put
+    the op on the first line and each bad argument on one after it)."""
+    return "\n".join(f"{type(e).__name__}: {e}".splitlines()[:count])
+
+
 def _view(t: torch.Tensor, how: str, gen: torch.Generator) -> torch.Tensor:
     """A non-dense tensor with ``t``'s shape and values layout rules: permuted, sliced, expanded
-    or storage-offset (misaligned for vector loads)."""
+    or storage-offset (misaligned for vector loads), and two layouts whose last dim stays
+    contiguous with 16-byte aligned rows, which reach a ``contiguous_last_dim`` input as they
+    are: padded rows (rows further apart than their length) and rows permuted (dims -3 and -2
+    swapped in memory, a head split's transpose)."""
     shape = list(t.shape)
     if how == "permuted":
         return t.transpose(0, -1).contiguous().transpose(0, -1)
+    if how == "padded rows":
+        unit = max(1, 16 // t.element_size())
+        return _random_tensor(shape[:-1] + [(shape[-1] // unit + 1) * unit], t.dtype, gen)[..., : shape[-1]]
+    if how == "rows permuted":
+        return t.transpose(-3, -2).contiguous().transpose(-3, -2)
     if how == "sliced":
         return _random_tensor(shape[:-1] + [2 * shape[-1]], t.dtype, gen)[..., ::2]
     if how == "expanded":
@@ -300,7 +314,7 @@ def generate_cases(spec: dict, dtype: str, seed: int) -> list[_Inputs]:
             build(f"shape {lead}x{last}{without}", lead, last, params[0], omit_optional=True)
     for k, p in enumerate(params[1:], 1):
         build(f"params #{k}", 3, 37, p)
-    for how in ("permuted", "sliced", "expanded", "offset"):
+    for how in ("permuted", "sliced", "expanded", "offset", "padded rows", "rows permuted"):
         for i in tensor_args:
             name = spec["args"][i]["name"]
 
@@ -308,6 +322,8 @@ def generate_cases(spec: dict, dtype: str, seed: int) -> list[_Inputs]:
                 if j != i or t.dim() == 0 or t.numel() == 0:
                     return t
                 if how in ("permuted", "expanded") and (t.dim() < 2 or t.shape[0] < 2):
+                    return t
+                if how == "rows permuted" and (t.dim() < 3 or t.shape[-3] < 2 or t.shape[-2] < 2):
                     return t
                 return _view(t, how, gen)
 
@@ -404,7 +420,7 @@ def _check_values(spec: dict, dtype: str, device: str, seed: int, report: Report
             if not ok:
                 result.status, result.message = "FAIL", why
         except Exception as e:  # noqa: BLE001 -- reported as a failed case
-            result.status, result.message = "FAIL", f"{type(e).__name__}: {e}".splitlines()[0]
+            result.status, result.message = "FAIL", _first_lines(e)
         report.results.append(result)
 
 
@@ -430,7 +446,7 @@ def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cas
                                              message=why or "", repro=base.repro()))
         except Exception as e:  # noqa: BLE001
             report.results.append(CaseResult(name, check, dtype, base.label, "FAIL",
-                                             message=f"{type(e).__name__}: {e}".splitlines()[0], repro=base.repro()))
+                                             message=_first_lines(e), repro=base.repro()))
 
     def opcheck():
         results = torch.library.opcheck(op.default, tuple(args))

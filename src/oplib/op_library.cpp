@@ -84,6 +84,10 @@ class Resolver {
 
   void flatten(const std::shared_ptr<const Expr::Node>& n, std::vector<OpforgeExprNode>& out,
                const std::string& context) {
+    if (n == nullptr) {  // opforge::any inside arithmetic
+      error(context, "opforge::any stands for a whole dim of an input's shape({...}); it cannot be part of an expression");
+      return;
+    }
     switch (n->op) {
       case OPFORGE_EXPR_CONST: out.push_back({OPFORGE_EXPR_CONST, -1, n->value}); return;
       case OPFORGE_EXPR_MULTIPLE_OF:

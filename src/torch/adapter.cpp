@@ -36,8 +36,12 @@ struct IntOps<c10::SymInt> {
   static c10::SymInt floordiv(const c10::SymInt& a, const c10::SymInt& b) { return a / b; }
   static c10::SymInt min(const c10::SymInt& a, const c10::SymInt& b) { return a.min(b); }
   static c10::SymInt max(const c10::SymInt& a, const c10::SymInt& b) { return a.max(b); }
-  static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a == b; }
-  static bool divisible(const c10::SymInt& a, int64_t k) { return a % k == 0; }
+  // expect_true: a backed size is guarded on as usual; an unbacked (data-dependent) one is
+  // assumed to pass and checked when the graph runs (as TORCH_SYM_CHECK does).
+  static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a.sym_eq(b).expect_true(__FILE__, __LINE__); }
+  static bool divisible(const c10::SymInt& a, int64_t k) {
+    return (a % c10::SymInt(k)).sym_eq(c10::SymInt(0)).expect_true(__FILE__, __LINE__);
+  }
   // Printed through the symbolic node, not iostreams (Note [No iostreams across the torch boundary]).
   static std::string str(const c10::SymInt& a) {
     if (auto v = a.maybe_as_int()) return std::to_string(*v);

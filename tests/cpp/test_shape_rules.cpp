@@ -219,14 +219,16 @@ TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
   auto errors = opforge::detail::make_op("ns", "badvec", "f.cpp", 3)
                     .input("x", opforge::floating, opforge::shape({opforge::multiple_of(0)}))
                     .input("w", opforge::floating, opforge::shape({opforge::multiple_of(8) + 1}))
-                    .output("y", opforge::shape({opforge::multiple_of(4)}), opforge::dtype_of("x"))
+                    .output("y", opforge::shape({opforge::multiple_of(4), opforge::any + 1}), opforge::dtype_of("x"))
                     .reference(vec_ref)
                     .release()
                     ->finalize();
-  ASSERT_EQ(errors.size(), 3u);
+  ASSERT_EQ(errors.size(), 4u);
   EXPECT_EQ(errors[0], "f.cpp:3: op ns::badvec: input 'x': shape(): opforge::multiple_of(0): expected a factor > 0");
   EXPECT_EQ(errors[1], "f.cpp:3: op ns::badvec: input 'w': shape(): opforge::multiple_of(8) stands for a whole dim of an "
                        "input's shape({...}); it cannot be part of an expression");
   EXPECT_EQ(errors[2], "f.cpp:3: op ns::badvec: output 'y': opforge::multiple_of is allowed only in an input's "
                        "shape({...})");
+  EXPECT_EQ(errors[3], "f.cpp:3: op ns::badvec: output 'y': opforge::any stands for a whole dim of an input's "
+                       "shape({...}); it cannot be part of an expression");  // was a null dereference
 }

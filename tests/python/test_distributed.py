@@ -161,7 +161,7 @@ def test_sharding_rules_under_two_processes():
 
 
 def test_strategies_from_the_description():
-    from opforge.distributed import strategies
+    from opforge.distributed import strategies, whole_dims
     from torch.distributed.tensor import Replicate, Shard
 
     class Like:
@@ -174,6 +174,12 @@ def test_strategies_from_the_description():
     rows = strategies("rowwise", 1, [Like(2), 0.5])
     assert rows == [([Replicate()], [Replicate(), None]), ([Shard(0)], [Shard(0), None])]
     assert opforge.find_op("examples::softshrink")["sharding"] == "pointwise"  # from its launch rule
+    # A dim an input declares multiple_of(k) stays whole (its shards need not be multiples of k).
+    spec = {"args": [{"name": "x", "type": "Tensor", "shape_nodes": [[], [[10, -1, 4]]]},
+                     {"name": "w", "type": "Tensor", "shape_nodes": [[[1, 0, -1]]]}]}
+    assert whole_dims(spec) == {-1}
+    assert strategies("pointwise", 1, [Like(2), Like(1)], whole_dims(spec)) == [
+        ([Replicate()], [Replicate(), Replicate()]), ([Shard(0)], [Shard(0), Replicate()])]
 
 
 def test_dims_strategies_follow_the_shape_rules():

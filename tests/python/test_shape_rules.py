@@ -42,6 +42,13 @@ def test_compile_keeps_a_multiple_of_dim_dynamic():
         fn(torch.randn(2, 6), torch.randn(6))
 
 
+def test_compile_with_a_data_dependent_size_checks_it_when_the_graph_runs():
+    fn = torch.compile(lambda x, w: torch.ops.fixture.scale4(x, w) + 1, fullgraph=True)
+    x, w = torch.randn(3, 8), torch.randn(8)
+    torch._dynamo.decorators.mark_unbacked(x, 1)
+    torch.testing.assert_close(fn(x, w), x * w + 1)  # no guard on an unbacked size: a runtime check
+
+
 def test_verify_generates_only_multiples():
     report = verify.verify_op("fixture::scale4", device="cpu", seed=11)
     assert report.ok, report.failures

@@ -91,6 +91,9 @@ def test_every_choice_and_unranged_float_is_verified():
     report = verify.verify_op("examples::attention", device="cpu", seed=3, dtypes=["float16"])
     head_dims = {r.repro["args"][3] for r in report.results if r.check == "values" and r.repro}
     assert head_dims == {32, 64, 128}
+    # q, k, v are contiguous_last_dim: layouts the kernel reads in place are among the cases
+    assert {"padded rows q", "rows permuted q", "rows permuted v"} <= {r.case for r in report.results}
+    assert report.ok, report.failures
     assert {r.case for r in report.results if r.check == "nvrtc"} == {
         f"head_dim={d}, causal={c}, {arch}" for d in (32, 64, 128) for c in (False, True) for arch in ("sm_90", "sm_80")}
 
