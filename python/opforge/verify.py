@@ -2,7 +2,9 @@
 
 Op level (:func:`verify_op`): inputs are generated from the op's description (dtype sets, ranks,
 shape rules, parameter ranges): random sizes, sizes that straddle vector and block boundaries,
-strided views (permuted, sliced, expanded, storage-offset), empty tensors and NaN/Inf values.
+strided views (permuted, sliced, expanded, storage-offset, and padded or permuted rows that stay
+16-byte aligned), empty tensors and NaN/Inf values. Dims declared ``multiple_of(k)`` get
+multiples of k.
 Optional tensor inputs (``Tensor? name=None``) are given in every case, and the shape and empty
 cases are repeated with all of them left out (None).
 Each case runs the device kernel with its outputs poisoned (NaN) beforehand and compares it
