@@ -155,11 +155,13 @@ def _shapes(spec: dict, lead: int, last: int, params: dict[int, object]) -> dict
     the shape rules (evaluated once the tensors they read have shapes)."""
     shapes: dict[int, list[int]] = {}
     pending = [i for i, a in enumerate(spec["args"]) if a["type"] == "Tensor"]
+    factors = _factors(spec)
     for _ in range(len(pending) + 1):
         for i in list(pending):
             arg = spec["args"][i]
             rank = _rank(arg)
             free = [lead] + [5] * max(rank - 2, 0) + [last] if rank >= 2 else [last] * rank
+            free = [_round_up(size, factors[i].get(d, 1)) for d, size in enumerate(free)]
             if "same_shape" in arg:
                 j = next(k for k, a in enumerate(spec["args"]) if a["name"] == arg["same_shape"])
                 if j in shapes:
@@ -170,16 +172,35 @@ def _shapes(spec: dict, lead: int, last: int, params: dict[int, object]) -> dict
                 shapes[i] = free
                 pending.remove(i)
                 continue
-            dims = [(_eval_nodes(n, shapes, params) if n and n[0][0] != _MULTIPLE_OF
-                     else _round_up(free[d], n[0][2]) if n else free[d]) for d, n in enumerate(arg["shape_nodes"])]
+            dims = [(_eval_nodes(n, shapes, params) if n and n[0][0] != _MULTIPLE_OF else free[d])
+                    for d, n in enumerate(arg["shape_nodes"])]
             if all(d is not None for d in dims):
                 shapes[i] = dims
                 pending.remove(i)
     for i in pending:  # rules that read each other: fall back to free sizes
-        nodes = spec["args"][i].get("shape_nodes", [])
-        shapes[i] = [_round_up(lead, n[0][2]) if n and n[0][0] == _MULTIPLE_OF else lead
-                     for n in nodes] or [lead] * _rank(spec["args"][i])
+        shapes[i] = [_round_up(lead, factors[i].get(d, 1)) for d in range(_rank(spec["args"][i]))]
     return shapes
+
+
+def _factors(spec: dict) -> dict[int, dict[int, int]]:
+    """For each tensor argument, the factor each of its dims must be a multiple of: its own
+    ``multiple_of`` rules and those of the inputs declared ``same_shape`` of it (whose shapes are
+    copies of its own)."""
+    args = spec["args"]
+    index = {a["name"]: i for i, a in enumerate(args)}
+    factors: dict[int, dict[int, int]] = {i: {} for i, a in enumerate(args) if a["type"] == "Tensor"}
+    for i, a in enumerate(args):
+        for d, nodes in enumerate(a.get("shape_nodes", []) if a["type"] == "Tensor" else []):
+            if not nodes or nodes[0][0] != _MULTIPLE_OF:
+                continue
+            j, seen = i, set()
+            while j not in seen:  # up the same_shape chain to the tensor whose shape is generated
+                seen.add(j)
+                factors[j][d] = math.lcm(factors[j].get(d, 1), nodes[0][2])
+                if "same_shape" not in args[j]:
+                    break
+                j = index[args[j]["same_shape"]]
+    return factors
 
 
 def _param_sets(spec: dict, rng: random.Random) -> list[dict[int, object]]:

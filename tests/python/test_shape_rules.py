@@ -55,3 +55,10 @@ def test_verify_generates_only_multiples():
     cols = {r.repro["args"][0]["shape"][-1] for r in report.results if r.check == "values" and r.repro}
     assert cols and all(c % 4 == 0 for c in cols), cols
     assert len(cols) > 2  # several sizes (the edge sizes verify uses, each rounded up to a multiple)
+
+
+def test_verify_satisfies_a_multiple_of_declared_on_a_same_shape_input():
+    report = verify.verify_op("fixture::add8", device="cpu", seed=5)
+    assert report.ok, report.failures
+    cols = {r.repro["args"][0]["shape"][-1] for r in report.results if r.check == "values" and r.repro}
+    assert cols and all(c % 8 == 0 for c in cols), cols
