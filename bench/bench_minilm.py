@@ -23,7 +23,7 @@ name, with their count and total device time, show where the two compiled models
 from __future__ import annotations
 
 import argparse
-import json
+import copy
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "examples" / "models"))
 import minilm  # noqa: E402
 from minilm_demo import compare, eager_latency_ms  # noqa: E402
 
-import opforge  # noqa: E402
+from common import report  # noqa: E402
 from opforge import aoti  # noqa: E402
 
 
@@ -80,8 +80,6 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="trace each compiled model's GPU kernels")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    for op in ("attention", "add_layer_norm", "bias_gelu"):
-        opforge.load_library(opforge.example_library(op))
     bert, tokenizer = minilm.load()
     reference = minilm.SentenceEmbedder(bert).eval()
     sentences = (minilm.SENTENCES * (args.batch // len(minilm.SENTENCES) + 1))[: args.batch]
@@ -90,8 +88,8 @@ def main() -> int:
     with torch.inference_mode():
         expected = reference(*inputs)
 
-    models = {"opforge ops": minilm.with_opforge_ops(reference, torch.float16),
-              "no custom ops": minilm.SentenceEmbedder(minilm.load()[0]).to(torch.float16)}
+    models = {"opforge ops": minilm.with_opforge_ops(reference, torch.float16),  # loads the three ops
+              "no custom ops": copy.deepcopy(reference).to(torch.float16)}
     cuda_inputs = [t.cuda() for t in inputs]
     rows, profiles = [], {}
     with tempfile.TemporaryDirectory(prefix="opforge-bench-minilm-") as tmp:
@@ -111,20 +109,16 @@ def main() -> int:
             rows.append({"impl": f"eager CUDA, {name}", **compare(out, expected),
                          "latency_ms": eager_latency_ms(model, cuda_inputs, args.iters)})
     base = next(r["latency_ms"] for r in rows if r["impl"] == "AOTI runner, no custom ops")
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; all-MiniLM-L6-v2 float16, "
-          f"[{args.batch}, {args.seq}], against float32 eager on the CPU")
     for r in rows:
+        r["group"] = f"all-MiniLM-L6-v2 float16, [{args.batch}, {args.seq}], against float32 eager on the CPU"
         r["speedup_vs_aoti_without"] = base / r["latency_ms"]
-        print(f"  {r['impl']:<32} {r['latency_ms']:8.3f} ms  {r['speedup_vs_aoti_without']:.3f} x AOTI without  "
-              f"cosine {r['cosine_min']:.6f}  max abs err {r['max_abs_error']:.2e}")
+    report(rows, lambda r: f"{r['impl']:<32} {r['latency_ms']:8.3f} ms  {r['speedup_vs_aoti_without']:.3f} x AOTI "
+                           f"without  cosine {r['cosine_min']:.6f}  max abs err {r['max_abs_error']:.2e}",
+           args.json, {"profiles": profiles})
     for name, table in profiles.items():
         print(f"GPU kernels per forward, torch.compile, {name} (count, device time):")
         for k in table:
             print(f"  {k['count']:6.1f}  {k['us']:9.1f} us  {k['name'][:110]}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows,
-                       "profiles": profiles}, f, indent=2)
     return 0 if all(r["cosine_min"] > 0.999 for r in rows) else 1
 
 

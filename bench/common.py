@@ -15,9 +15,9 @@ def median_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
 
 
-def report(rows: list[dict], line: Callable[[dict], str], json_path: str | None) -> None:
+def report(rows: list[dict], line: Callable[[dict], str], json_path: str | None, extra: dict | None = None) -> None:
     """Print ``rows`` grouped by their "group" key, one ``line(row)`` each, under the torch
-    version and GPU name; write them to ``json_path`` as JSON if given."""
+    version and GPU name; write them, and the keys of ``extra``, to ``json_path`` as JSON if given."""
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     last = None
     for row in rows:
@@ -27,4 +27,5 @@ def report(rows: list[dict], line: Callable[[dict], str], json_path: str | None)
         print(f"  {line(row)}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows, **(extra or {})},
+                      f, indent=2)

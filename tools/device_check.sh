@@ -36,9 +36,8 @@ for step in ${steps[*]}; do
     sanitize) sanitizer memcheck; sanitizer racecheck ;;
     memcheck | racecheck) sanitizer "$step" ;;
     demo) run demo make demo; cp out/demo/results.json "$OUT/demo_results.json" 2>/dev/null ;;
-    bench) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json"
-      run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
-    bench_elementwise) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json" ;;
+    bench | bench_elementwise) run bench python3 bench/bench_elementwise.py --json "$OUT/bench_elementwise.json" ;;&
+    bench) run bench_rtc python3 bench/bench_runtime_kernels.py --json "$OUT/bench_runtime_kernels.json" ;;
     bench_norms) run bench_norms python3 bench/bench_norms.py --json "$OUT/bench_norms.json" ;;
     bench_attention) run bench_attention python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ;;
     ncu) run ncu ncu --kernel-name-base demangled --kernel-name "regex:bias_gelu|rms_norm|copy" --csv --metrics \

@@ -19,7 +19,7 @@ def main() -> None:
         opforge.load_library(opforge.example_library(op))
     for dtype in (torch.float32, torch.bfloat16):
         cols = 1536
-        x = torch.randn(2**30 // x_bytes(dtype) // cols, cols, device="cuda", dtype=dtype)
+        x = torch.randn(2**30 // dtype.itemsize // cols, cols, device="cuda", dtype=dtype)
         b = torch.randn(cols, device="cuda", dtype=dtype)
         torch.empty_like(x).copy_(x)
         torch.ops.examples.bias_gelu(x, b)
@@ -29,10 +29,6 @@ def main() -> None:
         torch.empty_like(x).copy_(x)
         torch.ops.examples.rms_norm(x, w, 1e-6)
     torch.cuda.synchronize()
-
-
-def x_bytes(dtype: torch.dtype) -> int:
-    return torch.finfo(dtype).bits // 8
 
 
 if __name__ == "__main__":

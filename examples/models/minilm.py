@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import opforge
+
 SENTENCES = [
     "A kernel author describes an operator once.",
     "The quick brown fox jumps over the lazy dog.",
@@ -165,17 +167,24 @@ def with_opforge_ops(model: SentenceEmbedder, dtype: torch.dtype = torch.float16
     LayerNorms and the intermediate bias + GELU as opforge ops (:class:`OpforgeBertLayer`); the
     embeddings, linear layers, pooling and normalisation stay standard torch.
 
+    Loads the three ops' example libraries if they are not loaded yet.
+
     Raises:
-        ValueError: ``dtype`` is not float16 or bfloat16, the model's activation is not the exact
-            GELU, or its head dim is not one the attention op compiles (32, 64, 128).
+        ValueError: ``dtype`` is not one ``examples::attention`` takes, the model's activation is
+            not the exact GELU, or its head dim is not one the attention op compiles (both read
+            from the op's description).
     """
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"examples::attention takes float16 or bfloat16; got {dtype}")
+    for op in ("attention", "add_layer_norm", "bias_gelu"):
+        opforge.load_library(opforge.example_library(op))
+    attention = {a["name"]: a for a in opforge.find_op("examples::attention")["args"]}
+    if str(dtype).removeprefix("torch.") not in attention["q"]["dtypes"]:
+        raise ValueError(f"examples::attention takes {' or '.join(attention['q']['dtypes'])}; got {dtype}")
     config = model.bert.config
     if config.hidden_act != "gelu":
         raise ValueError(f"bias_gelu computes the exact GELU; this model uses {config.hidden_act!r}")
-    if config.hidden_size // config.num_attention_heads not in (32, 64, 128):
-        raise ValueError(f"head dim {config.hidden_size // config.num_attention_heads} is not 32, 64 or 128")
+    head_dim = config.hidden_size // config.num_attention_heads
+    if head_dim not in attention["head_dim"]["choices"]:
+        raise ValueError(f"head dim {head_dim} is not one of examples::attention's {attention['head_dim']['choices']}")
     model = copy.deepcopy(model).to(dtype)
     model.bert = OpforgeBert(model.bert)
     return model

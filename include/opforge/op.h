@@ -155,7 +155,7 @@ using detail::LaunchConfig;
 /// the CPU. For grid functions of kernels that take another path on some architectures: code
 /// under `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)` (wgmma, setmaxnreg) runs exactly when this
 /// returns "sm_90a". Throws InternalError if the CUDA runtime or NVRTC cannot answer.
-std::string kernel_target(const Tensor& t);
+const std::string& kernel_target(const Tensor& t);
 
 /// One thread per element of `tensor` (an input or output): the kernel receives the tensors'
 /// pointers, then `int64_t n` (the element count), then the runtime parameters. Chain

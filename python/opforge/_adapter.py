@@ -138,6 +138,17 @@ DTYPE_CODES = {
 }
 
 
+#: Shape-expression node codes of a description's "shape_nodes" (OpforgeExprOp in
+#: include/opforge/c_api.h) that Python reads by name.
+EXPR_DIM, EXPR_MULTIPLE_OF = 1, 10
+
+
+def multiple_of_dims(arg: dict) -> dict[int, int]:
+    """{dim: k} for each dim a tensor argument of a description declares ``multiple_of(k)``."""
+    nodes = arg.get("shape_nodes", []) if arg["type"] == "Tensor" else []
+    return {d: n[0][2] for d, n in enumerate(nodes) if n and n[0][0] == EXPR_MULTIPLE_OF}
+
+
 def reload() -> None:
     """Forget every compiled run-time kernel, so the next call of each op re-reads its kernel
     source (and recompiles it, or finds the new version in the on-disk cache). The op names,

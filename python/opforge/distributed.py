@@ -23,19 +23,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-
-#: OPFORGE_EXPR_MULTIPLE_OF, a whole dim rule (see opforge/c_api.h).
-_MULTIPLE_OF = 10
+from ._adapter import EXPR_DIM, multiple_of_dims
 
 
 def whole_dims(spec: dict) -> frozenset[int]:
     """Dims, counted from the end (-1 is the last), that some tensor input declares
     ``opforge::multiple_of(k)``: aligned from the right as pointwise inputs are."""
-    dims = set()
-    for a in spec["args"]:
-        nodes = a.get("shape_nodes", []) if a["type"] == "Tensor" else []
-        dims.update(j - len(nodes) for j, n in enumerate(nodes) if n and n[0][0] == _MULTIPLE_OF)
-    return frozenset(dims)
+    return frozenset(d - len(a["shape_nodes"]) for a in spec["args"] for d in multiple_of_dims(a))
 
 
 def strategies(kind: str, num_outputs: int, args: Sequence[object],
@@ -81,7 +75,7 @@ def follow_dims(spec: dict) -> dict[int, dict[int, int]]:
             continue
         maps[i] = {}
         for j, nodes in enumerate(a.get("shape_nodes", [])):
-            if len(nodes) == 1 and nodes[0][0] == 1 and nodes[0][1] == first:  # [OPFORGE_EXPR_DIM, first, d]
+            if len(nodes) == 1 and nodes[0][0] == EXPR_DIM and nodes[0][1] == first:  # dim(first, d)
                 d = nodes[0][2]
                 maps[i][d + rank if d < 0 and rank is not None else d] = j  # dim(first, -1) counts from the end
     return maps

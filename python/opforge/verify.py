@@ -38,7 +38,8 @@ from typing import Callable, Sequence
 import torch
 
 from . import aoti
-from ._adapter import DTYPE_CODES, find_op, parse_default as _parse_default, precompile, set_poison_outputs
+from ._adapter import DTYPE_CODES, EXPR_MULTIPLE_OF, find_op, multiple_of_dims, parse_default as _parse_default
+from ._adapter import precompile, set_poison_outputs
 
 #: (atol, rtol) against a float64 reference, by dtype. tf32 is listed for ops whose kernels use
 #: TF32 tensor-core math on float32 inputs.
@@ -123,10 +124,6 @@ def _eval_nodes(nodes: list, shapes: dict[int, list[int]], params: dict[int, obj
     return stack[0] if len(stack) == 1 else None
 
 
-#: OPFORGE_EXPR_MULTIPLE_OF: a whole dim rule, any multiple of the node's value.
-_MULTIPLE_OF = 10
-
-
 def _round_up(size: int, k: int) -> int:
     """The multiple of ``k`` at or above ``size``: the edge sizes the cases use (1, 37, 257, ...)
     land on the smallest multiple and on those that straddle the kernels' tiles; 0 stays 0."""
@@ -172,7 +169,7 @@ def _shapes(spec: dict, lead: int, last: int, params: dict[int, object]) -> dict
                 shapes[i] = free
                 pending.remove(i)
                 continue
-            dims = [(_eval_nodes(n, shapes, params) if n and n[0][0] != _MULTIPLE_OF else free[d])
+            dims = [(_eval_nodes(n, shapes, params) if n and n[0][0] != EXPR_MULTIPLE_OF else free[d])
                     for d, n in enumerate(arg["shape_nodes"])]
             if all(d is not None for d in dims):
                 shapes[i] = dims
@@ -190,13 +187,11 @@ def _factors(spec: dict) -> dict[int, dict[int, int]]:
     index = {a["name"]: i for i, a in enumerate(args)}
     factors: dict[int, dict[int, int]] = {i: {} for i, a in enumerate(args) if a["type"] == "Tensor"}
     for i, a in enumerate(args):
-        for d, nodes in enumerate(a.get("shape_nodes", []) if a["type"] == "Tensor" else []):
-            if not nodes or nodes[0][0] != _MULTIPLE_OF:
-                continue
+        for d, k in multiple_of_dims(a).items():
             j, seen = i, set()
             while j not in seen:  # up the same_shape chain to the tensor whose shape is generated
                 seen.add(j)
-                factors[j][d] = math.lcm(factors[j].get(d, 1), nodes[0][2])
+                factors[j][d] = math.lcm(factors[j].get(d, 1), k)
                 if "same_shape" not in args[j]:
                     break
                 j = index[args[j]["same_shape"]]

@@ -170,6 +170,15 @@ inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vec
   }
 }
 
+/// Whether `dtype` (an OpforgeDtype, or -1 for one opforge does not know) is in `s`'s set.
+inline bool dtype_allowed(const OpforgeTensorSpec& s, int32_t dtype) { return dtype >= 0 && ((s.dtypes >> dtype) & 1u); }
+/// "expected dtype one of {...}, got <label>".
+inline std::string expected_dtype(const OpforgeTensorSpec& s, std::string_view label) {
+  return "expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(label);
+}
+/// Whether a dim rule is opforge::multiple_of(k) (k in its one node's value).
+inline bool is_multiple_of(const OpforgeExpr& e) { return e.num_nodes == 1 && e.nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF; }
+
 /// Checks every argument in declaration order -- tensors (dtype, device, rank, shape) and
 /// parameters (range, choices) -- and appends one line per problem in the form
 /// "name: expected ..., got ...". An optional tensor that is not defined passes unchecked (no
@@ -179,10 +188,11 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
   int32_t first = -1;  // the tensor that sets the device
   // A rule that reads a tensor whose dtype (or rank and shape) was already reported as bad would
   // only repeat that problem; rules reading its other, good properties still run.
-  std::vector<bool> bad_dtype(op.num_args, false), bad_shape(op.num_args, false);
+  constexpr uint8_t kBadDtype = 1, kBadShape = 2;
+  std::vector<uint8_t> bad(op.num_args, 0);
   auto reads_bad = [&](const OpforgeExpr& e) {
     for (int32_t k = 0; k < e.num_nodes; ++k)
-      if (e.nodes[k].op == OPFORGE_EXPR_DIM && bad_shape[e.nodes[k].arg]) return true;
+      if (e.nodes[k].op == OPFORGE_EXPR_DIM && (bad[e.nodes[k].arg] & kBadShape)) return true;
     return false;
   };
   for (int32_t i = 0; i < op.num_args; ++i) {
@@ -195,23 +205,22 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     if (!t.defined) {
       if (!is_optional(a)) {
         out.push_back(std::string(a.name) + ": expected a tensor, got None");
-        bad_dtype[i] = bad_shape[i] = true;
+        bad[i] = kBadDtype | kBadShape;
       }
       continue;
     }
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;
-    const bool in_set = t.dtype >= 0 && ((s.dtypes >> t.dtype) & 1u);
-    if (s.dtype_like >= 0) {  // same_dtype: judged against that tensor's dtype, unless it is bad
-      if (!bad_dtype[s.dtype_like] && args[s.dtype_like].dtype != t.dtype)
+    if (s.dtype_like < 0) {
+      if (!dtype_allowed(s, t.dtype)) why.push_back(expected_dtype(s, t.dtype_label));
+    } else if (!(bad[s.dtype_like] & kBadDtype)) {  // same_dtype: judged against that tensor's dtype
+      if (args[s.dtype_like].dtype != t.dtype)
         why.push_back(std::string("expected dtype ") + args[s.dtype_like].dtype_label + " (the dtype of " +
                       op.args[s.dtype_like].name + "), got " + t.dtype_label);
-      else if (!bad_dtype[s.dtype_like] && !in_set)
-        why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(t.dtype_label));
-    } else if (!in_set) {
-      why.push_back("expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(t.dtype_label));
+      else if (!dtype_allowed(s, t.dtype))
+        why.push_back(expected_dtype(s, t.dtype_label));
     }
-    bad_dtype[i] = !why.empty();
+    if (!why.empty()) bad[i] |= kBadDtype;
     if (first < 0) {
       first = i;
     } else if (!args[first].same_device(t)) {
@@ -238,7 +247,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
       bool computed = false;  // some dim has a value to show (not only any / multiple_of)
       for (int32_t d = 0; d < s.num_dims && !skip; ++d) {
         if (s.dims[d].num_nodes == 0) continue;
-        if (s.dims[d].nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF) {
+        if (is_multiple_of(s.dims[d])) {
           if (!IntOps<Int>::divisible(t.sizes[d], s.dims[d].nodes[0].value)) ok = false;
           continue;
         }
@@ -251,7 +260,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
       if (!ok && !skip) {
         std::string rule = "[", want = "[";
         for (int32_t d = 0; d < s.num_dims; ++d) {
-          const bool open = s.dims[d].num_nodes == 0 || s.dims[d].nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF;
+          const bool open = s.dims[d].num_nodes == 0 || is_multiple_of(s.dims[d]);
           rule += (d ? ", " : "") + expr_string(op, s.dims[d]);
           want += (d ? ", " : "") + (open        ? expr_string(op, s.dims[d])
                                      : values[d] ? IntOps<Int>::str(*values[d])
@@ -261,8 +270,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
                       sizes_string(t.sizes));
       }
     }
-    if (rank_ok && s.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(s.shape_like) &&
-        s.shape_like >= 0 && !bad_shape[s.shape_like]) {
+    if (rank_ok && s.shape_like >= 0 && !(bad[s.shape_like] & kBadShape)) {
       const auto& want = args[s.shape_like].sizes;
       bool same = want.size() == t.sizes.size();
       for (size_t d = 0; same && d < want.size(); ++d) same = IntOps<Int>::eq(want[d], t.sizes[d]);
@@ -270,7 +278,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
         why.push_back("expected shape " + sizes_string(want) + " (the shape of " + op.args[s.shape_like].name +
                       "), got " + sizes_string(t.sizes));
     }
-    bad_shape[i] = why.size() > before_shape;
+    if (why.size() > before_shape) bad[i] |= kBadShape;
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);
   }
 }

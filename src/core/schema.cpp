@@ -197,8 +197,7 @@ std::string library_json(const OpforgeLibrary& lib) {
         if (a.tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM) os << ", \"contiguous_last_dim\": true";
         if (is_optional(a)) os << ", \"optional\": true";
         if (a.tensor.dtype_like >= 0) os << ", \"same_dtype\": " << json_string(op.args[a.tensor.dtype_like].name);
-        if (a.tensor.struct_size >= offsetof(OpforgeTensorSpec, shape_like) + sizeof(a.tensor.shape_like) &&
-            a.tensor.shape_like >= 0)
+        if (a.tensor.shape_like >= 0)
           os << ", \"same_shape\": " << json_string(op.args[a.tensor.shape_like].name);
         if (a.tensor.num_dims > 0) {
           os << ", \"shape\": [";

@@ -35,12 +35,9 @@ bool has_runtime_source(const OpforgeKernel& k);
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);
 
-/// True if `a` is a tensor argument the caller may leave out (`Tensor? name=None`), in a
-/// library whose ABI carries OpforgeTensorSpec::optional.
-inline bool is_optional(const OpforgeArgSpec& a) {
-  return a.kind == OPFORGE_ARG_TENSOR &&
-         a.tensor.struct_size >= offsetof(OpforgeTensorSpec, optional) + sizeof(a.tensor.optional) &&
-         a.tensor.optional != 0;
-}
+/// True if `a` is a tensor argument the caller may leave out (`Tensor? name=None`). (The
+/// field needs no struct_size test: OpforgeTensorSpec is embedded in OpforgeArgSpec, so it
+/// grows only with OPFORGE_ABI_VERSION, which the adapter checks at load.)
+inline bool is_optional(const OpforgeArgSpec& a) { return a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional != 0; }
 
 }  // namespace opforge::core

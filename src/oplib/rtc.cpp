@@ -649,14 +649,21 @@ void rtc_reload() {
 
 namespace opforge {
 
-std::string kernel_target(const Tensor& t) {
-  if (!t.is_cuda()) return "";
-  static std::mutex mutex;
-  static std::map<int, std::string> targets;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = targets.find(t.device_index());
-  if (it == targets.end()) it = targets.emplace(t.device_index(), detail::device_target(t.device_index())).first;
-  return it->second;
+const std::string& kernel_target(const Tensor& t) {
+  static const std::string none;
+  if (!t.is_cuda()) return none;
+  // Asked on every launch of a grid function that uses it: computed once per device, then a
+  // call_once check (an atomic load) and a reference.
+  constexpr int kDevices = 64;
+  static std::string targets[kDevices];
+  static std::once_flag once[kDevices];
+  const int d = t.device_index();
+  if (d < 0 || d >= kDevices) {
+    thread_local std::string target;
+    return target = detail::device_target(d);
+  }
+  std::call_once(once[d], [d] { targets[d] = detail::device_target(d); });
+  return targets[d];
 }
 
 }  // namespace opforge

@@ -495,9 +495,8 @@ extern "C" int opforge_torch_precompile(const char* name, int32_t num_args, cons
   std::vector<std::string> why;
   for (int32_t i = 0; i < num_args; ++i) {
     const OpforgeArgSpec& a = op->args[i];
-    if (a.kind == OPFORGE_ARG_TENSOR && dtypes[i] >= 0 && !((a.tensor.dtypes >> dtypes[i]) & 1u))
-      why.push_back(std::string(a.name) + ": expected dtype " + opforge::core::dtype_set_string(a.tensor.dtypes) +
-                    ", got " + opforge::dtype_name(dtypes[i]));
+    if (a.kind == OPFORGE_ARG_TENSOR && dtypes[i] >= 0 && !opforge::core::dtype_allowed(a.tensor, dtypes[i]))
+      why.push_back(std::string(a.name) + ": " + opforge::core::expected_dtype(a.tensor, opforge::dtype_name(dtypes[i])));
     if (a.kind != OPFORGE_ARG_TENSOR && a.param.compile_time) opforge::core::check_param(a, values[i], why);
   }
   if (!why.empty()) {
