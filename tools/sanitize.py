@@ -4,8 +4,9 @@ compute-sanitizer:
     compute-sanitizer --tool memcheck python3 tools/sanitize.py
 
 Sizes straddle the vector width and the block size, and inputs include storage offsets that
-defeat 16-byte alignment (the scalar path), zero-size tensors, and permuted, sliced, offset and
-expanded views of the first input (read as they are by ops that declare it strided). Exits
+defeat 16-byte alignment (the adapter copies them into aligned memory unless the op declares
+the input strided), zero-size tensors, and permuted, sliced, offset and expanded views of the
+first input (read as they are by ops that declare it strided). Exits
 non-zero if an output differs from the CPU reference.
 """
 
