@@ -111,6 +111,81 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   }
 }
 
+// Helpers over one 16-row accumulator tile, shared by both paths: mma.sync m16n8 and wgmma
+// accumulators have the same layout, tile[j][e] being row lane / 4 (+ 8 for e >= 2) and column
+// 8 j + 2 (lane % 4) + e % 2 of the tile (PTX ISA, "Matrix Fragments for mma.m16n8k16" and
+// "Register Fragments" of wgmma); each row's values are spread over the 4 threads of a quad.
+
+/// One online-softmax step (Milakov & Gimelshein 2018) for the thread's two rows of a tile of
+/// scores in log2 units: the new row maxima (over the quad), the scores exponentiated in place
+/// relative to them, the running sums rescaled and extended, and in `correction` the factor by
+/// which each row's output accumulators must be rescaled.
+template <int N>
+__device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&correction)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = row_max[h];
+#pragma unroll
+    for (int j = 0; j < N; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float base = mx == neg_inf() ? 0.0f : mx;  // a row masked so far stays at zero
+    correction[h] = fast_exp2(row_max[h] - base);
+    row_max[h] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      s[j][2 * h] = fast_exp2(s[j][2 * h] - base);
+      s[j][2 * h + 1] = fast_exp2(s[j][2 * h + 1] - base);
+      sum += s[j][2 * h] + s[j][2 * h + 1];
+    }
+    row_sum[h] = row_sum[h] * correction[h] + sum;
+  }
+}
+
+/// Scales each of the thread's two rows of an output tile by its correction.
+template <int N>
+__device__ __forceinline__ void rescale(float (&acc)[N][4], const float (&correction)[2]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    acc[j][0] *= correction[0];
+    acc[j][1] *= correction[0];
+    acc[j][2] *= correction[1];
+    acc[j][3] *= correction[1];
+  }
+}
+
+/// The A operand of the P V product for keys 16 kk .. 16 kk + 15: the probabilities of chunks
+/// 2 kk and 2 kk + 1 rounded to T and packed (the accumulator layout is the A fragment layout).
+template <class T, int N>
+__device__ __forceinline__ void pack_p(const float (&s)[N][4], int kk, unsigned (&p)[4]) {
+  p[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+  p[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+  p[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  p[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+/// o = acc / row sum for the thread's two rows of a tile whose first row is `row0` (rows whose
+/// every key is masked out get zeros, NaN stays NaN); rows at or past `sq` are not stored.
+template <class T, int D>
+__device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], const float (&row_sum)[2], T* o, int64_t bh,
+                                           int64_t sq, int64_t row0, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    const int64_t row = row0 + h * 8;
+    if (row >= sq) continue;
+    T* out = o + (bh * sq + row) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<unsigned*>(out + j * 8) = pack2<T>(acc[j][2 * h] * inv, acc[j][2 * h + 1] * inv);
+  }
+}
+
 /// The XOR pattern of row `row` in a shared tile of rows of D elements: chunk c of the row is
 /// stored at chunk c ^ swizzle(row), so that the 8 rows an ldmatrix reads hit 8 different
 /// 16-byte bank groups. Rows of 128 or 256 bytes (D = 64, 128): r % 8. Rows of 64 bytes
@@ -303,30 +378,9 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
     // Online softmax: new row maxima, rescale the accumulator and the running sums.
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
-#pragma unroll
-        for (int nt = 0; nt < kTilesN; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == neg_inf() ? 0.0f : mx;  // a row masked so far stays at zero
-        const float correction = fast_exp2(row_max[mt][h] - base);
-        row_max[mt][h] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kTilesN; ++nt) {
-          s[mt][nt][2 * h] = fast_exp2(s[mt][nt][2 * h] - base);
-          s[mt][nt][2 * h + 1] = fast_exp2(s[mt][nt][2 * h + 1] - base);
-          sum += s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
-        }
-        row_sum[mt][h] = row_sum[mt][h] * correction + sum;
-#pragma unroll
-        for (int dt = 0; dt < kTilesD; ++dt) {
-          acc[mt][dt][2 * h] *= correction;
-          acc[mt][dt][2 * h + 1] *= correction;
-        }
-      }
+      float correction[2];
+      online_softmax(s[mt], row_max[mt], row_sum[mt], correction);
+      rescale(acc[mt], correction);
     }
 
     // O += P V: the score accumulators are laid out as the A operand of the next MMA.
@@ -334,12 +388,7 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       unsigned p[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        p[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        p[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        p[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        p[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < 2; ++mt) pack_p<T>(s[mt], kk, p[mt]);
 #pragma unroll
       for (int dp = 0; dp < kTilesD / 2; ++dp) {
         unsigned b[4];
@@ -354,23 +403,8 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
   }
   cp_async_wait_all();
 
-  // o = acc / row sum (rows whose every key is masked out get zeros).
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = row_sum[mt][h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // NaN stays NaN
-      const int64_t row = m0 + row_in_block + mt * 16 + h * 8;
-      if (row >= sq) continue;
-      T* out = o + (bh * sq + row) * D + (lane & 3) * 2;
-#pragma unroll
-      for (int dt = 0; dt < kTilesD; ++dt)
-        *reinterpret_cast<unsigned*>(out + dt * 8) = pack2<T>(acc[mt][dt][2 * h] * inv, acc[mt][dt][2 * h + 1] * inv);
-    }
-  }
+  for (int mt = 0; mt < 2; ++mt) store_rows<T, D>(acc[mt], row_sum[mt], o, bh, sq, m0 + row_in_block + mt * 16, lane);
 }
 
 }  // namespace attention_detail
@@ -426,14 +460,14 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsig
 // 16 * warp + lane / 4 (+ 8 for e >= 2) and column 8 j + 2 * (lane % 4) + e % 2 of the
 // warp's 16 rows of the 64 x 128 tile, as mma.sync m16n8 accumulators are.
 #define ATTENTION_WGMMA_D                                                                                       \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),    \
-      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),     \
-      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),    \
-      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),    \
-      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),    \
-      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),    \
-      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),    \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]),    \
+      "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]),     \
+      "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),    \
+      "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]),    \
+      "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),    \
+      "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),    \
+      "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),    \
+      "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
 #define ATTENTION_WGMMA_D_REGS                                                                            \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
@@ -443,7 +477,7 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsig
 /// d (+)= A B for a 64 x 128 tile, k = 16; A and B from shared memory, both K-major.
 /// `accumulate` 0 overwrites d.
 template <class T>
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], unsigned long long a, unsigned long long b, int accumulate) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long a, unsigned long long b, int accumulate) {
   if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
@@ -462,7 +496,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], unsigned long long a, u
 /// d += A B for a 64 x 128 tile, k = 16; A (16 rows per warp, mma.sync's A fragment layout)
 /// from registers, B from shared memory MN-major (transposed).
 template <class T>
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
+__device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {
   if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
@@ -491,9 +525,11 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 /// Keeps the compiler from moving accesses of registers an in-flight wgmma reads or writes
 /// across the wait that ends it (cutlass's warpgroup_fence_operand).
 template <int N>
-__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+__device__ __forceinline__ void fence_operands(float (&r)[N][4]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(r[i][e])::"memory");
 }
 template <int N>
 __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
@@ -528,11 +564,13 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
   if (n_blocks > 0) load_tile<T>(base + k_tile(0), kb, l.k.row, 0, sk);
   cp_async_commit();
 
-  float acc[64], s[64];
+  float acc[kD / 8][4], s[kBlockN / 8][4];
   unsigned p[kBlockN / 16][4];
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = s[i] = 0.0f;
+  for (int j = 0; j < kD / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = s[j][e] = 0.0f;
   // This thread's rows, relative to m0: row_in_block (+ 8 for accumulator elements 2, 3).
   const int row_in_block = group * 64 + warp * 16 + lane / 4;
   const unsigned q_rows = base + kQ + group * 64 * 128;
@@ -577,50 +615,21 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
         const float add = mb != nullptr && col < keys ? opforge::kernel::to_acc(mb[n0 + col]) * kLog2e : 0.0f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float& x = s[4 * j + 2 * h + c];
+          float& x = s[j][2 * h + c];
           x = x * scale_log2 + add;
           if (edge && (col >= keys || (kCausal && col > row_in_block + h * 8 + diagonal))) x = neg_inf();
         }
       }
     }
     float correction[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = row_max[h];
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base_max = mx == neg_inf() ? 0.0f : mx;  // a row masked so far stays at zero
-      correction[h] = fast_exp2(row_max[h] - base_max);
-      row_max[h] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        s[4 * j + 2 * h] = fast_exp2(s[4 * j + 2 * h] - base_max);
-        s[4 * j + 2 * h + 1] = fast_exp2(s[4 * j + 2 * h + 1] - base_max);
-        sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
-      }
-      row_sum[h] = row_sum[h] * correction[h] + sum;
-    }
+    attention_detail::online_softmax(s, row_max, row_sum, correction);  // while P V runs
 
     wgmma_wait<0>();  // P_{nb-1} V_{nb-1} done: acc and p are free
     fence_operands(acc);
     fence_operands(p);
+    attention_detail::rescale(acc, correction);
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      acc[4 * j] *= correction[0];
-      acc[4 * j + 1] *= correction[0];
-      acc[4 * j + 2] *= correction[1];
-      acc[4 * j + 3] *= correction[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {  // the accumulator layout is the A fragment layout
-      p[kk][0] = pack2<T>(s[8 * kk], s[8 * kk + 1]);
-      p[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      p[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      p[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk) attention_detail::pack_p<T>(s, kk, p[kk]);
   }
   cp_async_wait_all();
   if (n_blocks > 0) {
@@ -636,20 +645,7 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     fence_operands(p);
   }
 
-  // o = acc / row sum (rows whose every key is masked out get zeros).
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = row_sum[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // NaN stays NaN
-    const int64_t row = m0 + row_in_block + h * 8;
-    if (row >= sq) continue;
-    T* out = o + (bh * sq + row) * kD + (lane & 3) * 2;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j)
-      *reinterpret_cast<unsigned*>(out + j * 8) = pack2<T>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-  }
+  attention_detail::store_rows<T, kD>(acc, row_sum, o, bh, sq, m0 + row_in_block, lane);
 }
 
 }  // namespace attention_sm90
