@@ -93,6 +93,7 @@ def main() -> int:
     console.print(f"exported, packaged and run in {package_s:.1f} s: {reports[0].package}", soft_wrap=True)
 
     rows = []
+    custom.to(device)  # verify_model leaves the model where its export ran or on the CPU
     for (name, tensors), report in zip(inputs.items(), reports):
         shape = list(tensors[0].shape)
         out = report.outputs[0]
@@ -100,7 +101,7 @@ def main() -> int:
                      "cosine_min": out.cosine, "max_abs_error": out.max_abs_error,
                      "latency_ms": report.latency_ms["median"], "status": out.status})
         with torch.inference_mode():
-            eager_out = custom.to(device)(*[t.to(device) for t in tensors])
+            eager_out = custom(*[t.to(device) for t in tensors])
         rows.append({"model": "eager + op", "device": str(device), "batch": name, "shape": shape,
                      **compare(eager_out, expected[name]),
                      "latency_ms": eager_latency_ms(custom, [t.to(device) for t in tensors], args.iters)})
