@@ -86,12 +86,13 @@ __device__ __forceinline__ int64_t global_index() {
 
 /// Sum of `v` (float or double) over the thread block (blockDim.x a multiple of 32, at most
 /// 1024); every thread gets the result. Uses 32 values of shared memory; contains
-/// __syncthreads(), so every thread of the block must call it.
+/// __syncthreads() (unless the block is one warp), so every thread of the block must call it.
 template <class A>
 __device__ __forceinline__ A block_sum(A v) {
   __shared__ A partial[32];
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if (blockDim.x == 32) return v;  // one warp (short rows): the shuffles summed the block
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // partial[] may still be read by a previous call
   if (lane == 0) partial[warp] = v;
@@ -100,6 +101,55 @@ __device__ __forceinline__ A block_sum(A v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+/// The 16 / sizeof(T) elements of a 16-byte vector of T, given as the four 32-bit words it was
+/// loaded as (element 0 in the low bits of v.x), widened to the accumulator type. Working on
+/// whole words keeps two 16-bit elements in one register and widens them with one shift or mask
+/// each; a Vec<__nv_bfloat16, 8> converted element by element is split into eight registers
+/// first (rms_norm<__nv_bfloat16>: 53 registers instead of 38, by ptxas; bench/RESULTS.md).
+template <class T>
+__device__ __forceinline__ void unpack(const uint4& v, acc_t<T> (&out)[16 / sizeof(T)]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (is_same<T, __nv_bfloat16>::value) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else if constexpr (is_same<T, __half>::value) {
+      __half2 h;
+      *reinterpret_cast<uint32_t*>(&h) = w[i];
+      const float2 f = __half22float2(h);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    } else if constexpr (is_same<T, float>::value) {
+      out[i] = __uint_as_float(w[i]);
+    } else if (i % 2 == 0) {
+      out[i / 2] = __hiloint2double(static_cast<int>(w[i + 1]), static_cast<int>(w[i]));
+    }
+  }
+}
+
+/// The inverse of unpack: rounds 16 / sizeof(T) accumulator values to T (round to nearest
+/// even) and returns them as the four 32-bit words of one 16-byte vector.
+template <class T>
+__device__ __forceinline__ uint4 pack(const acc_t<T> (&in)[16 / sizeof(T)]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (is_same<T, __nv_bfloat16>::value) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+      w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else if constexpr (is_same<T, __half>::value) {
+      const __half2 h = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
+      w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    } else if constexpr (is_same<T, float>::value) {
+      w[i] = __float_as_uint(in[i]);
+    } else {
+      w[i] = static_cast<uint32_t>(i % 2 ? __double2hiint(in[i / 2]) : __double2loint(in[i / 2]));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 /// A row of `cols` elements held in registers across a thread block, for row kernels that read
@@ -126,19 +176,20 @@ struct RowRegisters {
   }
   /// Element offset (within the row) of this thread's k-th vector.
   __device__ static int64_t offset(int k) { return (threadIdx.x + int64_t{k} * blockDim.x) * kWidth; }
+  /// Loads this thread's vectors of the row at `row` (`cols` elements, 16-byte aligned) as raw
+  /// words for unpack, every load issued before any value is used (a load followed by its arithmetic
+  /// before the next load keeps one load in flight per thread: rms_norm ran at 0.86 x copy
+  /// bandwidth so, 0.97 x with the loads first; bench/RESULTS.md). Vectors past the row's end
+  /// read as zeros.
+  __device__ static void load_words(const T* row, int64_t cols, uint4 (&out)[kMaxVectors]) {
+#pragma unroll
+    for (int k = 0; k < kMaxVectors; ++k)
+      out[k] = has(k, cols) ? *reinterpret_cast<const uint4*>(row + offset(k)) : make_uint4(0, 0, 0, 0);
+  }
   /// Loads the 16 bytes at `p` (aligned) as kWidth accumulator values.
-  __device__ static void load(const T* p, A (&out)[kWidth]) {
-    const Vec<T, kWidth> in = *reinterpret_cast<const Vec<T, kWidth>*>(p);
-#pragma unroll
-    for (int i = 0; i < kWidth; ++i) out[i] = to_acc(in.v[i]);
-  }
+  __device__ static void load(const T* p, A (&out)[kWidth]) { unpack<T>(*reinterpret_cast<const uint4*>(p), out); }
   /// Rounds kWidth accumulator values to T and stores them as one 16-byte access at `p`.
-  __device__ static void store(T* p, const A (&in)[kWidth]) {
-    Vec<T, kWidth> out;
-#pragma unroll
-    for (int i = 0; i < kWidth; ++i) out.v[i] = from_acc<T>(in[i]);
-    *reinterpret_cast<Vec<T, kWidth>*>(p) = out;
-  }
+  __device__ static void store(T* p, const A (&in)[kWidth]) { *reinterpret_cast<uint4*>(p) = pack<T>(in); }
 };
 
 }  // namespace opforge::kernel

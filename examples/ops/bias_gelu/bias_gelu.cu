@@ -1,5 +1,5 @@
-// bias_gelu CUDA kernel: y = gelu(x + bias[col]), one pass, eight elements per thread in
-// 16-byte vectors when rows allow.
+// bias_gelu CUDA kernel: y = gelu(x + bias[col]), one pass, two 16-byte vectors per thread when
+// rows allow.
 #include <opforge/cuda.h>
 
 #include <climits>
@@ -38,11 +38,11 @@ __device__ __forceinline__ float gelu_16bit(float v) {
   return v * (v < 0.0f ? tail : 1.0f - tail);
 }
 
+/// gelu(v) = v * Phi(v) in float: erff for float32 outputs, gelu_16bit for 16-bit ones.
 template <class T>
-__device__ __forceinline__ T bias_gelu(T x, T b) {
-  const float v = opforge::cuda::to_acc(x) + opforge::cuda::to_acc(b);
-  if constexpr (sizeof(T) == 2) return opforge::cuda::from_acc<T>(gelu_16bit(v));
-  return opforge::cuda::from_acc<T>(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+__device__ __forceinline__ float gelu(float v) {
+  if constexpr (sizeof(T) == 2) return gelu_16bit(v);
+  return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
 }
 
 /// Quotients by a divisor fixed for the launch with a multiply-high and a shift instead of a
@@ -62,28 +62,27 @@ struct FastDivisor {
   }
 };
 
-/// Elements each thread loads before computing any (kVectors<N> 16-byte vectors): two vectors
-/// for float32, one for 16-bit types. Measured at 4 GiB on the H200 (bench/RESULTS.md), 1, 2, 4
-/// vectors per thread: float32 0.948, 0.974, 0.970 x copy; bfloat16 0.896, 0.821, 0.694.
-constexpr int kElementsPerThread = 8;
+/// Elements each thread loads before computing any: two 16-byte vectors (N = 16 / sizeof(T)
+/// elements each), or 8 single elements on the scalar path (N = 1). Measured at 4 GiB on the
+/// H200 (bench/RESULTS.md): bfloat16 with 1 and 2 vectors per thread, 0.91 and 0.98 x copy.
 template <int N>
-constexpr int kVectors = kElementsPerThread / N > 0 ? kElementsPerThread / N : 1;
+constexpr int kPerThread = N > 1 ? 2 : 8;
 constexpr int kThreads = 256;
 
 // Vectors of N elements never straddle a row (cols % N == 0 on the vector path; N = 1 else).
-// Block b handles vectors [b * kThreads * kVectors<N>, ...), thread t the vectors
-// t, t + kThreads, ... of them (coalesced). kFast: vec_items < 2^31, the column comes from
-// FastDivisor; else from a 64-bit remainder.
+// Block b handles vectors [b * kThreads * kPerThread<N>, ...), thread t the vectors
+// t, t + kThreads, ... of them (coalesced). Vectors are held as the four 32-bit words they are
+// loaded as (opforge::kernel::unpack/pack), which keeps 16-bit elements two to a register.
+// kFast: vec_items < 2^31, the column comes from FastDivisor; else from a 64-bit remainder.
 template <class T, int N, bool kFast>
 __global__ void __launch_bounds__(kThreads) bias_gelu_kernel(const T* __restrict__ x, const T* __restrict__ bias,
                                                              T* __restrict__ y, int64_t vec_items, int64_t vec_cols,
                                                              FastDivisor cols_divisor) {
-  using V = opforge::cuda::Vec<T, N>;
-  constexpr int kPerThread = kVectors<N>;
-  const int64_t first = int64_t{blockIdx.x} * kThreads * kPerThread + threadIdx.x;
-  V v[kPerThread], b[kPerThread];
+  using V = typename opforge::kernel::conditional<N == 1, T, uint4>::type;
+  const int64_t first = int64_t{blockIdx.x} * kThreads * kPerThread<N> + threadIdx.x;
+  V v[kPerThread<N>], b[kPerThread<N>];
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPerThread<N>; ++k) {
     const int64_t i = first + int64_t{k} * kThreads;
     if (i >= vec_items) break;
     const int64_t col = kFast ? i - int64_t{cols_divisor.quotient(static_cast<uint32_t>(i))} * vec_cols : i % vec_cols;
@@ -91,19 +90,26 @@ __global__ void __launch_bounds__(kThreads) bias_gelu_kernel(const T* __restrict
     b[k] = reinterpret_cast<const V*>(bias)[col];
   }
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPerThread<N>; ++k) {
     const int64_t i = first + int64_t{k} * kThreads;
     if (i >= vec_items) break;
+    if constexpr (N == 1) {
+      y[i] = opforge::cuda::from_acc<T>(gelu<T>(opforge::cuda::to_acc(v[k]) + opforge::cuda::to_acc(b[k])));
+    } else {
+      float xs[N], bs[N];
+      opforge::kernel::unpack<T>(v[k], xs);
+      opforge::kernel::unpack<T>(b[k], bs);
 #pragma unroll
-    for (int e = 0; e < N; ++e) v[k].v[e] = bias_gelu(v[k].v[e], b[k].v[e]);
-    reinterpret_cast<V*>(y)[i] = v[k];
+      for (int e = 0; e < N; ++e) xs[e] = gelu<T>(xs[e] + bs[e]);
+      reinterpret_cast<uint4*>(y)[i] = opforge::kernel::pack<T>(xs);
+    }
   }
 }
 
 template <class T, int N>
 void launch(const T* in, const T* b, T* out, int64_t items, int64_t cols, cudaStream_t stream) {
   if (items == 0) return;
-  constexpr int64_t kPerBlock = int64_t{kThreads} * kVectors<N>;
+  constexpr int64_t kPerBlock = int64_t{kThreads} * kPerThread<N>;
   const int64_t blocks = (items + kPerBlock - 1) / kPerBlock;
   OPFORGE_CHECK(blocks <= INT_MAX, "x has ", items * N, " elements, more than one launch covers");
   if (items < (int64_t{1} << 31)) {

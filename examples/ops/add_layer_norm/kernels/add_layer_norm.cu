@@ -1,7 +1,7 @@
 // add_layer_norm, compiled at run time: one block per row (opforge::rows("x")), accumulation in
 // float (double for double). h = x + residual; mean, then the variance around the mean (two
 // passes over h, exact rather than E[h^2] - mean^2), then the normalised output. Rows that fit
-// are held in registers (read once, 16-byte loads); others re-read the row.
+// are held in registers (read once, 16-byte loads issued before any is used); others re-read the row.
 #include <opforge/kernel.cuh>
 
 template <class T>
@@ -17,15 +17,24 @@ __global__ void add_layer_norm(const T* __restrict__ x, const T* __restrict__ re
   if (Row::fits(cols) && aligned(x, 16) && aligned(residual, 16) && aligned(weight, 16) && aligned(bias, 16) &&
       aligned(y, 16)) {
     Row h;
+    {
+      uint4 xw[Row::kVectors], rw[Row::kVectors];  // both rows' loads in flight before any arithmetic
+      Row::load_words(x + base, cols, xw);
+      Row::load_words(residual + base, cols, rw);
+#pragma unroll
+      for (int k = 0; k < Row::kVectors; ++k) {
+        A r[Row::kWidth];
+        opforge::kernel::unpack<T>(xw[k], h.v[k]);
+        opforge::kernel::unpack<T>(rw[k], r);
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) h.v[k][i] += r[i];
+      }
+    }
     A sum = 0;
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
-      if (!Row::has(k, cols)) continue;
-      A r[Row::kWidth];
-      Row::load(x + base + Row::offset(k), h.v[k]);
-      Row::load(residual + base + Row::offset(k), r);
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) sum += (h.v[k][i] += r[i]);
+      for (int i = 0; i < Row::kWidth; ++i) sum += h.v[k][i];  // zeros past the row's end
     }
     const A mean = block_sum(sum) / n;
     A sq = 0;

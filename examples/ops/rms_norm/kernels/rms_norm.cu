@@ -1,6 +1,6 @@
 // rms_norm, compiled at run time: one block per row (opforge::rows("x")), accumulation in
-// float (double for double). Rows that fit are read once into registers with 16-byte loads;
-// others take a plain loop that reads the row twice.
+// float (double for double). Rows that fit are read once into registers with 16-byte loads, all
+// issued before the first is used; others take a plain loop that reads the row twice.
 #include <opforge/kernel.cuh>
 
 template <class T>
@@ -13,24 +13,25 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
   T* out = y + static_cast<int64_t>(blockIdx.x) * cols;
   if (Row::fits(cols) && opforge::kernel::aligned(x, 16) && opforge::kernel::aligned(weight, 16) &&
       opforge::kernel::aligned(y, 16)) {
-    using V = opforge::kernel::Vec<T, Row::kWidth>;
-    V row[Row::kVectors];  // the row as loaded: half the registers of accumulators for 16-bit T
+    uint4 row[Row::kVectors];  // the row as loaded: 16-bit elements two to a register
+    Row::load_words(in, cols, row);
     A sumsq = 0;
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
-      if (!Row::has(k, cols)) continue;
-      row[k] = *reinterpret_cast<const V*>(in + Row::offset(k));
+      A v[Row::kWidth];
+      opforge::kernel::unpack<T>(row[k], v);
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) sumsq += to_acc(row[k].v[i]) * to_acc(row[k].v[i]);
+      for (int i = 0; i < Row::kWidth; ++i) sumsq += v[i] * v[i];
     }
     const A scale = A(1) / sqrt(opforge::kernel::block_sum(sumsq) / static_cast<A>(cols) + static_cast<A>(eps));
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
-      A w[Row::kWidth];
+      A v[Row::kWidth], w[Row::kWidth];
+      opforge::kernel::unpack<T>(row[k], v);
       Row::load(weight + Row::offset(k), w);
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) w[i] *= to_acc(row[k].v[i]) * scale;
+      for (int i = 0; i < Row::kWidth; ++i) w[i] *= v[i] * scale;
       Row::store(out + Row::offset(k), w);
     }
     return;
