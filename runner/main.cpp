@@ -13,8 +13,11 @@
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -29,9 +32,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: opforge-runner PACKAGE.pt2 --inputs FILE --output FILE [--device cpu|cuda[:N]] [--warmup N] [--iters N]";
-
 struct Options {
   std::string package, inputs, output, device = "cpu";
   int warmup = 1, iters = 1;
@@ -42,36 +42,28 @@ struct Options {
   std::exit(2);
 }
 
+/// The command line, parsed with CLI11; a bad one prints CLI11's message and the usage and
+/// exits with CLI11's code (106 for a bad value, 105 for a wrong argument count, ...).
 Options parse(int argc, char** argv) {
   Options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value\n" + kUsage);
-    return argv[++i];
-  };
-  auto count = [&](int& i) {
-    const std::string v = value(i);
-    try {
-      int n = std::stoi(v);
-      if (n >= 0) return n;
-    } catch (...) {
-    }
-    fail(std::string(argv[i - 1]) + ": expected a count >= 0, got '" + v + "'");
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--inputs") o.inputs = value(i);
-    else if (a == "--output") o.output = value(i);
-    else if (a == "--device") o.device = value(i);
-    else if (a == "--warmup") o.warmup = count(i);
-    else if (a == "--iters") o.iters = std::max(1, count(i));
-    else if (a == "-h" || a == "--help") {
-      std::cout << kUsage << "\n";
-      std::exit(0);
-    } else if (!a.empty() && a[0] == '-') fail("unknown option " + a + "\n" + kUsage);
-    else if (o.package.empty()) o.package = a;
-    else fail("unexpected argument " + a + "\n" + kUsage);
+  CLI::App app{"Runs an AOTInductor package (.pt2) that uses opforge ops, with no Python.", "opforge-runner"};
+  app.add_option("package", o.package, "model.pt2 written by opforge.aoti.package, its op manifest beside it")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--inputs", o.inputs, "the model's inputs: a tensor or a list of tensors saved with torch.save")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--output", o.output, "where to torch.save the outputs (a tuple of CPU tensors)")->required();
+  app.add_option("--device", o.device, "cpu, cuda or cuda:N; the inputs are moved there")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed runs before the timed ones")
+      ->check(CLI::Range(0, INT_MAX))
+      ->capture_default_str();
+  app.add_option("--iters", o.iters, "timed runs")->check(CLI::Range(1, INT_MAX))->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
-  if (o.package.empty() || o.inputs.empty() || o.output.empty()) fail(kUsage);
   return o;
 }
 

@@ -167,8 +167,8 @@ def run(
         package_path: ``model.pt2`` written by :func:`package`.
         inputs: the model's inputs (moved to ``device`` by the runner).
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-        warmup: untimed runs first.
-        iters: timed runs.
+        warmup: untimed runs first (0 or more).
+        iters: timed runs (1 or more).
         timeout: seconds before the runner is killed.
 
     Returns:
@@ -176,7 +176,7 @@ def run(
 
     Raises:
         OpforgeError: the runner is not built, or it failed (the message holds its stderr, e.g.
-            the missing ops and libraries).
+            the missing ops and libraries, or a flag value it refused such as ``iters=0``).
     """
     runner = runner_path()
     if not runner.exists():

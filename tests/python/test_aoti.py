@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
 
 from conftest import DEVICES, requires_two_gpus
 from opforge import OpforgeError, aoti
+from opforge._paths import runner_path
 
 
 class Pipeline(torch.nn.Module):
@@ -95,3 +98,42 @@ def test_runner_refuses_package_without_manifest(packaged, tmp_path):
     (tmp_path / "model.pt2").write_bytes(package.read_bytes())
     with pytest.raises(OpforgeError, match="no op manifest .*opforge_ops.txt beside"):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--iters", "0"], "--iters: Value 0 not in range 1 to"),
+        (["--warmup", "-1"], "--warmup: Value -1 not in range 0 to"),
+        (["--warmup", "two"], "--warmup: Value two not in range 0 to"),
+        (["--bogus", "1"], "were not expected"),
+    ],
+)
+def test_runner_rejects_bad_command_lines(tmp_path, args, expected):
+    """The runner's flags are parsed by CLI11: a bad one is named, with a non-zero exit, before
+    any package is loaded."""
+    (tmp_path / "model.pt2").write_bytes(b"")
+    (tmp_path / "in.pt").write_bytes(b"")
+    cmd = [str(runner_path()), str(tmp_path / "model.pt2"), "--inputs", str(tmp_path / "in.pt"), "--output",
+           str(tmp_path / "out.pt"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert expected in proc.stderr
+    assert "no op manifest" not in proc.stderr
+
+
+def test_runner_names_a_missing_package_and_lists_its_flags(tmp_path):
+    proc = subprocess.run([str(runner_path()), str(tmp_path / "absent.pt2"), "--inputs", str(tmp_path / "in.pt"),
+                           "--output", str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"File does not exist: {tmp_path / 'absent.pt2'}" in proc.stderr
+    usage = subprocess.run([str(runner_path()), "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0
+    for flag in ("--inputs", "--output", "--device TEXT=cpu", "--warmup", "--iters"):
+        assert flag in usage.stdout
+
+
+def test_run_reports_the_runners_complaint(packaged):
+    _, package, device = packaged
+    with pytest.raises(OpforgeError, match=r"(?s)opforge-runner failed \(exit \d+\):.*--iters: Value 0 not in range"):
+        aoti.run(package, [torch.randn(2, 24)], device=device, iters=0)
