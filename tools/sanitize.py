@@ -55,8 +55,8 @@ def attention_cases() -> int:
 
 
 def main() -> int:
-    for name in CASES:
-        opforge.load_library(opforge.example_library(name))
+    for case in CASES.values():
+        opforge.load_library(case.library_path)
     failures = 0
     for name, case in CASES.items():
         for dtype in case.dtypes:

@@ -296,6 +296,9 @@ typedef struct OpforgeOpSpec {
   int32_t sharding;
   /* OPFORGE_SHARDING_DIMS: bit d set if dim d of the first tensor input may be sharded. */
   uint32_t sharding_dims;
+  /* The op that computes this op's input gradients ("ns::name"), or NULL: see
+   * Note [Backward ops] in opforge/op.h. Appended in ABI 3 (read past struct_size only). */
+  const char* backward;
 } OpforgeOpSpec;
 
 typedef struct OpforgeLibrary {

@@ -56,6 +56,23 @@
 // instantiations a graph uses into the package (lib<name>.kernels/cache/) so a deployed model
 // compiles nothing on its first inference. The source may `#include <opforge/kernel.cuh>`
 // (device helpers), cuda_fp16.h and cuda_bf16.h.
+//
+// Note [Backward ops]
+// -------------------
+// `.backward("softshrink_backward")` names another op (declared like any other, usually in the
+// same file) that computes this op's input gradients; loading registers it as the op's
+// autograd formula in torch (torch.library.register_autograd), so `loss.backward()`,
+// torch.autograd.grad and torch.compile's backward graph run it. The two ops meet by argument
+// names, as in PyTorch's derivatives.yaml:
+//   - each input of the backward op is `grad_<output>`, the gradient of one of this op's
+//     outputs (zeros when that output did not reach the loss), or has the name of one of this
+//     op's inputs, parameters or outputs, whose value is saved for it;
+//   - each output of the backward op is `grad_<input>`, the gradient of one of this op's tensor
+//     inputs; inputs without one get no gradient (None).
+// Loading checks both rules and raises naming the op, the argument and what it should match.
+// The backward op is an op of its own: CPU reference, device kernels, verify and sanitize
+// apply to it as to any op. Gradients are derived only through Python (the C++ runner and
+// AOTInductor packages run inference).
 #pragma once
 
 #include <initializer_list>
@@ -226,6 +243,13 @@ class OpBuilder {
   /// the CPU reference against it (in float64) where no device kernel can be compared.
   OpBuilder equivalent(std::string python_expression) && {
     def_->equivalent = std::move(python_expression);
+    return std::move(*this);
+  }
+
+  /// The op that computes this op's input gradients, "name" (same namespace) or "ns::name";
+  /// see Note [Backward ops]. Loading registers it as the op's autograd formula in torch.
+  OpBuilder backward(std::string op) && {
+    def_->backward = op.find("::") == std::string::npos ? def_->ns + "::" + op : std::move(op);
     return std::move(*this);
   }
 

@@ -165,6 +165,8 @@ std::string library_json(const OpforgeLibrary& lib) {
        << ", \"file\": " << json_string(op.file) << ", \"line\": " << op.line;
     if (op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) && op.equivalent)
       os << ", \"equivalent\": " << json_string(op.equivalent);
+    if (op.struct_size >= offsetof(OpforgeOpSpec, backward) + sizeof(op.backward) && op.backward)
+      os << ", \"backward\": " << json_string(op.backward);
     if (op.struct_size >= offsetof(OpforgeOpSpec, sharding) + sizeof(op.sharding))
       os << ", \"sharding\": "
          << (op.sharding == OPFORGE_SHARDING_POINTWISE ? "\"pointwise\""

@@ -384,6 +384,7 @@ std::vector<std::string> OpDef::finalize() {
   spec_.num_kernels = static_cast<int32_t>(kernels.size());
   spec_.kernels = kernels.data();
   spec_.equivalent = equivalent.empty() ? nullptr : equivalent.c_str();
+  spec_.backward = backward.empty() ? nullptr : backward.c_str();
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
   int32_t first_rank = -1;  // the first tensor input's rank, if fixed

@@ -35,13 +35,19 @@ class OpCase:
 
     make(batch, dtype, device) returns (args, kwargs) with ``batch`` as the leading dim of the
     first tensor; ``expected(*args, **kwargs)`` is the same function in plain torch, evaluated
-    in float64.
+    in float64. ``library``: the example library (``examples/ops/<library>/``) that declares the
+    op, if not the op's own name.
     """
 
     name: str
     make: Callable
     expected: Callable
     dtypes: list = field(default_factory=lambda: [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+    library: str | None = None
+
+    @property
+    def library_path(self):
+        return opforge.example_library(self.library or self.name)
 
     @property
     def op(self):
@@ -74,6 +80,19 @@ def _softshrink_inputs(batch, dtype, device):
     return (torch.randn(batch, 37, dtype=dtype, device=device),), {"lambd": 0.3}
 
 
+def _softshrink_backward_inputs(batch, dtype, device):
+    x = torch.randn(batch, 37, dtype=dtype, device=device)
+    x[:, :3] = torch.tensor([0.3, -0.3, float("nan")], dtype=dtype)  # the boundaries and NaN get 0
+    return (torch.randn_like(x), x), {"lambd": 0.3}
+
+
+def _softshrink_grad(grad_y, x, lambd=0.5):
+    """torch's own softshrink gradient (autograd through F.softshrink), in float64 on the CPU
+    (torch's CUDA kernel passes grad_y on where x is NaN, its CPU kernel gives 0)."""
+    x = x.double().cpu().requires_grad_()
+    return torch.autograd.grad(F.softshrink(x, lambd), x, grad_y.double().cpu())[0]
+
+
 def _bias_gelu_inputs(batch, dtype, device):
     return (torch.randn(batch, 5, 48, dtype=dtype, device=device), torch.randn(48, dtype=dtype, device=device)), {}
 
@@ -95,6 +114,8 @@ def _identity_conv_inputs(batch, dtype, device):
 
 CASES = {
     "softshrink": OpCase("softshrink", _softshrink_inputs, lambda x, lambd=0.5: F.softshrink(x.double(), lambd)),
+    "softshrink_backward": OpCase("softshrink_backward", _softshrink_backward_inputs, _softshrink_grad,
+                                  library="softshrink"),
     "bias_gelu": OpCase(
         "bias_gelu",
         _bias_gelu_inputs,
@@ -113,7 +134,7 @@ CASES = {
 @pytest.fixture(scope="session", autouse=True)
 def example_ops():
     """Loads every example op library once per test session."""
-    return {name: opforge.load_library(opforge.example_library(name)) for name in CASES}
+    return {name: opforge.load_library(case.library_path) for name, case in CASES.items()}
 
 
 @pytest.fixture(autouse=True)

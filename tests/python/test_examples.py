@@ -16,9 +16,9 @@ def description_lines(op_file: Path) -> list[str]:
     kernel's launch), nor comment, nor blank."""
     text = re.sub(r"/\*.*?\*/", "", op_file.read_text(), flags=re.S)
     lines = [line.split("//")[0].rstrip() for line in text.splitlines()]
-    reference = re.search(r"\.reference\((\w+)\)", text).group(1)
-    grid = re.search(r"\.launch_grid\((\w+)\)", text)
-    skipped = rf"(static )?(void {reference}|opforge::LaunchConfig {grid.group(1) if grid else reference})\("
+    references = "|".join(re.findall(r"\.reference\((\w+)\)", text))
+    grids = "|".join(re.findall(r"\.launch_grid\((\w+)\)", text)) or references
+    skipped = rf"(static )?(void ({references})|opforge::LaunchConfig ({grids}))\("
     out, skipping = [], False
     for line in lines:
         if re.match(skipped, line):
@@ -32,6 +32,8 @@ def description_lines(op_file: Path) -> list[str]:
 
 @pytest.mark.parametrize("op_dir", sorted(p for p in EXAMPLES.iterdir() if p.is_dir()), ids=lambda p: p.name)
 def test_op_file_is_short(op_dir):
+    """At most MAX_LINES of description per op (softshrink's file also declares its backward op)."""
     (op_file,) = [p for p in op_dir.glob("*.cpp")]
     lines = description_lines(op_file)
-    assert 0 < len(lines) <= MAX_LINES, "\n".join(lines)
+    ops = op_file.read_text().count("OPFORGE_OP(")
+    assert 0 < len(lines) <= MAX_LINES * ops, "\n".join(lines)

@@ -112,6 +112,7 @@ const std::string& kernel_dir();
 /// Everything one OPFORGE_OP declaration says, plus the C ABI view built from it.
 struct OpDef {
   std::string ns, name, doc, file, equivalent;
+  std::string backward;  // "ns::name" of the backward op, or empty
   int32_t line = 0;
   int32_t sharding = -1;  // OpforgeSharding; -1: derived from the run-time kernel's launch rule
   std::vector<int32_t> sharding_dims;  // OPFORGE_SHARDING_DIMS
