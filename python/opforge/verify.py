@@ -17,7 +17,10 @@ compile fails there too, on either side of an architecture-specific path. Parame
 for unranged floats, every choice. Every case draws fresh random data from a seed that the
 report prints. Each op also gets ``torch.library.opcheck``, a ``torch.compile(fullgraph=True,
 dynamic=True)`` no-recompile check over three batch sizes, and a Meta-versus-real check of
-shape, dtype and strides (with and without its optional tensor inputs, if it has any).
+shape, dtype and strides (with and without its optional tensor inputs, if it has any). An op that
+names a backward op (Note [Backward ops]) and accepts float64 also gets
+``torch.autograd.gradcheck`` in float64 (check "gradcheck"): the gradients its backward op
+computes against finite differences of the op itself.
 
 Model level (:func:`verify_model`): export, AOTInductor-compile, run the package in the C++
 runner on the device, and compare each output with the model run in eager on the CPU.
@@ -40,6 +43,7 @@ import torch
 from . import aoti
 from ._adapter import DTYPE_CODES, EXPR_MULTIPLE_OF, find_op, multiple_of_dims, parse_default as _parse_default
 from ._adapter import precompile, set_poison_outputs
+from .autograd import plan_backward
 
 #: (atol, rtol) against a float64 reference, by dtype. tf32 is listed for ops whose kernels use
 #: TF32 tensor-core math on float32 inputs.
@@ -457,13 +461,13 @@ def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cas
     base = next(c for c in cases if c.label == "shape 3x37" + suffix)
     args = _to(base.args, device)
 
-    def record(check: str, fn: Callable[[], str | None]) -> None:
+    def record(check: str, fn: Callable[[], str | None], run_dtype: str = dtype) -> None:
         try:
             why = fn()
-            report.results.append(CaseResult(name, check, dtype, base.label, "FAIL" if why else "pass",
+            report.results.append(CaseResult(name, check, run_dtype, base.label, "FAIL" if why else "pass",
                                              message=why or "", repro=base.repro()))
         except Exception as e:  # noqa: BLE001
-            report.results.append(CaseResult(name, check, dtype, base.label, "FAIL",
+            report.results.append(CaseResult(name, check, run_dtype, base.label, "FAIL",
                                              message=_first_lines(e), repro=base.repro()))
 
     def opcheck():
@@ -493,9 +497,18 @@ def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cas
                     return f"compiled result differs: {why}"
         return None
 
+    def gradcheck():
+        plan = plan_backward(spec, find_op(spec["backward"]))
+        inputs = [a.detach().requires_grad_(i in plan.targets) if isinstance(a, torch.Tensor) else a
+                  for i, a in enumerate(_to(base.args, device, dtype=torch.float64))]
+        torch.autograd.gradcheck(lambda *a: op(*a), tuple(inputs), fast_mode=True)
+        return None
+
     record("opcheck", opcheck)
     record("meta", meta)
     record("compile", compile_check)
+    if spec.get("backward") and "float64" in next(a for a in spec["args"] if a["type"] == "Tensor")["dtypes"]:
+        record("gradcheck", gradcheck, "float64")
 
 
 #: Targets run-time kernels are compiled for on a machine without a GPU: Hopper (built as sm_90a,

@@ -26,14 +26,16 @@ def broken_ops(tmp_path_factory):
                                                       build_dir=tmp_path_factory.mktemp("broken")))
 
 
-@pytest.mark.parametrize("name", ["examples::softshrink", "examples::bias_gelu", "examples::rms_norm",
-                                  "examples::add_layer_norm", "examples::identity_conv", "examples::attention"])
+@pytest.mark.parametrize("name", ["examples::softshrink", "examples::softshrink_backward", "examples::bias_gelu",
+                                  "examples::rms_norm", "examples::add_layer_norm", "examples::identity_conv",
+                                  "examples::attention"])
 def test_example_ops_pass(name):
-    opforge.load_library(opforge.example_library(name.split("::")[1]))
+    opforge.load_library(opforge.example_library(name.split("::")[1].removesuffix("_backward")))
     report = verify.verify_op(name, seed=1234)
     assert report.ok, [(r.case, r.message) for r in report.failures]
     checks = {(r.check, r.status) for r in report.results}
     assert {("opcheck", "pass"), ("meta", "pass"), ("compile", "pass")} <= checks
+    assert (("gradcheck", "pass") in checks) == (name == "examples::softshrink")  # the one op with a backward
     cases = {r.case for r in report.results if r.check == "values"}
     first = next(a["name"] for a in opforge.find_op(name)["args"] if a["type"] == "Tensor")
     if report.device == "cpu":  # the reference is checked against the description's torch expression
@@ -67,6 +69,13 @@ def test_catches_missing_stride(broken_ops):
 def test_catches_wrong_dtype_path(broken_ops):
     report = verify.verify_op("fixture::wrong_dtype_path", device="cpu", seed=5)
     assert {r.dtype for r in report.failures} == {"bfloat16"}
+
+
+def test_catches_a_wrong_backward(broken_ops):
+    report = verify.verify_op("fixture::wrong_gradient", device="cpu", seed=5)
+    assert [(r.check, r.dtype, r.case) for r in report.failures] == [("gradcheck", "float64", "shape 3x37")]
+    assert "Jacobian mismatch" in report.failures[0].message
+    assert verify.verify_op("fixture::wrong_gradient_bwd", device="cpu", seed=5).ok  # its own values are right
 
 
 def test_correct_fixture_passes(broken_ops):
