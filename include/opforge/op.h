@@ -59,20 +59,23 @@
 //
 // Note [Backward ops]
 // -------------------
-// `.backward("softshrink_backward")` names another op (declared like any other, usually in the
-// same file) that computes this op's input gradients; loading registers it as the op's
-// autograd formula in torch (torch.library.register_autograd), so `loss.backward()`,
-// torch.autograd.grad and torch.compile's backward graph run it. The two ops meet by argument
-// names, as in PyTorch's derivatives.yaml:
+// `.backward("softshrink_backward")` names another op of the same library (declared like any
+// other, usually in the same file) that computes this op's input gradients. The torch adapter
+// runs it from the op's Autograd kernel, so `loss.backward()`, torch.autograd.grad and
+// torch.compile's backward graph use it. The two ops meet by argument names, as in PyTorch's
+// derivatives.yaml:
 //   - each input of the backward op is `grad_<output>`, the gradient of one of this op's
-//     outputs (zeros when that output did not reach the loss), or has the name of one of this
-//     op's inputs, parameters or outputs, whose value is saved for it;
+//     outputs (zeros when that output did not reach the loss), or has the name (and type) of
+//     one of this op's inputs, parameters or outputs, whose value is saved for it;
 //   - each output of the backward op is `grad_<input>`, the gradient of one of this op's tensor
-//     inputs; inputs without one get no gradient (None).
-// Loading checks both rules and raises naming the op, the argument and what it should match.
-// The backward op is an op of its own: CPU reference, device kernels, verify and sanitize
-// apply to it as to any op. Gradients are derived only through Python (the C++ runner and
-// AOTInductor packages run inference).
+//     inputs, with that input's shape and dtype (checked when it runs); inputs without one, and
+//     optional inputs left out, get no gradient (None).
+// Loading checks both rules and, on a mismatch, raises naming each argument and what it may be
+// called, and registers nothing. The backward op is an op of its own: CPU reference, device
+// kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
+// (double backward; without one, create_graph=True through it raises). An op that names no
+// backward op is forward only: torch warns if a gradient reaches it (its default for ops
+// without an autograd kernel), and its inputs get none.
 #pragma once
 
 #include <initializer_list>

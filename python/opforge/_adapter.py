@@ -79,9 +79,9 @@ def load_library(path: str | Path) -> Library:
 
     Each op ``ns::name`` becomes ``torch.ops.ns.name`` with a schema derived from its
     declaration and CPU (reference), CUDA (if declared) and Meta kernels, so it works in eager,
-    ``torch.compile``, ``torch.export`` and AOTInductor; ops that name a backward op get its
-    autograd formula (:mod:`opforge.autograd`), ops that declare a sharding kind DTensor sharding
-    rules (:mod:`opforge.distributed`). Loading the same file twice returns the
+    ``torch.compile``, ``torch.export`` and AOTInductor; ops that name a backward op also get an
+    Autograd kernel that runs it (Note [Backward ops] in ``opforge/op.h``), ops that declare a
+    sharding kind DTensor sharding rules (:mod:`opforge.distributed`). Loading the same file twice returns the
     same :class:`Library`.
 
     Args:
@@ -93,7 +93,8 @@ def load_library(path: str | Path) -> Library:
     Raises:
         ValueError: the file is not an opforge op library, was built for another ABI version,
             has invalid declarations (each listed with its file:line), declares an op that is
-            already registered, or names a backward op that is not loaded or does not match.
+            already registered, or names a backward op that it does not declare or whose
+            arguments do not match (nothing is registered then).
         OpforgeError: the file cannot be opened or loaded, or the adapter is not built.
     """
     resolved = Path(path).resolve()
@@ -119,10 +120,8 @@ def load_library(path: str | Path) -> Library:
                     warnings.warn(f"opforge.load_library: {spec['name']}'s run-time kernel source {rk['source']} is "
                                   f"not in {kernel_dir} (name it in build_library(kernels=...) or "
                                   f"opforge_add_library(... KERNELS ...)); its CUDA calls will fail", stacklevel=2)
-        from .autograd import register_backward_ops
         from .distributed import register_sharding_rules
 
-        register_backward_ops(lib.ops, [op for loaded in _libraries.values() for op in loaded.ops])
         register_sharding_rules(lib.ops)
         _libraries[resolved] = lib
         return lib

@@ -155,6 +155,90 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   return stack.size() == 1 ? stack.back().first : "<malformed>";
 }
 
+const char* backward_name(const OpforgeOpSpec& op) {
+  return op.struct_size >= offsetof(OpforgeOpSpec, backward) + sizeof(op.backward) ? op.backward : nullptr;
+}
+
+const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& qualified) {
+  for (int32_t k = 0; k < lib.num_ops; ++k)
+    if (qualified_name(*lib.ops[k]) == qualified) return lib.ops[k];
+  return nullptr;
+}
+
+BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::string& problems) {
+  static constexpr std::string_view kGrad = "grad_";
+  auto index_of = [](auto names, int32_t n, std::string_view name) {
+    for (int32_t i = 0; i < n; ++i)
+      if (name == names(i)) return i;
+    return int32_t{-1};
+  };
+  auto arg = [&](int32_t i) { return std::string_view(fwd.args[i].name); };
+  auto out = [&](int32_t i) { return std::string_view(fwd.outputs[i].name); };
+  auto grad_of = [&](std::string_view name) { return name.substr(0, kGrad.size()) == kGrad ? name.substr(kGrad.size()) : std::string_view(); };
+  std::string accepted, differentiable;
+  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += (j ? ", grad_" : "grad_") + std::string(out(j));
+  for (int32_t i = 0; i < fwd.num_args; ++i) accepted += ", " + std::string(arg(i));
+  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += ", " + std::string(out(j));
+  for (int32_t i = 0; i < fwd.num_args; ++i)
+    if (fwd.args[i].kind == OPFORGE_ARG_TENSOR) differentiable += (differentiable.empty() ? "grad_" : ", grad_") + std::string(arg(i));
+  const std::string f = qualified_name(fwd), b = qualified_name(bwd);
+  BackwardPlan plan;
+  std::string found;
+  for (int32_t k = 0; k < bwd.num_args; ++k) {
+    const std::string_view name = bwd.args[k].name;
+    int32_t i;
+    const bool tensor = bwd.args[k].kind == OPFORGE_ARG_TENSOR;
+    if (const auto of = grad_of(name); !of.empty() && (i = index_of(out, fwd.num_outputs, of)) >= 0) {
+      plan.sources.emplace_back(BackwardPlan::Source::kGrad, i);
+      if (!tensor) found += "\n  input '" + std::string(name) + "' of " + b + " is " + schema_type(bwd.args[k].kind) + " but a gradient is a Tensor";
+    } else if ((i = index_of(arg, fwd.num_args, name)) >= 0) {
+      plan.sources.emplace_back(BackwardPlan::Source::kArg, i);
+      const OpforgeArgSpec &a = fwd.args[i], &c = bwd.args[k];
+      if (a.kind != c.kind || (is_optional(a) && !is_optional(c)))
+        found += "\n  input '" + std::string(name) + "' of " + b + " is " + schema_type(c.kind) +
+                 (is_optional(c) ? "?" : "") + " but " + f + "'s " + std::string(name) + " is " + schema_type(a.kind) +
+                 (is_optional(a) ? "?" : "");
+    } else if ((i = index_of(out, fwd.num_outputs, name)) >= 0) {
+      plan.sources.emplace_back(BackwardPlan::Source::kOutput, i);
+      if (!tensor) found += "\n  input '" + std::string(name) + "' of " + b + " is " + schema_type(bwd.args[k].kind) + " but " + f + "'s output " + std::string(name) + " is a Tensor";
+    } else {
+      found += "\n  input '" + std::string(name) + "' of " + b + " matches nothing of " + f + ": expected one of " + accepted;
+    }
+  }
+  for (int32_t k = 0; k < bwd.num_outputs; ++k) {
+    const std::string_view name = bwd.outputs[k].name;
+    const auto of = grad_of(name);
+    const int32_t i = of.empty() ? -1 : index_of(arg, fwd.num_args, of);
+    if (i >= 0 && fwd.args[i].kind == OPFORGE_ARG_TENSOR) {
+      plan.targets.push_back(i);
+    } else {
+      found += "\n  output '" + std::string(name) + "' of " + b + " is not the gradient of a tensor input of " + f +
+               ": expected one of " + differentiable;
+    }
+  }
+  if (found.empty()) return plan;
+  problems = f + " names " + b + " as its backward op, but:" + found;
+  return {};
+}
+
+std::string check_backward_ops(const OpforgeLibrary& lib) {
+  std::string problems;
+  for (int32_t k = 0; k < lib.num_ops; ++k) {
+    const OpforgeOpSpec& op = *lib.ops[k];
+    const char* name = backward_name(op);
+    if (name == nullptr) continue;
+    std::string these;
+    if (const OpforgeOpSpec* bwd = find_op(lib, name)) {
+      plan_backward(op, *bwd, these);
+    } else {
+      these = qualified_name(op) + " (" + op.file + ":" + std::to_string(op.line) + ") names " + name +
+              " as its backward op, which this library does not declare (declare both ops in one library)";
+    }
+    if (!these.empty()) problems += (problems.empty() ? "" : "\n") + these;
+  }
+  return problems;
+}
+
 std::string library_json(const OpforgeLibrary& lib) {
   detail::StringBuilder os;
   os << "{\"abi_version\": " << lib.abi_version << ", \"ops\": [";
@@ -165,8 +249,18 @@ std::string library_json(const OpforgeLibrary& lib) {
        << ", \"file\": " << json_string(op.file) << ", \"line\": " << op.line;
     if (op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) && op.equivalent)
       os << ", \"equivalent\": " << json_string(op.equivalent);
-    if (op.struct_size >= offsetof(OpforgeOpSpec, backward) + sizeof(op.backward) && op.backward)
-      os << ", \"backward\": " << json_string(op.backward);
+    if (const char* name = backward_name(op); name != nullptr) {
+      os << ", \"backward\": " << json_string(name);
+      std::string problems;
+      if (const OpforgeOpSpec* bwd = find_op(lib, name)) {
+        const BackwardPlan plan = plan_backward(op, *bwd, problems);
+        if (problems.empty()) {
+          os << ", \"backward_targets\": [";
+          for (size_t t = 0; t < plan.targets.size(); ++t) os << (t ? ", " : "") << plan.targets[t];
+          os << "]";
+        }
+      }
+    }
     if (op.struct_size >= offsetof(OpforgeOpSpec, sharding) + sizeof(op.sharding))
       os << ", \"sharding\": "
          << (op.sharding == OPFORGE_SHARDING_POINTWISE ? "\"pointwise\""

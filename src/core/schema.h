@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "opforge/c_api.h"
 
@@ -31,6 +32,34 @@ std::string library_json(const OpforgeLibrary& lib);
 /// True if `k` is a run-time kernel (a CUDA source compiled at run time) of a library whose ABI
 /// carries those fields.
 bool has_runtime_source(const OpforgeKernel& k);
+
+/// How an op's values reach the backward op it names (Note [Backward ops] in opforge/op.h),
+/// matched by argument names.
+struct BackwardPlan {
+  enum class Source { kGrad, kArg, kOutput };
+  /// Per argument of the backward op, in schema order: the gradient of forward output `index`
+  /// (kGrad), forward argument `index`, tensor or parameter (kArg), or forward output `index`
+  /// (kOutput).
+  std::vector<std::pair<Source, int32_t>> sources;
+  /// Per output of the backward op: the index of the forward argument it is the gradient of.
+  std::vector<int32_t> targets;
+};
+
+/// The backward op `op` names, if it has one and its record carries the field, else nullptr.
+const char* backward_name(const OpforgeOpSpec& op);
+
+/// Matches `bwd`'s arguments and outputs to `fwd` by name: an argument `grad_<output>` or named
+/// like an argument or output of `fwd`; outputs `grad_<tensor argument>`. Returns the plan, or
+/// sets `problems` to one line per mismatch (naming the argument and what it may be called)
+/// and returns an empty plan.
+BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::string& problems);
+
+/// The op of `lib` called `qualified` ("ns::name"), or nullptr.
+const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& qualified);
+
+/// Every problem with the backward ops `lib`'s ops name, one line each ("" if none): a backward
+/// op the library does not declare, or names that do not match (plan_backward).
+std::string check_backward_ops(const OpforgeLibrary& lib);
 
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);

@@ -12,6 +12,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/SymInt.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
 #include <array>
@@ -344,6 +347,155 @@ class OpKernel final : public c10::OperatorKernel {
   const OpforgeKernel* kernel_;
 };
 
+// Note [Autograd kernel]
+// An op that names a backward op (Note [Backward ops] in opforge/op.h) gets one boxed kernel at
+// the Autograd key. When grad mode is on and a tensor input requires grad, it saves what the
+// backward op asks for (core::BackwardPlan), runs the op below autograd and attaches a
+// BackwardNode to the differentiable outputs; otherwise it only redispatches (no Python on the
+// call path, unlike torch.library.register_autograd: 2.4 against 8 us a call, measured on the
+// CPU). The node calls the backward op through the dispatcher, so its kernels, torch.compile's
+// tracing of the backward graph and a backward op's own backward (double backward) work as for
+// any op. The same shape as the kernels torch generates for its own ops (VariableType). An op
+// without a backward op gets no Autograd kernel: torch's fallback warns if a gradient reaches
+// it, and models that use it still compile with parameters that require grad.
+class BackwardNode final : public ::torch::autograd::Node {
+ public:
+  BackwardNode(const OpforgeOpSpec* op, const core::BackwardPlan* plan) : op_(op), plan_(plan) {}
+
+  std::string name() const override { return core::qualified_name(*op_) + "Backward"; }
+
+  ::torch::autograd::variable_list apply(::torch::autograd::variable_list&& grads) override {
+    const std::string op_name = core::qualified_name(*op_);
+    TORCH_CHECK(!released_, ::torch::autograd::ERR_BACKWARD_TWICE);
+    const char* backward_name = core::backward_name(*op_);
+    ::torch::jit::Stack stack;
+    for (const auto& [source, i] : plan_->sources) {
+      switch (source) {
+        case core::BackwardPlan::Source::kGrad:  // zeros for an output that did not reach the loss
+          stack.emplace_back(grads[i].defined() ? grads[i] : input_metadata(i).zeros_like());
+          break;
+        case core::BackwardPlan::Source::kArg:
+          if (op_->args[i].kind != OPFORGE_ARG_TENSOR) stack.push_back(params_[i]);
+          else if (saved_args_[i].has_value()) stack.emplace_back(saved_args_[i]->unpack());
+          else stack.emplace_back();  // an optional input that was left out
+          break;
+        case core::BackwardPlan::Source::kOutput: stack.emplace_back(saved_outputs_[i].unpack(getptr())); break;
+      }
+    }
+    if (at::GradMode::is_enabled() && core::backward_name(*core::find_op(*library_, backward_name)) == nullptr) {
+      for (const c10::IValue& v : stack)  // create_graph: the backward op itself would be differentiated
+        TORCH_CHECK(!v.isTensor() || !v.toTensor().requires_grad(), backward_name, " has no backward op, so ",
+                    op_name, " cannot be differentiated twice (create_graph=True); declare one for ", backward_name);
+    }
+    backward_->callBoxed(stack);
+    ::torch::autograd::variable_list input_grads(shapes_.size());
+    for (size_t k = 0; k < plan_->targets.size(); ++k) {
+      const int32_t i = plan_->targets[k], slot = tensor_slot_[i];
+      if (!defined_[slot] || stack[k].isNone()) continue;  // an optional input that was left out gets none
+      at::Tensor grad = stack[k].toTensor();
+      TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second,
+                  backward_name, " returned grad_", op_->args[i].name, " of shape ", grad.sym_sizes(), " and dtype ",
+                  grad.scalar_type(), " for ", op_name, "'s input ", op_->args[i].name, " of shape ",
+                  c10::SymIntArrayRef(shapes_[slot].first), " and dtype ", shapes_[slot].second,
+                  "; a gradient has its input's shape and dtype");
+      input_grads[slot] = std::move(grad);
+    }
+    return input_grads;
+  }
+
+  void release_variables() override {
+    released_ = true;
+    for (auto& v : saved_args_)
+      if (v) v->reset_data();
+    for (auto& v : saved_outputs_) v.reset_data();
+  }
+
+  const OpforgeOpSpec* op_;
+  const core::BackwardPlan* plan_;
+  const OpforgeLibrary* library_ = nullptr;
+  std::optional<c10::OperatorHandle> backward_;
+  bool released_ = false;
+  std::vector<int32_t> tensor_slot_;  // per argument: its index among the tensor arguments
+  std::vector<bool> defined_;         // per tensor argument: given (not an optional input left out)
+  std::vector<std::pair<std::vector<c10::SymInt>, at::ScalarType>> shapes_;  // per tensor argument
+  std::vector<std::optional<::torch::autograd::SavedVariable>> saved_args_;  // per argument, if saved
+  std::vector<c10::IValue> params_;                                          // per argument, if a parameter
+  std::vector<::torch::autograd::SavedVariable> saved_outputs_;              // per output, if saved
+};
+
+class AutogradKernel final : public c10::OperatorKernel {
+ public:
+  AutogradKernel(const OpforgeOpSpec* op, const OpforgeLibrary* library, core::BackwardPlan plan)
+      : op_(op), library_(library), plan_(std::move(plan)) {
+    for (const auto& [source, i] : plan_.sources) {
+      if (source == core::BackwardPlan::Source::kArg) save_arg_.push_back(i);
+      if (source == core::BackwardPlan::Source::kOutput) save_output_.push_back(i);
+    }
+  }
+
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {
+    const int32_t n = op_->num_args;
+    auto arg = [&](int32_t i) -> const c10::IValue& { return (*stack)[stack->size() - n + i]; };
+    std::vector<at::Tensor> tensors;  // the tensor arguments, undefined where an optional one is None
+    bool requires_grad = false;
+    for (int32_t i = 0; i < n; ++i) {
+      if (op_->args[i].kind != OPFORGE_ARG_TENSOR) continue;
+      tensors.push_back(arg(i).isNone() ? at::Tensor() : arg(i).toTensor());
+      requires_grad |= tensors.back().defined() && tensors.back().requires_grad();
+    }
+    std::shared_ptr<BackwardNode> node;
+    if (requires_grad && at::GradMode::is_enabled()) {
+      node = std::shared_ptr<BackwardNode>(new BackwardNode(op_, &plan_), ::torch::autograd::deleteNode);
+      node->set_next_edges(::torch::autograd::collect_next_edges(tensors));
+      save_inputs(*node, tensors, arg);
+    }
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    }
+    if (!node) return;
+    const int32_t m = op_->num_outputs;
+    std::vector<at::Tensor> outputs;
+    for (int32_t j = 0; j < m; ++j) outputs.push_back((*stack)[stack->size() - m + j].toTensor());
+    for (const at::Tensor& out : outputs) {
+      if (::torch::autograd::isDifferentiableType(out.scalar_type())) ::torch::autograd::set_history(out, node);
+      else node->add_input_metadata(::torch::autograd::Node::undefined_input());
+    }
+    node->saved_outputs_.resize(m);
+    for (int32_t j : save_output_) node->saved_outputs_[j] = ::torch::autograd::SavedVariable(outputs[j], true);
+  }
+
+ private:
+  template <class Arg>
+  void save_inputs(BackwardNode& node, const std::vector<at::Tensor>& tensors, const Arg& arg) {
+    const int32_t n = op_->num_args;
+    std::call_once(found_, [&] { backward_ = c10::Dispatcher::singleton().findSchemaOrThrow(core::backward_name(*op_), ""); });
+    node.backward_ = *backward_;
+    node.library_ = library_;
+    node.tensor_slot_.assign(n, -1);
+    node.saved_args_.resize(n);
+    node.params_.resize(n);
+    for (int32_t i = 0, t = 0; i < n; ++i)
+      if (op_->args[i].kind == OPFORGE_ARG_TENSOR) node.tensor_slot_[i] = t++;
+    for (const at::Tensor& t : tensors) {
+      node.defined_.push_back(t.defined());
+      node.shapes_.emplace_back(t.defined() ? t.sym_sizes().vec() : std::vector<c10::SymInt>{},
+                                t.defined() ? t.scalar_type() : at::ScalarType::Undefined);
+    }
+    for (int32_t i : save_arg_) {
+      if (op_->args[i].kind != OPFORGE_ARG_TENSOR) node.params_[i] = arg(i);
+      else if (!arg(i).isNone()) node.saved_args_[i].emplace(arg(i).toTensor(), /*is_output=*/false);
+    }
+  }
+
+  const OpforgeOpSpec* op_;
+  const OpforgeLibrary* library_;
+  core::BackwardPlan plan_;
+  std::vector<int32_t> save_arg_, save_output_;
+  std::once_flag found_;
+  std::optional<c10::OperatorHandle> backward_;
+};
+
 struct LoadedLibrary {
   std::string path;
   const OpforgeLibrary* lib = nullptr;
@@ -371,6 +523,13 @@ void register_op(LoadedLibrary& l, const OpforgeOpSpec* op) {
     if (op->kernels[k].device_type == OPFORGE_DEVICE_CUDA)
       lib->impl(op->name, ::torch::dispatch(c10::DispatchKey::CUDA, kernel_for(op, Mode::kCuda, &op->kernels[k])));
   }
+  if (const char* backward = core::backward_name(*op)) {  // checked at load (core::check_backward_ops)
+    std::string problems;
+    core::BackwardPlan plan = core::plan_backward(*op, *core::find_op(*l.lib, backward), problems);
+    lib->impl(op->name, ::torch::dispatch(c10::DispatchKey::Autograd,
+                                          ::torch::CppFunction::makeFromBoxedFunctor(
+                                              std::make_unique<AutogradKernel>(op, l.lib, std::move(plan)))));
+  }
   l.registrations.push_back(std::move(lib));
 }
 
@@ -396,6 +555,9 @@ std::string load_library(const std::string& path) {
                     OPFORGE_ABI_VERSION, "; rebuild the op library");
   TORCH_CHECK_VALUE(lib->error == nullptr, "opforge.load_library: ", path, " has invalid op declarations:\n",
                     lib->error);
+  const std::string backward_problems = core::check_backward_ops(*lib);
+  TORCH_CHECK_VALUE(backward_problems.empty(), "opforge.load_library: ", path, " has invalid backward ops:\n",
+                    backward_problems);
   for (int32_t i = 0; i < lib->num_ops; ++i) {
     const OpforgeOpSpec* op = lib->ops[i];
     const std::string name = core::qualified_name(*op);

@@ -1,14 +1,26 @@
-"""Autograd through opforge ops that name a backward op (examples::softshrink ->
-examples::softshrink_backward), and the load-time checks of that pairing."""
+"""Autograd through opforge ops: the Autograd kernel the torch adapter registers for every op
+(Note [Autograd kernel] in src/torch/adapter.cpp), with the backward ops they name (Note
+[Backward ops] in opforge/op.h), and the load-time checks of that pairing."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import opforge
 from conftest import DEVICES, TOLERANCE
-from opforge.autograd import plan_backward, register_backward_ops
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+bw = torch.ops.bw
+
+
+@pytest.fixture(scope="module", autouse=True)
+def backward_ops(tmp_path_factory):
+    return opforge.load_library(opforge.build_library("backward_ops", [FIXTURES / "backward_ops.cpp"],
+                                                      build_dir=tmp_path_factory.mktemp("bw")))
 
 
 def _torch_grad(x, grad_y, lambd):
@@ -18,10 +30,11 @@ def _torch_grad(x, grad_y, lambd):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_backward_matches_torch(device, dtype):
+def test_softshrink_backward_matches_torch(device, dtype):
     x = torch.randn(33, 65, dtype=dtype, device=device, requires_grad=True)
     grad_y = torch.randn(33, 65, dtype=dtype, device=device)
     y = torch.ops.examples.softshrink(x, 0.25)
+    assert y.grad_fn.name() == "examples::softshrinkBackward"
     (grad_x,) = torch.autograd.grad(y, x, grad_y)
     assert grad_x.dtype == dtype and grad_x.device == x.device
     tol = TOLERANCE[dtype]
@@ -45,53 +58,80 @@ def test_backward_inside_torch_compile(device):
     (eager,) = torch.autograd.grad(f(x), x)
     (compiled,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(x), x)
     torch.testing.assert_close(compiled, eager)
-    torch.testing.assert_close(eager, torch.autograd.grad(
-        F.softshrink(x * 2.0, 0.3).square().sum(), x)[0])
+    torch.testing.assert_close(eager, torch.autograd.grad(F.softshrink(x * 2.0, 0.3).square().sum(), x)[0])
 
 
-def test_no_grad_needed_runs_forward_only():
-    x = torch.randn(5)
-    y = torch.ops.examples.softshrink(x, 0.1)
-    assert y.grad_fn is None and not y.requires_grad
+def test_no_graph_without_grad():
+    x = torch.randn(5, requires_grad=True)
+    assert torch.ops.examples.softshrink(x.detach(), 0.1).grad_fn is None
+    with torch.no_grad():
+        assert torch.ops.examples.softshrink(x, 0.1).grad_fn is None
 
 
-def _spec(name, args, outputs, backward=None):
-    spec = {"name": name, "args": [{"name": n, "type": t} for n, t in args],
-            "outputs": [{"name": n} for n in outputs]}
-    if backward:
-        spec["backward"] = backward
-    return spec
+def test_partial_gradients_in_another_order_and_optional_inputs():
+    x, w, b = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    gx, gb = torch.autograd.grad(bw.axpw(x, w, b, alpha=2.5).sum(), (x, b))
+    torch.testing.assert_close(gx, 2.5 * w.detach())
+    torch.testing.assert_close(gb, torch.ones_like(b))
+    y = bw.axpw(x, w, alpha=2.5)  # b left out: its gradient slot is dropped, x's still flows
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(gx, 2.5 * w.detach())
+    bw.axpw(x, w, b).sum().backward()
+    assert w.grad is None and x.grad is not None  # the backward op gives w no gradient
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        torch.autograd.grad(y.sum(), x)  # y's graph was freed by the first grad call
+    assert torch.autograd.gradcheck(lambda a, c: bw.axpw(a, w.detach(), c, 0.7), (x, b))
 
 
-FORWARD = _spec("ns::f", [("x", "Tensor"), ("w", "Tensor?"), ("alpha", "float")], ["y"], backward="ns::f_backward")
+def test_two_outputs_with_one_reaching_the_loss():
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    s, c = bw.powers(x)
+    (g,) = torch.autograd.grad(c.sum(), x)  # s's gradient arrives as zeros
+    torch.testing.assert_close(g, 3 * x.detach() ** 2)
+    assert torch.autograd.gradcheck(lambda t: bw.powers(t), (x,))
 
 
-def test_plan_matches_arguments_by_name():
-    backward = _spec("ns::f_backward", [("grad_y", "Tensor"), ("y", "Tensor"), ("x", "Tensor"), ("alpha", "float")],
-                     ["grad_w", "grad_x"])
-    plan = plan_backward(FORWARD, backward)
-    assert plan.sources == (("grad", 0), ("output", 0), ("input", 0), ("input", 2))
-    assert plan.targets == (1, 0)
-    assert plan.tensor_args == (True, True, False)
+def test_double_backward_without_a_backward_of_the_backward_op_is_refused():
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"bw::powers_backward has no backward op, so bw::powers cannot be "
+                                           r"differentiated twice \(create_graph=True\)"):
+        torch.autograd.grad(bw.powers(x)[0].sum(), x, create_graph=True)
 
 
-def test_plan_names_every_mismatch():
-    backward = _spec("ns::f_backward", [("grad_z", "Tensor"), ("x", "Tensor"), ("beta", "float")],
-                     ["grad_x", "grad_alpha", "dx"])
+def test_a_gradient_of_the_wrong_shape_is_refused():
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"bw::square_backward_too_long returned grad_x of shape \[5\] and dtype "
+                                           r"Double for bw::square's input x of shape \[4\]"):
+        bw.square(x).sum().backward()
+
+
+def test_an_op_without_a_backward_op_is_forward_only():
+    """torch's default for an op without an autograd kernel: a warning, no gradient, and a model
+    with parameters that require grad still compiles."""
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    with pytest.warns(UserWarning, match="bw::forward_only: an autograd kernel was not registered"):
+        (bw.forward_only(x) + x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+    w = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    compiled = torch.compile(lambda t: bw.forward_only(t * w), backend="aot_eager")
+    torch.testing.assert_close(compiled(x.detach()), x.detach() * w.detach())
+
+
+def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
+    path = opforge.build_library("bad_backward_ops", [FIXTURES / "bad_backward_ops.cpp"], build_dir=tmp_path)
     with pytest.raises(ValueError) as err:
-        plan_backward(FORWARD, backward)
-    assert str(err.value).splitlines() == [
-        "opforge: ns::f names ns::f_backward as its backward op, but:",
-        "  input 'grad_z' of ns::f_backward matches nothing of ns::f: expected one of grad_y, x, w, alpha, y",
-        "  input 'beta' of ns::f_backward matches nothing of ns::f: expected one of grad_y, x, w, alpha, y",
-        "  output 'grad_alpha' of ns::f_backward is not the gradient of a tensor input of ns::f: expected one of "
-        "grad_x, grad_w",
-        "  output 'dx' of ns::f_backward is not the gradient of a tensor input of ns::f: expected one of grad_x, "
-        "grad_w",
+        opforge.load_library(path)
+    lines = str(err.value).splitlines()
+    assert lines[0].endswith("bad_backward_ops.so has invalid backward ops:")
+    assert lines[1:7] == [
+        "badbw::f names badbw::f_backward as its backward op, but:",
+        "  input 'grad_z' of badbw::f_backward matches nothing of badbw::f: expected one of grad_y, x, alpha, y",
+        "  input 'alpha' of badbw::f_backward is int but badbw::f's alpha is float",
+        "  output 'dx' of badbw::f_backward is not the gradient of a tensor input of badbw::f: expected one of grad_x",
+        "badbw::g names badbw::g_backward as its backward op, but:",
+        "  input 'w' of badbw::g_backward is Tensor but badbw::g's w is Tensor?",
     ]
-
-
-def test_backward_op_must_be_loaded():
-    with pytest.raises(ValueError, match=r"ns::f names ns::f_backward as its backward op, which is not loaded: "
-                                         r"declare it in the same library or load its library first"):
-        register_backward_ops([FORWARD], loaded=[])
+    assert lines[7].startswith("badbw::h (") and lines[7].endswith(
+        "names badbw::nowhere as its backward op, which this library does not declare (declare both ops in one "
+        "library)")
+    assert not hasattr(torch.ops.badbw, "f")  # nothing was registered
