@@ -75,6 +75,7 @@ def test_catches_a_wrong_backward(broken_ops):
     report = verify.verify_op("fixture::wrong_gradient", device="cpu", seed=5)
     assert [(r.check, r.dtype, r.case) for r in report.failures] == [("gradcheck", "float64", "shape 3x37")]
     assert "Jacobian mismatch" in report.failures[0].message
+    assert report.failures[0].repro["args"][0]["dtype"] == "float64"
     assert verify.verify_op("fixture::wrong_gradient_bwd", device="cpu", seed=5).ok  # its own values are right
 
 
@@ -149,3 +150,12 @@ def test_model_in_the_cpp_runner(tmp_path):
     assert [r.outputs[0].shape for r in reports] == [[4, 32], [9, 32]]
     assert all(r.ok for r in reports), [r.outputs for r in reports]
     assert (tmp_path / "model.pt2").exists()
+
+
+def test_a_reference_beyond_float16_range_is_its_infinity():
+    """torch computes 1e4 ** 2 in float16 as inf; verify's float64 reference must agree."""
+    out = torch.tensor([float("inf"), 65024.0, -float("inf")], dtype=torch.float16)
+    ok, _, _, why = verify._compare(out, torch.tensor([1e8, 65025.0, -7e4], dtype=torch.float64), "float16")
+    assert ok, why
+    ok, _, worst, why = verify._compare(out, torch.tensor([1e4, 65025.0, -7e4], dtype=torch.float64), "float16")
+    assert not ok and worst == float("inf") and "first at [0]: inf, expected 10000.0" in why
