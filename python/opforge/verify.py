@@ -414,6 +414,22 @@ def _compare(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, fl
                                    f"{o[first].item()!r}, expected {r[first].item()!r}")
 
 
+def _compare_outputs(out, ref, dtype: str) -> tuple[bool, float, float, str]:
+    """:func:`_compare` over every output of an op (a tensor or a tuple of them); the first
+    mismatch names its output index when there are several."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    if len(outs) != len(refs):
+        return False, math.inf, math.inf, f"{len(outs)} outputs, expected {len(refs)}"
+    max_err = worst = 0.0
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        ok, err, ratio, why = _compare(o, r, dtype)
+        max_err, worst = max(max_err, err), max(worst, ratio)
+        if not ok:
+            return False, max_err, worst, (f"output {k}: " if len(outs) > 1 else "") + why
+    return True, max_err, worst, ""
+
+
 def _reference_dtype(spec: dict, dtype: str) -> torch.dtype | None:
     """float64 if every floating tensor input of the case accepts float64, else None (the CPU
     reference then runs in the case's own dtypes)."""
@@ -442,7 +458,7 @@ def _check_values(spec: dict, dtype: str, device: str, seed: int, report: Report
             else:
                 out = op(*[_keep_layout(a, device) for a in case.args])
                 ref = op(*_to(case.args, dtype=ref_dtype)) if ref_dtype is not None else op(*case.args)
-            ok, result.max_abs_error, result.error_vs_tolerance, why = _compare(out, ref, dtype)
+            ok, result.max_abs_error, result.error_vs_tolerance, why = _compare_outputs(out, ref, dtype)
             if not ok:
                 result.status, result.message = "FAIL", why
         except Exception as e:  # noqa: BLE001 -- reported as a failed case
@@ -486,8 +502,12 @@ def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cas
     def meta():
         real = op(*args)
         fake = op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
-        got, want = (fake.shape, fake.dtype, fake.stride()), (real.shape, real.dtype, real.stride())
-        return None if got == want else f"meta {got} != real {want}"
+        reals, fakes = (real, fake) if isinstance(real, tuple) else ((real,), (fake,))
+        for k, (f, r) in enumerate(zip(fakes, reals)):
+            got, want = (f.shape, f.dtype, f.stride()), (r.shape, r.dtype, r.stride())
+            if got != want:
+                return (f"output {k}: " if len(reals) > 1 else "") + f"meta {got} != real {want}"
+        return None
 
     def compile_check():
         import torch._dynamo
@@ -500,7 +520,7 @@ def _check_structure_of(spec: dict, dtype: str, device: str, report: Report, cas
         with torch._dynamo.config.patch(error_on_recompile=True):
             for c in batches[1:]:
                 a = _to(c.args, device)
-                ok, _, _, why = _compare(compiled(*a), op(*a), dtype)
+                ok, _, _, why = _compare_outputs(compiled(*a), op(*a), dtype)
                 if not ok:
                     return f"compiled result differs: {why}"
         return None

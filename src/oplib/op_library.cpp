@@ -241,7 +241,7 @@ std::vector<std::string> OpDef::finalize() {
   if (std::none_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.kind == OPFORGE_ARG_TENSOR; }))
     r.error("", "an op takes at least one tensor .input() (it sets the device outputs are allocated on)");
   std::set<std::string> seen;
-  std::string after_optional;  // the first optional input: torch schemas put defaults last
+  std::string after_default;  // the first argument with a default: torch schemas put defaults last
   bool first_tensor = true;
   int num_cuda = 0;
   for (const auto& k : kernels) num_cuda += k.device_type == OPFORGE_DEVICE_CUDA;
@@ -255,17 +255,16 @@ std::vector<std::string> OpDef::finalize() {
     if (a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional && first_tensor)
       r.error(ctx, "the first tensor input cannot be opforge::optional (it sets the outputs' device and the run-time "
                    "kernels' {T})");
-    if (!after_optional.empty() && a.kind == OPFORGE_ARG_TENSOR && !a.tensor.optional)
-      r.error(ctx, "follows the opforge::optional input '" + after_optional +
-                       "', so it must be optional too (torch schemas put arguments with defaults last)");
-    if (!after_optional.empty() && a.kind != OPFORGE_ARG_TENSOR &&
-        std::holds_alternative<std::monostate>(a.param.default_value))
-      r.error(ctx, "follows the opforge::optional input '" + after_optional +
-                       "', so it needs a default (torch schemas put arguments with defaults last)");
-    if (a.kind == OPFORGE_ARG_TENSOR) {
-      if (a.tensor.optional && after_optional.empty()) after_optional = a.name;
-      first_tensor = false;
-    }
+    const bool has_default = a.kind == OPFORGE_ARG_TENSOR ? a.tensor.optional != 0
+                                                          : !std::holds_alternative<std::monostate>(a.param.default_value);
+    if (!after_default.empty() && !has_default)  // torch's schema parser asserts on such a schema
+      r.error(ctx, "follows " + after_default + (a.kind == OPFORGE_ARG_TENSOR ? ", so it must be optional too"
+                                                                               : ", so it needs a default") +
+                       " (torch schemas put arguments with defaults last)");
+    if (has_default && after_default.empty())
+      after_default = (a.kind == OPFORGE_ARG_TENSOR ? "the opforge::optional input '" : "the param '") + a.name +
+                      (a.kind == OPFORGE_ARG_TENSOR ? "'" : "' with a default");
+    if (a.kind == OPFORGE_ARG_TENSOR) first_tensor = false;
     OpforgeArgSpec spec{};
     spec.struct_size = sizeof(OpforgeArgSpec);
     spec.name = cstr(a.name);

@@ -23,7 +23,7 @@ OPFORGE_OP(unit, scale)
     .doc("y = x * alpha + n")
     .input("x", opforge::kFloat32, opforge::min_rank(1))
     .param<double>("alpha", 2.0, opforge::in_range(-10, 10))
-    .param<int64_t>("n", opforge::at_least(0))
+    .param<int64_t>("n", 0, opforge::at_least(0))  // a default: torch schemas put defaults last
     .param<std::string>("mode", "fast", opforge::one_of({"fast", "fail"}))
     .output("y", opforge::like("x"))
     .reference(scale_cpu);
@@ -58,7 +58,8 @@ TEST(Description, RecordsArgumentsInDeclarationOrder) {
   EXPECT_EQ(op->args[1].param.min, -10.0);
   EXPECT_EQ(op->args[1].param.max, 10.0);
   EXPECT_EQ(op->args[2].kind, OPFORGE_ARG_INT);
-  EXPECT_FALSE(op->args[2].param.has_default);
+  EXPECT_TRUE(op->args[2].param.has_default);
+  EXPECT_EQ(op->args[2].param.default_value.i, 0);
   EXPECT_TRUE(op->args[2].param.has_min);
   EXPECT_FALSE(op->args[2].param.has_max);
   EXPECT_EQ(op->args[3].kind, OPFORGE_ARG_STRING);
@@ -470,6 +471,26 @@ TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {
                         "be optional too (torch schemas put arguments with defaults last)",
                         "f.cpp:9: op unit::order: param 'eps': follows the opforge::optional input 'mask', so it "
                         "needs a default (torch schemas put arguments with defaults last)",
+                    }));
+}
+
+void ref_1_2p(opforge::Tensor, double, opforge::Tensor, int64_t, opforge::MutableTensor) {}
+
+TEST(Optional, ARequiredArgumentAfterADefaultedParamIsAnError) {
+  // torch's schema parser would assert ("Non-default positional argument follows default argument").
+  auto errors = errors_of(opforge::detail::make_op("unit", "late", "f.cpp", 9)
+                              .input("x", opforge::floating)
+                              .param<double>("a", 1.0)
+                              .input("w", opforge::floating)
+                              .param<int64_t>("n")
+                              .output("y", opforge::like("x"))
+                              .reference(ref_1_2p)
+                              .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:9: op unit::late: input 'w': follows the param 'a' with a default, so it must be "
+                        "optional too (torch schemas put arguments with defaults last)",
+                        "f.cpp:9: op unit::late: param 'n': follows the param 'a' with a default, so it needs a "
+                        "default (torch schemas put arguments with defaults last)",
                     }));
 }
 

@@ -105,6 +105,7 @@ def test_a_gradient_of_the_wrong_shape_is_refused():
         bw.square(x).sum().backward()
 
 
+@pytest.mark.filterwarnings("ignore:.*an autograd kernel was not registered")  # the compiled call's, asserted below
 def test_an_op_without_a_backward_op_is_forward_only():
     """torch's default for an op without an autograd kernel: a warning, no gradient, and a model
     with parameters that require grad still compiles."""
@@ -135,3 +136,17 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         "names badbw::nowhere as its backward op, which this library does not declare (declare both ops in one "
         "library)")
     assert not hasattr(torch.ops.badbw, "f")  # nothing was registered
+
+
+def test_verify_checks_every_output_of_multi_output_ops():
+    from opforge import verify
+
+    for name in ("bw::powers", "bw::axpw_backward"):
+        report = verify.verify_op(name, device="cpu", seed=3)
+        checks = {(r.check, r.status) for r in report.results}
+        assert {("meta", "pass"), ("compile", "pass"), ("opcheck", "pass")} <= checks, report.failures
+    report = verify.verify_op("bw::powers", device="cpu", seed=3)
+    assert ("gradcheck", "pass") in {(r.check, r.status) for r in report.results}
+    out = (torch.zeros(2), torch.ones(2))
+    ok, _, _, why = verify._compare_outputs(out, (torch.zeros(2), torch.zeros(2)), "float32")
+    assert not ok and why.startswith("output 1: 2 of 2 elements differ")
