@@ -3,6 +3,7 @@
 #include <opforge/op.h>
 
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -475,6 +476,19 @@ TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {
 }
 
 void ref_1_2p(opforge::Tensor, double, opforge::Tensor, int64_t, opforge::MutableTensor) {}
+void ref_dims(opforge::Tensor, std::span<const int64_t>, opforge::MutableTensor) {}
+
+TEST(Description, AListDefaultMayBeAStdVector) {
+  // The constraint concepts call detail::apply qualified: unqualified, ADL found std::apply for
+  // a std::vector argument and failed to compile inside <tuple>.
+  auto def = opforge::detail::make_op("unit", "dims", "f.cpp", 7)
+                 .input("x", opforge::floating)
+                 .param<std::vector<int64_t>>("dims", std::vector<int64_t>{1, 2})
+                 .output("y", opforge::like("x"))
+                 .reference(ref_dims)
+                 .release();
+  EXPECT_TRUE(errors_of(std::move(def)).empty());
+}
 
 TEST(Optional, ARequiredArgumentAfterADefaultedParamIsAnError) {
   // torch's schema parser would assert ("Non-default positional argument follows default argument").

@@ -248,9 +248,10 @@ inline void apply(ParamDecl& p, const Choices& c) {
 inline void apply(ParamDecl& p, CompileTime) { p.compile_time = true; }
 
 template <class C>
-concept TensorConstraint = requires(TensorDecl& t, const C& c) { apply(t, c); };
+concept TensorConstraint = requires(TensorDecl& t, const C& c) { ::opforge::detail::apply(t, c); };
 template <class C>
-concept ParamConstraint = requires(ParamDecl& p, const C& c) { apply(p, c); };
+concept ParamConstraint = requires(ParamDecl& p, const C& c) { ::opforge::detail::apply(p, c); };
+// (Qualified calls: unqualified, ADL found std::apply for a std::vector default value.)
 
 // ---- kernel signatures and entry trampolines ----------------------------------------------
 
