@@ -68,12 +68,14 @@
 //     outputs (zeros when that output did not reach the loss), or has the name (and type) of
 //     one of this op's inputs, parameters or outputs, whose value is saved for it;
 //   - each output of the backward op is `grad_<input>`, the gradient of one of this op's tensor
-//     inputs, with that input's shape and dtype (checked when it runs); inputs without one, and
-//     optional inputs left out, get no gradient (None).
+//     inputs, with that input's shape and dtype (checked when it runs); optional inputs left out
+//     get none, and an input without one that needs a gradient raises NotImplementedError, as
+//     torch's own ops do ("the derivative ... is not implemented").
 // Loading checks both rules and, on a mismatch, raises naming each argument and what it may be
 // called, and registers nothing. The backward op is an op of its own: CPU reference, device
 // kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
-// (double backward; without one, create_graph=True through it raises). An op that names no
+// (double backward; without one, a second derivative raises when it is taken). Forward-mode AD
+// (jvp, jacfwd) is refused. An op that names no
 // backward op is forward only: torch warns if a gradient reaches it (its default for ops
 // without an autograd kernel), and its inputs get none.
 #pragma once

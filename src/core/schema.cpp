@@ -184,6 +184,10 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
   const std::string f = qualified_name(fwd), b = qualified_name(bwd);
   BackwardPlan plan;
   std::string found;
+  for (int32_t i = 0; i < fwd.num_args; ++i)
+    if (const auto of = grad_of(arg(i)); !of.empty() && index_of(out, fwd.num_outputs, of) >= 0)
+      found += "\n  " + f + "'s input '" + std::string(arg(i)) + "' is named like the gradient of its output '" +
+               std::string(of) + "'; rename it (the backward op could not tell the two apart)";
   for (int32_t k = 0; k < bwd.num_args; ++k) {
     const std::string_view name = bwd.args[k].name;
     int32_t i;

@@ -13,10 +13,12 @@
 #include <c10/core/SymInt.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <climits>
@@ -365,14 +367,16 @@ class BackwardNode final : public ::torch::autograd::Node {
   std::string name() const override { return core::qualified_name(*op_) + "Backward"; }
 
   ::torch::autograd::variable_list apply(::torch::autograd::variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // against release_variables from another thread
     const std::string op_name = core::qualified_name(*op_);
-    TORCH_CHECK(!released_, ::torch::autograd::ERR_BACKWARD_TWICE);
+    TORCH_CHECK(!released_ || !saves_, ::torch::autograd::ERR_BACKWARD_TWICE);
     const char* backward_name = core::backward_name(*op_);
     ::torch::jit::Stack stack;
     for (const auto& [source, i] : plan_->sources) {
       switch (source) {
         case core::BackwardPlan::Source::kGrad:  // zeros for an output that did not reach the loss
-          stack.emplace_back(grads[i].defined() ? grads[i] : input_metadata(i).zeros_like());
+          stack.emplace_back(grads[i].defined() ? grads[i]
+                                                : at::zeros_symint(outputs_[i].first, outputs_[i].second));
           break;
         case core::BackwardPlan::Source::kArg:
           if (op_->args[i].kind != OPFORGE_ARG_TENSOR) stack.push_back(params_[i]);
@@ -382,15 +386,36 @@ class BackwardNode final : public ::torch::autograd::Node {
         case core::BackwardPlan::Source::kOutput: stack.emplace_back(saved_outputs_[i].unpack(getptr())); break;
       }
     }
-    if (at::GradMode::is_enabled() && core::backward_name(*core::find_op(*library_, backward_name)) == nullptr) {
-      for (const c10::IValue& v : stack)  // create_graph: the backward op itself would be differentiated
-        TORCH_CHECK(!v.isTensor() || !v.toTensor().requires_grad(), backward_name, " has no backward op, so ",
-                    op_name, " cannot be differentiated twice (create_graph=True); declare one for ", backward_name);
+    // Under create_graph (and torch.func, which always differentiates that way) the backward op's
+    // results must know their own history. A backward op with a backward of its own records it
+    // through its Autograd kernel; without one, its results get an error node, so a second
+    // derivative raises when it is taken (as @once_differentiable does) rather than now.
+    ::torch::autograd::variable_list differentiable;
+    if (at::GradMode::is_enabled() && core::backward_name(*core::find_op(*library_, backward_name)) == nullptr)
+      for (const c10::IValue& v : stack)
+        if (v.isTensor() && v.toTensor().requires_grad()) differentiable.push_back(v.toTensor());
+    if (differentiable.empty()) {
+      backward_->callBoxed(stack);
+    } else {
+      {
+        at::AutoDispatchBelowADInplaceOrView guard;
+        backward_->callBoxed(stack);
+      }
+      std::vector<at::Tensor> results;
+      for (const c10::IValue& v : stack) results.push_back(v.isNone() ? at::Tensor() : v.toTensor());
+      const std::string message = std::string(backward_name) + " has no backward op, so " + op_name +
+                                  " has no second derivative; declare one for " + backward_name +
+                                  " (Note [Backward ops] in opforge/op.h)";
+      results = ::torch::autograd::wrap_outputs(differentiable, std::move(results), [&](auto&& edges) {
+        return std::make_shared<::torch::autograd::Error>(message, std::move(edges));
+      });
+      for (size_t k = 0; k < results.size(); ++k) stack[k] = results[k].defined() ? c10::IValue(results[k]) : c10::IValue();
     }
-    backward_->callBoxed(stack);
     ::torch::autograd::variable_list input_grads(shapes_.size());
+    std::vector<bool> given(shapes_.size(), false);
     for (size_t k = 0; k < plan_->targets.size(); ++k) {
       const int32_t i = plan_->targets[k], slot = tensor_slot_[i];
+      given[slot] = true;
       if (!defined_[slot] || stack[k].isNone()) continue;  // an optional input that was left out gets none
       at::Tensor grad = stack[k].toTensor();
       TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second,
@@ -400,10 +425,18 @@ class BackwardNode final : public ::torch::autograd::Node {
                   "; a gradient has its input's shape and dtype");
       input_grads[slot] = std::move(grad);
     }
+    for (int32_t i = 0; i < op_->num_args; ++i) {  // as torch's own ops: a needed gradient nobody computes
+      const int32_t slot = tensor_slot_[i];
+      TORCH_CHECK_NOT_IMPLEMENTED(slot < 0 || given[slot] || !defined_[slot] || !task_should_compute_output(slot),
+                                  "the derivative of ", op_name, " for its input '", op_->args[i].name,
+                                  "' is not implemented: its backward op ", backward_name, " has no grad_",
+                                  op_->args[i].name, " output");
+    }
     return input_grads;
   }
 
   void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
     released_ = true;
     for (auto& v : saved_args_)
       if (v) v->reset_data();
@@ -415,12 +448,14 @@ class BackwardNode final : public ::torch::autograd::Node {
   const OpforgeLibrary* library_ = nullptr;
   std::optional<c10::OperatorHandle> backward_;
   bool released_ = false;
+  bool saves_ = false;  // saved tensors, which a second backward would need
   std::vector<int32_t> tensor_slot_;  // per argument: its index among the tensor arguments
   std::vector<bool> defined_;         // per tensor argument: given (not an optional input left out)
   std::vector<std::pair<std::vector<c10::SymInt>, at::ScalarType>> shapes_;  // per tensor argument
   std::vector<std::optional<::torch::autograd::SavedVariable>> saved_args_;  // per argument, if saved
   std::vector<c10::IValue> params_;                                          // per argument, if a parameter
   std::vector<::torch::autograd::SavedVariable> saved_outputs_;              // per output, if saved
+  std::vector<std::pair<std::vector<c10::SymInt>, at::TensorOptions>> outputs_;  // per output: zeros for it
 };
 
 class AutogradKernel final : public c10::OperatorKernel {
@@ -442,6 +477,9 @@ class AutogradKernel final : public c10::OperatorKernel {
       if (op_->args[i].kind != OPFORGE_ARG_TENSOR) continue;
       tensors.push_back(arg(i).isNone() ? at::Tensor() : arg(i).toTensor());
       requires_grad |= tensors.back().defined() && tensors.back().requires_grad();
+      TORCH_CHECK_NOT_IMPLEMENTED(!tensors.back().defined() || !tensors.back()._fw_grad(/*level=*/0).defined(),
+                                  "Trying to use forward AD with ", core::qualified_name(*op_),
+                                  ", which does not support it: its backward op gives reverse-mode gradients only");
     }
     std::shared_ptr<BackwardNode> node;
     if (requires_grad && at::GradMode::is_enabled()) {
@@ -457,12 +495,15 @@ class AutogradKernel final : public c10::OperatorKernel {
     const int32_t m = op_->num_outputs;
     std::vector<at::Tensor> outputs;
     for (int32_t j = 0; j < m; ++j) outputs.push_back((*stack)[stack->size() - m + j].toTensor());
+    for (const at::Tensor& out : outputs) node->outputs_.emplace_back(out.sym_sizes().vec(), out.options());
     for (const at::Tensor& out : outputs) {
       if (::torch::autograd::isDifferentiableType(out.scalar_type())) ::torch::autograd::set_history(out, node);
       else node->add_input_metadata(::torch::autograd::Node::undefined_input());
     }
     node->saved_outputs_.resize(m);
     for (int32_t j : save_output_) node->saved_outputs_[j] = ::torch::autograd::SavedVariable(outputs[j], true);
+    node->saves_ = !save_output_.empty() || std::any_of(node->saved_args_.begin(), node->saved_args_.end(),
+                                                         [](const auto& v) { return v.has_value(); });
   }
 
  private:

@@ -76,8 +76,11 @@ def test_partial_gradients_in_another_order_and_optional_inputs():
     y = bw.axpw(x, w, alpha=2.5)  # b left out: its gradient slot is dropped, x's still flows
     (gx,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(gx, 2.5 * w.detach())
-    bw.axpw(x, w, b).sum().backward()
-    assert w.grad is None and x.grad is not None  # the backward op gives w no gradient
+    with pytest.raises(NotImplementedError, match=r"the derivative of bw::axpw for its input 'w' is not implemented: "
+                                                  r"its backward op bw::axpw_backward has no grad_w output"):
+        bw.axpw(x, w, b).sum().backward()  # w requires grad, as torch's own ops refuse it
+    bw.axpw(x, w.detach(), b).sum().backward()
+    assert x.grad is not None and b.grad is not None
     with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
         torch.autograd.grad(y.sum(), x)  # y's graph was freed by the first grad call
     assert torch.autograd.gradcheck(lambda a, c: bw.axpw(a, w.detach(), c, 0.7), (x, b))
@@ -91,11 +94,30 @@ def test_two_outputs_with_one_reaching_the_loss():
     assert torch.autograd.gradcheck(lambda t: bw.powers(t), (x,))
 
 
-def test_double_backward_without_a_backward_of_the_backward_op_is_refused():
+def test_a_second_derivative_without_a_backward_of_the_backward_op_is_refused_when_taken():
     x = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"bw::powers_backward has no backward op, so bw::powers cannot be "
-                                           r"differentiated twice \(create_graph=True\)"):
-        torch.autograd.grad(bw.powers(x)[0].sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(bw.powers(x)[0].sum(), x, create_graph=True)  # first order: fine
+    torch.testing.assert_close(g, 2 * x.detach())
+    with pytest.raises(RuntimeError, match=r"bw::powers_backward has no backward op, so bw::powers has no second "
+                                           r"derivative"):
+        torch.autograd.grad(g.sum(), x)
+    # torch.func differentiates with create_graph: first derivatives work there too
+    torch.testing.assert_close(torch.func.grad(lambda t: torch.ops.examples.softshrink(t, 0.5).sum())(x.detach()),
+                               (x.detach().abs() > 0.5).double())
+
+
+def test_forward_mode_ad_is_refused():
+    x = torch.randn(4, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="Trying to use forward AD with bw::powers, which does not support it"):
+        torch.func.jvp(bw.powers, (x,), (torch.ones_like(x),))
+
+
+def test_an_integer_output_gets_zeros_of_its_own_dtype_and_shape():
+    x = torch.randn(1000, dtype=torch.float64, requires_grad=True)
+    y, idx = bw.with_index(x)
+    assert not idx.requires_grad
+    (g,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(g, torch.full_like(g, 2.0))
 
 
 def test_a_gradient_of_the_wrong_shape_is_refused():
@@ -132,6 +154,7 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         "badbw::g names badbw::g_backward as its backward op, but:",
         "  input 'w' of badbw::g_backward is Tensor but badbw::g's w is Tensor?",
     ]
+    assert "badbw::k's input 'grad_y' is named like the gradient of its output 'y'" in str(err.value)
     assert lines[7].startswith("badbw::h (") and lines[7].endswith(
         "names badbw::nowhere as its backward op, which this library does not declare (declare both ops in one "
         "library)")
