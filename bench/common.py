@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
 from typing import Callable
 
 import torch
@@ -15,10 +17,18 @@ def median_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
 
 
+def device_name() -> str:
+    """The GPU's name, or the CPU's where there is none."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, no GPU)"
+
+
 def report(rows: list[dict], line: Callable[[dict], str], json_path: str | None, extra: dict | None = None) -> None:
     """Print ``rows`` grouped by their "group" key, one ``line(row)`` each, under the torch
-    version and GPU name; write them, and the keys of ``extra``, to ``json_path`` as JSON if given."""
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    version and device name; write them, and the keys of ``extra``, to ``json_path`` as JSON if
+    given."""
+    print(f"torch {torch.__version__}, {device_name()}")
     last = None
     for row in rows:
         if row.get("group") != last:
@@ -27,5 +37,5 @@ def report(rows: list[dict], line: Callable[[dict], str], json_path: str | None,
         print(f"  {line(row)}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows, **(extra or {})},
+            json.dump({"torch": torch.__version__, "gpu": device_name(), "rows": rows, **(extra or {})},
                       f, indent=2)
