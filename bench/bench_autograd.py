@@ -17,30 +17,13 @@ torch adapter runs it from a C++ Autograd kernel. Compared with:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 import opforge
-from common import median_ms, report
-
-
-def host_us_per_call(fn, device: str, calls: int = 5000) -> float:
-    """Median over 5 rounds of host wall time per call, in microseconds."""
-    rounds = []
-    for _ in range(5):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(rounds)
+from common import bandwidth_or_call_line, host_us_per_call, median_ms, report
 
 
 def main() -> int:
@@ -76,7 +59,7 @@ def main() -> int:
     for name, fn in impls:  # the three agree before any is timed
         (g,) = torch.autograd.grad(fn(small), small, grad)
         torch.testing.assert_close(g, (small.detach().abs() > 0.5).float())
-    per_call = {name: host_us_per_call(lambda fn=fn: torch.autograd.grad(fn(small), small, grad), args.device)
+    per_call = {name: host_us_per_call(lambda fn=fn: torch.autograd.grad(fn(small), small, grad), calls=5000)
                 for name, fn in impls}
     for name, us in per_call.items():
         rows.append({"group": group, "impl": name, "us_per_call": us, "vs_native": per_call["torch F.softshrink"] / us})
@@ -97,10 +80,7 @@ def main() -> int:
             gbs = nbytes / ms / 1e6
             rows.append({"group": group, "impl": name, "ms": ms, "GB/s": gbs, "vs_copy": gbs / copy_gbs})
 
-    report(rows, lambda r: (f"{r['impl']:<44} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy"
-                            if "GB/s" in r else
-                            f"{r['impl']:<44} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed"),
-           args.json)
+    report(rows, bandwidth_or_call_line(44), args.json)
     return 0
 
 

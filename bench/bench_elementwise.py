@@ -20,22 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from common import median_ms, report
-
-
-def host_us_per_call(fn, calls: int = 20000) -> float:
-    """Median over 5 rounds of host wall time per call, in microseconds."""
-    import time
-
-    rounds = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - t0) / calls * 1e6)
-    return sorted(rounds)[2]
+from common import bandwidth_or_call_line, host_us_per_call, median_ms, report
 
 
 @torch.library.custom_op("bench::softshrink_py", mutates_args=())
@@ -102,10 +87,7 @@ def main() -> int:
         rows.append({"group": group, "impl": name, "us_per_call": us,
                      "vs_native": per_call["torch F.softshrink"] / us})
 
-    report(rows, lambda r: (f"{r['impl']:<34} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy"
-                            if "GB/s" in r else
-                            f"{r['impl']:<34} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed"),
-           args.json)
+    report(rows, bandwidth_or_call_line(34), args.json)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from typing import Callable
 
 import torch
@@ -15,6 +16,32 @@ def median_ms(fn: Callable[[], object]) -> float:
     """Median GPU time of ``fn`` in milliseconds (triton.testing.do_bench: CUDA events, 50
     warm-up runs, 400 ms of timed runs)."""
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 20000) -> float:
+    """Median over 5 rounds of host wall time per call of ``fn``, in microseconds (the GPU, if
+    any, synchronised around each round)."""
+    rounds = []
+    for _ in range(5):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - t0) / calls * 1e6)
+    return sorted(rounds)[2]
+
+
+def bandwidth_or_call_line(width: int) -> Callable[[dict], str]:
+    """A report line for rows that hold either a bandwidth (ms, GB/s, vs_copy) or a per-call
+    cost (us_per_call, vs_native), with the implementation's name padded to ``width``."""
+    def line(r: dict) -> str:
+        if "GB/s" in r:
+            return f"{r['impl']:<{width}} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy"
+        return f"{r['impl']:<{width}} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed"
+    return line
 
 
 def device_name() -> str:
