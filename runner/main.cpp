@@ -42,8 +42,9 @@ struct Options {
   std::exit(2);
 }
 
-/// The command line, parsed with CLI11; a bad one prints CLI11's message and the usage and
-/// exits with CLI11's code (106 for a bad value, 105 for a wrong argument count, ...).
+/// The command line, parsed with CLI11; a bad one prints CLI11's message and a pointer to
+/// --help, and exits non-zero with CLI11's code (105 for a value out of range, 106 for a
+/// missing required option, 109 for an unexpected argument, ...).
 Options parse(int argc, char** argv) {
   Options o;
   CLI::App app{"Runs an AOTInductor package (.pt2) that uses opforge ops, with no Python.", "opforge-runner"};

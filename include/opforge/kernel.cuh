@@ -110,6 +110,9 @@ __device__ __forceinline__ A block_sum(A v) {
 /// first (rms_norm<__nv_bfloat16>: 53 registers instead of 38, by ptxas; bench/RESULTS.md).
 template <class T>
 __device__ __forceinline__ void unpack(const uint4& v, acc_t<T> (&out)[16 / sizeof(T)]) {
+  static_assert(is_same<T, __nv_bfloat16>::value || is_same<T, __half>::value || is_same<T, float>::value ||
+                    is_same<T, double>::value,
+                "opforge::kernel::unpack: float, double, __half or __nv_bfloat16");
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -134,6 +137,9 @@ __device__ __forceinline__ void unpack(const uint4& v, acc_t<T> (&out)[16 / size
 /// even) and returns them as the four 32-bit words of one 16-byte vector.
 template <class T>
 __device__ __forceinline__ uint4 pack(const acc_t<T> (&in)[16 / sizeof(T)]) {
+  static_assert(is_same<T, __nv_bfloat16>::value || is_same<T, __half>::value || is_same<T, float>::value ||
+                    is_same<T, double>::value,
+                "opforge::kernel::pack: float, double, __half or __nv_bfloat16");
   uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

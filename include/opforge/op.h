@@ -74,8 +74,9 @@
 // Loading checks both rules and, on a mismatch, raises naming each argument and what it may be
 // called, and registers nothing. The backward op is an op of its own: CPU reference, device
 // kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
-// (double backward; without one, a second derivative raises when it is taken). Forward-mode AD
-// (jvp, jacfwd) is refused. An op that names no
+// (double backward; without one, a second derivative raises "derivative for ... is not
+// implemented" when it is taken). Forward-mode AD (jvp, jacfwd) and compiled autograd are not
+// supported. An op that names no
 // backward op is forward only: torch warns if a gradient reaches it (its default for ops
 // without an autograd kernel), and its inputs get none.
 #pragma once

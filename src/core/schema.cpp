@@ -165,6 +165,13 @@ const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& quali
   return nullptr;
 }
 
+bool is_backward_op(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
+  const std::string name = qualified_name(op);
+  for (int32_t k = 0; k < lib.num_ops; ++k)
+    if (const char* b = backward_name(*lib.ops[k]); b != nullptr && name == b) return true;
+  return false;
+}
+
 BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::string& problems) {
   static constexpr std::string_view kGrad = "grad_";
   auto index_of = [](auto names, int32_t n, std::string_view name) {

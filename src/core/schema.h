@@ -54,6 +54,9 @@ const char* backward_name(const OpforgeOpSpec& op);
 /// and returns an empty plan.
 BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::string& problems);
 
+/// True if another op of `lib` names `op` as its backward op.
+bool is_backward_op(const OpforgeLibrary& lib, const OpforgeOpSpec& op);
+
 /// The op of `lib` called `qualified` ("ns::name"), or nullptr.
 const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& qualified);
 

@@ -12,8 +12,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/SymInt.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
@@ -357,9 +357,12 @@ class OpKernel final : public c10::OperatorKernel {
 // call path, unlike torch.library.register_autograd: 2.4 against 8 us a call, measured on the
 // CPU). The node calls the backward op through the dispatcher, so its kernels, torch.compile's
 // tracing of the backward graph and a backward op's own backward (double backward) work as for
-// any op. The same shape as the kernels torch generates for its own ops (VariableType). An op
-// without a backward op gets no Autograd kernel: torch's fallback warns if a gradient reaches
-// it, and models that use it still compile with parameters that require grad.
+// any op. The same shape as the kernels torch generates for its own ops (VariableType). A
+// backward op without a backward of its own gets torch's autogradNotImplementedFallback, so a
+// second derivative raises when it is taken, at any torch.func level. Any other op without a
+// backward op gets no Autograd kernel: torch's fallback warns if a gradient reaches it, and
+// models that use it still compile with parameters that require grad. Not supported: compiled
+// autograd (the node has no compiled_args/apply_with_saved).
 class BackwardNode final : public ::torch::autograd::Node {
  public:
   BackwardNode(const OpforgeOpSpec* op, const core::BackwardPlan* plan) : op_(op), plan_(plan) {}
@@ -368,7 +371,6 @@ class BackwardNode final : public ::torch::autograd::Node {
 
   ::torch::autograd::variable_list apply(::torch::autograd::variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);  // against release_variables from another thread
-    const std::string op_name = core::qualified_name(*op_);
     TORCH_CHECK(!released_ || !saves_, ::torch::autograd::ERR_BACKWARD_TWICE);
     const char* backward_name = core::backward_name(*op_);
     ::torch::jit::Stack stack;
@@ -386,31 +388,7 @@ class BackwardNode final : public ::torch::autograd::Node {
         case core::BackwardPlan::Source::kOutput: stack.emplace_back(saved_outputs_[i].unpack(getptr())); break;
       }
     }
-    // Under create_graph (and torch.func, which always differentiates that way) the backward op's
-    // results must know their own history. A backward op with a backward of its own records it
-    // through its Autograd kernel; without one, its results get an error node, so a second
-    // derivative raises when it is taken (as @once_differentiable does) rather than now.
-    ::torch::autograd::variable_list differentiable;
-    if (at::GradMode::is_enabled() && core::backward_name(*core::find_op(*library_, backward_name)) == nullptr)
-      for (const c10::IValue& v : stack)
-        if (v.isTensor() && v.toTensor().requires_grad()) differentiable.push_back(v.toTensor());
-    if (differentiable.empty()) {
-      backward_->callBoxed(stack);
-    } else {
-      {
-        at::AutoDispatchBelowADInplaceOrView guard;
-        backward_->callBoxed(stack);
-      }
-      std::vector<at::Tensor> results;
-      for (const c10::IValue& v : stack) results.push_back(v.isNone() ? at::Tensor() : v.toTensor());
-      const std::string message = std::string(backward_name) + " has no backward op, so " + op_name +
-                                  " has no second derivative; declare one for " + backward_name +
-                                  " (Note [Backward ops] in opforge/op.h)";
-      results = ::torch::autograd::wrap_outputs(differentiable, std::move(results), [&](auto&& edges) {
-        return std::make_shared<::torch::autograd::Error>(message, std::move(edges));
-      });
-      for (size_t k = 0; k < results.size(); ++k) stack[k] = results[k].defined() ? c10::IValue(results[k]) : c10::IValue();
-    }
+    backward_->callBoxed(stack);  // under create_graph, its own Autograd kernel records its history
     ::torch::autograd::variable_list input_grads(shapes_.size());
     std::vector<bool> given(shapes_.size(), false);
     for (size_t k = 0; k < plan_->targets.size(); ++k) {
@@ -420,7 +398,7 @@ class BackwardNode final : public ::torch::autograd::Node {
       at::Tensor grad = stack[k].toTensor();
       TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second,
                   backward_name, " returned grad_", op_->args[i].name, " of shape ", grad.sym_sizes(), " and dtype ",
-                  grad.scalar_type(), " for ", op_name, "'s input ", op_->args[i].name, " of shape ",
+                  grad.scalar_type(), " for ", core::qualified_name(*op_), "'s input ", op_->args[i].name, " of shape ",
                   c10::SymIntArrayRef(shapes_[slot].first), " and dtype ", shapes_[slot].second,
                   "; a gradient has its input's shape and dtype");
       input_grads[slot] = std::move(grad);
@@ -428,7 +406,7 @@ class BackwardNode final : public ::torch::autograd::Node {
     for (int32_t i = 0; i < op_->num_args; ++i) {  // as torch's own ops: a needed gradient nobody computes
       const int32_t slot = tensor_slot_[i];
       TORCH_CHECK_NOT_IMPLEMENTED(slot < 0 || given[slot] || !defined_[slot] || !task_should_compute_output(slot),
-                                  "the derivative of ", op_name, " for its input '", op_->args[i].name,
+                                  "the derivative of ", core::qualified_name(*op_), " for its input '", op_->args[i].name,
                                   "' is not implemented: its backward op ", backward_name, " has no grad_",
                                   op_->args[i].name, " output");
     }
@@ -445,7 +423,6 @@ class BackwardNode final : public ::torch::autograd::Node {
 
   const OpforgeOpSpec* op_;
   const core::BackwardPlan* plan_;
-  const OpforgeLibrary* library_ = nullptr;
   std::optional<c10::OperatorHandle> backward_;
   bool released_ = false;
   bool saves_ = false;  // saved tensors, which a second backward would need
@@ -460,8 +437,7 @@ class BackwardNode final : public ::torch::autograd::Node {
 
 class AutogradKernel final : public c10::OperatorKernel {
  public:
-  AutogradKernel(const OpforgeOpSpec* op, const OpforgeLibrary* library, core::BackwardPlan plan)
-      : op_(op), library_(library), plan_(std::move(plan)) {
+  AutogradKernel(const OpforgeOpSpec* op, core::BackwardPlan plan) : op_(op), plan_(std::move(plan)) {
     for (const auto& [source, i] : plan_.sources) {
       if (source == core::BackwardPlan::Source::kArg) save_arg_.push_back(i);
       if (source == core::BackwardPlan::Source::kOutput) save_output_.push_back(i);
@@ -512,7 +488,6 @@ class AutogradKernel final : public c10::OperatorKernel {
     const int32_t n = op_->num_args;
     std::call_once(found_, [&] { backward_ = c10::Dispatcher::singleton().findSchemaOrThrow(core::backward_name(*op_), ""); });
     node.backward_ = *backward_;
-    node.library_ = library_;
     node.tensor_slot_.assign(n, -1);
     node.saved_args_.resize(n);
     node.params_.resize(n);
@@ -530,7 +505,6 @@ class AutogradKernel final : public c10::OperatorKernel {
   }
 
   const OpforgeOpSpec* op_;
-  const OpforgeLibrary* library_;
   core::BackwardPlan plan_;
   std::vector<int32_t> save_arg_, save_output_;
   std::once_flag found_;
@@ -569,7 +543,12 @@ void register_op(LoadedLibrary& l, const OpforgeOpSpec* op) {
     core::BackwardPlan plan = core::plan_backward(*op, *core::find_op(*l.lib, backward), problems);
     lib->impl(op->name, ::torch::dispatch(c10::DispatchKey::Autograd,
                                           ::torch::CppFunction::makeFromBoxedFunctor(
-                                              std::make_unique<AutogradKernel>(op, l.lib, std::move(plan)))));
+                                              std::make_unique<AutogradKernel>(op, std::move(plan)))));
+  } else if (core::is_backward_op(*l.lib, *op)) {
+    // A backward op without a backward of its own: torch's NotImplemented node, so a second
+    // derivative raises when it is taken (create_graph, torch.func at any level), first
+    // derivatives work, and a dual cotangent (forward over reverse) is refused.
+    lib->impl(op->name, ::torch::dispatch(c10::DispatchKey::Autograd, ::torch::autograd::autogradNotImplementedFallback()));
   }
   l.registrations.push_back(std::move(lib));
 }

@@ -94,22 +94,29 @@ def test_two_outputs_with_one_reaching_the_loss():
     assert torch.autograd.gradcheck(lambda t: bw.powers(t), (x,))
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # jacrev's vmap over an op without a batching rule
 def test_a_second_derivative_without_a_backward_of_the_backward_op_is_refused_when_taken():
     x = torch.randn(4, dtype=torch.float64, requires_grad=True)
     (g,) = torch.autograd.grad(bw.powers(x)[0].sum(), x, create_graph=True)  # first order: fine
     torch.testing.assert_close(g, 2 * x.detach())
-    with pytest.raises(RuntimeError, match=r"bw::powers_backward has no backward op, so bw::powers has no second "
-                                           r"derivative"):
+    with pytest.raises(RuntimeError, match=r"derivative for bw::powers_backward is not implemented"):
         torch.autograd.grad(g.sum(), x)
-    # torch.func differentiates with create_graph: first derivatives work there too
-    torch.testing.assert_close(torch.func.grad(lambda t: torch.ops.examples.softshrink(t, 0.5).sum())(x.detach()),
-                               (x.detach().abs() > 0.5).double())
+    # torch.func differentiates with create_graph: first derivatives work there, and jacrev
+    s = lambda t: torch.ops.examples.softshrink(t, 0.5)  # noqa: E731
+    torch.testing.assert_close(torch.func.grad(lambda t: s(t).sum())(x.detach()), (x.detach().abs() > 0.5).double())
+    torch.testing.assert_close(torch.func.jacrev(s)(x.detach()), torch.diag((x.detach().abs() > 0.5).double()))
+    with pytest.raises(RuntimeError, match=r"derivative for examples::softshrink_backward is not implemented"):
+        inner = torch.func.grad(lambda u: s(u).square().sum())
+        torch.func.grad(lambda t: inner(t).sum())(x.detach())  # was silently 0
 
 
 def test_forward_mode_ad_is_refused():
     x = torch.randn(4, dtype=torch.float64)
     with pytest.raises(NotImplementedError, match="Trying to use forward AD with bw::powers, which does not support it"):
         torch.func.jvp(bw.powers, (x,), (torch.ones_like(x),))
+    pullback = torch.func.vjp(lambda t: bw.powers(t)[0], x)[1]  # forward over reverse: a dual cotangent
+    with pytest.raises(NotImplementedError):
+        torch.func.jvp(lambda c: pullback(c)[0], (torch.ones_like(x),), (torch.ones_like(x),))
 
 
 def test_an_integer_output_gets_zeros_of_its_own_dtype_and_shape():
