@@ -191,10 +191,13 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
   const std::string f = qualified_name(fwd), b = qualified_name(bwd);
   BackwardPlan plan;
   std::string found;
-  for (int32_t i = 0; i < fwd.num_args; ++i)
-    if (const auto of = grad_of(arg(i)); !of.empty() && index_of(out, fwd.num_outputs, of) >= 0)
-      found += "\n  " + f + "'s input '" + std::string(arg(i)) + "' is named like the gradient of its output '" +
-               std::string(of) + "'; rename it (the backward op could not tell the two apart)";
+  for (int32_t i = 0; i < fwd.num_args + fwd.num_outputs; ++i) {
+    const std::string_view name = i < fwd.num_args ? arg(i) : out(i - fwd.num_args);
+    if (const auto of = grad_of(name); !of.empty() && index_of(out, fwd.num_outputs, of) >= 0)
+      found += "\n  " + f + "'s " + (i < fwd.num_args ? "input '" : "output '") + std::string(name) +
+               "' is named like the gradient of its output '" + std::string(of) +
+               "'; rename it (the backward op could not tell the two apart)";
+  }
   for (int32_t k = 0; k < bwd.num_args; ++k) {
     const std::string_view name = bwd.args[k].name;
     int32_t i;
@@ -228,7 +231,7 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
     }
   }
   if (found.empty()) return plan;
-  problems = f + " names " + b + " as its backward op, but:" + found;
+  problems = f + " (" + fwd.file + ":" + std::to_string(fwd.line) + ") names " + b + " as its backward op, but:" + found;
   return {};
 }
 

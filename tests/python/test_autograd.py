@@ -153,12 +153,13 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         opforge.load_library(path)
     lines = str(err.value).splitlines()
     assert lines[0].endswith("bad_backward_ops.so has invalid backward ops:")
+    site = str(FIXTURES / "bad_backward_ops.cpp")
     assert lines[1:7] == [
-        "badbw::f names badbw::f_backward as its backward op, but:",
+        f"badbw::f ({site}:13) names badbw::f_backward as its backward op, but:",
         "  input 'grad_z' of badbw::f_backward matches nothing of badbw::f: expected one of grad_y, x, alpha, y",
         "  input 'alpha' of badbw::f_backward is int but badbw::f's alpha is float",
         "  output 'dx' of badbw::f_backward is not the gradient of a tensor input of badbw::f: expected one of grad_x",
-        "badbw::g names badbw::g_backward as its backward op, but:",
+        f"badbw::g ({site}:17) names badbw::g_backward as its backward op, but:",
         "  input 'w' of badbw::g_backward is Tensor but badbw::g's w is Tensor?",
     ]
     assert "badbw::k's input 'grad_y' is named like the gradient of its output 'y'" in str(err.value)
