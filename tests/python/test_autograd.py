@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from conftest import DEVICES, TOLERANCE
+from conftest import DEVICES, TOLERANCE, _softshrink_grad
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 bw = torch.ops.bw
@@ -21,11 +21,6 @@ bw = torch.ops.bw
 def backward_ops(tmp_path_factory):
     return opforge.load_library(opforge.build_library("backward_ops", [FIXTURES / "backward_ops.cpp"],
                                                       build_dir=tmp_path_factory.mktemp("bw")))
-
-
-def _torch_grad(x, grad_y, lambd):
-    x = x.detach().double().cpu().requires_grad_()
-    return torch.autograd.grad(F.softshrink(x, lambd), x, grad_y.double().cpu())[0]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -38,7 +33,7 @@ def test_softshrink_backward_matches_torch(device, dtype):
     (grad_x,) = torch.autograd.grad(y, x, grad_y)
     assert grad_x.dtype == dtype and grad_x.device == x.device
     tol = TOLERANCE[dtype]
-    torch.testing.assert_close(grad_x.double().cpu(), _torch_grad(x, grad_y, 0.25), atol=tol, rtol=tol)
+    torch.testing.assert_close(grad_x.double().cpu(), _softshrink_grad(grad_y, x.detach(), 0.25), atol=tol, rtol=tol)
 
 
 def test_gradcheck_with_default_parameter():
