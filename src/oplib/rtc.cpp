@@ -163,6 +163,7 @@ struct Driver {
   decltype(&::cuLaunchKernel) launch = nullptr;
   decltype(&::cuFuncSetAttribute) set_attribute = nullptr;
   decltype(&::cuGetErrorString) error_string = nullptr;
+  decltype(&::cuCtxGetCurrent) get_current_context = nullptr;
 };
 
 const Driver& driver() {
@@ -180,9 +181,10 @@ const Driver& driver() {
     get("cuLaunchKernel", r.launch);
     get("cuFuncSetAttribute", r.set_attribute);
     get("cuGetErrorString", r.error_string);
+    get("cuCtxGetCurrent", r.get_current_context);
     return r;
   }();
-  if (!d.module_load || !d.get_function || !d.launch)
+  if (!d.module_load || !d.get_function || !d.launch || !d.get_current_context)
     throw InternalError("opforge: the CUDA driver API is not available (no GPU driver?)");
   return d;
 }
@@ -488,7 +490,8 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   if (it != functions().end()) return it->second;
   bool hit = false;
   const Binary b = binary_for(make_job(rk, name, device_target(device)), user_cache_dir(), hit);
-  // Loaded into the device's primary context (current: the adapter's device guard set it).
+  // Loaded into the device's primary context (current: the adapter's device guard and
+  // bind_primary_context made it so).
   // Modules are never unloaded: after reload() work already queued may still use them.
   CUmodule module = nullptr;
   check_cu(driver().module_load(&module, b.image.data()), "cuModuleLoadData");
@@ -496,6 +499,24 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   check_cu(driver().get_function(&fn, module, b.lowered_name.c_str()), "cuModuleGetFunction");
   functions()[key] = fn;
   return fn;
+}
+
+/// Makes `device`'s primary context current on this thread if no context is. The driver API
+/// (cuModuleLoadData, cuLaunchKernel) works in the current context, and a thread that has only
+/// made CUDA runtime calls may have none: torch's autograd engine runs backward ops on a device
+/// thread whose device guard skips cudaSetDevice when the index already matches
+/// (c10::cuda::SetDevice), so a backward op's first launch there failed with "invalid device
+/// context". cudaSetDevice binds the device's primary context, the one the runtime and torch
+/// use, at once (CUDA 12 and later).
+void bind_primary_context(int device) {
+  CUcontext current = nullptr;
+  check_cu(driver().get_current_context(&current), "cuCtxGetCurrent");
+  if (current != nullptr) return;
+  const cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw InternalError(std::string("cudaSetDevice(") + std::to_string(device) + ") failed: " + cudaGetErrorString(err));
+  }
 }
 
 int64_t numel(const OpforgeTensor& t) {
@@ -593,6 +614,7 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
     }
   }
 
+  bind_primary_context(f->ctx->device_index);
   CUfunction fn = function_for(rk, name, f->ctx->device_index);
   if (cfg.shared_bytes > 48 * 1024 && driver().set_attribute)
     check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(cfg.shared_bytes)),

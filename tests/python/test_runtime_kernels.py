@@ -159,6 +159,30 @@ def test_edit_then_reload_changes_behaviour(tmp_path):
 
 
 @requires_cuda
+def test_first_launch_on_a_thread_without_a_current_context():
+    """A thread that never made a CUDA context current (torch's autograd engine runs backward
+    ops on such a device thread) loads and launches run-time kernels: cuModuleLoadData failed
+    there with "invalid device context"."""
+    opforge.load_library(CASES["softshrink"].library_path)
+    x = torch.randn(1000, device="cuda")
+    torch.ops.examples.softshrink(x, 0.5)  # leaves a cached block for the thread's output: no CUDA call there
+    opforge.reload()  # the thread's launch loads the module again
+    result = {}
+
+    def work():
+        try:
+            result["y"] = torch.ops.examples.softshrink(x, 0.5)
+        except Exception as e:  # noqa: BLE001 -- asserted below
+            result["error"] = e
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "error" not in result, result.get("error")
+    torch.testing.assert_close(result["y"], torch.nn.functional.softshrink(x, 0.5))
+
+
+@requires_cuda
 def test_launch_with_unwritable_cache_keeps_working(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
