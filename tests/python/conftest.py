@@ -82,7 +82,7 @@ def _softshrink_inputs(batch, dtype, device):
 
 def _softshrink_backward_inputs(batch, dtype, device):
     x = torch.randn(batch, 37, dtype=dtype, device=device)
-    x[:, :3] = torch.tensor([0.3, -0.3, float("nan")], dtype=dtype)  # the boundaries and NaN get 0
+    x[:, :3] = torch.tensor([0.3, -0.3, float("nan")], dtype=dtype)  # lambd's neighbours in x's dtype; NaN gets 0
     return (torch.randn_like(x), x), {"lambd": 0.3}
 
 
