@@ -8,7 +8,8 @@ ceiling). Then the per-call host cost on a tiny tensor, against the native op an
     python3 bench/bench_elementwise.py [--gib 4] [--json out.json]
 
 Bandwidth counts bytes read plus bytes written once each. Times are medians of
-triton.testing.do_bench (CUDA events), inputs random.
+triton.testing.do_bench (CUDA events), inputs random; each row also gives the mean SM clock (NVML) over its timing, since the H200
+lowers its clock under sustained load, which slows arithmetic-heavy kernels but not a copy.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from common import bandwidth_or_call_line, host_us_per_call, median_ms, report
+from common import SmClock, bandwidth_or_call_line, host_us_per_call, report, timed
 
 
 @torch.library.custom_op("bench::softshrink_py", mutates_args=())
@@ -42,9 +43,14 @@ def main() -> int:
         opforge.load_library(opforge.example_library(op))
     rows = []
 
-    def record(group, name, ms, nbytes, baseline_ms=None):
+    clock = SmClock()
+
+    def record(group, name, fn, nbytes, baseline_ms=None):
+        """Time ``fn``, append its row; returns its median time in ms."""
+        ms, mhz = timed(fn, clock)
         rows.append({"group": group, "impl": name, "ms": ms, "GB/s": nbytes / ms / 1e6,
-                     "vs_copy": (baseline_ms / ms) if baseline_ms else None})
+                     "vs_copy": (baseline_ms or ms) / ms, "sm_mhz": mhz})
+        return ms
 
     for dtype in (torch.float32, torch.bfloat16):
         n = int(args.gib * 2**30) // torch.finfo(dtype).bits * 8
@@ -52,13 +58,12 @@ def main() -> int:
         y = torch.empty_like(x)
         nbytes = 2 * x.numel() * x.element_size()
         group = f"softshrink {str(dtype)[6:]} {args.gib:g} GiB"
-        copy = median_ms(lambda: y.copy_(x))
-        record(group, "device-to-device copy", copy, nbytes, copy)
-        record(group, "opforge examples::softshrink", median_ms(lambda: torch.ops.examples.softshrink(x, 0.5)), nbytes, copy)
-        record(group, "torch F.softshrink", median_ms(lambda: F.softshrink(x, 0.5)), nbytes, copy)
+        copy = record(group, "device-to-device copy", lambda: y.copy_(x), nbytes)
+        record(group, "opforge examples::softshrink", lambda: torch.ops.examples.softshrink(x, 0.5), nbytes, copy)
+        record(group, "torch F.softshrink", lambda: F.softshrink(x, 0.5), nbytes, copy)
         compiled = torch.compile(lambda t: F.softshrink(t, 0.5))
         compiled(x)
-        record(group, "torch.compile(F.softshrink)", median_ms(lambda: compiled(x)), nbytes, copy)
+        record(group, "torch.compile(F.softshrink)", lambda: compiled(x), nbytes, copy)
 
         cols = 1536  # MiniLM's intermediate size
         h = x.view(-1, cols) if n % cols == 0 else x[: n // cols * cols].view(-1, cols)
@@ -66,13 +71,12 @@ def main() -> int:
         nbytes = 2 * h.numel() * h.element_size()
         group = f"bias_gelu {str(dtype)[6:]} [{h.shape[0]}, {cols}]"
         hy = torch.empty_like(h)
-        copy = median_ms(lambda: hy.copy_(h))
-        record(group, "device-to-device copy", copy, nbytes, copy)
-        record(group, "opforge examples::bias_gelu", median_ms(lambda: torch.ops.examples.bias_gelu(h, b)), nbytes, copy)
-        record(group, "torch F.gelu(x + b) eager", median_ms(lambda: F.gelu(h + b)), nbytes, copy)
+        copy = record(group, "device-to-device copy", lambda: hy.copy_(h), nbytes)
+        record(group, "opforge examples::bias_gelu", lambda: torch.ops.examples.bias_gelu(h, b), nbytes, copy)
+        record(group, "torch F.gelu(x + b) eager", lambda: F.gelu(h + b), nbytes, copy)
         compiled = torch.compile(lambda t, bb: F.gelu(t + bb))
         compiled(h, b)
-        record(group, "torch.compile(F.gelu(x + b))", median_ms(lambda: compiled(h, b)), nbytes, copy)
+        record(group, "torch.compile(F.gelu(x + b))", lambda: compiled(h, b), nbytes, copy)
         del x, y, h, hy
 
     # Per-call cost on a tiny tensor: host wall time per call over many calls (dispatch,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import platform
+import statistics
+import threading
 import time
 from typing import Callable
 
@@ -16,6 +20,44 @@ def median_ms(fn: Callable[[], object]) -> float:
     """Median GPU time of ``fn`` in milliseconds (triton.testing.do_bench: CUDA events, 50
     warm-up runs, 400 ms of timed runs)."""
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
+
+
+class SmClock:
+    """Mean SM clock (MHz, NVML) over a timed region, sampled every 20 ms in a thread: a GPU
+    that lowers its clock under load slows arithmetic-heavy kernels but not a copy."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+
+    @contextlib.contextmanager
+    def sampling(self):
+        samples: list[int] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.02):
+                samples.append(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+
+        thread = threading.Thread(target=sample)
+        thread.start()
+        try:
+            yield lambda: statistics.mean(samples) if samples else float("nan")
+        finally:
+            stop.set()
+            thread.join()
+
+
+def timed(fn: Callable[[], object], clock: SmClock | None) -> tuple[float, float]:
+    """``median_ms(fn)`` and the mean SM clock (MHz) while it ran (NaN without ``clock``)."""
+    if clock is None:
+        return median_ms(fn), float("nan")
+    with clock.sampling() as mhz:
+        ms = median_ms(fn)
+    return ms, mhz()
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int = 20000) -> float:
@@ -35,11 +77,14 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 20000) -> float:
 
 
 def bandwidth_or_call_line(width: int) -> Callable[[dict], str]:
-    """A report line for rows that hold either a bandwidth (ms, GB/s, vs_copy) or a per-call
-    cost (us_per_call, vs_native), with the implementation's name padded to ``width``."""
+    """A report line for rows that hold either a bandwidth (ms, GB/s, vs_copy, and sm_mhz if
+    measured) or a per-call cost (us_per_call, vs_native), with the implementation's name
+    padded to ``width``."""
     def line(r: dict) -> str:
         if "GB/s" in r:
-            return f"{r['impl']:<{width}} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy"
+            mhz = r.get("sm_mhz", math.nan)
+            clock = "" if math.isnan(mhz) else f"  SM {mhz:.0f} MHz"
+            return f"{r['impl']:<{width}} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy{clock}"
         return f"{r['impl']:<{width}} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed"
     return line
 

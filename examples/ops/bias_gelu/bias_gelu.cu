@@ -63,11 +63,14 @@ struct FastDivisor {
 };
 
 /// Elements each thread loads before computing any: two 16-byte vectors (N = 16 / sizeof(T)
-/// elements each), or 8 single elements on the scalar path (N = 1). Measured at 4 GiB on the
-/// H200 (bench/RESULTS.md): bfloat16 with 1 and 2 vectors per thread, 0.91 and 0.98 x copy.
+/// elements each), or 8 single elements on the scalar path (N = 1), in blocks of 128 threads.
+/// Measured at 4 GiB on the H200 (bench/RESULTS.md): bfloat16 with 1 and 2 vectors per thread,
+/// 0.91 and 0.98 x copy; bench_elementwise.py with 256 and 128 threads a block, float32 0.976
+/// and 0.995 x copy, bfloat16 0.986 and 1.007 (bench/sweep_bias_gelu.py: bfloat16 1.000 and
+/// 0.955 in one process; float32's rounds there spread over 0.94-1.00 for both, with the clock).
 template <int N>
 constexpr int kPerThread = N > 1 ? 2 : 8;
-constexpr int kThreads = 256;
+constexpr int kThreads = 128;
 
 // Vectors of N elements never straddle a row (cols % N == 0 on the vector path; N = 1 else).
 // Block b handles vectors [b * kThreads * kPerThread<N>, ...), thread t the vectors
