@@ -7,10 +7,10 @@ evict-first loads and stores); all variants are built into one op library (ops
 bytes and ``torch.compile(F.gelu(x + b))``, so the ratios share one run and the spread between
 rounds is visible.
 
-    python3 bench/sweep_bias_gelu.py [--gib 4] [--rounds 4] [--placements 3] [--only base,t256] [--json out.json]
+    python3 bench/sweep_bias_gelu.py [--gib 4] [--rounds 4] [--placements 3] [--seed 0] [--only base,t256] [--json out.json]
 
 Each placement allocates a fresh input and lets the ops write a fresh output block, holding the
-earlier ones, and each round times the implementations in a rotated order: a kernel's ratio
+earlier ones, and each round times the implementations in a random order: a kernel's ratio
 moved with its place in the order (the same code measured 0.976 x copy in
 bench_elementwise.py and 0.931 as the first variant here, in one call; H200, 2026-12-01). Each row also gives the mean SM clock over its
 timing (NVML), since a GPU that lowers its clock slows arithmetic but not a copy.
@@ -22,6 +22,7 @@ medians of triton.testing.do_bench (CUDA events); inputs are random normal.
 from __future__ import annotations
 
 import argparse
+import random
 import re
 import statistics
 import sys
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from common import SmClock, report, timed
+from common import report, sm_clock, timed
 
 OP_DIR = Path(__file__).resolve().parents[1] / "examples" / "ops" / "bias_gelu"
 
@@ -84,6 +85,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds per placement")
     parser.add_argument("--placements", type=int, default=3,
                         help="fresh input and output memory this many times (DRAM placement moves the ratios)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' random orders")
     parser.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variant names")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -96,7 +98,8 @@ def main() -> int:
                                     build_dir=Path(tmp) / "build")
         opforge.load_library(lib)
     rows = []
-    clock = SmClock()
+    clock = sm_clock()
+    order = random.Random(args.seed)
     for dtype in (torch.float32, torch.bfloat16):
         cols = 1536
         shape = (int(args.gib * 2**30) // dtype.itemsize // cols, cols)
@@ -119,11 +122,13 @@ def main() -> int:
             times: dict[str, list[float]] = {k: [] for k in impls}
             clocks: dict[str, list[float]] = {k: [] for k in impls}
             keys = list(impls)
-            for rnd in range(args.rounds):
-                # Each round starts one implementation later, so that none always follows the
-                # same one: the first variant after torch.compile measured 0.93-0.95 x copy
-                # in every run, whatever its code (H200, 2026-12-01).
-                for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+            for _ in range(args.rounds):
+                # Each round in its own random order (seeded), so that no variant always
+                # follows the same implementation: the variant timed after torch.compile
+                # measured 0.93-0.95 x copy in float32 in every run, whatever its code (H200,
+                # 2026-12-01); rotating the order kept that neighbour in all rounds but one.
+                order.shuffle(keys)
+                for key in keys:
                     ms, mhz = timed(impls[key], clock)
                     times[key].append(ms)
                     clocks[key].append(mhz)
@@ -134,7 +139,7 @@ def main() -> int:
                 rows.append({"group": f"bias_gelu {str(dtype)[6:]} {list(shape)}, placement {placement}, "
                                       f"{args.rounds} rounds", "impl": key, "ms": ms, "GB/s": nbytes / ms / 1e6,
                              "vs_copy": copy / ms, "vs_copy_range": [copy / max(ts), copy / min(ts)],
-                             "sm_mhz": statistics.mean(clocks[key])})
+                             "sm_mhz": None if None in clocks[key] else statistics.mean(clocks[key])})
             keep += [h, hy, torch.empty_like(h)]  # the last takes the block the ops' outputs were written to
             del h, hy
         del keep
@@ -145,13 +150,16 @@ def main() -> int:
                 summary.setdefault(r["impl"], []).append(r["vs_copy"])
         for key, ratios in summary.items():
             rows.append({"group": f"bias_gelu {str(dtype)[6:]}: x copy over {args.placements} placements",
-                         "impl": key, "ms": float("nan"), "GB/s": float("nan"), "vs_copy": statistics.median(ratios),
-                         "vs_copy_range": [min(ratios), max(ratios)], "sm_mhz": float("nan")})
+                         "impl": key, "ms": None, "GB/s": None, "vs_copy": statistics.median(ratios),
+                         "vs_copy_range": [min(ratios), max(ratios)], "sm_mhz": None})
 
     def line(r: dict) -> str:
         lo, hi = r["vs_copy_range"]
-        return (f"{r['impl']:<30} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy "
-                f"({lo:.3f}-{hi:.3f})  SM {r['sm_mhz']:5.0f} MHz")
+        ratio = f"{r['vs_copy']:.3f} x copy ({lo:.3f}-{hi:.3f})"
+        if r["ms"] is None:  # a summary over placements
+            return f"{r['impl']:<30} {ratio}"
+        clock = "" if r["sm_mhz"] is None else f"  SM {r['sm_mhz']:5.0f} MHz"
+        return f"{r['impl']:<30} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {ratio}{clock}"
 
     report(rows, line, args.json)
     return 0
