@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
-from common import SmClock, bandwidth_or_call_line, host_us_per_call, report, timed
+from common import bandwidth_or_call_line, host_us_per_call, report, sm_clock, timed
 
 
 @torch.library.custom_op("bench::softshrink_py", mutates_args=())
@@ -43,7 +43,7 @@ def main() -> int:
         opforge.load_library(opforge.example_library(op))
     rows = []
 
-    clock = SmClock()
+    clock = sm_clock()
 
     def record(group, name, fn, nbytes, baseline_ms=None):
         """Time ``fn``, append its row; returns its median time in ms."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
 from typing import Callable
@@ -27,11 +27,15 @@ class SmClock:
     that lowers its clock under load slows arithmetic-heavy kernels but not a copy."""
 
     def __init__(self) -> None:
+        """Raises ImportError without nvidia-ml-py (pynvml); see :func:`sm_clock`."""
         import pynvml
 
         pynvml.nvmlInit()
         self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        # NVML numbers GPUs its own way (it ignores CUDA_VISIBLE_DEVICES): find ours by PCI id.
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus_id = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        self._handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
 
     @contextlib.contextmanager
     def sampling(self):
@@ -45,16 +49,26 @@ class SmClock:
         thread = threading.Thread(target=sample)
         thread.start()
         try:
-            yield lambda: statistics.mean(samples) if samples else float("nan")
+            yield lambda: statistics.mean(samples) if samples else None
         finally:
             stop.set()
             thread.join()
 
 
-def timed(fn: Callable[[], object], clock: SmClock | None) -> tuple[float, float]:
-    """``median_ms(fn)`` and the mean SM clock (MHz) while it ran (NaN without ``clock``)."""
+def sm_clock() -> SmClock | None:
+    """An :class:`SmClock` for the current GPU, or None (with a note on stderr) where NVML
+    cannot be used; :func:`timed` then reports None for the clock."""
+    try:
+        return SmClock()
+    except Exception as e:  # noqa: BLE001 -- ImportError, or any NVML error: run without clock figures
+        print(f"bench: no SM clock figures ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+
+
+def timed(fn: Callable[[], object], clock: SmClock | None) -> tuple[float, float | None]:
+    """``median_ms(fn)`` and the mean SM clock (MHz) while it ran (None without ``clock``)."""
     if clock is None:
-        return median_ms(fn), float("nan")
+        return median_ms(fn), None
     with clock.sampling() as mhz:
         ms = median_ms(fn)
     return ms, mhz()
@@ -82,8 +96,7 @@ def bandwidth_or_call_line(width: int) -> Callable[[dict], str]:
     padded to ``width``."""
     def line(r: dict) -> str:
         if "GB/s" in r:
-            mhz = r.get("sm_mhz", math.nan)
-            clock = "" if math.isnan(mhz) else f"  SM {mhz:.0f} MHz"
+            clock = "" if r.get("sm_mhz") is None else f"  SM {r['sm_mhz']:.0f} MHz"
             return f"{r['impl']:<{width}} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy{clock}"
         return f"{r['impl']:<{width}} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed"
     return line
