@@ -14,10 +14,13 @@ if [[ -n "${OPFORGE_PYTHON:-}" ]]; then
 fi
 key="$(sha256sum "$root/requirements.txt" | cut -c1-16)"
 venv="${OPFORGE_VENV_ROOT:-$HOME/.cache/opforge}/venv-$key"
-mkdir -p "$(dirname "$venv")"
-# One creator at a time: a second make (or CI beside a developer's build) waits for the first.
-exec 9>"$venv.lock"
-flock 9
+if [[ ! -f "$venv/.complete" ]]; then
+  # One creator at a time: a second make (or CI beside a developer's build) waits for the
+  # first, then finds the environment complete.
+  mkdir -p "$(dirname "$venv")"
+  exec 9>"$venv.lock"
+  flock 9
+fi
 if [[ ! -f "$venv/.complete" ]]; then
   echo "opforge: creating the Python environment $venv (first run only)" >&2
   rm -rf "$venv"
