@@ -196,6 +196,13 @@ void check_cu(CUresult r, const char* what) {
   throw InternalError(std::string(what) + " failed: " + (msg ? msg : std::to_string(static_cast<int>(r))));
 }
 
+/// check_cu for the CUDA runtime; the error is cleared, not left for an unrelated launch check.
+void check_cuda(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  throw InternalError(what + " failed: " + cudaGetErrorString(e));
+}
+
 /// The CUDA toolkit's include folder, for cuda_fp16.h and friends.
 const std::string& cuda_include_dir() {
   static const std::string dir = [] {
@@ -416,13 +423,9 @@ std::string with_arch_features(const std::string& arch) {
 /// The NVRTC target of run-time kernels launched on CUDA device `device`.
 std::string device_target(int device) {
   int major = 0, minor = 0;
-  const cudaError_t e1 = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  const cudaError_t e2 = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (e1 != cudaSuccess || e2 != cudaSuccess) {
-    cudaGetLastError();  // not left for an unrelated launch check to report
-    throw InternalError("opforge: the CUDA runtime cannot query the compute capability of device " +
-                        std::to_string(device) + ": " + cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
-  }
+  const std::string what = "opforge: querying the compute capability of CUDA device " + std::to_string(device);
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), what);
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), what);
   return with_arch_features(target_for(major * 10 + minor));
 }
 
@@ -512,11 +515,7 @@ void bind_primary_context(int device) {
   CUcontext current = nullptr;
   check_cu(driver().get_current_context(&current), "cuCtxGetCurrent");
   if (current != nullptr) return;
-  const cudaError_t err = cudaSetDevice(device);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw InternalError(std::string("cudaSetDevice(") + std::to_string(device) + ") failed: " + cudaGetErrorString(err));
-  }
+  check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
 int64_t numel(const OpforgeTensor& t) {
