@@ -22,15 +22,36 @@ endif()
 # calling opforge.reload()) is the whole redeploy. Symbols are hidden except the library's
 # entry point, so several op libraries coexist in one process.
 find_package(CUDAToolkit REQUIRED)
+
+# The op-library runtime, built once per build tree and linked into every op library: the
+# declaration records and the backend-neutral half of run-time kernels (opforge_oplib), and the
+# CUDA half (NVRTC, driver launch; opforge_oplib_cuda), which the linker takes from the archive
+# only for a library that declares a .cuda_source() kernel. Hidden visibility: each op library
+# keeps its own registry.
+if(NOT TARGET opforge_oplib)
+  add_library(opforge_oplib STATIC "${OPFORGE_ROOT}/src/oplib/op_library.cpp" "${OPFORGE_ROOT}/src/oplib/runtime_kernel.cpp")
+  add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp")
+  target_link_libraries(opforge_oplib_cuda PUBLIC CUDA::cudart)
+  foreach(_lib opforge_oplib opforge_oplib_cuda)
+    target_include_directories(${_lib} PUBLIC "${OPFORGE_INCLUDE_DIR}")
+    target_link_libraries(${_lib} PUBLIC ${CMAKE_DL_LIBS})
+    set_target_properties(${_lib} PROPERTIES
+      CXX_STANDARD 20
+      POSITION_INDEPENDENT_CODE ON
+      CXX_VISIBILITY_PRESET hidden
+      VISIBILITY_INLINES_HIDDEN ON)
+  endforeach()
+endif()
+
 function(opforge_add_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;KERNELS;CUDA_ARCHITECTURES" ${ARGN})
   if(NOT ARG_SOURCES)
     message(FATAL_ERROR "opforge_add_library(${name}): no SOURCES given")
   endif()
-  add_library(${name} SHARED ${ARG_SOURCES} "${OPFORGE_ROOT}/src/oplib/op_library.cpp"
-    "${OPFORGE_ROOT}/src/oplib/rtc.cpp")
+  add_library(${name} SHARED ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE "${OPFORGE_INCLUDE_DIR}")
-  target_link_libraries(${name} PRIVATE CUDA::cudart ${CMAKE_DL_LIBS})
+  # The CUDA half first: it refers to the neutral half, which follows.
+  target_link_libraries(${name} PRIVATE opforge_oplib_cuda opforge_oplib)
   set_target_properties(${name} PROPERTIES
     CXX_STANDARD 20
     CUDA_STANDARD 20
@@ -38,7 +59,9 @@ function(opforge_add_library name)
     CUDA_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON
     CUDA_RUNTIME_LIBRARY Shared)
-  target_link_options(${name} PRIVATE "LINKER:--no-undefined" "LINKER:--version-script=${OPFORGE_ROOT}/cmake/exports.map")
+  # --as-needed: a library without CUDA code records no dependency on the CUDA runtime.
+  target_link_options(${name} PRIVATE "LINKER:--no-undefined" "LINKER:--as-needed"
+    "LINKER:--version-script=${OPFORGE_ROOT}/cmake/exports.map")
   set(cuda_sources ${ARG_SOURCES})
   list(FILTER cuda_sources INCLUDE REGEX "\\.cu$")
   if(cuda_sources)

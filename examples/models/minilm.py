@@ -176,15 +176,16 @@ def with_opforge_ops(model: SentenceEmbedder, dtype: torch.dtype = torch.float16
     """
     for op in ("attention", "add_layer_norm", "bias_gelu"):
         opforge.load_library(opforge.example_library(op))
-    attention = {a["name"]: a for a in opforge.find_op("examples::attention")["args"]}
-    if str(dtype).removeprefix("torch.") not in attention["q"]["dtypes"]:
-        raise ValueError(f"examples::attention takes {' or '.join(attention['q']['dtypes'])}; got {dtype}")
+    attention = opforge.find_op("examples::attention")
+    q, head_dims = attention.arg("q"), attention.arg("head_dim").choices
+    if str(dtype).removeprefix("torch.") not in q.dtypes:
+        raise ValueError(f"examples::attention takes {' or '.join(q.dtypes)}; got {dtype}")
     config = model.bert.config
     if config.hidden_act != "gelu":
         raise ValueError(f"bias_gelu computes the exact GELU; this model uses {config.hidden_act!r}")
     head_dim = config.hidden_size // config.num_attention_heads
-    if head_dim not in attention["head_dim"]["choices"]:
-        raise ValueError(f"head dim {head_dim} is not one of examples::attention's {attention['head_dim']['choices']}")
+    if head_dim not in head_dims:
+        raise ValueError(f"head dim {head_dim} is not one of examples::attention's {list(head_dims)}")
     model = copy.deepcopy(model).to(dtype)
     model.bert = OpforgeBert(model.bert)
     return model

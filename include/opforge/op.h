@@ -371,6 +371,7 @@ class OpBuilder {
     k.precompile = &detail::rtc_precompile;
     def_->kernels.push_back(k);
     def_->runtime_kernels.push_back(std::move(rk));
+    detail::registry().set_reload(&detail::rtc_reload);
     return std::move(*this);
   }
 

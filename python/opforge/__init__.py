@@ -10,13 +10,16 @@ Op libraries are built with :func:`opforge.build_library` (or the CMake function
 :func:`opforge.aoti.package` and run by the C++ runner with :func:`opforge.aoti.run`.
 """
 
-from ._adapter import Library, OpforgeError, find_op, load_library, loaded_libraries, precompile, reload
 from ._build import BuildError, build_library
+from ._core import OpforgeError
 from ._paths import build_dir, example_library
+from ._torch import find_op, load_library, loaded_libraries, precompile, reload
+from .description import Library, Op
 
 __all__ = [
     "BuildError",
     "Library",
+    "Op",
     "OpforgeError",
     "build_dir",
     "build_library",

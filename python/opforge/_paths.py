@@ -14,6 +14,11 @@ def build_dir() -> Path:
     return Path(os.environ.get("OPFORGE_BUILD_DIR", ROOT / "build")).resolve()
 
 
+def core_path() -> Path:
+    """``libopforge_core.so``, the framework-free core every adapter links."""
+    return build_dir() / "lib" / "libopforge_core.so"
+
+
 def adapter_path() -> Path:
     """``libopforge_torch.so``, the PyTorch adapter."""
     return build_dir() / "lib" / "libopforge_torch.so"

@@ -24,7 +24,8 @@ from typing import Sequence
 
 import torch
 
-from ._adapter import OpforgeError, loaded_libraries, precompile
+from ._core import OpforgeError
+from ._torch import loaded_libraries, precompile
 from ._paths import runner_path
 
 MANIFEST = "opforge_ops.txt"
@@ -60,8 +61,8 @@ def _instantiations(program: torch.export.ExportedProgram):
     """(op name, tensor dtypes, parameter values) of each call of an op with run-time kernels."""
     seen = set()
     for name, lib, node in _opforge_nodes(program):
-        spec = next(op for op in lib.ops if op["name"] == name)
-        if not spec.get("runtime_kernels"):
+        spec = next(op for op in lib.ops if op.name == name)
+        if not spec.runtime_kernels:
             continue
         dtypes, params = {}, {}
         for i, arg in enumerate(node.target._schema.arguments):

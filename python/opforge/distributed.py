@@ -1,4 +1,4 @@
-"""Sharding rules for ``torch.distributed.tensor`` (DTensor), derived from op descriptions.
+"""Sharding rules for ``torch.distributed.tensor`` (DTensor), from op descriptions.
 
 An op declares how its work may be split (``.sharding(opforge::Sharding::kPointwise)``, or
 derived from a run-time kernel's launch rule; see ``opforge::Sharding`` in opforge/op.h), and
@@ -9,27 +9,23 @@ calls opforge ops on DTensors without gathering them:
   rank aligns with the output's trailing dims, like a bias: ``Shard(d - offset)`` where it has
   that dim, else ``Replicate()``); or everything replicated.
 - rowwise: the same except the last dim: rows stay whole on one rank.
-- in both, a dim that an input declares ``opforge::multiple_of(k)`` is never sharded (a shard of
-  it need not be a multiple of k).
+- in both, the dims the core reports as unshardable (``Op.unshardable_dims``: declared
+  ``opforge::multiple_of(k)`` by some input) are never sharded.
 - dims (``.sharding(opforge::shard_dims({0, 1}))``): each listed dim of the first tensor input,
-  with the outputs ``Shard(d)`` too; another input is ``Shard(j)`` where its shape rule declares
-  dim j as ``dim(first, d)`` (or it has ``same_shape`` of such an input), else ``Replicate()``.
-  Attention shards over batch and heads this way, its padding mask over batch only.
+  with the outputs ``Shard(d)`` too; another input is ``Shard(j)`` where the core found that it
+  follows dim d (``TensorArg.follows``: its shape rule declares dim j as ``dim(first, d)``, or it
+  has ``same_shape`` of such an input), else ``Replicate()``. Attention shards over batch and
+  heads this way, its padding mask over batch only.
 
-``opforge.load_library`` registers the rules of every op it loads.
+``opforge.load_library`` registers the rules of every op it loads. The rules' facts come from the
+core (src/core/sharding.h); this module only builds DTensor placements from them.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from ._adapter import EXPR_DIM, multiple_of_dims
-
-
-def whole_dims(spec: dict) -> frozenset[int]:
-    """Dims, counted from the end (-1 is the last), that some tensor input declares
-    ``opforge::multiple_of(k)``: aligned from the right as pointwise inputs are."""
-    return frozenset(d - len(a["shape_nodes"]) for a in spec["args"] for d in multiple_of_dims(a))
+from .description import Op
 
 
 def strategies(kind: str, num_outputs: int, args: Sequence[object],
@@ -37,7 +33,7 @@ def strategies(kind: str, num_outputs: int, args: Sequence[object],
     """DTensor sharding strategies -- (output placements, input placements) pairs -- for an op of
     sharding ``kind`` ("pointwise" or "rowwise") called with ``args`` (tensor-likes have ``ndim``;
     other values, including None for an optional tensor left out, get placement None). Dims in
-    ``whole`` (counted from the end, see :func:`whole_dims`) are not sharded.
+    ``whole`` (counted from the end, :attr:`Op.unshardable_dims`) are not sharded.
     """
     from torch.distributed.tensor import Replicate, Shard
 
@@ -57,57 +53,28 @@ def strategies(kind: str, num_outputs: int, args: Sequence[object],
     return out
 
 
-def follow_dims(spec: dict) -> dict[int, dict[int, int]]:
-    """For an op of sharding kind "dims": {argument index: {dim d of the first tensor input: the
-    argument's dim declared ``dim(first, d)``}}, from the shape rules in ``spec`` (an op
-    description from :func:`opforge.find_op`); ``same_shape`` inputs inherit their model's map."""
-    args = spec["args"]
-    first = next(i for i, a in enumerate(args) if a["type"] == "Tensor")
-    lead = args[first]
-    rank = (len(lead["shape_nodes"]) if "shape_nodes" in lead
-            else lead["max_rank"] if lead.get("min_rank", -1) == lead.get("max_rank", -2) else None)
-    maps: dict[int, dict[int, int]] = {first: {d: d for d in spec.get("sharding_dims", [])}}
-    for i, a in enumerate(args):
-        if a["type"] != "Tensor" or i == first:
-            continue
-        if "same_shape" in a:
-            maps[i] = maps.get(next(j for j, b in enumerate(args) if b["name"] == a["same_shape"]), {})
-            continue
-        maps[i] = {}
-        for j, nodes in enumerate(a.get("shape_nodes", [])):
-            if len(nodes) == 1 and nodes[0][0] == EXPR_DIM and nodes[0][1] == first:  # dim(first, d)
-                d = nodes[0][2]
-                maps[i][d + rank if d < 0 and rank is not None else d] = j  # dim(first, -1) counts from the end
-    return maps
-
-
-def dims_strategies(spec: dict, num_outputs: int, args: Sequence[object], names: Sequence[str | None],
-                    maps: dict[int, dict[int, int]] | None = None) -> list:
+def dims_strategies(op: Op, num_outputs: int, args: Sequence[object], names: Sequence[str | None]) -> list:
     """DTensor strategies for sharding kind "dims" (see the module docstring) for a call with
     ``args`` in DTensor's order, ``names[k]`` being the declared argument name of ``args[k]``
-    (None: positional, the k-th declared argument); ``maps`` is :func:`follow_dims` of
-    ``spec`` (computed here if not given)."""
+    (None: positional, the k-th declared argument)."""
     from torch.distributed.tensor import Replicate, Shard
 
-    index = {a["name"]: i for i, a in enumerate(spec["args"])}
-    positions = [k if n is None else index[n] for k, n in enumerate(names)]
-    maps = follow_dims(spec) if maps is None else maps
+    declared = [op.args[k] if n is None else op.arg(n) for k, n in enumerate(names)]
     out = [([Replicate()] * num_outputs, [Replicate() if hasattr(a, "ndim") else None for a in args])]
-    for d in spec.get("sharding_dims", []):
+    for d in op.sharding_dims:
         inputs = []
-        for a, i in zip(args, positions):
+        for a, arg in zip(args, declared):
             if not hasattr(a, "ndim"):
                 inputs.append(None)
             else:
-                j = maps.get(i, {}).get(d)
+                j = getattr(arg, "follows", {}).get(d)
                 inputs.append(Shard(j) if j is not None else Replicate())
         out.append(([Shard(d)] * num_outputs, inputs))
     return out
 
 
-def register_sharding_rules(ops: Sequence[dict]) -> list[str]:
-    """Register DTensor strategies for every op in ``ops`` (descriptions from
-    :attr:`opforge.Library.ops`) whose sharding is not "none".
+def register_sharding_rules(ops: Sequence[Op]) -> list[str]:
+    """Register DTensor strategies for every op in ``ops`` whose sharding is not "none".
 
     Returns:
         The names of the ops given rules ([] if torch.distributed is unavailable).
@@ -119,23 +86,18 @@ def register_sharding_rules(ops: Sequence[dict]) -> list[str]:
     from torch.distributed.tensor.experimental import register_sharding
 
     done = []
-    for spec in ops:
-        kind = spec.get("sharding", "none")
-        if kind == "none":
+    for op in ops:
+        if op.sharding == "none":
             continue
-        ns, name = spec["name"].split("::")
-        op = getattr(getattr(torch.ops, ns), name).default
-        num_outputs = len(spec["outputs"])
+        ns, name = op.name.split("::")
+        handle = getattr(getattr(torch.ops, ns), name).default
 
-        maps = follow_dims(spec) if kind == "dims" else None  # from the description, once
-        whole = whole_dims(spec)
-
-        def rule(*args, _kind=kind, _n=num_outputs, _spec=spec, _maps=maps, _whole=whole, **kwargs):
+        def rule(*args, _op=op, **kwargs):
             values = [*args, *kwargs.values()]  # DTensor's order: args, then kwargs
-            if _kind == "dims":
-                return dims_strategies(_spec, _n, values, [None] * len(args) + list(kwargs), _maps)
-            return strategies(_kind, _n, values, _whole)
+            if _op.sharding == "dims":
+                return dims_strategies(_op, len(_op.outputs), values, [None] * len(args) + list(kwargs))
+            return strategies(_op.sharding, len(_op.outputs), values, _op.unshardable_dims)
 
-        register_sharding(op)(rule)
-        done.append(spec["name"])
+        register_sharding(handle)(rule)
+        done.append(op.name)
     return done

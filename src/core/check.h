@@ -283,7 +283,8 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
   }
 }
 
-/// The message for a call that failed its checks: the op's schema, then one line per problem.
+/// The message for a call (or a precompile request) that failed its checks: the op's schema,
+/// then one line per problem, indented.
 inline std::string invalid_arguments_message(const OpforgeOpSpec& op, const std::vector<std::string>& lines) {
   std::string m = qualified_schema(op) + ": invalid arguments";
   for (const auto& l : lines) m += "\n  " + l;
@@ -338,6 +339,17 @@ bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
     outs.push_back(std::move(info));
   }
   return true;
+}
+
+/// Checks a call's arguments and evaluates its output rules: returns "" and fills `outs`, or
+/// returns the message (invalid_arguments_message) an adapter raises as its framework's
+/// invalid-argument error.
+template <class Int>
+std::string check_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<OutputInfo<Int>>& outs) {
+  std::vector<std::string> errors;
+  check_args<Int>(op, args, errors);
+  if (errors.empty()) output_shapes<Int>(op, args, outs, errors);
+  return errors.empty() ? std::string() : invalid_arguments_message(op, errors);
 }
 
 }  // namespace opforge::core

@@ -1,3 +1,4 @@
+// Schema strings: the torch form of a declaration (types, defaults, returns) and expressions.
 #include "schema.h"
 
 #include <charconv>
@@ -20,11 +21,27 @@ std::string format_double(double v) {
   return s;
 }
 
+/// A string literal torch's schema parser reads back exactly (its escapes: parse_string_literal.h):
+/// the quote and backslash escaped, newline and tab as \n and \t, other control bytes as \xHH.
 std::string quote_string(std::string_view s, char q) {
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string out(1, q);
   for (char c : s) {
-    if (c == q || c == '\\') out += '\\';
-    out += c;
+    const auto u = static_cast<unsigned char>(c);
+    if (c == q || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
   }
   return out + q;
 }
@@ -48,27 +65,6 @@ std::string format_value(const OpforgeValue& v) {
       break;
   }
   return os.str();
-}
-
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -155,217 +151,22 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   return stack.size() == 1 ? stack.back().first : "<malformed>";
 }
 
-const char* backward_name(const OpforgeOpSpec& op) {
-  return op.struct_size >= offsetof(OpforgeOpSpec, backward) + sizeof(op.backward) ? op.backward : nullptr;
+std::string declared_at(const OpforgeOpSpec& op) {
+  return detail::declared_at(op.file, op.line, qualified_name(op));
 }
 
-const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& qualified) {
-  for (int32_t k = 0; k < lib.num_ops; ++k)
-    if (qualified_name(*lib.ops[k]) == qualified) return lib.ops[k];
-  return nullptr;
+const char* equivalent(const OpforgeOpSpec& op) {
+  return op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) ? op.equivalent : nullptr;
 }
 
-bool is_backward_op(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
-  const std::string name = qualified_name(op);
-  for (int32_t k = 0; k < lib.num_ops; ++k)
-    if (const char* b = backward_name(*lib.ops[k]); b != nullptr && name == b) return true;
-  return false;
+int32_t sharding(const OpforgeOpSpec& op) {
+  if (op.struct_size < offsetof(OpforgeOpSpec, sharding) + sizeof(op.sharding)) return OPFORGE_SHARDING_NONE;
+  if (op.sharding == OPFORGE_SHARDING_DIMS &&
+      op.struct_size < offsetof(OpforgeOpSpec, sharding_dims) + sizeof(op.sharding_dims))
+    return OPFORGE_SHARDING_NONE;
+  return op.sharding;
 }
 
-BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::string& problems) {
-  static constexpr std::string_view kGrad = "grad_";
-  auto index_of = [](auto names, int32_t n, std::string_view name) {
-    for (int32_t i = 0; i < n; ++i)
-      if (name == names(i)) return i;
-    return int32_t{-1};
-  };
-  auto arg = [&](int32_t i) { return std::string_view(fwd.args[i].name); };
-  auto out = [&](int32_t i) { return std::string_view(fwd.outputs[i].name); };
-  auto grad_of = [&](std::string_view name) { return name.substr(0, kGrad.size()) == kGrad ? name.substr(kGrad.size()) : std::string_view(); };
-  std::string accepted, differentiable;
-  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += (j ? ", grad_" : "grad_") + std::string(out(j));
-  for (int32_t i = 0; i < fwd.num_args; ++i) accepted += ", " + std::string(arg(i));
-  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += ", " + std::string(out(j));
-  for (int32_t i = 0; i < fwd.num_args; ++i)
-    if (fwd.args[i].kind == OPFORGE_ARG_TENSOR) differentiable += (differentiable.empty() ? "grad_" : ", grad_") + std::string(arg(i));
-  const std::string f = qualified_name(fwd), b = qualified_name(bwd);
-  BackwardPlan plan;
-  std::string found;
-  for (int32_t i = 0; i < fwd.num_args + fwd.num_outputs; ++i) {
-    const std::string_view name = i < fwd.num_args ? arg(i) : out(i - fwd.num_args);
-    if (const auto of = grad_of(name); !of.empty() && index_of(out, fwd.num_outputs, of) >= 0)
-      found += "\n  " + f + "'s " + (i < fwd.num_args ? "input '" : "output '") + std::string(name) +
-               "' is named like the gradient of its output '" + std::string(of) +
-               "'; rename it (the backward op could not tell the two apart)";
-  }
-  for (int32_t k = 0; k < bwd.num_args; ++k) {
-    const std::string_view name = bwd.args[k].name;
-    int32_t i;
-    const bool tensor = bwd.args[k].kind == OPFORGE_ARG_TENSOR;
-    if (const auto of = grad_of(name); !of.empty() && (i = index_of(out, fwd.num_outputs, of)) >= 0) {
-      plan.sources.emplace_back(BackwardPlan::Source::kGrad, i);
-      if (!tensor) found += "\n  input '" + std::string(name) + "' of " + b + " is " + schema_type(bwd.args[k].kind) + " but a gradient is a Tensor";
-    } else if ((i = index_of(arg, fwd.num_args, name)) >= 0) {
-      plan.sources.emplace_back(BackwardPlan::Source::kArg, i);
-      const OpforgeArgSpec &a = fwd.args[i], &c = bwd.args[k];
-      if (a.kind != c.kind || (is_optional(a) && !is_optional(c)))
-        found += "\n  input '" + std::string(name) + "' of " + b + " is " + schema_type(c.kind) +
-                 (is_optional(c) ? "?" : "") + " but " + f + "'s " + std::string(name) + " is " + schema_type(a.kind) +
-                 (is_optional(a) ? "?" : "");
-    } else if ((i = index_of(out, fwd.num_outputs, name)) >= 0) {
-      plan.sources.emplace_back(BackwardPlan::Source::kOutput, i);
-      if (!tensor) found += "\n  input '" + std::string(name) + "' of " + b + " is " + schema_type(bwd.args[k].kind) + " but " + f + "'s output " + std::string(name) + " is a Tensor";
-    } else {
-      found += "\n  input '" + std::string(name) + "' of " + b + " matches nothing of " + f + ": expected one of " + accepted;
-    }
-  }
-  for (int32_t k = 0; k < bwd.num_outputs; ++k) {
-    const std::string_view name = bwd.outputs[k].name;
-    const auto of = grad_of(name);
-    const int32_t i = of.empty() ? -1 : index_of(arg, fwd.num_args, of);
-    if (i >= 0 && fwd.args[i].kind == OPFORGE_ARG_TENSOR) {
-      plan.targets.push_back(i);
-    } else {
-      found += "\n  output '" + std::string(name) + "' of " + b + " is not the gradient of a tensor input of " + f +
-               ": expected one of " + differentiable;
-    }
-  }
-  if (found.empty()) return plan;
-  problems = f + " (" + fwd.file + ":" + std::to_string(fwd.line) + ") names " + b + " as its backward op, but:" + found;
-  return {};
-}
-
-std::string check_backward_ops(const OpforgeLibrary& lib) {
-  std::string problems;
-  for (int32_t k = 0; k < lib.num_ops; ++k) {
-    const OpforgeOpSpec& op = *lib.ops[k];
-    const char* name = backward_name(op);
-    if (name == nullptr) continue;
-    std::string these;
-    if (const OpforgeOpSpec* bwd = find_op(lib, name)) {
-      plan_backward(op, *bwd, these);
-    } else {
-      these = qualified_name(op) + " (" + op.file + ":" + std::to_string(op.line) + ") names " + name +
-              " as its backward op, which this library does not declare (declare both ops in one library)";
-    }
-    if (!these.empty()) problems += (problems.empty() ? "" : "\n") + these;
-  }
-  return problems;
-}
-
-std::string library_json(const OpforgeLibrary& lib) {
-  detail::StringBuilder os;
-  os << "{\"abi_version\": " << lib.abi_version << ", \"ops\": [";
-  for (int32_t k = 0; k < lib.num_ops; ++k) {
-    const OpforgeOpSpec& op = *lib.ops[k];
-    os << (k ? ", " : "") << "{\"name\": " << json_string(qualified_name(op))
-       << ", \"schema\": " << json_string(qualified_schema(op)) << ", \"doc\": " << json_string(op.doc)
-       << ", \"file\": " << json_string(op.file) << ", \"line\": " << op.line;
-    if (op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) && op.equivalent)
-      os << ", \"equivalent\": " << json_string(op.equivalent);
-    if (const char* name = backward_name(op); name != nullptr) {
-      os << ", \"backward\": " << json_string(name);
-      std::string problems;
-      if (const OpforgeOpSpec* bwd = find_op(lib, name)) {
-        const BackwardPlan plan = plan_backward(op, *bwd, problems);
-        if (problems.empty()) {
-          os << ", \"backward_targets\": [";
-          for (size_t t = 0; t < plan.targets.size(); ++t) os << (t ? ", " : "") << plan.targets[t];
-          os << "]";
-        }
-      }
-    }
-    if (op.struct_size >= offsetof(OpforgeOpSpec, sharding) + sizeof(op.sharding))
-      os << ", \"sharding\": "
-         << (op.sharding == OPFORGE_SHARDING_POINTWISE ? "\"pointwise\""
-             : op.sharding == OPFORGE_SHARDING_ROWWISE ? "\"rowwise\""
-             : op.sharding == OPFORGE_SHARDING_DIMS &&
-                     op.struct_size >= offsetof(OpforgeOpSpec, sharding_dims) + sizeof(op.sharding_dims)
-                 ? "\"dims\""
-                 : "\"none\"");
-    if (op.sharding == OPFORGE_SHARDING_DIMS &&
-        op.struct_size >= offsetof(OpforgeOpSpec, sharding_dims) + sizeof(op.sharding_dims)) {
-      os << ", \"sharding_dims\": [";
-      for (int32_t d = 0, n = 0; d < 32; ++d)
-        if (op.sharding_dims >> d & 1u) os << (n++ ? ", " : "") << d;
-      os << "]";
-    }
-    os << ", \"args\": [";
-    for (int32_t i = 0; i < op.num_args; ++i) {
-      const OpforgeArgSpec& a = op.args[i];
-      os << (i ? ", " : "") << "{\"name\": " << json_string(a.name) << ", \"type\": " << json_string(schema_type(a.kind));
-      if (a.kind == OPFORGE_ARG_TENSOR) {
-        os << ", \"dtypes\": [";
-        bool first = true;
-        for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d) {
-          if (!((a.tensor.dtypes >> d) & 1u)) continue;
-          os << (first ? "" : ", ") << json_string(dtype_name(d));
-          first = false;
-        }
-        os << "], \"min_rank\": " << a.tensor.min_rank << ", \"max_rank\": " << a.tensor.max_rank
-           << ", \"strided\": " << (a.tensor.layout == OPFORGE_LAYOUT_STRIDED ? "true" : "false");
-        if (a.tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM) os << ", \"contiguous_last_dim\": true";
-        if (is_optional(a)) os << ", \"optional\": true";
-        if (a.tensor.dtype_like >= 0) os << ", \"same_dtype\": " << json_string(op.args[a.tensor.dtype_like].name);
-        if (a.tensor.shape_like >= 0)
-          os << ", \"same_shape\": " << json_string(op.args[a.tensor.shape_like].name);
-        if (a.tensor.num_dims > 0) {
-          os << ", \"shape\": [";
-          for (int32_t d = 0; d < a.tensor.num_dims; ++d)
-            os << (d ? ", " : "") << json_string(expr_string(op, a.tensor.dims[d]));
-          // The same rules as postfix nodes [op, arg, value] (OpforgeExprNode), for evaluation.
-          os << "], \"shape_nodes\": [";
-          for (int32_t d = 0; d < a.tensor.num_dims; ++d) {
-            const OpforgeExpr& e = a.tensor.dims[d];
-            os << (d ? ", " : "") << "[";
-            for (int32_t k = 0; k < e.num_nodes; ++k)
-              os << (k ? ", " : "") << "[" << e.nodes[k].op << ", " << e.nodes[k].arg << ", " << e.nodes[k].value << "]";
-            os << "]";
-          }
-          os << "]";
-        }
-      } else {
-        if (a.param.has_default) os << ", \"default\": " << json_string(format_value(a.param.default_value));
-        if (a.param.compile_time) os << ", \"compile_time\": true";
-        if (a.param.has_min) os << ", \"min\": " << format_double(a.param.min);
-        if (a.param.has_max) os << ", \"max\": " << format_double(a.param.max);
-        if (a.param.num_choices > 0) {
-          os << ", \"choices\": [";
-          for (int32_t c = 0; c < a.param.num_choices; ++c)  // integers as JSON numbers
-            os << (c ? ", " : "") << (a.kind == OPFORGE_ARG_INT ? std::string(a.param.choices[c]) : json_string(a.param.choices[c]));
-          os << "]";
-        }
-      }
-      os << "}";
-    }
-    os << "], \"outputs\": [";
-    for (int32_t i = 0; i < op.num_outputs; ++i) {
-      const OpforgeOutputSpec& o = op.outputs[i];
-      os << (i ? ", " : "") << "{\"name\": " << json_string(o.name);
-      if (o.shape_like >= 0) os << ", \"like\": " << json_string(op.args[o.shape_like].name);
-      os << ", \"dtype\": "
-         << json_string(o.dtype_like >= 0 ? std::string("like ") + op.args[o.dtype_like].name : dtype_name(o.dtype))
-         << "}";
-    }
-    os << "], \"devices\": [";
-    for (int32_t i = 0; i < op.num_kernels; ++i)
-      os << (i ? ", " : "") << (op.kernels[i].device_type == OPFORGE_DEVICE_CUDA ? "\"cuda\"" : "\"cpu\"");
-    os << "], \"runtime_kernels\": [";
-    bool first = true;
-    for (int32_t i = 0; i < op.num_kernels; ++i) {
-      const OpforgeKernel& k = op.kernels[i];
-      if (!has_runtime_source(k)) continue;
-      os << (first ? "" : ", ") << "{\"source\": " << json_string(k.source) << ", \"name\": " << json_string(k.name)
-         << "}";
-      first = false;
-    }
-    os << "]}";
-  }
-  os << "]";
-  if (lib.struct_size >= offsetof(OpforgeLibrary, kernel_dir) + sizeof(lib.kernel_dir) && lib.kernel_dir)
-    os << ", \"kernel_dir\": " << json_string(lib.kernel_dir);
-  os << "}";
-  return os.str();
-}
+uint32_t sharding_dims(const OpforgeOpSpec& op) { return sharding(op) == OPFORGE_SHARDING_DIMS ? op.sharding_dims : 0; }
 
 }  // namespace opforge::core

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "opforge/detail/names.h"
 #include "opforge/op.h"
 
 namespace opforge::detail {
@@ -26,6 +27,28 @@ struct OpDef::Storage {
 };
 
 namespace {
+
+/// Python's keywords (keyword.kwlist): torch.fx and Inductor turn an op's schema into a Python
+/// signature, where an argument so named fails (`lambda`) or is generated as invalid code (`from`).
+constexpr const char* kPythonKeywords[] = {
+    "False", "None",   "True",    "and",      "as",   "assert", "async",  "await",    "break",
+    "class", "continue", "def",   "del",      "elif", "else",   "except", "finally",  "for",
+    "from",  "global", "if",      "import",   "in",   "is",     "lambda", "nonlocal", "not",
+    "or",    "pass",   "raise",   "return",   "try",  "while",  "with",   "yield"};
+
+/// Why `name` cannot name an argument or output, or "" if it can.
+std::string reserved(const std::string& name, const std::vector<ArgDecl>& args) {
+  for (const char* k : kPythonKeywords)
+    if (name == k)
+      return "\"" + name + "\" is a Python keyword, which torch.compile and AOTInductor cannot take as an argument name; "
+             "rename it";
+  if (name == "self")
+    for (const auto& a : args)
+      if (a.name == "input")
+        return "\"self\" beside an argument named \"input\": torch's Python signatures call a \"self\" argument "
+               "\"input\", so the two collide under torch.compile; rename one";
+  return "";
+}
 
 bool is_identifier(const std::string& s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
@@ -53,7 +76,7 @@ class Resolver {
     for (size_t i = 0; i < def.args.size(); ++i) index_.emplace(def.args[i].name, static_cast<int32_t>(i));
   }
 
-  std::string where() const { return cat(def_.file, ":", def_.line, ": op ", def_.ns, "::", def_.name, ": "); }
+  std::string where() const { return declared_at(def_.file, def_.line, def_.ns + "::" + def_.name); }
   void error(const std::string& context, const std::string& msg) { errors_.push_back(where() + context + msg); }
 
   std::string inputs_list(bool tensors) const {
@@ -251,6 +274,7 @@ std::vector<std::string> OpDef::finalize() {
     const ArgDecl& a = args[i];
     const std::string ctx = (a.kind == OPFORGE_ARG_TENSOR ? "input '" : "param '") + a.name + "': ";
     if (!is_identifier(a.name)) r.error(ctx, "the name must be an identifier");
+    else if (const std::string why = reserved(a.name, args); !why.empty()) r.error(ctx, why);
     if (!seen.insert(a.name).second) r.error(ctx, "declared twice");
     if (a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional && first_tensor)
       r.error(ctx, "the first tensor input cannot be opforge::optional (it sets the outputs' device and the run-time "
@@ -351,6 +375,7 @@ std::vector<std::string> OpDef::finalize() {
   for (const auto& o : outputs) {
     const std::string ctx = "output '" + o.name + "': ";
     if (!is_identifier(o.name)) r.error(ctx, "the name must be an identifier");
+    else if (const std::string why = reserved(o.name, {}); !why.empty()) r.error(ctx, why);
     if (!seen.insert(o.name).second) r.error(ctx, "the name is already used by an argument or output");
     OpforgeOutputSpec spec{};
     spec.struct_size = sizeof(OpforgeOutputSpec);
@@ -429,8 +454,8 @@ const OpforgeLibrary* Registry::library() {
       const std::string qualified = d->ns + "::" + d->name;
       auto [it, fresh] = names.emplace(qualified, d.get());
       if (!fresh) {
-        errors_ += d->file + ":" + std::to_string(d->line) + ": op " + qualified + " is declared twice (first at " +
-                   it->second->file + ":" + std::to_string(it->second->line) + ")\n";
+        errors_ += declared_at(d->file, d->line, qualified) + "declared twice (first at " + it->second->file + ":" +
+                   std::to_string(it->second->line) + ")\n";
       }
       specs_.push_back(d->spec());
     }
@@ -440,7 +465,7 @@ const OpforgeLibrary* Registry::library() {
     lib_.ops = specs_.data();
     lib_.error = errors_.empty() ? nullptr : errors_.c_str();
     lib_.kernel_dir = kernel_dir().c_str();
-    lib_.reload = &rtc_reload;
+    lib_.reload = reload_;
     built_ = true;
   }
   return &lib_;

@@ -140,7 +140,7 @@ TEST(Description, RejectsUnknownNamesWithDeclarationSite) {
                               .release());
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0],
-            "ops/bad.cpp:42: op unit::bad_like: output 'y': like(): \"z\" names no tensor input (tensor inputs: x)");
+            "ops/bad.cpp:42: unit::bad_like: output 'y': like(): \"z\" names no tensor input (tensor inputs: x)");
 }
 
 TEST(Description, RejectsSameDtypeOfLaterInput) {
@@ -151,7 +151,7 @@ TEST(Description, RejectsSameDtypeOfLaterInput) {
                               .reference(ref2)
                               .release());
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0], "f.cpp:7: op unit::order: input 'a': same_dtype(\"b\") must name an earlier tensor input");
+  EXPECT_EQ(errors[0], "f.cpp:7: unit::order: input 'a': same_dtype(\"b\") must name an earlier tensor input");
 }
 
 TEST(Description, RejectsDefaultOutsideRange) {
@@ -162,14 +162,14 @@ TEST(Description, RejectsDefaultOutsideRange) {
                               .reference(ref_p)
                               .release());
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0], "f.cpp:3: op unit::range: param 'eps': the default -1 is outside the declared range [0, inf)");
+  EXPECT_EQ(errors[0], "f.cpp:3: unit::range: param 'eps': the default -1 is outside the declared range [0, inf)");
   EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "empty_range", "f.cpp", 4)
                           .input("x", opforge::floating)
                           .param<double>("eps", 1.0, opforge::in_range(5.0, 0.0))
                           .output("y", opforge::like("x"))
                           .reference(ref_p)
                           .release()),
-            (std::vector<std::string>{"f.cpp:4: op unit::empty_range: param 'eps': the declared range [5, 0] is empty"}));
+            (std::vector<std::string>{"f.cpp:4: unit::empty_range: param 'eps': the declared range [5, 0] is empty"}));
 }
 
 TEST(Description, RejectsDefaultOutsideChoices) {
@@ -180,7 +180,7 @@ TEST(Description, RejectsDefaultOutsideChoices) {
                               .reference(ref_s)
                               .release());
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0], "f.cpp:3: op unit::choice: param 'mode': the default \"slow\" is not one of the declared choices");
+  EXPECT_EQ(errors[0], "f.cpp:3: unit::choice: param 'mode': the default \"slow\" is not one of the declared choices");
 }
 
 TEST(Description, RejectsMissingReferenceDuplicateNamesAndFloatInShapeRule) {
@@ -190,10 +190,36 @@ TEST(Description, RejectsMissingReferenceDuplicateNamesAndFloatInShapeRule) {
                               .output("y", opforge::shape({opforge::int_param("x")}), opforge::dtype_of("x"))
                               .release());
   ASSERT_EQ(errors.size(), 3u);
-  EXPECT_EQ(errors[0], "f.cpp:9: op unit::many: no CPU reference: add .reference(fn)");
-  EXPECT_EQ(errors[1], "f.cpp:9: op unit::many: param 'x': declared twice");
+  EXPECT_EQ(errors[0], "f.cpp:9: unit::many: no CPU reference: add .reference(fn)");
+  EXPECT_EQ(errors[1], "f.cpp:9: unit::many: param 'x': declared twice");
   EXPECT_EQ(errors[2],
-            "f.cpp:9: op unit::many: output 'y': int_param(\"x\") names no int64_t parameter (parameters: x)");
+            "f.cpp:9: unit::many: output 'y': int_param(\"x\") names no int64_t parameter (parameters: x)");
+}
+
+TEST(Description, RejectsNamesTorchCompileCannotTake) {
+  // Python keywords break torch.fx's signatures (Inductor, AOTInductor); a "self" beside an
+  // "input" collides there, since torch's Python signatures call "self" "input".
+  auto errors = errors_of(opforge::detail::make_op("unit", "names", "f.cpp", 4)
+                              .input("self", opforge::floating)
+                              .input("input", opforge::floating)
+                              .param<double>("lambda", 1.0)
+                              .output("from", opforge::like("self"))
+                              .reference(+[](opforge::Tensor, opforge::Tensor, double, opforge::MutableTensor) {})
+                              .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:4: unit::names: input 'self': \"self\" beside an argument named \"input\": torch's "
+                        "Python signatures call a \"self\" argument \"input\", so the two collide under torch.compile; "
+                        "rename one",
+                        "f.cpp:4: unit::names: param 'lambda': \"lambda\" is a Python keyword, which torch.compile and "
+                        "AOTInductor cannot take as an argument name; rename it",
+                        "f.cpp:4: unit::names: output 'from': \"from\" is a Python keyword, which torch.compile and "
+                        "AOTInductor cannot take as an argument name; rename it"}));
+  auto alone = errors_of(opforge::detail::make_op("unit", "self_alone", "f.cpp", 5)
+                             .input("self", opforge::floating)
+                             .output("y", opforge::like("self"))
+                             .reference(+[](opforge::Tensor, opforge::MutableTensor) {})
+                             .release());
+  EXPECT_TRUE(alone.empty()) << alone.front();  // works everywhere, as torch's own ops show
 }
 
 TEST(Description, RejectsOpWithoutTensorInput) {
@@ -202,9 +228,9 @@ TEST(Description, RejectsOpWithoutTensorInput) {
                               .output("y", opforge::shape({opforge::int_param("n")}), opforge::kFloat32)
                               .release());
   ASSERT_EQ(errors.size(), 2u);
-  EXPECT_EQ(errors[0], "f.cpp:1: op unit::notensor: no CPU reference: add .reference(fn)");
+  EXPECT_EQ(errors[0], "f.cpp:1: unit::notensor: no CPU reference: add .reference(fn)");
   EXPECT_EQ(errors[1],
-            "f.cpp:1: op unit::notensor: an op takes at least one tensor .input() (it sets the device outputs are "
+            "f.cpp:1: unit::notensor: an op takes at least one tensor .input() (it sets the device outputs are "
             "allocated on)");
 }
 
@@ -222,18 +248,18 @@ TEST(Description, RuntimeKernelChecks) {
                               .launch(opforge::elementwise("nothing"))
                               .release());
   EXPECT_EQ(errors, (std::vector<std::string>{
-                        "f.cpp:2: op unit::rtc: more than one CUDA kernel (.cuda() or .cuda_source())",
-                        "f.cpp:2: op unit::rtc: param 'mode': run-time kernels take int64_t, double and bool "
+                        "f.cpp:2: unit::rtc: more than one CUDA kernel (.cuda() or .cuda_source())",
+                        "f.cpp:2: unit::rtc: param 'mode': run-time kernels take int64_t, double and bool "
                         "arguments; mark it opforge::compile_time",
-                        "f.cpp:2: op unit::rtc: cuda_source(\"k.cu\"): no launch rule: add "
+                        "f.cpp:2: unit::rtc: cuda_source(\"k.cu\"): no launch rule: add "
                         ".launch(opforge::elementwise(...)) or another",
-                        "f.cpp:2: op unit::rtc: cuda_source(\"k.cu\"): {z} names no parameter (use {T}, {T_<tensor>} "
+                        "f.cpp:2: unit::rtc: cuda_source(\"k.cu\"): {z} names no parameter (use {T}, {T_<tensor>} "
                         "or {<compile_time param>})",
-                        "f.cpp:2: op unit::rtc: cuda_source(\"k.cu\"): {T_w}: \"w\" names no tensor input (tensor "
+                        "f.cpp:2: unit::rtc: cuda_source(\"k.cu\"): {T_w}: \"w\" names no tensor input (tensor "
                         "inputs: x)",
-                        "f.cpp:2: op unit::rtc: cuda_source(\"../escape.cu\"): the file must be a relative path inside "
+                        "f.cpp:2: unit::rtc: cuda_source(\"../escape.cu\"): the file must be a relative path inside "
                         "the library's kernel folder",
-                        "f.cpp:2: op unit::rtc: cuda_source(\"../escape.cu\"): launch rule: \"nothing\" names no "
+                        "f.cpp:2: unit::rtc: cuda_source(\"../escape.cu\"): launch rule: \"nothing\" names no "
                         "tensor input or output (tensors: x, y)",
                     }));
 }
@@ -247,7 +273,7 @@ TEST(Description, CompileTimeNeedsARuntimeKernel) {
                               .reference(ref_k)
                               .release());
   EXPECT_EQ(errors, (std::vector<std::string>{
-                        "f.cpp:3: op unit::ct: compile_time parameters need a run-time kernel (.cuda_source())"}));
+                        "f.cpp:3: unit::ct: compile_time parameters need a run-time kernel (.cuda_source())"}));
 }
 
 TEST(Dtype, HalfConversionsRoundToNearestEven) {
@@ -293,7 +319,7 @@ TEST(Description, RowKernelBlocksAreWholeWarps) {
                               .cuda_source("k.cu", "k<{T}>")
                               .launch(opforge::rows("x", 100))
                               .release());
-  EXPECT_EQ(errors, (std::vector<std::string>{"f.cpp:4: op unit::rows: cuda_source(\"k.cu\"): threads per block of a "
+  EXPECT_EQ(errors, (std::vector<std::string>{"f.cpp:4: unit::rows: cuda_source(\"k.cu\"): threads per block of a "
                                               "row kernel must be a multiple of 32 (whole warps)"}));
   EXPECT_TRUE(errors_of(opforge::detail::make_op("unit", "rows_auto", "f.cpp", 5)
                             .input("x", opforge::floating)
@@ -315,7 +341,7 @@ TEST(Description, IntegerChoices) {
                               .reference(ref_int)
                               .release());
   EXPECT_EQ(errors, (std::vector<std::string>{
-                        "f.cpp:6: op unit::ints: param 'head_dim': the default 96 is not one of the declared choices"}));
+                        "f.cpp:6: unit::ints: param 'head_dim': the default 96 is not one of the declared choices"}));
 }
 
 // ---- optional tensor inputs ----------------------------------------------------------------
@@ -442,14 +468,14 @@ TEST(Optional, NothingMayReferToAnOptionalInput) {
   const std::string why =
       "\"mask\" is an opforge::optional input, which may be absent, so nothing else may refer to it";
   EXPECT_EQ(errors, (std::vector<std::string>{
-                        "f.cpp:8: op unit::refs: input 'w': same_dtype(): " + why,
-                        "f.cpp:8: op unit::refs: input 'w': same_shape(): " + why,
-                        "f.cpp:8: op unit::refs: input 'v': shape(): dim(): " + why,
-                        "f.cpp:8: op unit::refs: output 'y': like(): " + why,
-                        "f.cpp:8: op unit::refs: output 'z': dtype_of(): " + why,
-                        "f.cpp:8: op unit::refs: output 'z': dim(): " + why,
-                        "f.cpp:8: op unit::refs: cuda_source(\"k.cu\"): launch rule: " + why,
-                        "f.cpp:8: op unit::refs: cuda_source(\"k.cu\"): {T_mask}: " + why,
+                        "f.cpp:8: unit::refs: input 'w': same_dtype(): " + why,
+                        "f.cpp:8: unit::refs: input 'w': same_shape(): " + why,
+                        "f.cpp:8: unit::refs: input 'v': shape(): dim(): " + why,
+                        "f.cpp:8: unit::refs: output 'y': like(): " + why,
+                        "f.cpp:8: unit::refs: output 'z': dtype_of(): " + why,
+                        "f.cpp:8: unit::refs: output 'z': dim(): " + why,
+                        "f.cpp:8: unit::refs: cuda_source(\"k.cu\"): launch rule: " + why,
+                        "f.cpp:8: unit::refs: cuda_source(\"k.cu\"): {T_mask}: " + why,
                     }));
 }
 
@@ -466,11 +492,11 @@ TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {
                               .reference(ref_3_2p)
                               .release());
   EXPECT_EQ(errors, (std::vector<std::string>{
-                        "f.cpp:9: op unit::order: input 'mask': the first tensor input cannot be opforge::optional "
+                        "f.cpp:9: unit::order: input 'mask': the first tensor input cannot be opforge::optional "
                         "(it sets the outputs' device and the run-time kernels' {T})",
-                        "f.cpp:9: op unit::order: input 'x': follows the opforge::optional input 'mask', so it must "
+                        "f.cpp:9: unit::order: input 'x': follows the opforge::optional input 'mask', so it must "
                         "be optional too (torch schemas put arguments with defaults last)",
-                        "f.cpp:9: op unit::order: param 'eps': follows the opforge::optional input 'mask', so it "
+                        "f.cpp:9: unit::order: param 'eps': follows the opforge::optional input 'mask', so it "
                         "needs a default (torch schemas put arguments with defaults last)",
                     }));
 }
@@ -501,9 +527,9 @@ TEST(Optional, ARequiredArgumentAfterADefaultedParamIsAnError) {
                               .reference(ref_1_2p)
                               .release());
   EXPECT_EQ(errors, (std::vector<std::string>{
-                        "f.cpp:9: op unit::late: input 'w': follows the param 'a' with a default, so it must be "
+                        "f.cpp:9: unit::late: input 'w': follows the param 'a' with a default, so it must be "
                         "optional too (torch schemas put arguments with defaults last)",
-                        "f.cpp:9: op unit::late: param 'n': follows the param 'a' with a default, so it needs a "
+                        "f.cpp:9: unit::late: param 'n': follows the param 'a' with a default, so it needs a "
                         "default (torch schemas put arguments with defaults last)",
                     }));
 }
@@ -526,7 +552,7 @@ TEST(Description, ShardDimsAreRecordedAsABitmask) {
                           .reference(ref_xy)
                           .sharding(opforge::shard_dims({40}))
                           .release()),
-            (std::vector<std::string>{"f.cpp:8: op unit::bad_dims: shard_dims(): dim 40 is outside [0, 32)"}));
+            (std::vector<std::string>{"f.cpp:8: unit::bad_dims: shard_dims(): dim 40 is outside [0, 32)"}));
   EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "past_rank", "f.cpp", 9)
                           .input("x", opforge::floating, opforge::rank(2))
                           .output("y", opforge::like("x"))
@@ -534,5 +560,5 @@ TEST(Description, ShardDimsAreRecordedAsABitmask) {
                           .sharding(opforge::shard_dims({2}))
                           .release()),
             (std::vector<std::string>{
-                "f.cpp:9: op unit::past_rank: shard_dims(): dim 2 is not a dim of the first tensor input (rank 2)"}));
+                "f.cpp:9: unit::past_rank: shard_dims(): dim 2 is not a dim of the first tensor input (rank 2)"}));
 }

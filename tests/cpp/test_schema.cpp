@@ -13,6 +13,7 @@ void all_params(Tensor, int64_t, double, bool, std::string_view, std::span<const
                 MutableTensor) {}
 void two_outputs(Tensor, MutableTensor, MutableTensor) {}
 void one_param(Tensor, double, MutableTensor) {}
+void one_string(Tensor, std::string_view, MutableTensor) {}
 
 std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
   auto errors = def->finalize();
@@ -68,26 +69,6 @@ TEST(Schema, SeveralOutputsReturnATuple) {
   EXPECT_EQ(opforge::core::schema(*def->spec()), "split(Tensor x) -> (Tensor, Tensor)");
 }
 
-TEST(Schema, LibraryJsonDescribesOps) {
-  auto def = finalized(opforge::detail::make_op("ns", "req", "f.cpp", 5)
-                           .doc("say \"hi\"")
-                           .input("x", opforge::kFloat16 | opforge::kBFloat16, opforge::contiguous_last_dim)
-                           .param<double>("alpha", 0.5, opforge::at_least(0))
-                           .output("y", opforge::like("x"))
-                           .reference(one_param)
-                           .release());
-  const OpforgeOpSpec* ops[] = {def->spec()};
-  OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, 1, ops, nullptr};
-  EXPECT_EQ(opforge::core::library_json(lib),
-            "{\"abi_version\": " + std::to_string(OPFORGE_ABI_VERSION) + ", \"ops\": [{\"name\": \"ns::req\", \"schema\": \"ns::req(Tensor x, float alpha=0.5) -> "
-            "Tensor\", \"doc\": \"say \\\"hi\\\"\", \"file\": \"f.cpp\", \"line\": 5, \"sharding\": \"none\", "
-            "\"args\": [{\"name\": \"x\", "
-            "\"type\": \"Tensor\", \"dtypes\": [\"float16\", \"bfloat16\"], \"min_rank\": -1, \"max_rank\": -1, "
-            "\"strided\": false, \"contiguous_last_dim\": true}, {\"name\": \"alpha\", \"type\": \"float\", \"default\": \"0.5\", \"min\": 0.0}], "
-            "\"outputs\": [{\"name\": \"y\", \"like\": \"x\", \"dtype\": \"like x\"}], \"devices\": [\"cpu\"], "
-            "\"runtime_kernels\": []}]}");
-}
-
 void two_inputs(Tensor, Tensor, MutableTensor) {}
 
 TEST(Schema, OptionalTensorDefaultsToNone) {
@@ -98,17 +79,16 @@ TEST(Schema, OptionalTensorDefaultsToNone) {
                            .reference(two_inputs)
                            .release());
   EXPECT_EQ(opforge::core::schema(*def->spec()), "masked(Tensor x, Tensor? mask=None) -> Tensor");
-  const OpforgeOpSpec* ops[] = {def->spec()};
-  OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, 1, ops, nullptr};
-  const std::string json = opforge::core::library_json(lib);
-  EXPECT_NE(json.find("{\"name\": \"x\", \"type\": \"Tensor\", \"dtypes\": [\"float32\", \"float64\", \"float16\", "
-                      "\"bfloat16\"], \"min_rank\": -1, \"max_rank\": -1, \"strided\": false}"),
-            std::string::npos)
-      << json;
-  EXPECT_NE(json.find("{\"name\": \"mask\", \"type\": \"Tensor\", \"dtypes\": [\"bool\"], \"min_rank\": 2, "
-                      "\"max_rank\": 2, \"strided\": false, \"optional\": true}"),
-            std::string::npos)
-      << json;
+}
+
+TEST(Schema, StringDefaultsAreEscapedAsTorchsParserReadsThem) {
+  auto def = finalized(opforge::detail::make_op("ns", "s", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<std::string>("tag", "it's \\ \"q\"\n\t\x01")
+                           .output("y", opforge::like("x"))
+                           .reference(one_string)
+                           .release());
+  EXPECT_EQ(opforge::core::schema(*def->spec()), "s(Tensor x, str tag='it\\'s \\\\ \"q\"\\n\\t\\x01') -> Tensor");
 }
 
 }  // namespace

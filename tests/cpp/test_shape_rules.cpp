@@ -209,10 +209,6 @@ TEST(ShapeRules, MultipleOfAcceptsMultiplesOnly) {
         << cols;
   EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3, 12}), tensor(OPFORGE_DTYPE_FLOAT32, {12})}),
             (std::vector<std::string>{"x: expected shape [*, multiple of 8], got [3, 12]"}));
-  EXPECT_EQ(opforge::core::library_json(OpforgeLibrary{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, 1,
-                                                       std::vector<const OpforgeOpSpec*>{def->spec()}.data(), nullptr})
-                .find("\"shape\": [\"*\", \"multiple of 8\"]") != std::string::npos,
-            true);
 }
 
 TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
@@ -224,11 +220,11 @@ TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
                     .release()
                     ->finalize();
   ASSERT_EQ(errors.size(), 4u);
-  EXPECT_EQ(errors[0], "f.cpp:3: op ns::badvec: input 'x': shape(): opforge::multiple_of(0): expected a factor > 0");
-  EXPECT_EQ(errors[1], "f.cpp:3: op ns::badvec: input 'w': shape(): opforge::multiple_of(8) stands for a whole dim of an "
+  EXPECT_EQ(errors[0], "f.cpp:3: ns::badvec: input 'x': shape(): opforge::multiple_of(0): expected a factor > 0");
+  EXPECT_EQ(errors[1], "f.cpp:3: ns::badvec: input 'w': shape(): opforge::multiple_of(8) stands for a whole dim of an "
                        "input's shape({...}); it cannot be part of an expression");
-  EXPECT_EQ(errors[2], "f.cpp:3: op ns::badvec: output 'y': opforge::multiple_of is allowed only in an input's "
+  EXPECT_EQ(errors[2], "f.cpp:3: ns::badvec: output 'y': opforge::multiple_of is allowed only in an input's "
                        "shape({...})");
-  EXPECT_EQ(errors[3], "f.cpp:3: op ns::badvec: output 'y': opforge::any stands for a whole dim of an input's "
+  EXPECT_EQ(errors[3], "f.cpp:3: ns::badvec: output 'y': opforge::any stands for a whole dim of an input's "
                        "shape({...}); it cannot be part of an expression");  // was a null dereference
 }

@@ -161,7 +161,7 @@ def test_sharding_rules_under_two_processes():
 
 
 def test_strategies_from_the_description():
-    from opforge.distributed import strategies, whole_dims
+    from opforge.distributed import strategies
     from torch.distributed.tensor import Replicate, Shard
 
     class Like:
@@ -173,27 +173,20 @@ def test_strategies_from_the_description():
                      ([Shard(1)], [Shard(1), Replicate()]), ([Shard(2)], [Shard(2), Shard(0)])]
     rows = strategies("rowwise", 1, [Like(2), 0.5])
     assert rows == [([Replicate()], [Replicate(), None]), ([Shard(0)], [Shard(0), None])]
-    assert opforge.find_op("examples::softshrink")["sharding"] == "pointwise"  # from its launch rule
+    assert opforge.find_op("examples::softshrink").sharding == "pointwise"  # from its launch rule
     # A dim an input declares multiple_of(k) stays whole (its shards need not be multiples of k).
-    spec = {"args": [{"name": "x", "type": "Tensor", "shape_nodes": [[], [[10, -1, 4]]]},
-                     {"name": "w", "type": "Tensor", "shape_nodes": [[[1, 0, -1]]]}]}
-    assert whole_dims(spec) == {-1}
-    assert strategies("pointwise", 1, [Like(2), Like(1)], whole_dims(spec)) == [
+    assert strategies("pointwise", 1, [Like(2), Like(1)], frozenset({-1})) == [
         ([Replicate()], [Replicate(), Replicate()]), ([Shard(0)], [Shard(0), Replicate()])]
 
 
 def test_dims_strategies_follow_the_shape_rules():
-    from opforge.distributed import dims_strategies, follow_dims
+    from opforge.distributed import dims_strategies
     from torch.distributed.tensor import Replicate, Shard
 
     opforge.load_library(opforge.example_library("attention"))
-    spec = opforge.find_op("examples::attention")
-    assert spec["sharding"] == "dims" and spec["sharding_dims"] == [0, 1]
-    assert follow_dims(spec) == {0: {0: 0, 1: 1}, 1: {0: 0, 1: 1}, 2: {0: 0, 1: 1}, 4: {0: 0}}
-    # A rule written with a negative dim of a fixed-rank first input means the same dim.
-    negative = {**spec, "args": [dict(a) for a in spec["args"]]}
-    negative["args"][4]["shape_nodes"] = [[[1, 0, -4]], [[1, 1, 2]]]
-    assert follow_dims(negative)[4] == {0: 0}
+    op = opforge.find_op("examples::attention")
+    assert op.sharding == "dims" and op.sharding_dims == (0, 1)
+    assert [a.follows for a in op.tensors] == [{0: 0, 1: 1}, {0: 0, 1: 1}, {0: 0, 1: 1}, {0: 0}]
 
     class Like:
         ndim = 4
@@ -201,7 +194,7 @@ def test_dims_strategies_follow_the_shape_rules():
     q = Like()
     mask = type("Mask", (), {"ndim": 2})()
     # The mask passed by keyword lands after the positional args in DTensor's order.
-    got = dims_strategies(spec, 1, [q, q, q, 32, mask], [None, None, None, None, "mask"])
+    got = dims_strategies(op, 1, [q, q, q, 32, mask], [None, None, None, None, "mask"])
     assert got == [([Replicate()], [Replicate(), Replicate(), Replicate(), None, Replicate()]),
                    ([Shard(0)], [Shard(0), Shard(0), Shard(0), None, Shard(0)]),
                    ([Shard(1)], [Shard(1), Shard(1), Shard(1), None, Replicate()])]

@@ -37,7 +37,7 @@ def test_example_ops_pass(name):
     assert {("opcheck", "pass"), ("meta", "pass"), ("compile", "pass")} <= checks
     assert (("gradcheck", "pass") in checks) == (name == "examples::softshrink")  # the one op with a backward
     cases = {r.case for r in report.results if r.check == "values"}
-    first = next(a["name"] for a in opforge.find_op(name)["args"] if a["type"] == "Tensor")
+    first = opforge.find_op(name).tensors[0].name
     if report.device == "cpu":  # the reference is checked against the description's torch expression
         assert {"shape 33x255", "shape 33x257", f"permuted {first}", f"sliced {first}", f"offset {first}", "empty",
                 "nan/inf"} <= cases
@@ -155,7 +155,7 @@ def test_model_in_the_cpp_runner(tmp_path):
 def test_a_reference_beyond_float16_range_is_its_infinity():
     """torch computes 1e4 ** 2 in float16 as inf; verify's float64 reference must agree."""
     out = torch.tensor([float("inf"), 65024.0, -float("inf")], dtype=torch.float16)
-    ok, _, _, why = verify._compare(out, torch.tensor([1e8, 65025.0, -7e4], dtype=torch.float64), "float16")
+    ok, _, _, why = verify.compare.compare(out, torch.tensor([1e8, 65025.0, -7e4], dtype=torch.float64), "float16")
     assert ok, why
-    ok, _, worst, why = verify._compare(out, torch.tensor([1e4, 65025.0, -7e4], dtype=torch.float64), "float16")
+    ok, _, worst, why = verify.compare.compare(out, torch.tensor([1e4, 65025.0, -7e4], dtype=torch.float64), "float16")
     assert not ok and worst == float("inf") and "first at [0]: inf, expected 10000.0" in why

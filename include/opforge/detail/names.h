@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "opforge/c_api.h"
 
@@ -13,5 +14,16 @@ inline const char* dtype_name(int32_t d) {
                                        "int16",   "int32",   "int64",   "uint8",    "bool"};
   return (d >= 0 && d < OPFORGE_NUM_DTYPES) ? kNames[d] : "unknown";
 }
+
+namespace detail {
+
+/// The prefix of every declaration error, "file:line: ns::op: " (the form editors and compilers
+/// make clickable). Op libraries (OpDef::finalize) and the core (load checks) both build their
+/// messages with it, so the shape is defined once.
+inline std::string declared_at(const std::string& file, int32_t line, const std::string& qualified_name) {
+  return file + ":" + std::to_string(line) + ": " + qualified_name + ": ";
+}
+
+}  // namespace detail
 
 }  // namespace opforge

@@ -100,13 +100,13 @@ struct RuntimeKernel {
   int32_t rule_tensor = -1;      // argument index, or num_args + output index
 };
 
-/// Kernel entry and ahead-of-time compile entry of run-time kernels (src/oplib/rtc.cpp).
+/// Kernel entry and ahead-of-time compile entry of run-time kernels on CUDA (src/oplib/rtc_cuda.cpp).
 int32_t rtc_launch(const OpforgeCallFrame* frame, const void* user);
 int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user);
 /// Forgets every compiled run-time kernel of this library (OpforgeLibrary::reload).
 void rtc_reload();
 /// The folder this library's run-time kernel sources are read from: beside the shared object,
-/// `lib<name>.kernels/` (absolute; empty if it cannot be determined).
+/// `lib<name>.kernels/` (absolute; empty if it cannot be determined). src/oplib/runtime_kernel.cpp.
 const std::string& kernel_dir();
 
 /// Everything one OPFORGE_OP declaration says, plus the C ABI view built from it.
@@ -138,8 +138,12 @@ class OPFORGE_HIDDEN Registry {
  public:
   void add(std::unique_ptr<OpDef> def);
   const OpforgeLibrary* library();
+  /// The library's OpforgeLibrary::reload, set by the first run-time kernel declared (so a
+  /// library without one never references the run-time compiler).
+  void set_reload(void (*reload)()) { reload_ = reload; }
 
  private:
+  void (*reload_)() = nullptr;
   std::vector<std::unique_ptr<OpDef>> defs_;
   std::vector<const OpforgeOpSpec*> specs_;
   std::string errors_;

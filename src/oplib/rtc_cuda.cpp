@@ -1,5 +1,6 @@
-// Run-time CUDA kernels: NVRTC compilation, the on-disk cache, module loading and launch.
-// Compiled into every op library (see Note [Run-time kernels] in opforge/op.h).
+// Run-time kernels on CUDA: NVRTC compilation, module loading and launch through the driver
+// API. The backend-neutral half (cache, names, geometry, argument order) is runtime_kernel.cpp.
+// Linked into an op library only when it declares a .cuda_source() kernel.
 //
 // NVRTC is opened with dlopen and the driver API is reached through the CUDA runtime's
 // cudaGetDriverEntryPointByVersion, so an op library loads on machines without a GPU driver or
@@ -7,86 +8,21 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
-#include <errno.h>
 #include <nvrtc.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <climits>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
-#include "opforge/op.h"
+#include "runtime_kernel.h"
 
 namespace opforge::detail {
 namespace {
 
-// ---- files ----------------------------------------------------------------------------------
-
-bool read_file(const std::string& path, std::string& out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;
-  out.clear();
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  const bool ok = !std::ferror(f);
-  std::fclose(f);
-  return ok;
-}
-
-bool make_dirs(const std::string& dir) {
-  std::string partial;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
-      partial = dir.substr(0, i);
-      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) return false;
-    }
-  }
-  return true;
-}
-
-bool is_file(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string real_path(const std::string& path) {
-  char buf[PATH_MAX];
-  return ::realpath(path.c_str(), buf) ? std::string(buf) : path;
-}
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
-
-/// 64-bit FNV-1a (Fowler, Noll, Vo; http://www.isthe.com/chongo/tech/comp/fnv/): names cache
-/// entries and checks their contents. Entries also store their full key, which is compared
-/// on load, so a hash collision can cost a recompile but never a wrong kernel.
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-std::string hex(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+using rtc::env;
 
 // ---- NVRTC and the driver API ---------------------------------------------------------------
 
@@ -211,7 +147,7 @@ const std::string& cuda_include_dir() {
       if (!env(var).empty()) roots.push_back(env(var));
     roots.push_back("/usr/local/cuda");
     for (const auto& r : roots)
-      if (is_file(r + "/include/cuda_fp16.h")) return r + "/include";
+      if (rtc::is_file(r + "/include/cuda_fp16.h")) return r + "/include";
     return std::string();
   }();
   if (dir.empty())
@@ -219,138 +155,15 @@ const std::string& cuda_include_dir() {
   return dir;
 }
 
-// ---- names ----------------------------------------------------------------------------------
-
 const char* cuda_type(int32_t dtype) {
   static const char* const kTypes[] = {"float", "double",    "__half", "__nv_bfloat16", "signed char",
                                        "short", "int",       "long long", "unsigned char", "bool"};
   return (dtype >= 0 && dtype < OPFORGE_NUM_DTYPES) ? kTypes[dtype] : "void";
 }
 
-/// The kernel's name expression for one instantiation: placeholders replaced by CUDA types
-/// and compile-time parameter values.
-std::string instantiate(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
-                        const std::vector<int32_t>& out_dtypes, const OpforgeValue* values) {
-  const OpDef& def = *rk.def;
-  auto tensor_dtype = [&](const std::string& name) -> int32_t {
-    for (size_t i = 0; i < def.args.size(); ++i)
-      if (def.args[i].name == name) return arg_dtypes[i];
-    for (size_t o = 0; o < def.outputs.size(); ++o)
-      if (def.outputs[o].name == name) return out_dtypes[o];
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < rk.name.size(); ++i) {
-    if (rk.name[i] != '{') {
-      out += rk.name[i];
-      continue;
-    }
-    const size_t end = rk.name.find('}', i);
-    const std::string key = rk.name.substr(i + 1, end - i - 1);
-    i = end;
-    if (key == "T") {
-      for (size_t a = 0; a < def.args.size(); ++a)
-        if (def.args[a].kind == OPFORGE_ARG_TENSOR) {
-          out += cuda_type(arg_dtypes[a]);
-          break;
-        }
-    } else if (key.rfind("T_", 0) == 0) {
-      out += cuda_type(tensor_dtype(key.substr(2)));
-    } else {
-      for (size_t a = 0; a < def.args.size(); ++a) {
-        if (def.args[a].name != key || def.args[a].kind == OPFORGE_ARG_TENSOR) continue;
-        const OpforgeValue& v = values[a];
-        if (def.args[a].kind == OPFORGE_ARG_BOOL) out += v.i ? "true" : "false";
-        else if (def.args[a].kind == OPFORGE_ARG_STRING) out.append(v.s, v.len);
-        else out += std::to_string(v.i);
-      }
-    }
-  }
-  return out;
-}
+// ---- compilation ----------------------------------------------------------------------------
 
-int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg_dtypes) {
-  return o.dtype_like >= 0 ? arg_dtypes[o.dtype_like] : o.dtype;
-}
-
-// ---- compilation and the cache --------------------------------------------------------------
-
-struct Binary {
-  std::string lowered_name;
-  std::string image;  // CUBIN (or PTX when the architecture is newer than NVRTC knows)
-};
-
-std::string user_cache_dir() {
-  if (!env("OPFORGE_CACHE_DIR").empty()) return env("OPFORGE_CACHE_DIR") + "/kernels";
-  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/opforge/kernels";
-  return env("HOME") + "/.cache/opforge/kernels";
-}
-
-constexpr char kMagic[8] = {'O', 'P', 'F', 'G', 'R', 'T', 'C', '1'};
-
-void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
-bool get_u64(const std::string& s, size_t& pos, uint64_t& v) {
-  if (pos + 8 > s.size()) return false;
-  std::memcpy(&v, s.data() + pos, 8);
-  pos += 8;
-  return true;
-}
-bool get_str(const std::string& s, size_t& pos, std::string& out) {
-  uint64_t n;
-  if (!get_u64(s, pos, n) || n > s.size() - pos) return false;
-  out.assign(s, pos, n);
-  pos += n;
-  return true;
-}
-
-/// Reads a cache entry; false if missing, truncated, corrupted, or made for another key.
-bool read_entry(const std::string& path, const std::string& key, Binary& out) {
-  std::string data;
-  if (!read_file(path, data) || data.size() < 8 || std::memcmp(data.data(), kMagic, 8) != 0) return false;
-  size_t pos = 8;
-  std::string stored_key;
-  uint64_t checksum;
-  if (!get_str(data, pos, stored_key) || stored_key != key) return false;
-  if (!get_str(data, pos, out.lowered_name) || !get_u64(data, pos, checksum) || !get_str(data, pos, out.image))
-    return false;
-  return pos == data.size() && fnv1a(out.image) == checksum && !out.image.empty();
-}
-
-std::atomic<bool> g_warned_unwritable{false};
-
-/// Writes a cache entry atomically (a temporary file renamed into place), so concurrent
-/// writers and readers never see a partial entry. Returns false (and warns once) if the
-/// folder cannot be written: the kernel then lives in memory only.
-bool write_entry(const std::string& dir, const std::string& file, const std::string& key, const Binary& b) {
-  std::string data(kMagic, 8);
-  put_u64(data, key.size());
-  data += key;
-  put_u64(data, b.lowered_name.size());
-  data += b.lowered_name;
-  put_u64(data, fnv1a(b.image));
-  put_u64(data, b.image.size());
-  data += b.image;
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = dir + "/." + file + "." + std::to_string(::getpid()) + "." +
-                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id())) + "." +
-                          std::to_string(counter++);
-  std::string why;
-  FILE* f = make_dirs(dir) ? std::fopen(tmp.c_str(), "wb") : nullptr;
-  if (f == nullptr) {
-    why = std::strerror(errno);
-  } else {
-    const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-    const int saved = errno;
-    if (std::fclose(f) != 0 || !ok) why = std::strerror(ok ? errno : saved);
-    else if (std::rename(tmp.c_str(), (dir + "/" + file).c_str()) != 0) why = std::strerror(errno);
-    if (!why.empty()) std::remove(tmp.c_str());
-  }
-  if (why.empty()) return true;
-  if (!g_warned_unwritable.exchange(true))
-    std::fprintf(stderr, "opforge: warning: cannot write the kernel cache %s (%s); compiled kernels are kept in memory only\n",
-                 dir.c_str(), why.c_str());
-  return false;
-}
+using rtc::Binary;
 
 /// Compiles `name` from `source` with NVRTC for `arch` ("sm_90"). Compile errors name the
 /// source file and line (NVRTC's "file(line): error: ..." log).
@@ -438,15 +251,14 @@ struct Job {
 Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string& arch) {
   Job j;
   j.path = kernel_dir() + "/" + rk.file;
-  if (!read_file(j.path, j.source)) {
-    throw InvalidArgument(rk.def->ns + "::" + rk.def->name + ": the run-time kernel source " + j.path +
-                          " cannot be read (it ships beside the op library, in " + kernel_dir() + ")");
-  }
-  j.display_path = real_path(j.path);
+  if (!rtc::read_file(j.path, j.source))
+    throw InternalError("the run-time kernel source " + j.path + " cannot be read (it ships beside the op library, in " +
+                        kernel_dir() + ")");
+  j.display_path = rtc::real_path(j.path);
   j.name = name;
   j.arch = with_arch_features(arch);
   std::string header;
-  read_file(kernel_dir() + "/opforge/kernel.cuh", header);
+  rtc::read_file(kernel_dir() + "/opforge/kernel.cuh", header);
   j.options = {"--std=c++17", "-arch=" + j.arch, "-lineinfo", "-I" + kernel_dir(), "-I" + cuda_include_dir(),
                "-I" + cuda_include_dir() + "/cccl", "-DOPFORGE_RTC=1"};
   j.key = "opforge-rtc-v1\nnvrtc " + nvrtc().version_text + "\narch " + j.arch + "\nname " + name + "\noptions";
@@ -456,25 +268,14 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
   return j;
 }
 
-/// The binary of `job`: from the shipped cache (the kernel folder's cache/), the user cache or
-/// `write_dir`, else compiled now and stored in `write_dir`; `hit` says whether it was cached.
-/// With `store_in_write_dir` (precompile: packages must carry their binaries), one found
-/// elsewhere is also stored in `write_dir`.
+/// The binary of `job` from a cache (rtc::find_cached), else compiled now and stored in
+/// `write_dir`; `hit` says whether it was cached.
 Binary binary_for(const Job& job, const std::string& write_dir, bool& hit, bool store_in_write_dir = false) {
-  const std::string file = hex(fnv1a(job.key)) + ".bin";
   Binary b;
-  hit = true;
-  for (const auto& dir : {kernel_dir() + "/cache", user_cache_dir(), write_dir}) {
-    if (read_entry(dir + "/" + file, job.key, b)) {
-      Binary stored;
-      if (store_in_write_dir && dir != write_dir && !read_entry(write_dir + "/" + file, job.key, stored))
-        write_entry(write_dir, file, job.key, b);
-      return b;
-    }
-  }
-  hit = false;
+  hit = rtc::find_cached(job.key, write_dir, store_in_write_dir, b);
+  if (hit) return b;
   b = compile(job.display_path, job.source, job.name, job.arch, job.options);
-  write_entry(write_dir, file, job.key, b);
+  rtc::store(write_dir, job.key, b);
   return b;
 }
 
@@ -492,7 +293,7 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   auto it = functions().find(key);
   if (it != functions().end()) return it->second;
   bool hit = false;
-  const Binary b = binary_for(make_job(rk, name, device_target(device)), user_cache_dir(), hit);
+  const Binary b = binary_for(make_job(rk, name, device_target(device)), rtc::user_cache_dir(), hit);
   // Loaded into the device's primary context (current: the adapter's device guard and
   // bind_primary_context made it so).
   // Modules are never unloaded: after reload() work already queued may still use them.
@@ -518,126 +319,31 @@ void bind_primary_context(int device) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
-int64_t numel(const OpforgeTensor& t) {
-  int64_t n = 1;
-  for (int32_t d = 0; d < t.ndim; ++d) n *= t.sizes[d];
-  return n;
-}
-
 void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   const OpDef& def = *rk.def;
-  const int32_t num_args = f->num_args;
-  std::vector<int32_t> arg_dtypes(num_args, -1), out_dtypes(f->num_outputs);
-  std::vector<OpforgeValue> values(num_args);
-  for (int32_t i = 0; i < num_args; ++i) {
+  const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
+  if (!cfg) return;
+  std::vector<int32_t> arg_dtypes(f->num_args, -1), out_dtypes(f->num_outputs);
+  std::vector<OpforgeValue> values(f->num_args);
+  for (int32_t i = 0; i < f->num_args; ++i) {
     if (def.args[i].kind == OPFORGE_ARG_TENSOR) arg_dtypes[i] = f->args[i].tensor.dtype;
     values[i] = f->args[i].value;
   }
   for (int32_t o = 0; o < f->num_outputs; ++o) out_dtypes[o] = f->outputs[o].dtype;
-  const std::string name = instantiate(rk, arg_dtypes, out_dtypes, values.data());
-
-  // Grid, block and the rule's scalar arguments.
-  const OpforgeTensor* rule_tensor = nullptr;
-  if (rk.rule_tensor >= 0)
-    rule_tensor = rk.rule_tensor < num_args ? &f->args[rk.rule_tensor].tensor : &f->outputs[rk.rule_tensor - num_args];
-  LaunchConfig cfg;
-  switch (rk.rule.kind) {
-    case LaunchRule::kElementwise: {
-      const int64_t n = numel(*rule_tensor);
-      if (n == 0) return;
-      const int64_t items = rk.rule.bytes_per_thread > 0
-                                ? std::max<int64_t>(1, rk.rule.bytes_per_thread / dtype_size(static_cast<Dtype>(rule_tensor->dtype)))
-                                : rk.rule.items_per_thread;
-      const int64_t per_block = int64_t{rk.rule.threads} * items;
-      const int64_t blocks = (n + per_block - 1) / per_block;
-      OPFORGE_CHECK(blocks <= INT32_MAX, def.ns, "::", def.name, ": ", n, " elements exceed one launch's grid");
-      cfg.grid[0] = static_cast<unsigned>(blocks);
-      cfg.block[0] = static_cast<unsigned>(rk.rule.threads);
-      cfg.args = {n};
-      break;
-    }
-    case LaunchRule::kRows: {
-      const int64_t n = numel(*rule_tensor);
-      const int64_t cols = rule_tensor->ndim > 0 ? rule_tensor->sizes[rule_tensor->ndim - 1] : 1;
-      const int64_t rows = cols > 0 ? n / cols : 0;
-      if (rows == 0) return;
-      OPFORGE_CHECK(rows <= INT32_MAX, def.ns, "::", def.name, ": ", rows, " rows exceed one launch's grid");
-      cfg.grid[0] = static_cast<unsigned>(rows);
-      int64_t threads = rk.rule.threads;
-      if (threads <= 0) {  // auto: whole warps, at most kRowVectorsPerThread 16-byte vectors of the row each
-        constexpr int64_t kRowVectorsPerThread = 4;  // opforge::kernel::RowRegisters' default (kernel.cuh)
-        const int64_t vectors = (cols * dtype_size(static_cast<Dtype>(rule_tensor->dtype)) + 15) / 16;
-        const int64_t per_warp = kRowVectorsPerThread * 32;
-        threads = std::clamp<int64_t>((vectors + per_warp - 1) / per_warp * 32, 32, 1024);
-      }
-      cfg.block[0] = static_cast<unsigned>(threads);
-      cfg.args = {rows, cols};
-      break;
-    }
-    case LaunchRule::kGrid:
-      cfg = rk.rule.grid_entry(f, rk.rule.grid_fn);
-      if (int64_t{cfg.grid[0]} * cfg.grid[1] * cfg.grid[2] == 0) return;
-      break;
-    case LaunchRule::kNone: throw InternalError("run-time kernel without a launch rule");
-  }
-
-  // Kernel arguments: tensor pointers (inputs, then outputs; an absent optional input's is
-  // null), the rule's int64 values, then the parameters that are not compile-time, each with
-  // its declared C type.
-  std::vector<void*> pointers;
-  std::vector<int64_t> ints(cfg.args);
-  std::vector<double> floats;
-  std::vector<unsigned char> bools;
-  pointers.reserve(num_args + f->num_outputs);
-  ints.reserve(ints.size() + num_args);
-  floats.reserve(num_args);
-  bools.reserve(num_args);
-  std::vector<void*> params;
-  for (int32_t i = 0; i < num_args; ++i)
-    if (def.args[i].kind == OPFORGE_ARG_TENSOR) pointers.push_back(f->args[i].tensor.data);
-  for (int32_t o = 0; o < f->num_outputs; ++o) pointers.push_back(f->outputs[o].data);
-  for (auto& p : pointers) params.push_back(&p);
-  for (auto& v : ints) params.push_back(&v);
-  for (int32_t i = 0; i < num_args; ++i) {
-    const ArgDecl& a = def.args[i];
-    if (a.kind == OPFORGE_ARG_TENSOR || a.param.compile_time) continue;
-    if (a.kind == OPFORGE_ARG_FLOAT) {
-      floats.push_back(values[i].f);
-      params.push_back(&floats.back());
-    } else if (a.kind == OPFORGE_ARG_BOOL) {
-      bools.push_back(values[i].i != 0);
-      params.push_back(&bools.back());
-    } else {
-      ints.push_back(values[i].i);
-      params.push_back(&ints.back());
-    }
-  }
+  const std::string name = rtc::instantiate(rk, arg_dtypes, out_dtypes, values.data(), cuda_type);
+  rtc::KernelArguments args(rk, f, *cfg);
 
   bind_primary_context(f->ctx->device_index);
   CUfunction fn = function_for(rk, name, f->ctx->device_index);
-  if (cfg.shared_bytes > 48 * 1024 && driver().set_attribute)
-    check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(cfg.shared_bytes)),
+  if (cfg->shared_bytes > 48 * 1024 && driver().set_attribute)
+    check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(cfg->shared_bytes)),
              "cuFuncSetAttribute");
-  check_cu(driver().launch(fn, cfg.grid[0], cfg.grid[1], cfg.grid[2], cfg.block[0], cfg.block[1], cfg.block[2],
-                           cfg.shared_bytes, static_cast<CUstream>(f->ctx->stream), params.data(), nullptr),
+  check_cu(driver().launch(fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
+                           cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr),
            ("cuLaunchKernel(" + name + ")").c_str());
 }
 
 }  // namespace
-
-const std::string& kernel_dir() {
-  static const std::string dir = [] {
-    Dl_info info{};
-    if (::dladdr(reinterpret_cast<void*>(&rtc_reload), &info) == 0 || info.dli_fname == nullptr) return std::string();
-    std::string path = real_path(info.dli_fname);
-    const size_t slash = path.rfind('/');
-    std::string base = path.substr(slash + 1);
-    const size_t so = base.find(".so");
-    if (so != std::string::npos) base = base.substr(0, so);
-    return path.substr(0, slash) + "/" + base + ".kernels";
-  }();
-  return dir;
-}
 
 int32_t rtc_launch(const OpforgeCallFrame* frame, const void* user) {
   return guarded(frame, [&] { launch(*static_cast<const RuntimeKernel*>(user), frame); });
@@ -651,11 +357,11 @@ int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user) {
     const auto& rk = *static_cast<const RuntimeKernel*>(user);
     const OpforgeOpSpec& spec = *rk.def->spec();
     std::vector<int32_t> arg_dtypes(request->dtypes, request->dtypes + spec.num_args), out_dtypes;
-    for (int32_t o = 0; o < spec.num_outputs; ++o) out_dtypes.push_back(output_dtype(spec.outputs[o], arg_dtypes));
-    const std::string name = instantiate(rk, arg_dtypes, out_dtypes, request->values);
+    for (int32_t o = 0; o < spec.num_outputs; ++o) out_dtypes.push_back(rtc::output_dtype(spec.outputs[o], arg_dtypes));
+    const std::string name = rtc::instantiate(rk, arg_dtypes, out_dtypes, request->values, cuda_type);
     std::lock_guard<std::mutex> lock(g_mutex);
     bool hit = false;
-    binary_for(make_job(rk, name, request->arch), request->cache_dir ? request->cache_dir : user_cache_dir(), hit,
+    binary_for(make_job(rk, name, request->arch), request->cache_dir ? request->cache_dir : rtc::user_cache_dir(), hit,
                /*store_in_write_dir=*/true);
     request->cache_hit = hit;
   });

@@ -1,0 +1,133 @@
+"""libopforge_core through ctypes: loading op libraries, precompile, and the rules the core
+evaluates for Python (example input sizes, output shapes). No torch here: any framework's
+Python side uses this module.
+
+Every entry point returns an OpforgeStatus and a JSON text (include/opforge/core.h); a failure's
+JSON names its kind, which :func:`call` raises as :class:`ValueError` ("invalid_argument", the
+caller's fault) or :class:`OpforgeError` ("internal": a library that cannot be loaded, a kernel
+that does not compile or whose source is missing).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import threading
+from pathlib import Path
+
+from ._paths import core_path
+from .description import Library, library_from_json
+
+
+class OpforgeError(RuntimeError):
+    """opforge could not do what was asked for reasons other than the arguments: an op library
+    that cannot be opened or loaded, a kernel that fails to compile, a missing kernel source, a
+    missing build artifact."""
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_ERRORS = {"invalid_argument": ValueError, "internal": OpforgeError}
+
+
+def _core() -> ctypes.CDLL:
+    global _lib
+    with _lock:
+        if _lib is None:
+            path = core_path()
+            if not path.exists():
+                raise OpforgeError(f"opforge: {path} is not built; run `make build`")
+            lib = ctypes.CDLL(str(path))
+            for name in ("load_library", "precompile", "example_shapes", "output_shapes"):
+                fn = getattr(lib, f"opforge_core_{name}")
+                fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+                fn.restype = ctypes.c_int
+            lib.opforge_core_free.argtypes = [ctypes.c_void_p]
+            lib.opforge_core_reload.argtypes = []
+            lib.opforge_core_set_poison_outputs.argtypes = [ctypes.c_int]
+            _lib = lib
+        return _lib
+
+
+def call(fn, argument: str, lib: ctypes.CDLL | None = None) -> dict:
+    """Calls a C entry point of opforge/core.h's shape (``status fn(const char*, char** out)``),
+    here or in an adapter library ``lib``, and returns its JSON response.
+
+    Raises:
+        ValueError, OpforgeError: as the error JSON says.
+    """
+    out = ctypes.c_void_p()
+    status = fn(argument.encode(), ctypes.byref(out))
+    try:
+        text = ctypes.string_at(out.value).decode() if out.value else "{}"
+    finally:
+        _core().opforge_core_free(out)
+    response = json.loads(text)
+    if status != 0:
+        raise _ERRORS.get(response.get("status"), OpforgeError)(response.get("message", "unknown error"))
+    return response
+
+
+def load_library(path: str | Path) -> Library:
+    """Load and validate the op library at ``path`` (no framework registration; see
+    :func:`opforge.load_library` for PyTorch). Loading it again returns an equal description.
+
+    Raises:
+        ValueError: not a valid op library (every problem on its own line, "file:line: ns::op: ...").
+        OpforgeError: the file cannot be opened or loaded.
+    """
+    resolved = Path(path).resolve()
+    return library_from_json(resolved, call(_core().opforge_core_load_library, str(resolved)))
+
+
+def _jsonable(value):
+    """``value`` with the floats JSON cannot hold (inf, nan) as the strings the core reads."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _request(name: str, request: dict) -> dict:
+    return call(getattr(_core(), f"opforge_core_{name}"), json.dumps(_jsonable(request), allow_nan=False))
+
+
+def precompile_request(op: str, dtypes: dict[str, str], params: dict[str, object], arch: str,
+                       cache_dir: str | None) -> bool:
+    """Compile one instantiation of ``op``'s run-time kernels (dtypes by tensor name as dtype
+    names); True if every binary was already cached. See :func:`opforge.precompile`."""
+    return _request("precompile", {"op": op, "dtypes": dtypes, "params": params, "arch": arch,
+                                   "cache_dir": cache_dir})["cache_hit"]
+
+
+def example_shapes(op: str, lead: int, last: int, params: dict[str, object]) -> dict[str, list[int]]:
+    """Input shapes that satisfy ``op``'s rules, from two free sizes (``opforge::core::example_shapes``:
+    ``lead`` for first dims, ``last`` for last dims, multiples where a dim is declared
+    ``multiple_of``), by tensor name."""
+    return _request("example_shapes", {"op": op, "lead": lead, "last": last, "params": params})["shapes"]
+
+
+def output_shapes(op: str, args: dict[str, object]) -> list[dict]:
+    """The outputs' names, dtypes and shapes for a call, evaluated by the core from the op's
+    rules: ``args`` by name, a tensor as ``{"dtype": "float32", "shape": [2, 3], "device": "cpu"}``
+    (None for an optional one left out), a parameter as its value (left out: its default).
+
+    Raises:
+        ValueError: the call's own check fails (the same message a call raises).
+    """
+    return _request("output_shapes", {"op": op, "args": args})["outputs"]
+
+
+def reload() -> None:
+    """Forget every compiled run-time kernel of every loaded library (see :func:`opforge.reload`)."""
+    _core().opforge_core_reload()
+
+
+def set_poison_outputs(enabled: bool) -> None:
+    """Fill op outputs with NaN (integers: 123, bools: True) before each kernel runs, so that
+    elements a kernel never writes show up as mismatches. Used by :mod:`opforge.verify`."""
+    _core().opforge_core_set_poison_outputs(int(enabled))

@@ -1,0 +1,142 @@
+"""Loading op libraries into PyTorch through the torch adapter (libopforge_torch.so)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import _core
+from ._core import OpforgeError
+from ._paths import adapter_path
+from .description import Library, Op, library_from_json
+from .distributed import register_sharding_rules
+
+_lock = threading.Lock()
+_adapter: ctypes.CDLL | None = None
+_libraries: dict[Path, Library] = {}
+
+
+def _load_adapter() -> ctypes.CDLL:
+    global _adapter
+    if _adapter is None:
+        path = adapter_path()
+        if not path.exists():
+            raise OpforgeError(f"opforge: the torch adapter {path} is not built; run `make build`")
+        torch.ops.load_library(str(path))  # libtorch is loaded by now, so its symbols resolve
+        lib = ctypes.CDLL(str(path))
+        lib.opforge_torch_load_library.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        lib.opforge_torch_load_library.restype = ctypes.c_int
+        _adapter = lib
+    return _adapter
+
+
+def load_library(path: str | Path) -> Library:
+    """Load an op library and register its ops with PyTorch.
+
+    Each op ``ns::name`` becomes ``torch.ops.ns.name`` with a schema derived from its
+    declaration and CPU (reference), CUDA (if declared) and Meta kernels, so it works in eager,
+    ``torch.compile``, ``torch.export`` and AOTInductor; ops that name a backward op also get an
+    Autograd kernel that runs it (Note [Backward ops] in ``opforge/op.h``), ops that declare a
+    sharding kind DTensor sharding rules (:mod:`opforge.distributed`). Loading the same file
+    twice returns the same :class:`~opforge.description.Library`.
+
+    Args:
+        path: the op library (``lib<name>.so``).
+
+    Returns:
+        The loaded library's description.
+
+    Raises:
+        ValueError: the file is not an opforge op library, was built for another ABI version,
+            has invalid declarations, names a backward op that it does not declare or whose
+            arguments do not match, or declares an op that is already registered (every
+            problem on its own line, "file:line: ns::op: ..."; nothing is registered then).
+        OpforgeError: the file cannot be opened or loaded, or the adapter is not built.
+    """
+    resolved = Path(path).resolve()
+    with _lock:
+        if resolved in _libraries:
+            return _libraries[resolved]
+        adapter = _load_adapter()
+        lib = library_from_json(resolved, _core.call(adapter.opforge_torch_load_library, str(resolved)))
+        for op in lib.ops:  # a missing run-time kernel source fails only at the first CUDA call: say so now
+            for rk in op.runtime_kernels:
+                if lib.kernel_dir is not None and not (lib.kernel_dir / rk.source).is_file():
+                    warnings.warn(f"opforge.load_library: {op.name}'s run-time kernel source {rk.source} is "
+                                  f"not in {lib.kernel_dir} (name it in build_library(kernels=...) or "
+                                  f"opforge_add_library(... KERNELS ...)); its CUDA calls will fail", stacklevel=2)
+        register_sharding_rules(lib.ops)
+        _libraries[resolved] = lib
+        return lib
+
+
+def loaded_libraries() -> list[Library]:
+    """Every op library loaded in this process, in load order."""
+    with _lock:
+        return list(_libraries.values())
+
+
+def find_op(name: str) -> Op:
+    """The declaration of loaded op ``name`` ("ns::op").
+
+    Raises:
+        ValueError: no loaded library declares it.
+    """
+    for lib in loaded_libraries():
+        for op in lib.ops:
+            if op.name == name:
+                return op
+    raise ValueError(f"opforge: no loaded op named {name!r}")
+
+
+def reload() -> None:
+    """Forget every compiled run-time kernel, so the next call of each op re-reads its kernel
+    source (and recompiles it, or finds the new version in the on-disk cache). The op names,
+    schemas and anything exported or compiled that refers to them stay the same.
+    """
+    _core.reload()
+
+
+def precompile(
+    op: str,
+    dtypes: dict[str, torch.dtype],
+    params: dict[str, object] | None = None,
+    *,
+    arch: str = "sm_90",
+    cache_dir: str | Path | None = None,
+) -> bool:
+    """Compile the run-time kernels of ``op`` for one instantiation, without a GPU.
+
+    The same lookup a launch does: the library's shipped cache, the user cache
+    (``$OPFORGE_CACHE_DIR/kernels``, default ``~/.cache/opforge/kernels``), then NVRTC; the
+    binary ends up in ``cache_dir`` (default: the user cache), compiled now or copied from the
+    cache it was found in, so that a package built there carries it (a warning is printed if
+    that folder cannot be written).
+
+    Args:
+        op: qualified op name, e.g. ``"examples::softshrink"``.
+        dtypes: dtype of each tensor input, by name; an optional input left out (None in the
+            call) is omitted.
+        params: values of the op's parameters by name (those marked compile-time select the
+            instantiation and default to their declared defaults; others may be omitted).
+        arch: ``"sm_XX"`` for machine code, ``"compute_XX"`` for PTX.
+        cache_dir: where a freshly compiled binary is stored.
+
+    Returns:
+        True if every binary was already cached, False if one was compiled now.
+
+    Raises:
+        ValueError: unknown op, or a request a call would refuse: a missing tensor dtype, a
+            dtype or compile-time value the description does not allow (every problem on its
+            own line).
+        OpforgeError: NVRTC failed (the message holds its log with the source file and line),
+            or the kernel source cannot be read.
+    """
+    find_op(op)  # loaded by this adapter
+    names = {name: str(dtype).removeprefix("torch.") for name, dtype in dtypes.items()}
+    return _core.precompile_request(op, names, dict(params or {}), arch,
+                                    str(cache_dir) if cache_dir is not None else None)

@@ -1,0 +1,236 @@
+"""The typed description of op libraries: what each op declares, as libopforge_core describes it.
+
+Every Python module of opforge reads op declarations through these classes; none parses the
+library JSON itself, and none evaluates a rule: shape rules, output shapes, example sizes and
+sharding follow dims are evaluated by the core (:mod:`opforge._core`), which also computes the
+derived facts held here (``multiple_of``, ``follows``, ``unshardable_dims``). The JSON format is
+documented in ``src/core/description.h``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+#: A parameter without a default (its :attr:`Param.default`).
+REQUIRED = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
+
+
+def _float(value) -> float:
+    """A JSON float: a number, or "inf", "-inf", "nan" (which JSON cannot hold)."""
+    return float(value)
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor input.
+
+    Attributes:
+        name, index: the argument's name and position in the schema.
+        dtypes: allowed dtype names ("float32", "bfloat16", ...).
+        same_dtype, same_shape: the earlier input whose dtype or shape this one must have.
+        min_rank, max_rank: rank bounds (-1: none).
+        layout: "contiguous" (kernels get a dense, 16-byte aligned view), "strided" (any view),
+            or "contiguous_last_dim" (rows of adjacent elements at 16-byte aligned strides).
+        optional: the caller may pass None (``Tensor? name=None``).
+        shape: per dim the rule's text ("*", "x.size(-1)", "multiple of 4"), or None.
+        shape_rules: per dim the rule as a tree (see ``src/core/description.h``), or None.
+        multiple_of: {dim: k} for dims declared ``opforge::multiple_of(k)``.
+        follows: {dim of the first tensor input: this input's dim} for ops sharded by dims.
+    """
+
+    name: str
+    index: int
+    dtypes: tuple[str, ...]
+    same_dtype: str | None
+    same_shape: str | None
+    min_rank: int
+    max_rank: int
+    layout: str
+    optional: bool
+    shape: tuple[str, ...] | None
+    shape_rules: tuple | None
+    multiple_of: dict[int, int]
+    follows: dict[int, int]
+
+    kind = "tensor"
+    type = "Tensor"
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter (int, float, bool, str, int[], float[]).
+
+    Attributes:
+        name, index: the argument's name and position in the schema.
+        type: the schema type ("int", "float", "bool", "str", "int[]", "float[]").
+        default: the declared default as a Python value, or :data:`REQUIRED`.
+        min, max: inclusive bounds of numeric parameters (per element for lists), or None.
+        choices: the allowed values, or None.
+        compile_time: a template argument of the op's run-time kernels.
+    """
+
+    name: str
+    index: int
+    type: str
+    default: object
+    min: float | None
+    max: float | None
+    choices: tuple | None
+    compile_time: bool
+
+    kind = "param"
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not REQUIRED
+
+
+Arg = Union[TensorArg, Param]
+
+
+@dataclass(frozen=True)
+class Output:
+    """An output: its dtype rule (a fixed ``dtype`` or ``dtype_like`` an input) and shape rule
+    (``like`` an input with ``with_dims`` replaced, or an explicit ``shape``), as text and as
+    rule trees (``shape_rules``, ``with_dim_rules``)."""
+
+    name: str
+    dtype: str | None
+    dtype_like: str | None
+    like: str | None
+    shape: tuple[str, ...]
+    shape_rules: tuple
+    with_dims: dict[int, str]
+    with_dim_rules: dict[int, object]
+
+
+@dataclass(frozen=True)
+class RuntimeKernel:
+    """A run-time kernel: its source file (in the library's kernel folder) and name template."""
+
+    source: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op's declaration.
+
+    Attributes:
+        name: "ns::op". schema: the torch schema with namespace. doc: the one-line description.
+        file, line: where it was declared.
+        equivalent: the torch expression verify compares the CPU reference with, or None.
+        backward: the op that computes its input gradients, or None; backward_targets: the
+            argument indices it gives gradients for. is_backward_op: another op names this one.
+        sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
+            input's dims for "dims"; unshardable_dims: dims (from the end) never sharded.
+        args: inputs and parameters in schema order. outputs. devices: "cpu", "cuda".
+        runtime_kernels.
+    """
+
+    name: str
+    schema: str
+    doc: str
+    file: str
+    line: int
+    equivalent: str | None
+    backward: str | None
+    backward_targets: tuple[int, ...]
+    is_backward_op: bool
+    sharding: str
+    sharding_dims: tuple[int, ...]
+    unshardable_dims: frozenset[int]
+    args: tuple[Arg, ...]
+    outputs: tuple[Output, ...]
+    devices: tuple[str, ...]
+    runtime_kernels: tuple[RuntimeKernel, ...]
+
+    @property
+    def tensors(self) -> list[TensorArg]:
+        """The tensor inputs, in schema order."""
+        return [a for a in self.args if isinstance(a, TensorArg)]
+
+    @property
+    def params(self) -> list[Param]:
+        """The parameters, in schema order."""
+        return [a for a in self.args if isinstance(a, Param)]
+
+    def arg(self, name: str) -> Arg:
+        """The argument called ``name``. Raises KeyError."""
+        for a in self.args:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.name} has no argument {name!r}")
+
+
+@dataclass(frozen=True)
+class Library:
+    """A loaded op library.
+
+    Attributes:
+        path: the shared object's resolved path.
+        kernel_dir: the folder its run-time kernel sources are read from
+            (``lib<name>.kernels/`` beside the shared object), or None.
+        ops: its ops' declarations.
+    """
+
+    path: Path
+    ops: tuple[Op, ...]
+    kernel_dir: Path | None = None
+
+    @property
+    def op_names(self) -> list[str]:
+        """Qualified op names, e.g. ``["examples::softshrink"]``."""
+        return [op.name for op in self.ops]
+
+
+def _param_value(kind: str, value):
+    if kind == "float":
+        return _float(value)
+    if kind == "float[]":
+        return [_float(v) for v in value]
+    if kind == "int[]":
+        return list(value)
+    return value
+
+
+def _arg(index: int, a: dict) -> Arg:
+    if a["kind"] == "tensor":
+        rules = a["shape_rules"]
+        return TensorArg(
+            name=a["name"], index=index, dtypes=tuple(a["dtypes"]), same_dtype=a["same_dtype"],
+            same_shape=a["same_shape"], min_rank=a["min_rank"], max_rank=a["max_rank"], layout=a["layout"],
+            optional=a["optional"], shape=tuple(a["shape"]) if a["shape"] is not None else None,
+            shape_rules=tuple(rules) if rules is not None else None,
+            multiple_of={d: k for d, k in a["multiple_of"]}, follows={d: j for d, j in a["follows"]})
+    kind = a["type"]
+    return Param(
+        name=a["name"], index=index, type=kind,
+        default=_param_value(kind, a["default"]) if "default" in a else REQUIRED,
+        min=_float(a["min"]) if "min" in a else None, max=_float(a["max"]) if "max" in a else None,
+        choices=tuple(a["choices"]) if a["choices"] is not None else None, compile_time=a["compile_time"])
+
+
+def _op(o: dict) -> Op:
+    return Op(
+        name=o["name"], schema=o["schema"], doc=o["doc"], file=o["file"], line=o["line"],
+        equivalent=o["equivalent"], backward=o["backward"], backward_targets=tuple(o["backward_targets"]),
+        is_backward_op=o["is_backward_op"], sharding=o["sharding"], sharding_dims=tuple(o["sharding_dims"]),
+        unshardable_dims=frozenset(o["unshardable_dims"]),
+        args=tuple(_arg(i, a) for i, a in enumerate(o["args"])),
+        outputs=tuple(Output(name=x["name"], dtype=x["dtype"], dtype_like=x["dtype_like"], like=x["like"],
+                             shape=tuple(x["shape"]), shape_rules=tuple(x["shape_rules"]),
+                             with_dims={d: t for d, t in x["with_dims"]},
+                             with_dim_rules={d: r for d, r in x["with_dim_rules"]}) for x in o["outputs"]),
+        devices=tuple(o["devices"]),
+        runtime_kernels=tuple(RuntimeKernel(k["source"], k["name"]) for k in o["runtime_kernels"]))
+
+
+def library_from_json(path: Path, description: dict) -> Library:
+    """The :class:`Library` at ``path`` from its JSON description (``src/core/description.h``)."""
+    kernel_dir = description["kernel_dir"]
+    return Library(path=path, ops=tuple(_op(o) for o in description["ops"]),
+                   kernel_dir=Path(kernel_dir) if kernel_dir else None)
+

@@ -1,0 +1,186 @@
+"""Input cases for one op, generated from its description: sizes from the core's shape rules,
+parameter values from ranges and choices, strided views, empty tensors and NaN/Inf."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import _core
+from ..description import Op, Param, TensorArg
+
+_FLOATING = ("float32", "float64", "float16", "bfloat16")
+
+#: Sizes of the leading and the last dim: odd sizes, and sizes on either side of 16-byte vectors
+#: and of 256-thread blocks.
+SHAPES = [(1, 1), (3, 37), (33, 255), (33, 256), (33, 257), (2, 4097)]
+
+#: The strided layouts each tensor input is given in turn (see :func:`_view`).
+VIEWS = ("permuted", "sliced", "expanded", "offset", "padded rows", "rows permuted")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype called ``name`` ("bfloat16")."""
+    return getattr(torch, name)
+
+
+def tensor_dtype(op: Op, arg: TensorArg, dtype: str) -> str:
+    """dtype of tensor input ``arg`` for a case whose main dtype is ``dtype``: that of its
+    ``same_dtype`` model, else ``dtype`` if allowed, else its first allowed dtype."""
+    if arg.same_dtype is not None:
+        return tensor_dtype(op, op.arg(arg.same_dtype), dtype)
+    return dtype if dtype in arg.dtypes else arg.dtypes[0]
+
+
+def param_sets(op: Op, rng: random.Random) -> list[dict[int, object]]:
+    """Parameter values by argument index: the defaults, then each ranged numeric parameter at
+    its bounds and at a random point inside, each unranged float parameter at a random point of
+    [0.25, 2], the other value of each bool, and every other choice of each parameter with
+    choices."""
+    base: dict[int, object] = {}
+    for a in op.params:
+        if a.has_default:
+            base[a.index] = a.default
+        elif a.choices is not None:
+            base[a.index] = a.choices[0]
+        elif a.type == "float":
+            base[a.index] = a.min if a.min is not None and a.min > 0 else 0.5
+        elif a.type == "int":
+            base[a.index] = int(a.min) if a.min is not None and a.min >= 1 else 1
+        elif a.type == "bool":
+            base[a.index] = False
+        else:
+            base[a.index] = [] if a.type.endswith("[]") else ""
+    sets = [base]
+    for a in op.params:
+        i = a.index
+        if a.choices is not None:  # before ranges: a parameter with both takes only its choices
+            sets.extend({**base, i: c} for c in a.choices if c != base[i])
+        elif a.type in ("float", "int") and (a.min is not None or a.max is not None):
+            lo = a.min if a.min is not None else -4.0
+            hi = a.max if a.max is not None else 4.0
+            for v in (lo, hi, rng.uniform(lo, hi)):
+                sets.append({**base, i: int(round(v)) if a.type == "int" else float(v)})
+        elif a.type == "float":
+            sets.append({**base, i: rng.uniform(0.25, 2.0)})
+        elif a.type == "bool":
+            sets.append({**base, i: not base[i]})
+    return sets
+
+
+def random_tensor(shape: list[int], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Random values, never all zero: normal for floats, [1, 10) for integers."""
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * 2).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    return torch.randint(1, 10, shape, generator=gen).to(dtype)
+
+
+def _view(t: torch.Tensor, how: str, gen: torch.Generator) -> torch.Tensor:
+    """A non-dense tensor with ``t``'s shape and values layout rules: permuted, sliced, expanded
+    or storage-offset (misaligned for vector loads), and two layouts whose last dim stays
+    contiguous with 16-byte aligned rows, which reach a ``contiguous_last_dim`` input as they
+    are: padded rows (rows further apart than their length) and rows permuted (dims -3 and -2
+    swapped in memory, a head split's transpose)."""
+    shape = list(t.shape)
+    if how == "permuted":
+        return t.transpose(0, -1).contiguous().transpose(0, -1)
+    if how == "padded rows":
+        unit = max(1, 16 // t.element_size())
+        return random_tensor(shape[:-1] + [(shape[-1] // unit + 1) * unit], t.dtype, gen)[..., : shape[-1]]
+    if how == "rows permuted":
+        return t.transpose(-3, -2).contiguous().transpose(-3, -2)
+    if how == "sliced":
+        return random_tensor(shape[:-1] + [2 * shape[-1]], t.dtype, gen)[..., ::2]
+    if how == "expanded":
+        return random_tensor([1] + shape[1:], t.dtype, gen).expand(shape)
+    flat = random_tensor([t.numel() + 1], t.dtype, gen)
+    return flat[1:].view(shape)
+
+
+def _special(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    flat = t.view(-1)
+    for k, v in enumerate((float("nan"), float("inf"), -float("inf"), 1e4, -1e4)):
+        if k < flat.numel():
+            flat[k * 7 % flat.numel()] = v
+    return t
+
+
+@dataclass
+class Inputs:
+    """One case: its label, the op's arguments in schema order (CPU tensors), and its seed."""
+
+    label: str
+    args: list
+    seed: int
+
+    def repro(self) -> dict:
+        return {"seed": self.seed, "case": self.label,
+                "args": [{"dtype": str(a.dtype).removeprefix("torch."), "shape": list(a.shape),
+                          "stride": list(a.stride()), "storage_offset": a.storage_offset()}
+                         if isinstance(a, torch.Tensor) else a for a in self.args]}
+
+
+def without_optional(op: Op) -> str:
+    """The label suffix of cases that leave out the op's optional tensor inputs ("" if it has none)."""
+    names = [a.name for a in op.tensors if a.optional]
+    return f" without {', '.join(names)}" if names else ""
+
+
+def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
+    """Every input case for one op and dtype (CPU tensors), each from its own seed. Optional
+    tensor inputs are given, except in the cases labelled with :func:`without_optional`'s suffix
+    (every shape, and empty), where they are None."""
+    rng = random.Random(seed)
+    cases: list[Inputs] = []
+    without = without_optional(op)
+
+    def build(label: str, lead: int, last: int, params: dict[int, object],
+              transform: Callable[[int, torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+              omit_optional: bool = False) -> None:
+        case_seed = rng.randrange(2**31)
+        gen = torch.Generator().manual_seed(case_seed)
+        shapes = _core.example_shapes(op.name, lead, last, {op.args[i].name: v for i, v in params.items()})
+        args = []
+        for a in op.args:
+            if isinstance(a, Param):
+                args.append(params[a.index])
+            elif omit_optional and a.optional:
+                args.append(None)
+            else:
+                t = random_tensor(shapes[a.name], dtype_of(tensor_dtype(op, a, dtype)), gen)
+                args.append(transform(a.index, t, gen) if transform else t)
+        cases.append(Inputs(label, args, case_seed))
+
+    params = param_sets(op, rng)
+    for lead, last in SHAPES:
+        build(f"shape {lead}x{last}", lead, last, params[0])
+        if without:
+            build(f"shape {lead}x{last}{without}", lead, last, params[0], omit_optional=True)
+    for k, p in enumerate(params[1:], 1):
+        build(f"params #{k}", 3, 37, p)
+    for how in VIEWS:
+        for a in op.tensors:
+
+            def transform(j, t, gen, i=a.index, how=how):
+                if j != i or t.dim() == 0 or t.numel() == 0:
+                    return t
+                if how in ("permuted", "expanded") and (t.dim() < 2 or t.shape[0] < 2):
+                    return t
+                if how == "rows permuted" and (t.dim() < 3 or t.shape[-3] < 2 or t.shape[-2] < 2):
+                    return t
+                return _view(t, how, gen)
+
+            build(f"{how} {a.name}", 4, 40, params[0], transform)
+    build("empty", 0, 37, params[0])
+    if without:
+        build(f"empty{without}", 0, 37, params[0], omit_optional=True)
+    if dtype in _FLOATING:
+        first = op.tensors[0].index
+        build("nan/inf", 3, 37, params[0], lambda j, t, gen: _special(t) if j == first else t)
+    return cases

@@ -1,0 +1,60 @@
+"""Comparing outputs with a reference: tolerances by dtype, NaN and infinity rules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: (atol, rtol) against a float64 reference, by dtype. tf32 is listed for ops whose kernels use
+#: TF32 tensor-core math on float32 inputs.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-12, 1e-12),
+    "float32": (1e-5, 1e-5),
+    "tf32": (5e-4, 5e-4),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+}
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, float, float, str]:
+    """(ok, max abs error, worst error / tolerance, why) of ``out`` against ``ref`` with the
+    tolerances of ``dtype`` (exact for dtypes not in :data:`TOLERANCES`); NaN must match NaN,
+    infinities must match exactly. A reference value beyond the range of ``out``'s dtype is taken
+    as the infinity it rounds to (a float16 result of 1e8 is inf, as torch computes it)."""
+    atol, rtol = TOLERANCES[dtype] if dtype in TOLERANCES else (0.0, 0.0)
+    if out.shape != ref.shape:
+        return False, math.inf, math.inf, f"shape {list(out.shape)}, expected {list(ref.shape)}"
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    if out.dtype.is_floating_point and r.dtype.is_floating_point:
+        rounded = r.to(out.dtype).double()
+        r = torch.where(rounded.isinf() & ~r.isinf(), rounded, r)
+    if o.numel() == 0:
+        return True, 0.0, 0.0, ""
+    nan_mismatch = o.isnan() != r.isnan()
+    comparable = ~o.isnan() & ~r.isnan() & ~(o.isinf() & r.isinf() & (o == r))
+    diff = torch.where(comparable, (o - r).abs(), torch.zeros_like(o))
+    ratio = diff / (atol + rtol * r.abs().nan_to_num(posinf=0.0)) if atol or rtol else diff
+    bad = nan_mismatch | (comparable & (diff > atol + rtol * r.abs()))
+    max_err, worst = diff.max().item(), ratio.nan_to_num(nan=math.inf, posinf=math.inf).max().item()
+    if not bad.any():
+        return True, max_err, worst, ""
+    first = tuple(int(v) for v in bad.nonzero()[0].tolist())
+    return False, max_err, worst, (f"{int(bad.sum())} of {o.numel()} elements differ; first at {list(first)}: "
+                                   f"{o[first].item()!r}, expected {r[first].item()!r}")
+
+
+def compare_outputs(out, ref, dtype: str) -> tuple[bool, float, float, str]:
+    """:func:`compare` over every output of an op (a tensor or a tuple of them); the first
+    mismatch names its output index when there are several."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    if len(outs) != len(refs):
+        return False, math.inf, math.inf, f"{len(outs)} outputs, expected {len(refs)}"
+    max_err = worst = 0.0
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        ok, err, ratio, why = compare(o, r, dtype)
+        max_err, worst = max(max_err, err), max(worst, ratio)
+        if not ok:
+            return False, max_err, worst, (f"output {k}: " if len(outs) > 1 else "") + why
+    return True, max_err, worst, ""

@@ -1,0 +1,73 @@
+"""The results of a verification run, and their printed table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .compare import TOLERANCES
+
+
+@dataclass
+class CaseResult:
+    """One checked case. ``status`` is "pass", "FAIL" or "skip"; ``repro`` says how to rebuild
+    the inputs (seed, dtypes, shapes, strides, parameters)."""
+
+    op: str
+    check: str
+    dtype: str
+    case: str
+    status: str
+    max_abs_error: float | None = None
+    error_vs_tolerance: float | None = None  # worst |out - ref| / (atol + rtol * |ref|); <= 1 passes
+    tolerance: tuple[float, float] | None = None
+    message: str = ""
+    repro: dict = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """Every case of a verification run, with the seed it started from."""
+
+    seed: int
+    device: str
+    results: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [r for r in self.results if r.status == "FAIL"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict:
+        return {"seed": self.seed, "device": self.device, "ok": self.ok, "tolerances": TOLERANCES,
+                "results": [asdict(r) for r in self.results]}
+
+
+def print_report(report: Report, console=None) -> None:
+    """A table of failures and per-op totals, then the seed and tolerances (rich)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console(width=max(120, Console().width))
+    table = Table(title=f"opforge verify on {report.device} (seed {report.seed})")
+    for col in ("op", "check", "dtype", "cases", "failed", "max abs err", "worst err / tol"):
+        table.add_column(col, justify="left" if col in ("op", "check", "dtype") else "right")
+    groups: dict[tuple, list[CaseResult]] = {}
+    for r in report.results:
+        groups.setdefault((r.op, r.check, r.dtype), []).append(r)
+    for (op, check, dtype), rs in groups.items():
+        failed = [r for r in rs if r.status == "FAIL"]
+        errs = [r.max_abs_error for r in rs if r.max_abs_error is not None]
+        ratios = [r.error_vs_tolerance for r in rs if r.error_vs_tolerance is not None]
+        status = "skipped: " + rs[0].message if all(r.status == "skip" for r in rs) else str(len(failed))
+        table.add_row(op, check, dtype, str(len(rs)), status if not failed else f"[red]{len(failed)}[/]",
+                      f"{max(errs):.2e}" if errs else "", f"{max(ratios):.3f}" if ratios else "")
+    console.print(table)
+    for r in report.failures:
+        console.print("[red]FAIL[/] " + escape(f"{r.op} {r.check} {r.dtype} [{r.case}]: {r.message}\n"
+                                                f"  reproduce: {r.repro}"), soft_wrap=True)
+    console.print("tolerances (atol, rtol) against float64: "
+                  + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in TOLERANCES.items()), soft_wrap=True)

@@ -1,0 +1,105 @@
+// Backward ops: the name-matching rules of Note [Backward ops] (opforge/op.h).
+#include "backward.h"
+
+#include <cstddef>
+#include <string_view>
+
+#include "schema.h"
+
+namespace opforge::core {
+
+const char* backward_name(const OpforgeOpSpec& op) {
+  return op.struct_size >= offsetof(OpforgeOpSpec, backward) + sizeof(op.backward) ? op.backward : nullptr;
+}
+
+const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& qualified) {
+  for (int32_t k = 0; k < lib.num_ops; ++k)
+    if (qualified_name(*lib.ops[k]) == qualified) return lib.ops[k];
+  return nullptr;
+}
+
+bool is_backward_op(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
+  const std::string name = qualified_name(op);
+  for (int32_t k = 0; k < lib.num_ops; ++k)
+    if (const char* b = backward_name(*lib.ops[k]); b != nullptr && name == b) return true;
+  return false;
+}
+
+BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::vector<std::string>& problems) {
+  static constexpr std::string_view kGrad = "grad_";
+  auto index_of = [](auto names, int32_t n, std::string_view name) {
+    for (int32_t i = 0; i < n; ++i)
+      if (name == names(i)) return i;
+    return int32_t{-1};
+  };
+  auto arg = [&](int32_t i) { return std::string_view(fwd.args[i].name); };
+  auto out = [&](int32_t i) { return std::string_view(fwd.outputs[i].name); };
+  auto grad_of = [&](std::string_view name) {
+    return name.substr(0, kGrad.size()) == kGrad ? name.substr(kGrad.size()) : std::string_view();
+  };
+  auto type = [](const OpforgeArgSpec& a) { return std::string(schema_type(a.kind)) + (is_optional(a) ? "?" : ""); };
+  std::string accepted, differentiable;
+  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += (j ? ", grad_" : "grad_") + std::string(out(j));
+  for (int32_t i = 0; i < fwd.num_args; ++i) accepted += ", " + std::string(arg(i));
+  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += ", " + std::string(out(j));
+  for (int32_t i = 0; i < fwd.num_args; ++i)
+    if (fwd.args[i].kind == OPFORGE_ARG_TENSOR)
+      differentiable += (differentiable.empty() ? "grad_" : ", grad_") + std::string(arg(i));
+  const std::string site = declared_at(fwd), b = qualified_name(bwd);
+  const size_t before = problems.size();
+  auto problem = [&](const std::string& what) { problems.push_back(site + "backward op " + b + ": " + what); };
+  BackwardPlan plan;
+  for (int32_t i = 0; i < fwd.num_args + fwd.num_outputs; ++i) {
+    const std::string_view name = i < fwd.num_args ? arg(i) : out(i - fwd.num_args);
+    if (const auto of = grad_of(name); !of.empty() && index_of(out, fwd.num_outputs, of) >= 0)
+      problems.push_back(site + (i < fwd.num_args ? "input '" : "output '") + std::string(name) +
+                         "' is named like the gradient of its output '" + std::string(of) +
+                         "'; rename it (the backward op could not tell the two apart)");
+  }
+  for (int32_t k = 0; k < bwd.num_args; ++k) {
+    const OpforgeArgSpec& c = bwd.args[k];
+    const std::string name = c.name;
+    const bool tensor = c.kind == OPFORGE_ARG_TENSOR;
+    int32_t i;
+    if (const auto of = grad_of(name); !of.empty() && (i = index_of(out, fwd.num_outputs, of)) >= 0) {
+      plan.sources.emplace_back(BackwardPlan::Source::kGrad, i);
+      if (!tensor) problem("input '" + name + "' is " + type(c) + ", but a gradient is a Tensor");
+    } else if ((i = index_of(arg, fwd.num_args, name)) >= 0) {
+      plan.sources.emplace_back(BackwardPlan::Source::kArg, i);
+      const OpforgeArgSpec& a = fwd.args[i];
+      if (a.kind != c.kind || (is_optional(a) && !is_optional(c)))
+        problem("input '" + name + "' is " + type(c) + ", but the forward op's " + name + " is " + type(a));
+    } else if ((i = index_of(out, fwd.num_outputs, name)) >= 0) {
+      plan.sources.emplace_back(BackwardPlan::Source::kOutput, i);
+      if (!tensor) problem("input '" + name + "' is " + type(c) + ", but the forward op's output " + name + " is a Tensor");
+    } else {
+      problem("input '" + name + "' matches nothing of the forward op: expected one of " + accepted);
+    }
+  }
+  for (int32_t k = 0; k < bwd.num_outputs; ++k) {
+    const std::string name = bwd.outputs[k].name;
+    const auto of = grad_of(name);
+    const int32_t i = of.empty() ? -1 : index_of(arg, fwd.num_args, of);
+    if (i >= 0 && fwd.args[i].kind == OPFORGE_ARG_TENSOR) plan.targets.push_back(i);
+    else problem("output '" + name + "' is not the gradient of a tensor input: expected one of " + differentiable);
+  }
+  return problems.size() == before ? plan : BackwardPlan{};
+}
+
+std::vector<std::string> check_backward_ops(const OpforgeLibrary& lib) {
+  std::vector<std::string> problems;
+  for (int32_t k = 0; k < lib.num_ops; ++k) {
+    const OpforgeOpSpec& op = *lib.ops[k];
+    const char* name = backward_name(op);
+    if (name == nullptr) continue;
+    if (const OpforgeOpSpec* bwd = find_op(lib, name)) {
+      plan_backward(op, *bwd, problems);
+    } else {
+      problems.push_back(declared_at(op) + "backward op " + name +
+                         ": not declared in this library (declare both ops in one library)");
+    }
+  }
+  return problems;
+}
+
+}  // namespace opforge::core

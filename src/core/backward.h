@@ -1,0 +1,45 @@
+// Backward ops: how an op's values reach the op that computes its input gradients (Note
+// [Backward ops] in opforge/op.h), matched by argument names, and the load-time check.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "opforge/c_api.h"
+
+namespace opforge::core {
+
+/// How an op's values reach the backward op it names, matched by argument names.
+struct BackwardPlan {
+  enum class Source { kGrad, kArg, kOutput };
+  /// Per argument of the backward op, in schema order: the gradient of forward output `index`
+  /// (kGrad), forward argument `index`, tensor or parameter (kArg), or forward output `index`
+  /// (kOutput).
+  std::vector<std::pair<Source, int32_t>> sources;
+  /// Per output of the backward op: the index of the forward argument it is the gradient of.
+  std::vector<int32_t> targets;
+};
+
+/// The backward op `op` names ("ns::name"), if it has one and its record carries the field,
+/// else nullptr.
+const char* backward_name(const OpforgeOpSpec& op);
+
+/// Matches `bwd`'s arguments and outputs to `fwd` by name: an argument `grad_<output>` or named
+/// like an argument or output of `fwd`; outputs `grad_<tensor argument>`. Returns the plan, or
+/// appends one line per mismatch to `problems` ("file:line: ns::fwd: backward op ns::bwd: ...",
+/// naming the argument and what it may be called) and returns an empty plan.
+BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::vector<std::string>& problems);
+
+/// True if another op of `lib` names `op` as its backward op.
+bool is_backward_op(const OpforgeLibrary& lib, const OpforgeOpSpec& op);
+
+/// The op of `lib` called `qualified` ("ns::name"), or nullptr.
+const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& qualified);
+
+/// Every problem with the backward ops `lib`'s ops name, one line each (empty if none): a
+/// backward op the library does not declare, or names that do not match (plan_backward).
+std::vector<std::string> check_backward_ops(const OpforgeLibrary& lib);
+
+}  // namespace opforge::core

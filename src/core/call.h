@@ -1,0 +1,59 @@
+// The call protocol: what every adapter does between checking a call (check.h) and returning
+// its outputs, so that each rule is written once.
+//
+// For one call an adapter: checks the arguments and evaluates the output rules (check_call);
+// allocates the outputs with its framework's allocator; builds the output views and returns
+// early if skip_launch() says so; fills the outputs with poison if poison_outputs() is on;
+// turns each input into a view, making the dense copy that admit() asks for; and calls
+// call_kernel(), which raises the kernel's failure as an error naming the op.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "opforge/c_api.h"
+
+namespace opforge::core {
+
+/// How an input tensor reaches the kernel.
+enum class Admission {
+  kAsIs,       ///< its view as it is
+  kDenseCopy,  ///< a dense, row-major copy whose data pointer is a multiple of 16 bytes
+};
+
+/// The layout rule of an input declared with `spec` (OpforgeLayout) applied to one call's view:
+/// OPFORGE_LAYOUT_STRIDED passes any view as it is; OPFORGE_LAYOUT_CONTIGUOUS passes a dense,
+/// row-major view whose data pointer is a multiple of 16 bytes as it is and copies any other;
+/// OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM passes a view whose last dim has stride 1 and whose data
+/// pointer and other strides are multiples of 16 bytes as it is (strides of size-1 dims never
+/// move a pointer and are not looked at) and copies any other. `item_size` is the element's
+/// size in bytes.
+Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size);
+
+/// The view of an optional input the caller left out (see OpforgeTensor): on the call's device.
+OpforgeTensor absent_tensor(int32_t device_type, int32_t device_index);
+
+/// True if the launch is skipped: the op has outputs and every one is empty. An op whose
+/// outputs are not all empty always runs its kernel, even if an input is empty (a sum over an
+/// empty dim still writes its zeros).
+bool skip_launch(const std::vector<OpforgeTensor>& outputs);
+
+/// Whether outputs are filled with poison before each kernel runs (NaN for floating types, 123
+/// for integers, true for bool), so that an element a kernel never writes shows up as a
+/// mismatch. opforge verify turns it on; adapters do the filling.
+bool poison_outputs();
+void set_poison_outputs(bool enabled);
+
+/// The value of parameter `arg` when a framework passes none for it. AOTInductor's proxy
+/// executor delivers an omitted empty list default (`int[] pads=[]`) as None; the declared
+/// default applies. Throws opforge::InvalidArgument (invalid_arguments_message, "pads: expected
+/// a value of type int[], got None") for a parameter without a default.
+const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg);
+
+/// Runs `kernel` of `op` on one call frame. Throws opforge::InvalidArgument for the kernel's
+/// OPFORGE_CHECK ("ns::op: <message>") and opforge::InternalError for any other failure
+/// ("ns::op (cuda kernel): <message>"): the op's name is added here and nowhere else.
+void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const OpforgeContext& ctx,
+                 const std::vector<OpforgeArg>& args, const std::vector<OpforgeTensor>& outputs);
+
+}  // namespace opforge::core

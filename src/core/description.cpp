@@ -1,0 +1,208 @@
+// The library description as JSON (see description.h), written with nlohmann::json.
+#include "description.h"
+
+#include <cmath>
+#include <cstddef>
+
+#include <nlohmann/json.hpp>
+
+#include "backward.h"
+#include "opforge/detail/names.h"
+#include "schema.h"
+#include "sharding.h"
+
+namespace opforge::core {
+namespace {
+
+using nlohmann::json;
+
+json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+json text_or_null(const char* s) { return s ? json(s) : json(nullptr); }
+
+json value_json(const OpforgeValue& v) {
+  switch (v.kind) {
+    case OPFORGE_ARG_INT: return v.i;
+    case OPFORGE_ARG_FLOAT: return number(v.f);
+    case OPFORGE_ARG_BOOL: return v.i != 0;
+    case OPFORGE_ARG_STRING: return std::string(v.s, v.len);
+    case OPFORGE_ARG_INT_LIST: return std::vector<int64_t>(v.ints, v.ints + v.len);
+    case OPFORGE_ARG_FLOAT_LIST: {
+      json out = json::array();
+      for (size_t k = 0; k < v.len; ++k) out.push_back(number(v.floats[k]));
+      return out;
+    }
+    default: return nullptr;
+  }
+}
+
+/// A shape expression as a tree (postfix nodes folded), e.g. {"mul": [{"dim": ["x", -1]}, {"const": 2}]}.
+json rule_json(const OpforgeOpSpec& op, const OpforgeExpr& e) {
+  if (e.num_nodes == 0) return {{"any", true}};
+  static const char* const kBinary[] = {nullptr, nullptr, nullptr, "add", "sub", "mul", "floordiv", "ceildiv", "min", "max"};
+  std::vector<json> stack;
+  for (int32_t k = 0; k < e.num_nodes; ++k) {
+    const OpforgeExprNode& n = e.nodes[k];
+    switch (n.op) {
+      case OPFORGE_EXPR_CONST: stack.push_back({{"const", n.value}}); break;
+      case OPFORGE_EXPR_MULTIPLE_OF: stack.push_back({{"multiple_of", n.value}}); break;
+      case OPFORGE_EXPR_DIM: stack.push_back({{"dim", json::array({op.args[n.arg].name, n.value})}}); break;
+      case OPFORGE_EXPR_PARAM: stack.push_back({{"param", op.args[n.arg].name}}); break;
+      default: {
+        json rhs = std::move(stack.back());
+        stack.pop_back();
+        json lhs = std::move(stack.back());
+        stack.pop_back();
+        stack.push_back({{kBinary[n.op], json::array({std::move(lhs), std::move(rhs)})}});
+      }
+    }
+  }
+  return stack.back();
+}
+
+const char* layout_name(int32_t layout) {
+  switch (layout) {
+    case OPFORGE_LAYOUT_STRIDED: return "strided";
+    case OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM: return "contiguous_last_dim";
+    default: return "contiguous";
+  }
+}
+
+const char* sharding_name(int32_t s) {
+  switch (s) {
+    case OPFORGE_SHARDING_POINTWISE: return "pointwise";
+    case OPFORGE_SHARDING_ROWWISE: return "rowwise";
+    case OPFORGE_SHARDING_DIMS: return "dims";
+    default: return "none";
+  }
+}
+
+json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::map<int32_t, int32_t>>& follows) {
+  const OpforgeArgSpec& a = op.args[i];
+  json j = {{"name", a.name}, {"type", schema_type(a.kind)}};
+  if (a.kind == OPFORGE_ARG_TENSOR) {
+    const OpforgeTensorSpec& t = a.tensor;
+    json dtypes = json::array();
+    for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d)
+      if ((t.dtypes >> d) & 1u) dtypes.push_back(dtype_name(d));
+    j["kind"] = "tensor";
+    j["dtypes"] = std::move(dtypes);
+    j["same_dtype"] = t.dtype_like >= 0 ? json(op.args[t.dtype_like].name) : json(nullptr);
+    j["same_shape"] = t.shape_like >= 0 ? json(op.args[t.shape_like].name) : json(nullptr);
+    j["min_rank"] = t.min_rank;
+    j["max_rank"] = t.max_rank;
+    j["layout"] = layout_name(t.layout);
+    j["optional"] = is_optional(a);
+    json shape = nullptr, rules = nullptr;
+    if (t.num_dims > 0) {
+      shape = json::array();
+      rules = json::array();
+      for (int32_t d = 0; d < t.num_dims; ++d) {
+        shape.push_back(expr_string(op, t.dims[d]));
+        rules.push_back(rule_json(op, t.dims[d]));
+      }
+    }
+    j["shape"] = std::move(shape);
+    j["shape_rules"] = std::move(rules);
+    json multiple = json::array();
+    for (const auto& [d, k] : multiple_of_dims(a)) multiple.push_back({d, k});
+    j["multiple_of"] = std::move(multiple);
+    json follow = json::array();
+    if (auto it = follows.find(i); it != follows.end())
+      for (const auto& [d, own] : it->second) follow.push_back({d, own});
+    j["follows"] = std::move(follow);
+    return j;
+  }
+  const OpforgeParamSpec& p = a.param;
+  j["kind"] = "param";
+  if (p.has_default) j["default"] = value_json(p.default_value);
+  if (p.has_min) j["min"] = number(p.min);
+  if (p.has_max) j["max"] = number(p.max);
+  json choices = nullptr;
+  if (p.num_choices > 0) {
+    choices = json::array();
+    for (int32_t c = 0; c < p.num_choices; ++c)  // integer choices are stored in decimal
+      choices.push_back(a.kind == OPFORGE_ARG_INT ? json(std::stoll(p.choices[c])) : json(p.choices[c]));
+  }
+  j["choices"] = std::move(choices);
+  j["compile_time"] = p.compile_time != 0;
+  return j;
+}
+
+json output_json(const OpforgeOpSpec& op, const OpforgeOutputSpec& o) {
+  json j = {{"name", o.name}};
+  j["dtype"] = o.dtype_like >= 0 ? json(nullptr) : json(dtype_name(o.dtype));
+  j["dtype_like"] = o.dtype_like >= 0 ? json(op.args[o.dtype_like].name) : json(nullptr);
+  j["like"] = o.shape_like >= 0 ? json(op.args[o.shape_like].name) : json(nullptr);
+  json shape = json::array(), rules = json::array(), with = json::array(), with_rules = json::array();
+  for (int32_t d = 0; d < o.num_dims; ++d) {
+    if (o.shape_like >= 0) {
+      with.push_back({o.dim_index[d], expr_string(op, o.dims[d])});
+      with_rules.push_back({o.dim_index[d], rule_json(op, o.dims[d])});
+    } else {
+      shape.push_back(expr_string(op, o.dims[d]));
+      rules.push_back(rule_json(op, o.dims[d]));
+    }
+  }
+  j["shape"] = std::move(shape);
+  j["shape_rules"] = std::move(rules);
+  j["with_dims"] = std::move(with);
+  j["with_dim_rules"] = std::move(with_rules);
+  return j;
+}
+
+json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
+  json j = {{"name", qualified_name(op)}, {"schema", qualified_schema(op)}, {"doc", op.doc ? op.doc : ""},
+            {"file", op.file}, {"line", op.line}};
+  j["equivalent"] = text_or_null(equivalent(op));
+  const char* bwd_name = backward_name(op);
+  j["backward"] = text_or_null(bwd_name);
+  json targets = json::array();
+  if (bwd_name != nullptr) {
+    std::vector<std::string> problems;  // none: the library was checked before it was described
+    if (const OpforgeOpSpec* bwd = find_op(lib, bwd_name))
+      for (int32_t t : plan_backward(op, *bwd, problems).targets) targets.push_back(t);
+  }
+  j["backward_targets"] = std::move(targets);
+  j["is_backward_op"] = is_backward_op(lib, op);
+  j["sharding"] = sharding_name(sharding(op));
+  json dims = json::array();
+  for (int32_t d = 0; d < 32; ++d)
+    if (sharding_dims(op) >> d & 1u) dims.push_back(d);
+  j["sharding_dims"] = std::move(dims);
+  j["unshardable_dims"] = unshardable_dims(op);
+  const auto follows = follow_dims(op);
+  json args = json::array();
+  for (int32_t i = 0; i < op.num_args; ++i) args.push_back(arg_json(op, i, follows));
+  j["args"] = std::move(args);
+  json outputs = json::array();
+  for (int32_t i = 0; i < op.num_outputs; ++i) outputs.push_back(output_json(op, op.outputs[i]));
+  j["outputs"] = std::move(outputs);
+  json devices = json::array(), kernels = json::array();
+  for (int32_t i = 0; i < op.num_kernels; ++i) {
+    const OpforgeKernel& k = op.kernels[i];
+    devices.push_back(k.device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu");
+    if (has_runtime_source(k)) kernels.push_back({{"source", k.source}, {"name", k.name}});
+  }
+  j["devices"] = std::move(devices);
+  j["runtime_kernels"] = std::move(kernels);
+  return j;
+}
+
+}  // namespace
+
+std::string description_json(const OpforgeLibrary& lib) {
+  json j = {{"abi_version", lib.abi_version}};
+  const bool has_dir = lib.struct_size >= offsetof(OpforgeLibrary, kernel_dir) + sizeof(lib.kernel_dir);
+  j["kernel_dir"] = has_dir && lib.kernel_dir && *lib.kernel_dir ? json(lib.kernel_dir) : json(nullptr);
+  json ops = json::array();
+  for (int32_t k = 0; k < lib.num_ops; ++k) ops.push_back(op_json(lib, *lib.ops[k]));
+  j["ops"] = std::move(ops);
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace opforge::core

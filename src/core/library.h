@@ -1,0 +1,55 @@
+// Op libraries loaded into this process: opening, validating and describing them, once, for
+// every adapter.
+//
+// Note [One core for every adapter]
+// ---------------------------------
+// An adapter (torch, JAX, ONNX Runtime) translates between its framework and the C ABI and
+// registers ops with its framework; it contains no dlopen, ABI, declaration, layout, call-frame
+// or precompile code. Those live here, in libopforge_core, which every adapter links and tooling
+// reaches through the C entry points of opforge/core.h:
+//   - loading (this file): dlopen, the ABI version, declaration errors, backward pairing, ops
+//     declared by two libraries; a library that fails any check is not loaded at all;
+//   - the call protocol (call.h): input checks and output shape rules (check.h), which inputs
+//     reach the kernel as they are and which as a dense copy, skipping a launch whose outputs
+//     are all empty, the call frame, and the kernel's status turned into an error that names
+//     the op once;
+//   - precompile (precompile.h) and the library's JSON description (description.h).
+// A rule that a second adapter would otherwise copy belongs here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "opforge/c_api.h"
+
+namespace opforge::core {
+
+/// An op library loaded into this process.
+struct Library {
+  std::string path;                 ///< the shared object, resolved (realpath)
+  const OpforgeLibrary* lib = nullptr;
+  std::string json;                 ///< description_json(*this), computed once at load
+};
+
+/// Loads the op library at `path` and validates it; loading the same file again returns the
+/// same Library. A library is added only if every check passes: it exports
+/// `opforge_library_v1`, was built for this OPFORGE_ABI_VERSION, its declarations are valid, its
+/// backward ops pair up (Note [Backward ops]), and none of its ops is declared by a library
+/// loaded earlier. Thread-safe.
+///
+/// Throws opforge::InvalidArgument for a file that is not a valid op library (every problem on
+/// its own line, "file:line: ns::op: ..."), opforge::InternalError if it cannot be opened or
+/// loaded (dlopen's message).
+const Library& load_library(const std::string& path);
+
+/// Every library loaded so far, in load order.
+std::vector<const Library*> loaded_libraries();
+
+/// The loaded op `qualified` ("ns::name") and the library declaring it; nullptr if none.
+const OpforgeOpSpec* find_loaded_op(const std::string& qualified, const Library** owner = nullptr);
+
+/// Forgets every compiled run-time kernel of every loaded library (OpforgeLibrary::reload), so
+/// the next call of each op re-reads its kernel source.
+void reload_kernels();
+
+}  // namespace opforge::core

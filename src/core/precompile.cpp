@@ -1,0 +1,57 @@
+// Ahead-of-time compilation of run-time kernels (see precompile.h).
+#include "precompile.h"
+
+#include "check.h"
+#include "opforge/detail/names.h"
+#include "opforge/error.h"
+#include "schema.h"
+
+namespace opforge::core {
+
+bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& dtypes, const std::vector<OpforgeValue>& values,
+                const std::string& arch, const std::string& cache_dir) {
+  OPFORGE_ICHECK(dtypes.size() == static_cast<size_t>(op.num_args) && values.size() == dtypes.size());
+  std::vector<std::string> why;
+  std::vector<bool> bad(op.num_args, false);  // as a call's check: a bad dtype is reported once, not again by same_dtype
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeArgSpec& a = op.args[i];
+    if (a.kind != OPFORGE_ARG_TENSOR) {
+      if (a.param.compile_time) check_param(a, values[i], why);
+      continue;
+    }
+    const int32_t d = dtypes[i], like = a.tensor.dtype_like;
+    const size_t before = why.size();
+    if (d < 0) {
+      if (!is_optional(a)) why.push_back(std::string(a.name) + ": expected a dtype, got none");
+    } else if (like >= 0 && (bad[like] || dtypes[like] < 0)) {
+      // judged against a dtype that is already reported
+    } else if (like >= 0 && dtypes[like] != d) {
+      why.push_back(std::string(a.name) + ": expected dtype " + dtype_name(dtypes[like]) + " (the dtype of " +
+                    op.args[like].name + "), got " + dtype_name(d));
+    } else if (!dtype_allowed(a.tensor, d)) {
+      why.push_back(std::string(a.name) + ": " + expected_dtype(a.tensor, dtype_name(d)));
+    }
+    bad[i] = why.size() > before || d < 0;
+  }
+  if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
+  bool hit = true;
+  for (int32_t k = 0; k < op.num_kernels; ++k) {
+    if (!has_runtime_source(op.kernels[k])) continue;
+    char message[8192] = {0};
+    OpforgePrecompileRequest r{};
+    r.struct_size = sizeof(r);
+    r.dtypes = dtypes.data();
+    r.values = values.data();
+    r.arch = arch.c_str();
+    r.cache_dir = cache_dir.empty() ? nullptr : cache_dir.c_str();
+    r.error = message;
+    r.error_capacity = sizeof(message);
+    const int32_t status = op.kernels[k].precompile(&r, op.kernels[k].user);
+    if (status == OPFORGE_STATUS_INVALID_ARGUMENT) throw InvalidArgument(qualified_name(op) + ": " + message);
+    if (status != OPFORGE_STATUS_OK) throw InternalError(qualified_name(op) + ": " + message);
+    hit = hit && r.cache_hit;
+  }
+  return hit;
+}
+
+}  // namespace opforge::core

@@ -1,0 +1,60 @@
+// Sharding rules derived from declarations (see sharding.h).
+#include "sharding.h"
+
+#include "check.h"
+#include "schema.h"
+
+namespace opforge::core {
+
+std::map<int32_t, int64_t> multiple_of_dims(const OpforgeArgSpec& a) {
+  std::map<int32_t, int64_t> out;
+  if (a.kind != OPFORGE_ARG_TENSOR) return out;
+  for (int32_t d = 0; d < a.tensor.num_dims; ++d)
+    if (is_multiple_of(a.tensor.dims[d])) out[d] = a.tensor.dims[d].nodes[0].value;
+  return out;
+}
+
+std::vector<int32_t> unshardable_dims(const OpforgeOpSpec& op) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < op.num_args; ++i)
+    for (const auto& [d, k] : multiple_of_dims(op.args[i])) {
+      const int32_t from_end = d - op.args[i].tensor.num_dims;
+      bool seen = false;
+      for (int32_t e : out) seen = seen || e == from_end;
+      if (!seen) out.push_back(from_end);
+    }
+  return out;
+}
+
+std::map<int32_t, std::map<int32_t, int32_t>> follow_dims(const OpforgeOpSpec& op) {
+  std::map<int32_t, std::map<int32_t, int32_t>> maps;
+  if (sharding(op) != OPFORGE_SHARDING_DIMS) return maps;
+  int32_t first = -1;
+  for (int32_t i = 0; i < op.num_args && first < 0; ++i)
+    if (op.args[i].kind == OPFORGE_ARG_TENSOR) first = i;
+  if (first < 0) return maps;
+  const OpforgeTensorSpec& lead = op.args[first].tensor;
+  const int32_t rank = lead.num_dims > 0 ? lead.num_dims : lead.min_rank == lead.max_rank ? lead.max_rank : -1;
+  const uint32_t dims = sharding_dims(op);
+  for (int32_t d = 0; d < 32; ++d)
+    if (dims >> d & 1u) maps[first][d] = d;
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeArgSpec& a = op.args[i];
+    if (a.kind != OPFORGE_ARG_TENSOR || i == first) continue;
+    auto& map = maps[i];
+    if (a.tensor.shape_like >= 0) {  // an earlier input, whose map is complete
+      map = maps[a.tensor.shape_like];
+      continue;
+    }
+    for (int32_t j = 0; j < a.tensor.num_dims; ++j) {
+      const OpforgeExpr& e = a.tensor.dims[j];
+      if (e.num_nodes != 1 || e.nodes[0].op != OPFORGE_EXPR_DIM || e.nodes[0].arg != first) continue;
+      const int64_t d = e.nodes[0].value;
+      if (d >= 0) map[static_cast<int32_t>(d)] = j;
+      else if (rank >= 0) map[static_cast<int32_t>(d + rank)] = j;
+    }
+  }
+  return maps;
+}
+
+}  // namespace opforge::core

@@ -1,0 +1,101 @@
+// Example input sizes from the shape rules (see sizes.h).
+#include "sizes.h"
+
+#include <map>
+#include <numeric>
+
+#include "check.h"
+#include "sharding.h"
+
+namespace opforge::core {
+namespace {
+
+int32_t example_rank(const OpforgeTensorSpec& t) {
+  if (t.num_dims > 0) return t.num_dims;
+  const int32_t rank = std::max(std::max(t.min_rank, 1), 2);
+  return t.max_rank >= 0 ? std::min(rank, t.max_rank) : rank;
+}
+
+int64_t round_up(int64_t size, int64_t k) { return size > 0 ? (size + k - 1) / k * k : size; }
+
+/// Per tensor argument, the factor each dim must be a multiple of: its own multiple_of rules and
+/// those of the inputs declared same_shape of it (whose shapes are copies of its own).
+std::vector<std::map<int32_t, int64_t>> factors(const OpforgeOpSpec& op) {
+  std::vector<std::map<int32_t, int64_t>> out(op.num_args);
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    for (const auto& [d, k] : multiple_of_dims(op.args[i])) {
+      for (int32_t j = i, steps = 0; j >= 0 && steps <= op.num_args; j = op.args[j].tensor.shape_like, ++steps) {
+        int64_t& f = out[j][d];
+        f = f ? std::lcm(f, k) : k;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_t lead, int64_t last,
+                                                 const std::vector<OpforgeValue>& values) {
+  const auto factor = factors(op);
+  auto multiple = [&](int32_t i, int32_t d, int64_t size) {
+    auto it = factor[i].find(d);
+    return it == factor[i].end() ? size : round_up(size, it->second);
+  };
+  std::vector<ArgInfo<int64_t>> info(op.num_args);
+  std::vector<bool> done(op.num_args, false);
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    info[i].value = i < static_cast<int32_t>(values.size()) ? values[i] : OpforgeValue{};
+    done[i] = op.args[i].kind != OPFORGE_ARG_TENSOR;
+  }
+  for (int32_t round = 0; round <= op.num_args; ++round) {
+    for (int32_t i = 0; i < op.num_args; ++i) {
+      if (done[i]) continue;
+      const OpforgeTensorSpec& t = op.args[i].tensor;
+      const int32_t rank = example_rank(t);
+      std::vector<int64_t> free;
+      if (rank >= 2) {
+        free.push_back(lead);
+        free.insert(free.end(), rank - 2, 5);
+        free.push_back(last);
+      } else {
+        free.assign(rank, last);
+      }
+      for (int32_t d = 0; d < rank; ++d) free[d] = multiple(i, d, free[d]);
+      if (t.shape_like >= 0) {
+        if (done[t.shape_like]) info[i].sizes = info[t.shape_like].sizes, done[i] = true;
+        continue;
+      }
+      if (t.num_dims == 0) {
+        info[i].sizes = free, done[i] = true;
+        continue;
+      }
+      std::vector<int64_t> dims(rank);
+      bool complete = true;
+      for (int32_t d = 0; d < rank && complete; ++d) {
+        const OpforgeExpr& e = t.dims[d];
+        if (e.num_nodes == 0 || is_multiple_of(e)) {
+          dims[d] = free[d];
+        } else if (auto v = eval_expr(e, info)) {
+          dims[d] = *v;
+        } else {
+          complete = false;
+        }
+      }
+      if (complete) info[i].sizes = dims, done[i] = true;
+    }
+  }
+  std::vector<std::vector<int64_t>> shapes(op.num_args);
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR) continue;
+    if (done[i]) {
+      shapes[i] = info[i].sizes;
+      continue;
+    }
+    const int32_t rank = example_rank(op.args[i].tensor);
+    for (int32_t d = 0; d < rank; ++d) shapes[i].push_back(multiple(i, d, lead));
+  }
+  return shapes;
+}
+
+}  // namespace opforge::core

@@ -1,0 +1,327 @@
+// The backend-neutral half of run-time kernels (see runtime_kernel.h).
+#include "runtime_kernel.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+namespace opforge::detail {
+
+const std::string& kernel_dir() {
+  static const std::string dir = [] {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&kernel_dir), &info) == 0 || info.dli_fname == nullptr) return std::string();
+    std::string path = rtc::real_path(info.dli_fname);
+    const size_t slash = path.rfind('/');
+    std::string base = path.substr(slash + 1);
+    const size_t so = base.find(".so");
+    if (so != std::string::npos) base = base.substr(0, so);
+    return path.substr(0, slash) + "/" + base + ".kernels";
+  }();
+  return dir;
+}
+
+namespace rtc {
+
+bool read_file(const std::string& path, std::string& out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  out.clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  const bool ok = !std::ferror(f);
+  std::fclose(f);
+  return ok;
+}
+
+namespace {
+
+bool make_dirs(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      partial = dir.substr(0, i);
+      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    }
+  }
+  return true;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string cache_file(const std::string& key) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%016llx.bin", static_cast<unsigned long long>(fnv1a(key)));
+  return buf;
+}
+
+constexpr char kMagic[8] = {'O', 'P', 'F', 'G', 'R', 'T', 'C', '1'};
+
+void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
+bool get_u64(const std::string& s, size_t& pos, uint64_t& v) {
+  if (pos + 8 > s.size()) return false;
+  std::memcpy(&v, s.data() + pos, 8);
+  pos += 8;
+  return true;
+}
+bool get_str(const std::string& s, size_t& pos, std::string& out) {
+  uint64_t n;
+  if (!get_u64(s, pos, n) || n > s.size() - pos) return false;
+  out.assign(s, pos, n);
+  pos += n;
+  return true;
+}
+
+/// Reads a cache entry; false if missing, truncated, corrupted, or made for another key.
+bool read_entry(const std::string& path, const std::string& key, Binary& out) {
+  std::string data;
+  if (!read_file(path, data) || data.size() < 8 || std::memcmp(data.data(), kMagic, 8) != 0) return false;
+  size_t pos = 8;
+  std::string stored_key;
+  uint64_t checksum;
+  if (!get_str(data, pos, stored_key) || stored_key != key) return false;
+  if (!get_str(data, pos, out.lowered_name) || !get_u64(data, pos, checksum) || !get_str(data, pos, out.image))
+    return false;
+  return pos == data.size() && fnv1a(out.image) == checksum && !out.image.empty();
+}
+
+std::atomic<bool> g_warned_unwritable{false};
+
+}  // namespace
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) ? std::string(buf) : path;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string user_cache_dir() {
+  if (!env("OPFORGE_CACHE_DIR").empty()) return env("OPFORGE_CACHE_DIR") + "/kernels";
+  if (!env("XDG_CACHE_HOME").empty()) return env("XDG_CACHE_HOME") + "/opforge/kernels";
+  return env("HOME") + "/.cache/opforge/kernels";
+}
+
+void store(const std::string& dir, const std::string& key, const Binary& b) {
+  const std::string file = cache_file(key);
+  std::string data(kMagic, 8);
+  put_u64(data, key.size());
+  data += key;
+  put_u64(data, b.lowered_name.size());
+  data += b.lowered_name;
+  put_u64(data, fnv1a(b.image));
+  put_u64(data, b.image.size());
+  data += b.image;
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = dir + "/." + file + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id())) + "." +
+                          std::to_string(counter++);
+  std::string why;
+  FILE* f = make_dirs(dir) ? std::fopen(tmp.c_str(), "wb") : nullptr;
+  if (f == nullptr) {
+    why = std::strerror(errno);
+  } else {
+    const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+    const int saved = errno;
+    if (std::fclose(f) != 0 || !ok) why = std::strerror(ok ? errno : saved);
+    else if (std::rename(tmp.c_str(), (dir + "/" + file).c_str()) != 0) why = std::strerror(errno);
+    if (!why.empty()) std::remove(tmp.c_str());
+  }
+  if (!why.empty() && !g_warned_unwritable.exchange(true))
+    std::fprintf(stderr, "opforge: warning: cannot write the kernel cache %s (%s); compiled kernels are kept in memory only\n",
+                 dir.c_str(), why.c_str());
+}
+
+bool find_cached(const std::string& key, const std::string& write_dir, bool store_in_write_dir, Binary& out) {
+  const std::string file = cache_file(key);
+  for (const auto& dir : {kernel_dir() + "/cache", user_cache_dir(), write_dir}) {
+    if (!read_entry(dir + "/" + file, key, out)) continue;
+    Binary stored;
+    if (store_in_write_dir && dir != write_dir && !read_entry(write_dir + "/" + file, key, stored))
+      store(write_dir, key, out);
+    return true;
+  }
+  return false;
+}
+
+std::string instantiate(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
+                        const std::vector<int32_t>& out_dtypes, const OpforgeValue* values,
+                        const char* (*type_name)(int32_t dtype)) {
+  const OpDef& def = *rk.def;
+  auto tensor_dtype = [&](const std::string& name) -> int32_t {
+    for (size_t i = 0; i < def.args.size(); ++i)
+      if (def.args[i].name == name) return arg_dtypes[i];
+    for (size_t o = 0; o < def.outputs.size(); ++o)
+      if (def.outputs[o].name == name) return out_dtypes[o];
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < rk.name.size(); ++i) {
+    if (rk.name[i] != '{') {
+      out += rk.name[i];
+      continue;
+    }
+    const size_t end = rk.name.find('}', i);
+    const std::string key = rk.name.substr(i + 1, end - i - 1);
+    i = end;
+    if (key == "T") {
+      for (size_t a = 0; a < def.args.size(); ++a)
+        if (def.args[a].kind == OPFORGE_ARG_TENSOR) {
+          out += type_name(arg_dtypes[a]);
+          break;
+        }
+    } else if (key.rfind("T_", 0) == 0) {
+      out += type_name(tensor_dtype(key.substr(2)));
+    } else {
+      for (size_t a = 0; a < def.args.size(); ++a) {
+        if (def.args[a].name != key || def.args[a].kind == OPFORGE_ARG_TENSOR) continue;
+        const OpforgeValue& v = values[a];
+        if (def.args[a].kind == OPFORGE_ARG_BOOL) out += v.i ? "true" : "false";
+        else if (def.args[a].kind == OPFORGE_ARG_STRING) out.append(v.s, v.len);
+        else out += std::to_string(v.i);
+      }
+    }
+  }
+  return out;
+}
+
+int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg_dtypes) {
+  return o.dtype_like >= 0 ? arg_dtypes[o.dtype_like] : o.dtype;
+}
+
+namespace {
+
+int64_t numel(const OpforgeTensor& t) {
+  int64_t n = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) n *= t.sizes[d];
+  return n;
+}
+
+std::string sizes_text(const OpforgeTensor& t) {
+  std::string s = "[";
+  for (int32_t d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.sizes[d]);
+  return s + "]";
+}
+
+/// nullopt, or InternalError naming an output with elements: the geometry is empty.
+std::optional<LaunchConfig> nothing_to_launch(const RuntimeKernel& rk, const OpforgeCallFrame* f,
+                                              const std::string& rule) {
+  for (int32_t o = 0; o < f->num_outputs; ++o) {
+    if (numel(f->outputs[o]) == 0) continue;
+    throw InternalError(rule + " gives no threads, but output '" + rk.def->outputs[o].name + "' of shape " +
+                        sizes_text(f->outputs[o]) +
+                        " has elements, which would stay unwritten (launch over that output, or with launch_grid)");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
+  const int32_t num_args = f->num_args;
+  const OpforgeTensor* rule_tensor = nullptr;
+  if (rk.rule_tensor >= 0)
+    rule_tensor = rk.rule_tensor < num_args ? &f->args[rk.rule_tensor].tensor : &f->outputs[rk.rule_tensor - num_args];
+  LaunchConfig cfg;
+  switch (rk.rule.kind) {
+    case LaunchRule::kElementwise: {
+      const int64_t n = numel(*rule_tensor);
+      if (n == 0) return nothing_to_launch(rk, f, "elementwise(\"" + rk.rule.tensor + "\") of shape " + sizes_text(*rule_tensor));
+      const int64_t items = rk.rule.bytes_per_thread > 0
+                                ? std::max<int64_t>(1, rk.rule.bytes_per_thread / dtype_size(static_cast<Dtype>(rule_tensor->dtype)))
+                                : rk.rule.items_per_thread;
+      const int64_t per_block = int64_t{rk.rule.threads} * items;
+      const int64_t blocks = (n + per_block - 1) / per_block;
+      OPFORGE_CHECK(blocks <= INT32_MAX, n, " elements exceed one launch's grid");
+      cfg.grid[0] = static_cast<unsigned>(blocks);
+      cfg.block[0] = static_cast<unsigned>(rk.rule.threads);
+      cfg.args = {n};
+      return cfg;
+    }
+    case LaunchRule::kRows: {
+      const OpforgeTensor& t = *rule_tensor;
+      const int64_t cols = t.ndim > 0 ? t.sizes[t.ndim - 1] : 1;
+      int64_t rows = 1;  // the leading dims' product: a [4, 0] tensor has 4 (empty) rows
+      for (int32_t d = 0; d + 1 < t.ndim; ++d) rows *= t.sizes[d];
+      if (rows == 0) return nothing_to_launch(rk, f, "rows(\"" + rk.rule.tensor + "\") of shape " + sizes_text(t));
+      OPFORGE_CHECK(rows <= INT32_MAX, rows, " rows exceed one launch's grid");
+      cfg.grid[0] = static_cast<unsigned>(rows);
+      int64_t threads = rk.rule.threads;
+      if (threads <= 0) {  // auto: whole warps, at most kRowVectorsPerThread 16-byte vectors of the row each
+        constexpr int64_t kRowVectorsPerThread = 4;  // opforge::kernel::RowRegisters' default (kernel.cuh)
+        const int64_t vectors = (cols * dtype_size(static_cast<Dtype>(t.dtype)) + 15) / 16;
+        const int64_t per_warp = kRowVectorsPerThread * 32;
+        threads = std::clamp<int64_t>((vectors + per_warp - 1) / per_warp * 32, 32, 1024);
+      }
+      cfg.block[0] = static_cast<unsigned>(threads);
+      cfg.args = {rows, cols};
+      return cfg;
+    }
+    case LaunchRule::kGrid:
+      cfg = rk.rule.grid_entry(f, rk.rule.grid_fn);
+      if (int64_t{cfg.grid[0]} * cfg.grid[1] * cfg.grid[2] == 0) return nothing_to_launch(rk, f, "the grid function");
+      return cfg;
+    case LaunchRule::kNone: break;
+  }
+  throw InternalError("run-time kernel without a launch rule");
+}
+
+KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg)
+    : ints_(cfg.args) {
+  const OpDef& def = *rk.def;
+  const int32_t num_args = f->num_args;
+  // Reserved up front: params_ points into these vectors, which must not reallocate.
+  pointers_.reserve(num_args + f->num_outputs);
+  ints_.reserve(ints_.size() + num_args);
+  floats_.reserve(num_args);
+  bools_.reserve(num_args);
+  for (int32_t i = 0; i < num_args; ++i)
+    if (def.args[i].kind == OPFORGE_ARG_TENSOR) pointers_.push_back(f->args[i].tensor.data);
+  for (int32_t o = 0; o < f->num_outputs; ++o) pointers_.push_back(f->outputs[o].data);
+  for (auto& p : pointers_) params_.push_back(&p);
+  for (auto& v : ints_) params_.push_back(&v);
+  for (int32_t i = 0; i < num_args; ++i) {
+    const ArgDecl& a = def.args[i];
+    if (a.kind == OPFORGE_ARG_TENSOR || a.param.compile_time) continue;
+    const OpforgeValue& v = f->args[i].value;
+    if (a.kind == OPFORGE_ARG_FLOAT) {
+      floats_.push_back(v.f);
+      params_.push_back(&floats_.back());
+    } else if (a.kind == OPFORGE_ARG_BOOL) {
+      bools_.push_back(v.i != 0);
+      params_.push_back(&bools_.back());
+    } else {
+      ints_.push_back(v.i);
+      params_.push_back(&ints_.back());
+    }
+  }
+}
+
+}  // namespace rtc
+}  // namespace opforge::detail

@@ -1,0 +1,89 @@
+// The backend-neutral half of run-time kernels (Note [Run-time kernels] in opforge/op.h): the
+// kernel folder, the on-disk binary cache, instantiation names, launch geometry and the order of
+// kernel arguments. A backend (rtc_cuda.cpp: NVRTC and the CUDA driver) compiles and launches;
+// everything here is shared by any backend and needs no GPU library.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "opforge/op.h"
+
+namespace opforge::detail::rtc {
+
+// ---- files ----------------------------------------------------------------------------------
+
+bool read_file(const std::string& path, std::string& out);
+bool is_file(const std::string& path);
+std::string real_path(const std::string& path);
+std::string env(const char* name);
+
+// ---- the binary cache -----------------------------------------------------------------------
+
+/// A compiled kernel: its lowered (mangled) name and its binary image (CUBIN, or PTX).
+struct Binary {
+  std::string lowered_name;
+  std::string image;
+};
+
+/// The user cache: $OPFORGE_CACHE_DIR/kernels, else $XDG_CACHE_HOME/opforge/kernels, else
+/// ~/.cache/opforge/kernels.
+std::string user_cache_dir();
+
+/// The binary for cache key `key`: looked up in the library's shipped cache (the kernel folder's
+/// cache/), the user cache and `write_dir`, in that order. With `store_in_write_dir`
+/// (precompile: packages must carry their binaries) one found elsewhere is copied into
+/// `write_dir`. Returns false if none is cached. Entries carry their full key and a checksum
+/// (64-bit FNV-1a; Fowler, Noll, Vo, http://www.isthe.com/chongo/tech/comp/fnv/) and are compared
+/// on load, so a damaged or colliding entry costs a recompile, never a wrong kernel.
+bool find_cached(const std::string& key, const std::string& write_dir, bool store_in_write_dir, Binary& out);
+
+/// Stores `b` under `key` in `dir`, atomically (a temporary file renamed into place); warns once
+/// and keeps the binary in memory only if the folder cannot be written.
+void store(const std::string& dir, const std::string& key, const Binary& b);
+
+// ---- names ----------------------------------------------------------------------------------
+
+/// The kernel's name expression for one instantiation: `{T}` replaced by the first tensor
+/// input's type, `{T_<tensor>}` by that tensor's, `{<param>}` by a compile-time parameter's
+/// value; `type_name` gives a backend's type for an OpforgeDtype ("__half" for CUDA).
+std::string instantiate(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
+                        const std::vector<int32_t>& out_dtypes, const OpforgeValue* values,
+                        const char* (*type_name)(int32_t dtype));
+
+/// The dtype of output `o` for these argument dtypes.
+int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg_dtypes);
+
+// ---- launch geometry and arguments ----------------------------------------------------------
+
+/// Grid, block, shared memory and the rule's int64 arguments of one call: elementwise over the
+/// rule tensor's elements, rows over the product of its leading dims (a row may be empty: the
+/// kernel then writes what an empty row gives), or the grid function's answer. nullopt when
+/// there is nothing to launch (no thread would have work) and no output has an element. Throws
+/// InternalError if the rule gives no threads while an output has elements (those elements
+/// would stay unwritten: the rule names the wrong tensor), InvalidArgument if the grid would
+/// exceed a launch's limits.
+std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f);
+
+/// The kernel's arguments in their order: the tensors' data pointers (inputs, then outputs; an
+/// absent optional input's is null), the launch's int64 values, then the parameters that are
+/// not compile-time, each with its declared C type (int64_t, double, bool).
+class KernelArguments {
+ public:
+  KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg);
+  KernelArguments(const KernelArguments&) = delete;
+  KernelArguments& operator=(const KernelArguments&) = delete;
+  /// One pointer per argument, to its value (what cuLaunchKernel's kernelParams takes).
+  void** params() { return params_.data(); }
+
+ private:
+  std::vector<void*> pointers_;
+  std::vector<int64_t> ints_;
+  std::vector<double> floats_;
+  std::vector<unsigned char> bools_;
+  std::vector<void*> params_;
+};
+
+}  // namespace opforge::detail::rtc

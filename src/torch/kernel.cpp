@@ -1,0 +1,204 @@
+// The boxed kernel (see kernel.h): converts the stack to the call protocol of src/core/call.h
+// and back. No rule of the description is evaluated here.
+#include "kernel.h"
+
+#include <ATen/core/stack.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../core/call.h"
+#include "../core/check.h"
+#include "types.h"
+
+namespace opforge::torch {
+namespace {
+
+/// Arguments of one call converted from the stack, with storage for strings and lists.
+struct CallArgs {
+  std::vector<at::Tensor> tensors;
+  std::vector<std::string> strings;
+  std::vector<std::vector<int64_t>> int_lists;
+  std::vector<std::vector<double>> float_lists;
+  std::vector<OpforgeValue> values;
+};
+
+/// Scratch memory for a kernel: tensors from torch's allocator on the kernel's device, kept
+/// alive until the kernel call returns (stream-ordered reuse makes that safe on CUDA).
+struct Scratch {
+  at::TensorOptions options;
+  std::vector<at::Tensor> buffers;
+  static void* allocate(void* state, size_t bytes) {
+    auto* s = static_cast<Scratch*>(state);
+    try {
+      s->buffers.push_back(at::empty({static_cast<int64_t>(bytes)}, s->options));
+      return s->buffers.back().data_ptr();
+    } catch (...) {
+      return nullptr;
+    }
+  }
+};
+
+class OpKernel final : public c10::OperatorKernel {
+ public:
+  OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) : op_(op), mode_(mode), kernel_(kernel) {}
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) {
+    const int32_t n = op_.num_args;
+    CallArgs call = with_torch_errors([&] { return unpack(::torch::jit::last(*stack, n)); });
+    std::vector<at::Tensor> outputs = mode_ == Mode::kMeta ? run<c10::SymInt>(call) : run<int64_t>(call);
+    ::torch::jit::drop(*stack, n);
+    for (auto& t : outputs) ::torch::jit::push(*stack, std::move(t));
+  }
+
+ private:
+  CallArgs unpack(c10::ArrayRef<c10::IValue> ivalues) const {
+    const int32_t n = op_.num_args;
+    CallArgs c;
+    c.tensors.resize(n);
+    c.strings.resize(n);
+    c.int_lists.resize(n);
+    c.float_lists.resize(n);
+    c.values.resize(n);
+    for (int32_t i = 0; i < n; ++i) {
+      const c10::IValue& iv = ivalues[i];
+      OpforgeValue& v = c.values[i];
+      v.kind = op_.args[i].kind;
+      if (iv.isNone() && v.kind != OPFORGE_ARG_TENSOR) {  // a default the framework left out
+        v = core::default_value(op_, i);
+        continue;
+      }
+      switch (op_.args[i].kind) {
+        case OPFORGE_ARG_TENSOR:  // None (an optional input left out) stays an undefined tensor
+          if (!iv.isNone()) c.tensors[i] = iv.toTensor();
+          break;
+        case OPFORGE_ARG_INT: v.i = iv.toInt(); break;
+        case OPFORGE_ARG_FLOAT: v.f = iv.toDouble(); break;
+        case OPFORGE_ARG_BOOL: v.i = iv.toBool(); break;
+        case OPFORGE_ARG_STRING:
+          c.strings[i] = iv.toStringRef();
+          v.s = c.strings[i].c_str();
+          v.len = c.strings[i].size();
+          break;
+        case OPFORGE_ARG_INT_LIST:
+          c.int_lists[i] = iv.toIntVector();
+          v.ints = c.int_lists[i].data();
+          v.len = c.int_lists[i].size();
+          break;
+        case OPFORGE_ARG_FLOAT_LIST:
+          c.float_lists[i] = iv.toDoubleVector();
+          v.floats = c.float_lists[i].data();
+          v.len = c.float_lists[i].size();
+          break;
+      }
+    }
+    return c;
+  }
+
+  template <class Int>
+  std::vector<at::Tensor> run(CallArgs& call) const {
+    const int32_t n = op_.num_args;
+    std::vector<core::ArgInfo<Int>> info(n);
+    int32_t device_arg = -1;
+    for (int32_t i = 0; i < n; ++i) {
+      info[i].value = call.values[i];
+      if (op_.args[i].kind != OPFORGE_ARG_TENSOR) continue;
+      const at::Tensor& t = call.tensors[i];
+      if (!t.defined()) {  // check_call accepts it for an optional input only
+        info[i].defined = false;
+        continue;
+      }
+      if (device_arg < 0) device_arg = i;
+      info[i].dtype = to_opforge(t.scalar_type());
+      info[i].dtype_label = torch_dtype_name(t.scalar_type());
+      info[i].device_type = device_type_name(t.device().type());
+      info[i].device_index = t.device().has_index() ? t.device().index() : -1;
+      if constexpr (std::is_same_v<Int, c10::SymInt>) {
+        auto s = t.sym_sizes();
+        info[i].sizes.assign(s.begin(), s.end());
+      } else {
+        auto s = t.sizes();
+        info[i].sizes.assign(s.begin(), s.end());
+      }
+    }
+    std::vector<core::OutputInfo<Int>> outs;
+    const std::string problems = core::check_call<Int>(op_, info, outs);
+    TORCH_CHECK_VALUE(problems.empty(), problems);
+
+    const at::Device device = call.tensors[device_arg].device();
+    std::vector<at::Tensor> outputs;
+    outputs.reserve(outs.size());
+    for (const auto& o : outs) {
+      auto options = at::TensorOptions().dtype(to_torch(o.dtype)).device(device);
+      if constexpr (std::is_same_v<Int, c10::SymInt>) {
+        outputs.push_back(at::empty_symint(o.sizes, options));
+      } else {
+        outputs.push_back(at::empty(o.sizes, options));
+      }
+    }
+    if constexpr (std::is_same_v<Int, int64_t>) launch(call, outputs, device);
+    return outputs;
+  }
+
+  void launch(CallArgs& call, const std::vector<at::Tensor>& outputs, const at::Device& device) const {
+    std::vector<OpforgeTensor> out_views;
+    out_views.reserve(outputs.size());
+    for (const auto& o : outputs) out_views.push_back(view(o));
+    if (core::skip_launch(out_views)) return;
+    if (core::poison_outputs()) {
+      for (const auto& o : outputs) {
+        if (at::isFloatingType(o.scalar_type())) o.fill_(NAN);
+        else o.fill_(o.scalar_type() == at::kBool ? 1 : 123);
+      }
+    }
+    const int32_t n = op_.num_args;
+    const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
+    const int32_t device_index = device.has_index() ? device.index() : -1;
+    std::vector<OpforgeArg> args(n);
+    for (int32_t i = 0; i < n; ++i) {
+      args[i].value = call.values[i];
+      if (op_.args[i].kind != OPFORGE_ARG_TENSOR) continue;
+      at::Tensor& t = call.tensors[i];
+      if (!t.defined()) {  // an optional input left out
+        args[i].tensor = core::absent_tensor(device_type, device_index);
+        continue;
+      }
+      args[i].tensor = view(t);
+      if (core::admit(op_.args[i].tensor, args[i].tensor, t.element_size()) == core::Admission::kDenseCopy) {
+        t = t.contiguous();  // a fresh allocation: 16-byte aligned, unless it is a misaligned view
+        if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) t = t.clone(at::MemoryFormat::Contiguous);
+        args[i].tensor = view(t);
+      }
+    }
+
+    c10::OptionalDeviceGuard guard;
+    OpforgeContext ctx{};
+    ctx.struct_size = sizeof(OpforgeContext);
+    ctx.device_type = device_type;
+    ctx.device_index = device_index;
+    if (mode_ == Mode::kCuda) {
+      guard.reset_device(device);
+      c10::impl::VirtualGuardImpl impl(device.type());
+      ctx.stream = impl.getStream(device).native_handle();
+    }
+    Scratch scratch{at::TensorOptions().dtype(at::kByte).device(device), {}};
+    ctx.allocate = &Scratch::allocate;
+    ctx.allocator_state = &scratch;
+    with_torch_errors([&] { core::call_kernel(op_, *kernel_, ctx, args, out_views); });
+  }
+
+  const OpforgeOpSpec& op_;
+  Mode mode_;
+  const OpforgeKernel* kernel_;
+};
+
+}  // namespace
+
+::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) {
+  return ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(op, mode, kernel));
+}
+
+}  // namespace opforge::torch

@@ -1,0 +1,18 @@
+// The boxed kernel every op gets at the CPU, CUDA and Meta dispatch keys.
+#pragma once
+
+#include <torch/library.h>
+
+#include "opforge/c_api.h"
+
+namespace opforge::torch {
+
+/// Which dispatch key a kernel serves: CPU runs the reference, CUDA a device kernel, Meta only
+/// the shape rules (symbolically, over c10::SymInt).
+enum class Mode { kCpu, kCuda, kMeta };
+
+/// A boxed kernel for `op` at one dispatch key (`kernel` is null for kMeta). Calls from Python
+/// and from AOTInductor's proxy executor arrive boxed, so one boxed functor serves every op.
+::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel);
+
+}  // namespace opforge::torch

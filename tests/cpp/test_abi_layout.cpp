@@ -1,0 +1,185 @@
+// Pins the layout of every struct of the C ABI (opforge/c_api.h), so that Note [ABI versioning]
+// is enforced: a change that moves a field or grows a struct embedded by value or laid out in an
+// array fails here, and must come with a new OPFORGE_ABI_VERSION (and these numbers updated).
+// Structs reached through a pointer may grow at their end (a new field after the last one pinned
+// here), read past struct_size by newer adapters only. The figures hold on LP64 platforms
+// (x86-64 and AArch64 Linux), the ones opforge builds for.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+
+#include "opforge/c_api.h"
+
+static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layout is that of LP64 platforms");
+
+namespace {
+
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 3); }
+
+TEST(AbiLayout, Tensor) {
+  EXPECT_EQ(sizeof(OpforgeTensor), 40u);
+  EXPECT_EQ(offsetof(OpforgeTensor, data), 0u);
+  EXPECT_EQ(offsetof(OpforgeTensor, dtype), 8u);
+  EXPECT_EQ(offsetof(OpforgeTensor, device_type), 12u);
+  EXPECT_EQ(offsetof(OpforgeTensor, device_index), 16u);
+  EXPECT_EQ(offsetof(OpforgeTensor, ndim), 20u);
+  EXPECT_EQ(offsetof(OpforgeTensor, sizes), 24u);
+  EXPECT_EQ(offsetof(OpforgeTensor, strides), 32u);
+}
+
+TEST(AbiLayout, Value) {
+  EXPECT_EQ(sizeof(OpforgeValue), 56u);
+  EXPECT_EQ(offsetof(OpforgeValue, kind), 0u);
+  EXPECT_EQ(offsetof(OpforgeValue, i), 8u);
+  EXPECT_EQ(offsetof(OpforgeValue, f), 16u);
+  EXPECT_EQ(offsetof(OpforgeValue, s), 24u);
+  EXPECT_EQ(offsetof(OpforgeValue, ints), 32u);
+  EXPECT_EQ(offsetof(OpforgeValue, floats), 40u);
+  EXPECT_EQ(offsetof(OpforgeValue, len), 48u);
+}
+
+TEST(AbiLayout, ExprNode) {
+  EXPECT_EQ(sizeof(OpforgeExprNode), 16u);
+  EXPECT_EQ(offsetof(OpforgeExprNode, op), 0u);
+  EXPECT_EQ(offsetof(OpforgeExprNode, arg), 4u);
+  EXPECT_EQ(offsetof(OpforgeExprNode, value), 8u);
+}
+
+TEST(AbiLayout, Expr) {
+  EXPECT_EQ(sizeof(OpforgeExpr), 16u);
+  EXPECT_EQ(offsetof(OpforgeExpr, num_nodes), 0u);
+  EXPECT_EQ(offsetof(OpforgeExpr, nodes), 8u);
+}
+
+TEST(AbiLayout, TensorSpec) {
+  EXPECT_EQ(sizeof(OpforgeTensorSpec), 56u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, dtypes), 8u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, dtype_like), 12u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, min_rank), 16u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, max_rank), 20u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, num_dims), 24u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, dims), 32u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, layout), 40u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, shape_like), 44u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, optional), 48u);
+}
+
+TEST(AbiLayout, ParamSpec) {
+  EXPECT_EQ(sizeof(OpforgeParamSpec), 120u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, has_default), 8u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, default_value), 16u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, has_min), 72u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, has_max), 76u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, min), 80u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, max), 88u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, num_choices), 96u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, choices), 104u);
+  EXPECT_EQ(offsetof(OpforgeParamSpec, compile_time), 112u);
+}
+
+TEST(AbiLayout, ArgSpec) {
+  EXPECT_EQ(sizeof(OpforgeArgSpec), 200u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, name), 8u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, kind), 16u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, tensor), 24u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, param), 80u);
+}
+
+TEST(AbiLayout, OutputSpec) {
+  EXPECT_EQ(sizeof(OpforgeOutputSpec), 48u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, name), 8u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, dtype_like), 16u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, dtype), 20u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, shape_like), 24u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, num_dims), 28u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, dim_index), 32u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, dims), 40u);
+}
+
+TEST(AbiLayout, Context) {
+  EXPECT_EQ(sizeof(OpforgeContext), 40u);
+  EXPECT_EQ(offsetof(OpforgeContext, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeContext, device_type), 8u);
+  EXPECT_EQ(offsetof(OpforgeContext, device_index), 12u);
+  EXPECT_EQ(offsetof(OpforgeContext, stream), 16u);
+  EXPECT_EQ(offsetof(OpforgeContext, allocate), 24u);
+  EXPECT_EQ(offsetof(OpforgeContext, allocator_state), 32u);
+}
+
+TEST(AbiLayout, Arg) {
+  EXPECT_EQ(sizeof(OpforgeArg), 96u);
+  EXPECT_EQ(offsetof(OpforgeArg, tensor), 0u);
+  EXPECT_EQ(offsetof(OpforgeArg, value), 40u);
+}
+
+TEST(AbiLayout, CallFrame) {
+  EXPECT_EQ(sizeof(OpforgeCallFrame), 64u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, ctx), 8u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, num_args), 16u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, args), 24u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, num_outputs), 32u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, outputs), 40u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, error), 48u);
+  EXPECT_EQ(offsetof(OpforgeCallFrame, error_capacity), 56u);
+}
+
+TEST(AbiLayout, PrecompileRequest) {
+  EXPECT_EQ(sizeof(OpforgePrecompileRequest), 64u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, dtypes), 8u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, values), 16u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, arch), 24u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, cache_dir), 32u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, error), 40u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, error_capacity), 48u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, cache_hit), 56u);
+}
+
+TEST(AbiLayout, Kernel) {
+  EXPECT_EQ(sizeof(OpforgeKernel), 56u);
+  EXPECT_EQ(offsetof(OpforgeKernel, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeKernel, device_type), 8u);
+  EXPECT_EQ(offsetof(OpforgeKernel, fn), 16u);
+  EXPECT_EQ(offsetof(OpforgeKernel, user), 24u);
+  EXPECT_EQ(offsetof(OpforgeKernel, source), 32u);
+  EXPECT_EQ(offsetof(OpforgeKernel, name), 40u);
+  EXPECT_EQ(offsetof(OpforgeKernel, precompile), 48u);
+}
+
+TEST(AbiLayout, OpSpec) {
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 112u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, doc), 24u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, file), 32u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, line), 40u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_args), 44u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, args), 48u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_outputs), 56u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, outputs), 64u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_kernels), 72u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, kernels), 80u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, equivalent), 88u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, sharding), 96u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, sharding_dims), 100u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, backward), 104u);
+}
+
+TEST(AbiLayout, Library) {
+  EXPECT_EQ(sizeof(OpforgeLibrary), 48u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, abi_version), 8u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, num_ops), 12u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, ops), 16u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, error), 24u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, kernel_dir), 32u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, reload), 40u);
+}
+
+}  // namespace

@@ -1,0 +1,310 @@
+// libopforge_core: the library description, the call protocol, sharding and example sizes,
+// precompile's checks, and the backward-op pairing, each at its seam with exact messages.
+#include <gtest/gtest.h>
+#include <opforge/op.h>
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../src/core/backward.h"
+#include "../../src/core/call.h"
+#include "../../src/core/description.h"
+#include "../../src/core/library.h"
+#include "../../src/core/precompile.h"
+#include "../../src/core/sharding.h"
+#include "../../src/core/sizes.h"
+
+namespace {
+
+using nlohmann::json;
+using opforge::MutableTensor;
+using opforge::Tensor;
+
+void one_param(Tensor, double, MutableTensor) {}
+void two_inputs(Tensor, Tensor, MutableTensor) {}
+void three_inputs(Tensor, Tensor, Tensor, MutableTensor) {}
+void with_tag(Tensor, std::string_view, MutableTensor) {}
+void with_ints(Tensor, std::span<const int64_t>, MutableTensor) {}
+
+std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
+  auto errors = def->finalize();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  return def;
+}
+
+/// The description of a library holding `defs`.
+json describe(std::vector<const opforge::detail::OpDef*> defs) {
+  std::vector<const OpforgeOpSpec*> ops;
+  for (auto* d : defs) ops.push_back(d->spec());
+  OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, static_cast<int32_t>(ops.size()), ops.data(), nullptr};
+  return json::parse(opforge::core::description_json(lib));
+}
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+TEST(Description, DescribesArgumentsOutputsAndKernels) {
+  auto def = finalized(opforge::detail::make_op("ns", "req", "f.cpp", 5)
+                           .doc("say \"hi\"")
+                           .input("x", opforge::kFloat16 | opforge::kBFloat16, opforge::contiguous_last_dim)
+                           .param<double>("alpha", 0.5, opforge::at_least(0))
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  const json j = describe({def.get()});
+  EXPECT_EQ(j["abi_version"], OPFORGE_ABI_VERSION);
+  const json& op = j["ops"][0];
+  EXPECT_EQ(op["name"], "ns::req");
+  EXPECT_EQ(op["schema"], "ns::req(Tensor x, float alpha=0.5) -> Tensor");
+  EXPECT_EQ(op["doc"], "say \"hi\"");
+  EXPECT_EQ(op["file"], "f.cpp");
+  EXPECT_EQ(op["line"], 5);
+  EXPECT_EQ(op["sharding"], "none");
+  EXPECT_EQ(op["backward"], nullptr);
+  EXPECT_EQ(op["is_backward_op"], false);
+  EXPECT_EQ(op["args"][0], json::parse(R"({"name": "x", "type": "Tensor", "kind": "tensor",
+      "dtypes": ["float16", "bfloat16"], "same_dtype": null, "same_shape": null, "min_rank": -1, "max_rank": -1,
+      "layout": "contiguous_last_dim", "optional": false, "shape": null, "shape_rules": null, "multiple_of": [],
+      "follows": []})"));
+  EXPECT_EQ(op["args"][1], json::parse(R"({"name": "alpha", "type": "float", "kind": "param", "default": 0.5,
+      "min": 0.0, "choices": null, "compile_time": false})"));
+  EXPECT_EQ(op["outputs"][0], json::parse(R"({"name": "y", "dtype": null, "dtype_like": "x", "like": "x",
+      "shape": [], "shape_rules": [], "with_dims": [], "with_dim_rules": []})"));
+  EXPECT_EQ(op["devices"], json::parse(R"(["cpu"])"));
+  EXPECT_EQ(op["runtime_kernels"], json::array());
+}
+
+TEST(Description, DefaultsAreTypedValues) {
+  auto def = finalized(opforge::detail::make_op("ns", "tag", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<std::string>("tag", "it's \\ \"q\"\n")
+                           .output("y", opforge::like("x"))
+                           .reference(with_tag)
+                           .release());
+  auto inf = finalized(opforge::detail::make_op("ns", "inf", "f.cpp", 2)
+                           .input("x", opforge::floating)
+                           .param<double>("alpha", -std::numeric_limits<double>::infinity())
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  auto ints = finalized(opforge::detail::make_op("ns", "ints", "f.cpp", 3)
+                            .input("x", opforge::floating)
+                            .param<std::vector<int64_t>>("dims", std::vector<int64_t>{})
+                            .output("y", opforge::like("x"))
+                            .reference(with_ints)
+                            .release());
+  const json j = describe({def.get(), inf.get(), ints.get()});
+  EXPECT_EQ(j["ops"][0]["args"][1]["default"], "it's \\ \"q\"\n");
+  EXPECT_EQ(j["ops"][1]["args"][1]["default"], "-inf");
+  EXPECT_EQ(j["ops"][2]["args"][1]["default"], json::array());
+}
+
+TEST(Description, ShapeRulesAsTrees) {
+  auto def = finalized(opforge::detail::make_op("ns", "rules", "f.cpp", 1)
+                           .input("x", opforge::floating, opforge::shape({opforge::any, opforge::multiple_of(4)}))
+                           .input("w", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1) * 2}))
+                           .output("y", opforge::like("x").with_dim(-1, opforge::ceildiv(opforge::dim("x", -1), 4)))
+                           .reference(two_inputs)
+                           .release());
+  const json op = describe({def.get()})["ops"][0];
+  EXPECT_EQ(op["args"][0]["shape"], json::parse(R"(["*", "multiple of 4"])"));
+  EXPECT_EQ(op["args"][0]["shape_rules"], json::parse(R"([{"any": true}, {"multiple_of": 4}])"));
+  EXPECT_EQ(op["args"][0]["multiple_of"], json::parse("[[1, 4]]"));
+  EXPECT_EQ(op["args"][1]["shape_rules"], json::parse(R"([{"mul": [{"dim": ["x", -1]}, {"const": 2}]}])"));
+  EXPECT_EQ(op["outputs"][0]["with_dims"], json::parse(R"j([[-1, "ceildiv(x.size(-1), 4)"]])j"));
+  EXPECT_EQ(op["outputs"][0]["with_dim_rules"], json::parse(R"([[-1, {"ceildiv": [{"dim": ["x", -1]}, {"const": 4}]}]])"));
+  EXPECT_EQ(op["unshardable_dims"], json::parse("[-1]"));
+}
+
+TEST(Sharding, InputsFollowTheFirstInputsDimsThroughTheirShapeRules) {
+  auto def = finalized(opforge::detail::make_op("ns", "attn", "f.cpp", 1)
+                           .sharding(opforge::shard_dims({0, 1}))
+                           .input("q", opforge::floating, opforge::rank(4))
+                           .input("k", opforge::same_dtype("q"), opforge::same_shape("q"))
+                           .input("mask", opforge::floating, opforge::shape({opforge::dim("q", 0), opforge::dim("q", -2)}))
+                           .output("y", opforge::like("q"))
+                           .reference(three_inputs)
+                           .release());
+  const auto maps = opforge::core::follow_dims(*def->spec());
+  EXPECT_EQ(maps.at(0), (std::map<int32_t, int32_t>{{0, 0}, {1, 1}}));
+  EXPECT_EQ(maps.at(1), (std::map<int32_t, int32_t>{{0, 0}, {1, 1}}));   // same_shape of q
+  EXPECT_EQ(maps.at(2), (std::map<int32_t, int32_t>{{0, 0}, {2, 1}}));   // q's dim -2 is dim 2 of 4
+  const json op = describe({def.get()})["ops"][0];
+  EXPECT_EQ(op["sharding"], "dims");
+  EXPECT_EQ(op["sharding_dims"], json::parse("[0, 1]"));
+  EXPECT_EQ(op["args"][2]["follows"], json::parse("[[0, 0], [2, 1]]"));
+}
+
+TEST(ExampleShapes, FreeDimsRulesAndMultiples) {
+  auto def = finalized(opforge::detail::make_op("ns", "mix", "f.cpp", 1)
+                           .input("x", opforge::floating, opforge::min_rank(1))
+                           .input("w", opforge::same_dtype("x"), opforge::same_shape("x"),
+                                  opforge::shape({opforge::any, opforge::multiple_of(8)}))
+                           .input("b", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1) + 1}))
+                           .output("y", opforge::like("x"))
+                           .reference(three_inputs)
+                           .release());
+  const std::vector<OpforgeValue> values(3);
+  const auto shapes = opforge::core::example_shapes(*def->spec(), 3, 37, values);
+  // w's multiple_of(8) applies to x, whose shape w copies: 37 becomes 40.
+  EXPECT_EQ(shapes[0], (std::vector<int64_t>{3, 40}));
+  EXPECT_EQ(shapes[1], (std::vector<int64_t>{3, 40}));
+  EXPECT_EQ(shapes[2], (std::vector<int64_t>{41}));
+  const auto empty = opforge::core::example_shapes(*def->spec(), 0, 0, values);
+  EXPECT_EQ(empty[0], (std::vector<int64_t>{0, 0}));
+}
+
+OpforgeTensor view(void* data, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  return {data, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, static_cast<int32_t>(sizes.size()), sizes.data(),
+          strides.data()};
+}
+
+TEST(CallProtocol, LayoutAdmission) {
+  using opforge::core::Admission;
+  using opforge::core::admit;
+  alignas(16) float buf[64];
+  OpforgeTensorSpec dense{}, strided{}, rows{};
+  dense.layout = OPFORGE_LAYOUT_CONTIGUOUS;
+  strided.layout = OPFORGE_LAYOUT_STRIDED;
+  rows.layout = OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM;
+  const std::vector<int64_t> s24{2, 4}, c24{4, 1}, t24{1, 2}, p24{8, 1}, s20{2, 0}, any{3, 7};
+  EXPECT_EQ(admit(dense, view(buf, s24, c24), 4), Admission::kAsIs);
+  EXPECT_EQ(admit(dense, view(buf + 1, s24, c24), 4), Admission::kDenseCopy);  // misaligned
+  EXPECT_EQ(admit(dense, view(buf, s24, t24), 4), Admission::kDenseCopy);      // transposed
+  EXPECT_EQ(admit(dense, view(buf, s20, any), 4), Admission::kAsIs);           // no elements
+  EXPECT_EQ(admit(strided, view(buf + 1, s24, t24), 4), Admission::kAsIs);
+  EXPECT_EQ(admit(rows, view(buf, s24, p24), 4), Admission::kAsIs);            // padded rows, 32-byte row stride
+  EXPECT_EQ(admit(rows, view(buf, s24, t24), 4), Admission::kDenseCopy);       // last dim not adjacent
+  const std::vector<int64_t> p25{2, 5}, r25{5, 1};
+  EXPECT_EQ(admit(rows, view(buf, p25, r25), 4), Admission::kDenseCopy);       // 20-byte rows
+}
+
+TEST(CallProtocol, LaunchIsSkippedOnlyWhenEveryOutputIsEmpty) {
+  float buf[4];
+  const std::vector<int64_t> s40{4, 0}, s4{4}, st{1, 1}, st1{1};
+  using opforge::core::skip_launch;
+  EXPECT_TRUE(skip_launch({view(buf, s40, st)}));
+  EXPECT_FALSE(skip_launch({view(buf, s40, st), view(buf, s4, st1)}));
+  EXPECT_FALSE(skip_launch({}));  // an op without outputs (it writes its inputs) always runs
+}
+
+int32_t fails_invalid(const OpforgeCallFrame* f, const void*) {
+  std::snprintf(f->error, f->error_capacity, "k must be even");
+  return OPFORGE_STATUS_INVALID_ARGUMENT;
+}
+int32_t fails_internal(const OpforgeCallFrame* f, const void*) {
+  std::snprintf(f->error, f->error_capacity, "device on fire");
+  return OPFORGE_STATUS_INTERNAL;
+}
+
+TEST(CallProtocol, KernelFailuresNameTheOpOnce) {
+  auto def = finalized(opforge::detail::make_op("ns", "k", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<double>("alpha")
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CUDA, 1, nullptr, nullptr, nullptr};
+  std::vector<OpforgeArg> args(2);
+  OpforgeKernel k{sizeof(OpforgeKernel), OPFORGE_DEVICE_CUDA, fails_invalid, nullptr};
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] { opforge::core::call_kernel(*def->spec(), k, ctx, args, {}); }),
+            "ns::k: k must be even");
+  k.fn = fails_internal;
+  EXPECT_EQ(message_of<opforge::InternalError>([&] { opforge::core::call_kernel(*def->spec(), k, ctx, args, {}); }),
+            "ns::k (cuda:1 kernel): device on fire");
+}
+
+TEST(CallProtocol, AParameterLeftOutTakesItsDefault) {
+  auto def = finalized(opforge::detail::make_op("ns", "d", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<std::vector<int64_t>>("pads", std::vector<int64_t>{})
+                           .output("y", opforge::like("x"))
+                           .reference(with_ints)
+                           .release());
+  const OpforgeValue& v = opforge::core::default_value(*def->spec(), 1);
+  EXPECT_EQ(v.kind, OPFORGE_ARG_INT_LIST);
+  EXPECT_EQ(v.len, 0u);
+  auto req = finalized(opforge::detail::make_op("ns", "r", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<double>("alpha")
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] { opforge::core::default_value(*req->spec(), 1); }),
+            "ns::r(Tensor x, float alpha) -> Tensor: invalid arguments\n  alpha: expected a value of type float, got None");
+}
+
+TEST(Precompile, RequestsAreCheckedAsCallsAre) {
+  auto def = finalized(opforge::detail::make_op("ns", "pc", "f.cpp", 1)
+                           .input("x", opforge::kFloat16 | opforge::kFloat32)
+                           .input("w", opforge::same_dtype("x"))
+                           .param<int64_t>("k", 4, opforge::one_of({4, 8}), opforge::compile_time)
+                           .output("y", opforge::like("x"))
+                           .reference(+[](Tensor, Tensor, int64_t, MutableTensor) {})
+                           .cuda_source("pc.cu", "pc<{T}, {k}>")
+                           .launch(opforge::elementwise("y"))
+                           .release());
+  std::vector<OpforgeValue> values(3);
+  values[2].kind = OPFORGE_ARG_INT;
+  values[2].i = 5;
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] {
+              opforge::core::precompile(*def->spec(), {OPFORGE_DTYPE_FLOAT64, OPFORGE_DTYPE_FLOAT16, -1}, values,
+                                        "sm_90", "");
+            }),
+            "ns::pc(Tensor x, Tensor w, int k=4) -> Tensor: invalid arguments\n"
+            "  x: expected dtype one of {float32, float16}, got float64\n"
+            "  k: expected one of 4, 8, got 5");
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] {
+              opforge::core::precompile(*def->spec(), {OPFORGE_DTYPE_FLOAT32, OPFORGE_DTYPE_FLOAT16, -1}, values,
+                                        "sm_90", "");
+            }),
+            "ns::pc(Tensor x, Tensor w, int k=4) -> Tensor: invalid arguments\n"
+            "  w: expected dtype float32 (the dtype of x), got float16\n"
+            "  k: expected one of 4, 8, got 5");
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] {
+              opforge::core::precompile(*def->spec(), {OPFORGE_DTYPE_FLOAT16, -1, -1}, values, "sm_90", "");
+            }),
+            "ns::pc(Tensor x, Tensor w, int k=4) -> Tensor: invalid arguments\n  w: expected a dtype, got none\n"
+            "  k: expected one of 4, 8, got 5");
+}
+
+TEST(BackwardOps, MismatchesAreListedOnePerLineWithTheDeclarationSite) {
+  auto fwd = finalized(opforge::detail::make_op("ns", "f", "f.cpp", 3)
+                           .input("x", opforge::floating)
+                           .param<double>("alpha")
+                           .output("y", opforge::like("x"))
+                           .reference(one_param)
+                           .release());
+  auto bwd = finalized(opforge::detail::make_op("ns", "f_backward", "f.cpp", 9)
+                           .input("grad_z", opforge::floating)
+                           .param<int64_t>("alpha")
+                           .output("dx", opforge::like("grad_z"))
+                           .reference(+[](Tensor, int64_t, MutableTensor) {})
+                           .release());
+  std::vector<std::string> problems;
+  opforge::core::plan_backward(*fwd->spec(), *bwd->spec(), problems);
+  EXPECT_EQ(problems, (std::vector<std::string>{
+                          "f.cpp:3: ns::f: backward op ns::f_backward: input 'grad_z' matches nothing of the forward op: "
+                          "expected one of grad_y, x, alpha, y",
+                          "f.cpp:3: ns::f: backward op ns::f_backward: input 'alpha' is int, but the forward op's alpha "
+                          "is float",
+                          "f.cpp:3: ns::f: backward op ns::f_backward: output 'dx' is not the gradient of a tensor input: "
+                          "expected one of grad_x"}));
+}
+
+TEST(Loading, FilesThatAreNotOpLibraries) {
+  EXPECT_EQ(message_of<opforge::InternalError>([] { opforge::core::load_library("/nonexistent/libx.so"); }),
+            "opforge: cannot open the op library /nonexistent/libx.so: No such file or directory");
+}
+
+}  // namespace

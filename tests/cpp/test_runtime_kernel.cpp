@@ -1,0 +1,181 @@
+// The backend-neutral half of run-time kernels (src/oplib/runtime_kernel.h): launch geometry,
+// the kernel's argument order, instantiation names and the binary cache. No GPU needed.
+#include <gtest/gtest.h>
+#include <opforge/op.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../src/oplib/runtime_kernel.h"
+
+namespace {
+
+using opforge::MutableTensor;
+using opforge::Tensor;
+namespace rtc = opforge::detail::rtc;
+
+void row_sum_cpu(Tensor, double, MutableTensor) {}
+void pair_cpu(Tensor, Tensor, int64_t, double, bool, int64_t, MutableTensor) {}
+
+std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
+  auto errors = def->finalize();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  return def;
+}
+
+/// One call's frame over host arrays (the geometry reads sizes only).
+struct Frame {
+  Frame() { sizes.reserve(8), strides.reserve(8); }  // tensor() hands out pointers into these
+  /// row_sum's frame: x of shape `x` (scale 1), y of shape `y`.
+  Frame(const std::vector<int64_t>& x, const std::vector<int64_t>& y) : Frame() {
+    args.resize(2);
+    args[0].tensor = tensor(x);
+    outputs.push_back(tensor(y));
+  }
+  std::vector<std::vector<int64_t>> sizes, strides;
+  std::vector<OpforgeArg> args;
+  std::vector<OpforgeTensor> outputs;
+  OpforgeCallFrame frame{};
+
+  OpforgeTensor tensor(const std::vector<int64_t>& s, int32_t dtype = OPFORGE_DTYPE_FLOAT32) {
+    sizes.push_back(s);
+    strides.push_back(std::vector<int64_t>(s.size(), 1));
+    return {reinterpret_cast<void*>(0x1000), dtype, OPFORGE_DEVICE_CUDA, 0, static_cast<int32_t>(s.size()),
+            sizes.back().data(), strides.back().data()};
+  }
+  const OpforgeCallFrame* get() {
+    frame.struct_size = sizeof(frame);
+    frame.num_args = static_cast<int32_t>(args.size());
+    frame.args = args.data();
+    frame.num_outputs = static_cast<int32_t>(outputs.size());
+    frame.outputs = outputs.data();
+    return &frame;
+  }
+};
+
+std::unique_ptr<opforge::detail::OpDef> row_sum(opforge::detail::LaunchRule rule) {
+  return finalized(opforge::detail::make_op("ns", "row_sum", "f.cpp", 1)
+                       .input("x", opforge::floating, opforge::min_rank(1))
+                       .param<double>("scale", 1.0)
+                       .output("y", opforge::like("x").with_dim(-1, 1))
+                       .reference(row_sum_cpu)
+                       .cuda_source("row_sum.cu", "row_sum<{T}>")
+                       .launch(std::move(rule))
+                       .release());
+}
+
+TEST(LaunchGeometry, RowsOfLengthZeroStillLaunch) {
+  // A row sum of a [4, 0] tensor is four zeros: the kernel must run (it used to be skipped,
+  // leaving the [4, 1] output unwritten).
+  auto def = row_sum(opforge::rows("x"));
+  Frame f({4, 0}, {4, 1});
+  const auto cfg = rtc::launch_config(*def->runtime_kernels[0], f.get());
+  ASSERT_TRUE(cfg.has_value());
+  EXPECT_EQ(cfg->grid[0], 4u);
+  EXPECT_EQ(cfg->block[0], 32u);
+  EXPECT_EQ(cfg->args, (std::vector<int64_t>{4, 0}));
+}
+
+TEST(LaunchGeometry, NoRowsAndNoOutputElementsLaunchNothing) {
+  auto def = row_sum(opforge::rows("x"));
+  Frame f({0, 5}, {0, 1});
+  EXPECT_FALSE(rtc::launch_config(*def->runtime_kernels[0], f.get()).has_value());
+}
+
+TEST(LaunchGeometry, AnEmptyGridWithOutputElementsIsAnError) {
+  auto def = row_sum(opforge::elementwise("x"));
+  Frame f({4, 0}, {4, 1});
+  try {
+    rtc::launch_config(*def->runtime_kernels[0], f.get());
+    FAIL() << "no error";
+  } catch (const opforge::InternalError& e) {
+    EXPECT_STREQ(e.what(),
+                 "elementwise(\"x\") of shape [4, 0] gives no threads, but output 'y' of shape [4, 1] has elements, "
+                 "which would stay unwritten (launch over that output, or with launch_grid)");
+  }
+}
+
+TEST(LaunchGeometry, ElementwiseBlocksCoverEveryElement) {
+  auto def = row_sum(opforge::elementwise("y").bytes_per_thread(16).threads_per_block(128));
+  Frame f({3, 1000}, {3, 1000});
+  const auto cfg = rtc::launch_config(*def->runtime_kernels[0], f.get());
+  ASSERT_TRUE(cfg.has_value());
+  EXPECT_EQ(cfg->grid[0], 6u);  // 3000 elements, 4 floats a thread, 512 a block
+  EXPECT_EQ(cfg->block[0], 128u);
+  EXPECT_EQ(cfg->args, (std::vector<int64_t>{3000}));
+}
+
+TEST(KernelArguments, PointersThenLaunchValuesThenParameters) {
+  auto def = finalized(opforge::detail::make_op("ns", "pair", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .input("w", opforge::floating, opforge::optional)
+                           .param<int64_t>("n", 2)
+                           .param<double>("alpha", 0.5)
+                           .param<bool>("flag", true)
+                           .param<int64_t>("k", 4, opforge::compile_time)
+                           .output("y", opforge::like("x"))
+                           .reference(pair_cpu)
+                           .cuda_source("pair.cu", "pair<{T}, {T_y}, {k}>")
+                           .launch(opforge::elementwise("y"))
+                           .release());
+  Frame f;
+  f.args.resize(6);
+  f.args[0].tensor = f.tensor({8}, OPFORGE_DTYPE_FLOAT16);
+  f.args[1].tensor = {nullptr, -1, OPFORGE_DEVICE_CUDA, 0, -1, nullptr, nullptr};  // left out
+  f.args[2].value.i = 7;
+  f.args[3].value.f = 1.5;
+  f.args[4].value.i = 1;
+  f.args[5].value.i = 4;
+  f.outputs.push_back(f.tensor({8}, OPFORGE_DTYPE_FLOAT32));
+  f.outputs[0].data = reinterpret_cast<void*>(0x2000);
+  const auto* frame = f.get();
+  opforge::LaunchConfig cfg;
+  cfg.args = {8};
+  rtc::KernelArguments args(*def->runtime_kernels[0], frame, cfg);
+  void** p = args.params();
+  EXPECT_EQ(*static_cast<void**>(p[0]), reinterpret_cast<void*>(0x1000));  // x
+  EXPECT_EQ(*static_cast<void**>(p[1]), nullptr);                         // w, absent
+  EXPECT_EQ(*static_cast<void**>(p[2]), reinterpret_cast<void*>(0x2000));  // y
+  EXPECT_EQ(*static_cast<int64_t*>(p[3]), 8);                             // n of the launch rule
+  EXPECT_EQ(*static_cast<int64_t*>(p[4]), 7);                             // n
+  EXPECT_EQ(*static_cast<double*>(p[5]), 1.5);                            // alpha
+  EXPECT_EQ(*static_cast<bool*>(p[6]), true);                             // flag; k is compile-time
+  std::vector<OpforgeValue> values;
+  for (const auto& a : f.args) values.push_back(a.value);
+  values[4].kind = OPFORGE_ARG_BOOL;
+  const auto type = +[](int32_t d) { return d == OPFORGE_DTYPE_FLOAT16 ? "__half" : d == OPFORGE_DTYPE_FLOAT32 ? "float" : "?"; };
+  EXPECT_EQ(rtc::instantiate(*def->runtime_kernels[0], {OPFORGE_DTYPE_FLOAT16, -1, -1, -1, -1, -1},
+                             {OPFORGE_DTYPE_FLOAT32}, values.data(), type),
+            "pair<__half, float, 4>");
+}
+
+TEST(BinaryCache, EntriesRoundTripAndDamagedOnesAreIgnored) {
+  const auto dir = std::filesystem::temp_directory_path() / ("opforge-cache-test-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  setenv("OPFORGE_CACHE_DIR", (dir / "user").c_str(), 1);
+  rtc::Binary b{"_Z3fooi", std::string("\x7f" "ELF binary", 11)}, out;
+  EXPECT_FALSE(rtc::find_cached("key one", (dir / "w").string(), false, out));
+  rtc::store((dir / "w").string(), "key one", b);
+  ASSERT_TRUE(rtc::find_cached("key one", (dir / "w").string(), false, out));
+  EXPECT_EQ(out.lowered_name, b.lowered_name);
+  EXPECT_EQ(out.image, b.image);
+  EXPECT_FALSE(rtc::find_cached("key two", (dir / "w").string(), false, out));
+  for (const auto& e : std::filesystem::directory_iterator(dir / "w")) {  // flip a byte of the image
+    std::fstream file(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-1, std::ios::end);
+    file.put('X');
+  }
+  EXPECT_FALSE(rtc::find_cached("key one", (dir / "w").string(), false, out));
+  // Found in the user cache, copied into the write folder when asked (packages carry binaries).
+  rtc::store(rtc::user_cache_dir(), "key three", b);
+  ASSERT_TRUE(rtc::find_cached("key three", (dir / "pkg").string(), true, out));
+  EXPECT_TRUE(std::filesystem::exists(dir / "pkg"));
+  unsetenv("OPFORGE_CACHE_DIR");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
