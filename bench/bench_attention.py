@@ -16,15 +16,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 import torch.nn.functional as F
+from common import median_ms, report
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import opforge
-from common import median_ms, report
+import torch
 
-BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "memory-efficient": SDPBackend.EFFICIENT_ATTENTION}
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "memory-efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
 
 
 def main() -> int:
@@ -38,27 +41,40 @@ def main() -> int:
     rows = []
     for head_dim in (128, 64):
         for causal in (False, True):
-            q, k, v = (torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=torch.bfloat16)
-                       for _ in range(3))
+            q, k, v = (
+                torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=torch.bfloat16)
+                for _ in range(3)
+            )
             flops = 4 * args.batch * args.heads * args.seq**2 * head_dim / (2 if causal else 1)
             group = f"bf16 [{args.batch}, {args.heads}, {args.seq}, {head_dim}] {'causal' if causal else 'non-causal'}"
             sdpa = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-            impls = [("opforge examples::attention",
-                      median_ms(lambda: torch.ops.examples.attention(q, k, v, head_dim, causal=causal))),
-                     ("torch SDPA (default backend)", sdpa)]
+            impls = [
+                (
+                    "opforge examples::attention",
+                    median_ms(lambda: torch.ops.examples.attention(q, k, v, head_dim, causal=causal)),
+                ),
+                ("torch SDPA (default backend)", sdpa),
+            ]
             for name, backend in BACKENDS.items():
                 try:
                     with sdpa_kernel(backend):
-                        impls.append((f"torch SDPA, {name} backend",
-                                      median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))))
+                        impls.append(
+                            (
+                                f"torch SDPA, {name} backend",
+                                median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
+                            )
+                        )
                 except RuntimeError as e:  # a backend that does not take these inputs
                     print(f"{group}: SDPA {name} backend unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
             for name, ms in impls:
                 rows.append({"group": group, "impl": name, "ms": ms, "TFLOP/s": flops / ms / 1e9, "vs_sdpa": sdpa / ms})
             del q, k, v
 
-    report(rows, lambda r: f"{r['impl']:<34} {r['ms']:8.3f} ms {r['TFLOP/s']:7.1f} TFLOP/s  {r['vs_sdpa']:.3f} x SDPA",
-           args.json)
+    report(
+        rows,
+        lambda r: f"{r['impl']:<34} {r['ms']:8.3f} ms {r['TFLOP/s']:7.1f} TFLOP/s  {r['vs_sdpa']:.3f} x SDPA",
+        args.json,
+    )
     return 0
 
 

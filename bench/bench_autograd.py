@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 import torch.nn.functional as F
+from common import bandwidth_or_call_line, host_us_per_call, median_ms, report
 
 import opforge
-from common import bandwidth_or_call_line, host_us_per_call, median_ms, report
+import torch
 
 
 def main() -> int:
@@ -53,14 +53,18 @@ def main() -> int:
     small = torch.randn(64, device=args.device, requires_grad=True)
     grad = torch.ones_like(small)
     group = f"per call, forward + backward, 64 float32 on {args.device} (host wall time)"
-    impls = [("torch F.softshrink", lambda t: F.softshrink(t, 0.5)),
-             ("opforge examples::softshrink", lambda t: torch.ops.examples.softshrink(t, 0.5)),
-             ("torch.library.custom_op + register_autograd", lambda t: softshrink_py(t, 0.5))]
-    for name, fn in impls:  # the three agree before any is timed
+    impls = [
+        ("torch F.softshrink", lambda t: F.softshrink(t, 0.5)),
+        ("opforge examples::softshrink", lambda t: torch.ops.examples.softshrink(t, 0.5)),
+        ("torch.library.custom_op + register_autograd", lambda t: softshrink_py(t, 0.5)),
+    ]
+    for _, fn in impls:  # the three agree before any is timed
         (g,) = torch.autograd.grad(fn(small), small, grad)
         torch.testing.assert_close(g, (small.detach().abs() > 0.5).float())
-    per_call = {name: host_us_per_call(lambda fn=fn: torch.autograd.grad(fn(small), small, grad), calls=5000)
-                for name, fn in impls}
+    per_call = {
+        name: host_us_per_call(lambda fn=fn: torch.autograd.grad(fn(small), small, grad), calls=5000)
+        for name, fn in impls
+    }
     for name, us in per_call.items():
         rows.append({"group": group, "impl": name, "us_per_call": us, "vs_native": per_call["torch F.softshrink"] / us})
 
@@ -73,9 +77,11 @@ def main() -> int:
         copy_gbs = 2 * x.nbytes / copy_ms / 1e6
         group = f"backward alone, {args.mib} MiB float32 (grad_y and x read, grad_x written)"
         native = torch.ops.aten.softshrink_backward
-        for name, fn in [("device-to-device copy", None),
-                         ("opforge examples::softshrink_backward", lambda: torch.ops.examples.softshrink_backward(g, x, 0.5)),
-                         ("torch aten::softshrink_backward", lambda: native(g, x, 0.5))]:
+        for name, fn in [
+            ("device-to-device copy", None),
+            ("opforge examples::softshrink_backward", lambda: torch.ops.examples.softshrink_backward(g, x, 0.5)),
+            ("torch aten::softshrink_backward", lambda: native(g, x, 0.5)),
+        ]:
             ms, nbytes = (copy_ms, 2 * x.nbytes) if fn is None else (median_ms(fn), 3 * x.nbytes)
             gbs = nbytes / ms / 1e6
             rows.append({"group": group, "impl": name, "ms": ms, "GB/s": gbs, "vs_copy": gbs / copy_gbs})

@@ -8,8 +8,9 @@ ceiling). Then the per-call host cost on a tiny tensor, against the native op an
     python3 bench/bench_elementwise.py [--gib 4] [--json out.json]
 
 Bandwidth counts bytes read plus bytes written once each. Times are medians of
-triton.testing.do_bench (CUDA events), inputs random; each row also gives the mean SM clock (NVML) over its timing, since the H200
-lowers its clock under sustained load, which slows arithmetic-heavy kernels but not a copy.
+triton.testing.do_bench (CUDA events), inputs random; each row also gives the mean SM clock (NVML)
+over its timing, since the H200 lowers its clock under sustained load, which slows
+arithmetic-heavy kernels but not a copy.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 import torch.nn.functional as F
+from common import bandwidth_or_call_line, host_us_per_call, report, sm_clock, timed
 
 import opforge
-from common import bandwidth_or_call_line, host_us_per_call, report, sm_clock, timed
+import torch
 
 
 @torch.library.custom_op("bench::softshrink_py", mutates_args=())
@@ -48,8 +49,16 @@ def main() -> int:
     def record(group, name, fn, nbytes, baseline_ms=None):
         """Time ``fn``, append its row; returns its median time in ms."""
         ms, mhz = timed(fn, clock)
-        rows.append({"group": group, "impl": name, "ms": ms, "GB/s": nbytes / ms / 1e6,
-                     "vs_copy": (baseline_ms or ms) / ms, "sm_mhz": mhz})
+        rows.append(
+            {
+                "group": group,
+                "impl": name,
+                "ms": ms,
+                "GB/s": nbytes / ms / 1e6,
+                "vs_copy": (baseline_ms or ms) / ms,
+                "sm_mhz": mhz,
+            }
+        )
         return ms
 
     for dtype in (torch.float32, torch.bfloat16):
@@ -83,13 +92,14 @@ def main() -> int:
     # checks, allocation, launch), then one synchronisation.
     small = torch.randn(4096, device="cuda")
     group = "per-call cost, 4096 float32 (host wall time)"
-    impls = [("torch F.softshrink", lambda: F.softshrink(small, 0.5)),
-             ("opforge examples::softshrink", lambda: torch.ops.examples.softshrink(small, 0.5)),
-             ("torch.library.custom_op (Python)", lambda: softshrink_py(small, 0.5))]
+    impls = [
+        ("torch F.softshrink", lambda: F.softshrink(small, 0.5)),
+        ("opforge examples::softshrink", lambda: torch.ops.examples.softshrink(small, 0.5)),
+        ("torch.library.custom_op (Python)", lambda: softshrink_py(small, 0.5)),
+    ]
     per_call = {name: host_us_per_call(fn) for name, fn in impls}
     for name, us in per_call.items():
-        rows.append({"group": group, "impl": name, "us_per_call": us,
-                     "vs_native": per_call["torch F.softshrink"] / us})
+        rows.append({"group": group, "impl": name, "us_per_call": us, "vs_native": per_call["torch F.softshrink"] / us})
 
     report(rows, bandwidth_or_call_line(34), args.json)
     return 0

@@ -33,9 +33,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "models"))
 import minilm  # noqa: E402
+from common import report  # noqa: E402
 from minilm_demo import compare, eager_latency_ms  # noqa: E402
 
-from common import report  # noqa: E402
 from opforge import aoti  # noqa: E402
 
 
@@ -88,8 +88,10 @@ def main() -> int:
     with torch.inference_mode():
         expected = reference(*inputs)
 
-    models = {"opforge ops": minilm.with_opforge_ops(reference, torch.float16),  # loads the three ops
-              "no custom ops": copy.deepcopy(reference).to(torch.float16)}
+    models = {
+        "opforge ops": minilm.with_opforge_ops(reference, torch.float16),  # loads the three ops
+        "no custom ops": copy.deepcopy(reference).to(torch.float16),
+    }
     cuda_inputs = [t.cuda() for t in inputs]
     rows, profiles = [], {}
     with tempfile.TemporaryDirectory(prefix="opforge-bench-minilm-") as tmp:
@@ -99,22 +101,38 @@ def main() -> int:
                 program = torch.export.export(model, tuple(cuda_inputs))
             package = aoti.package(program, Path(tmp) / name.replace(" ", "_"))
             run = aoti.run(package, inputs, device="cuda", warmup=5, iters=args.iters)
-            rows.append({"impl": f"AOTI runner, {name}", **compare(run.outputs[0], expected),
-                         "latency_ms": run.latency_ms["median"]})
+            rows.append(
+                {
+                    "impl": f"AOTI runner, {name}",
+                    **compare(run.outputs[0], expected),
+                    "latency_ms": run.latency_ms["median"],
+                }
+            )
             print(f"  measured: {rows[-1]}", flush=True)
             if args.profile:
                 profiles[name] = profile_compiled(model, cuda_inputs)
             with torch.inference_mode():
                 out = model(*cuda_inputs)
-            rows.append({"impl": f"eager CUDA, {name}", **compare(out, expected),
-                         "latency_ms": eager_latency_ms(model, cuda_inputs, args.iters)})
+            rows.append(
+                {
+                    "impl": f"eager CUDA, {name}",
+                    **compare(out, expected),
+                    "latency_ms": eager_latency_ms(model, cuda_inputs, args.iters),
+                }
+            )
     base = next(r["latency_ms"] for r in rows if r["impl"] == "AOTI runner, no custom ops")
     for r in rows:
         r["group"] = f"all-MiniLM-L6-v2 float16, [{args.batch}, {args.seq}], against float32 eager on the CPU"
         r["speedup_vs_aoti_without"] = base / r["latency_ms"]
-    report(rows, lambda r: f"{r['impl']:<32} {r['latency_ms']:8.3f} ms  {r['speedup_vs_aoti_without']:.3f} x AOTI "
-                           f"without  cosine {r['cosine_min']:.6f}  max abs err {r['max_abs_error']:.2e}",
-           args.json, {"profiles": profiles})
+    report(
+        rows,
+        lambda r: (
+            f"{r['impl']:<32} {r['latency_ms']:8.3f} ms  {r['speedup_vs_aoti_without']:.3f} x AOTI "
+            f"without  cosine {r['cosine_min']:.6f}  max abs err {r['max_abs_error']:.2e}"
+        ),
+        args.json,
+        {"profiles": profiles},
+    )
     for name, table in profiles.items():
         print(f"GPU kernels per forward, torch.compile, {name} (count, device time):")
         for k in table:

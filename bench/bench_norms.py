@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 import torch.nn.functional as F
+from common import median_ms, report
 
 import opforge
-from common import median_ms, report
+import torch
 
 
 def main() -> int:
@@ -50,8 +50,13 @@ def main() -> int:
 
         group = f"rms_norm {shape}"
         record(group, "device-to-device copy", copy_ms, 2 * size, copy_gbs)
-        record(group, "opforge examples::rms_norm", median_ms(lambda: torch.ops.examples.rms_norm(x, w, 1e-6)),
-               2 * size, copy_gbs)
+        record(
+            group,
+            "opforge examples::rms_norm",
+            median_ms(lambda: torch.ops.examples.rms_norm(x, w, 1e-6)),
+            2 * size,
+            copy_gbs,
+        )
         record(group, "torch F.rms_norm", median_ms(lambda: F.rms_norm(x, (args.cols,), w, 1e-6)), 2 * size, copy_gbs)
         compiled = torch.compile(lambda t, ww: F.rms_norm(t, (args.cols,), ww, 1e-6))
         compiled(x, w)
@@ -59,18 +64,28 @@ def main() -> int:
 
         group = f"add_layer_norm {shape}"
         record(group, "device-to-device copy", copy_ms, 2 * size, copy_gbs)
-        record(group, "opforge examples::add_layer_norm",
-               median_ms(lambda: torch.ops.examples.add_layer_norm(x, r, w, b, 1e-5)), 3 * size, copy_gbs)
-        record(group, "torch F.layer_norm(x + r) eager",
-               median_ms(lambda: F.layer_norm(x + r, (args.cols,), w, b, 1e-5)), 3 * size, copy_gbs)
+        record(
+            group,
+            "opforge examples::add_layer_norm",
+            median_ms(lambda: torch.ops.examples.add_layer_norm(x, r, w, b, 1e-5)),
+            3 * size,
+            copy_gbs,
+        )
+        record(
+            group,
+            "torch F.layer_norm(x + r) eager",
+            median_ms(lambda: F.layer_norm(x + r, (args.cols,), w, b, 1e-5)),
+            3 * size,
+            copy_gbs,
+        )
         compiled = torch.compile(lambda t, res, ww, bb: F.layer_norm(t + res, (args.cols,), ww, bb, 1e-5))
         compiled(x, r, w, b)
-        record(group, "torch.compile(F.layer_norm(x + r))", median_ms(lambda: compiled(x, r, w, b)), 3 * size,
-               copy_gbs)
+        record(group, "torch.compile(F.layer_norm(x + r))", median_ms(lambda: compiled(x, r, w, b)), 3 * size, copy_gbs)
         del x, r, y
 
-    report(rows, lambda r: f"{r['impl']:<36} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy",
-           args.json)
+    report(
+        rows, lambda r: f"{r['impl']:<36} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy", args.json
+    )
     return 0
 
 

@@ -17,15 +17,14 @@ import json
 import os
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
 import opforge
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,8 +65,10 @@ torch::Tensor run(torch::Tensor x) {
 
 
 def bandwidth_rows() -> list[dict]:
-    aot = opforge.build_library("softshrink_aot", [ROOT / "bench/softshrink_aot/softshrink_aot.cpp",
-                                                   ROOT / "bench/softshrink_aot/softshrink_aot.cu"])
+    aot = opforge.build_library(
+        "softshrink_aot",
+        [ROOT / "bench/softshrink_aot/softshrink_aot.cpp", ROOT / "bench/softshrink_aot/softshrink_aot.cu"],
+    )
     opforge.load_library(aot)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -79,10 +80,21 @@ def bandwidth_rows() -> list[dict]:
         copy = do_bench(lambda: y.copy_(x), warmup=50, rep=400, return_mode="median")
         aot_ms = do_bench(lambda: torch.ops.bench.softshrink_aot(x, 0.5), warmup=50, rep=400, return_mode="median")
         rtc_ms = do_bench(lambda: torch.ops.examples.softshrink(x, 0.5), warmup=50, rep=400, return_mode="median")
-        for impl, ms in [("device-to-device copy", copy), ("softshrink, nvcc ahead of time", aot_ms),
-                         ("softshrink, NVRTC at run time", rtc_ms)]:
-            rows.append({"case": f"softshrink {str(dtype)[6:]} 1 GiB", "impl": impl, "ms": ms,
-                         "GB/s": nbytes / ms / 1e6, "vs_copy": copy / ms, "vs_aot": aot_ms / ms})
+        for impl, ms in [
+            ("device-to-device copy", copy),
+            ("softshrink, nvcc ahead of time", aot_ms),
+            ("softshrink, NVRTC at run time", rtc_ms),
+        ]:
+            rows.append(
+                {
+                    "case": f"softshrink {str(dtype)[6:]} 1 GiB",
+                    "impl": impl,
+                    "ms": ms,
+                    "GB/s": nbytes / ms / 1e6,
+                    "vs_copy": copy / ms,
+                    "vs_aot": aot_ms / ms,
+                }
+            )
         del x, y
     return rows
 
@@ -91,8 +103,9 @@ def edit_rows(work: Path) -> list[dict]:
     (work / "edited.cpp").write_text(OP)
     kernel = work / "edited.cu"
     kernel.write_text(KERNEL.replace("SCALE", "1.0f"))
-    opforge.load_library(opforge.build_library("edited_ops", [work / "edited.cpp"], kernels=[kernel],
-                                               build_dir=work / "build"))
+    opforge.load_library(
+        opforge.build_library("edited_ops", [work / "edited.cpp"], kernels=[kernel], build_dir=work / "build")
+    )
     x = torch.randn(1 << 20, device="cuda")
     torch.ops.bench.edited(x)
 
@@ -112,9 +125,14 @@ def edit_rows(work: Path) -> list[dict]:
 
     def inline_build(scale: float) -> float:
         t0 = time.perf_counter()
-        module = load_inline("edited_inline", cpp_sources="torch::Tensor run(torch::Tensor x);",
-                             cuda_sources=INLINE_CUDA.replace("SCALE", f"{scale}f"), functions=["run"],
-                             build_directory=str(work / "inline"), extra_cuda_cflags=["-gencode=arch=compute_90,code=sm_90"])
+        module = load_inline(
+            "edited_inline",
+            cpp_sources="torch::Tensor run(torch::Tensor x);",
+            cuda_sources=INLINE_CUDA.replace("SCALE", f"{scale}f"),
+            functions=["run"],
+            build_directory=str(work / "inline"),
+            extra_cuda_cflags=["-gencode=arch=compute_90,code=sm_90"],
+        )
         y = module.run(x)
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
@@ -143,8 +161,10 @@ def main() -> int:
         edits = edit_rows(Path(tmp))
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {os.cpu_count()} CPUs")
     for r in bw:
-        print(f"  {r['case']:<24} {r['impl']:<32} {r['ms']:7.3f} ms {r['GB/s']:7.0f} GB/s "
-              f"{r['vs_copy']:.3f} x copy {r['vs_aot']:.3f} x nvcc")
+        print(
+            f"  {r['case']:<24} {r['impl']:<32} {r['ms']:7.3f} ms {r['GB/s']:7.0f} GB/s "
+            f"{r['vs_copy']:.3f} x copy {r['vs_aot']:.3f} x nvcc"
+        )
     print("edit -> next correct result")
     for r in edits:
         print(f"  {r['path']:<48} {r['s'] * 1e3:9.1f} ms  {r['vs_load_inline']:8.1f} x faster than load_inline")

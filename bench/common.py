@@ -10,10 +10,11 @@ import statistics
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
+
+from triton.testing import do_bench
 
 import torch
-from triton.testing import do_bench
 
 
 def median_ms(fn: Callable[[], object]) -> float:
@@ -94,11 +95,13 @@ def bandwidth_or_call_line(width: int) -> Callable[[dict], str]:
     """A report line for rows that hold either a bandwidth (ms, GB/s, vs_copy, and sm_mhz if
     measured) or a per-call cost (us_per_call, vs_native), with the implementation's name
     padded to ``width``."""
+
     def line(r: dict) -> str:
         if "GB/s" in r:
             clock = "" if r.get("sm_mhz") is None else f"  SM {r['sm_mhz']:.0f} MHz"
             return f"{r['impl']:<{width}} {r['ms']:8.3f} ms {r['GB/s']:8.0f} GB/s  {r['vs_copy']:.3f} x copy{clock}"
         return f"{r['impl']:<{width}} {r['us_per_call']:8.2f} us/call  {r['vs_native']:.3f} x native speed"
+
     return line
 
 
@@ -122,5 +125,4 @@ def report(rows: list[dict], line: Callable[[dict], str], json_path: str | None,
         print(f"  {line(row)}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": device_name(), "rows": rows, **(extra or {})},
-                      f, indent=2)
+            json.dump({"torch": torch.__version__, "gpu": device_name(), "rows": rows, **(extra or {})}, f, indent=2)

@@ -7,13 +7,15 @@ evict-first loads and stores); all variants are built into one op library (ops
 bytes and ``torch.compile(F.gelu(x + b))``, so the ratios share one run and the spread between
 rounds is visible.
 
-    python3 bench/sweep_bias_gelu.py [--gib 4] [--rounds 4] [--placements 3] [--seed 0] [--only base,t256] [--json out.json]
+    python3 bench/sweep_bias_gelu.py [--gib 4] [--rounds 4] [--placements 3] [--seed 0] [--only base,t256]
+                                     [--json out.json]
 
 Each placement allocates a fresh input and lets the ops write a fresh output block, holding the
 earlier ones, and each round times the implementations in a random order: a kernel's ratio
 moved with its place in the order (the same code measured 0.976 x copy in
-bench_elementwise.py and 0.931 as the first variant here, in one call; H200, 2026-12-01). Each row also gives the mean SM clock over its
-timing (NVML), since a GPU that lowers its clock slows arithmetic but not a copy.
+bench_elementwise.py and 0.931 as the first variant here, in one call; H200, 2026-12-01). Each row
+also gives the mean SM clock over its timing (NVML), since a GPU that lowers its clock slows
+arithmetic but not a copy.
 
 Needs a CUDA GPU and nvcc. Bandwidth counts bytes read plus bytes written once each; times are
 medians of triton.testing.do_bench (CUDA events); inputs are random normal.
@@ -29,11 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
+from common import report, sm_clock, timed
 
 import opforge
-from common import report, sm_clock, timed
+import torch
 
 OP_DIR = Path(__file__).resolve().parents[1] / "examples" / "ops" / "bias_gelu"
 
@@ -48,11 +50,15 @@ VARIANTS: dict[str, dict[str, str]] = {
     "t256": {THREADS: "constexpr int kThreads = 256;"},
     "t64_v4": {THREADS: "constexpr int kThreads = 64;", VECTORS: "constexpr int kPerThread = N > 1 ? 4 : 8;"},
     "v4": {VECTORS: "constexpr int kPerThread = N > 1 ? 4 : 8;"},
-    "t256_stcs": {THREADS: "constexpr int kThreads = 256;",
-                  STORE: "__stcs(reinterpret_cast<uint4*>(y) + i, opforge::kernel::pack<T>(xs));"},
+    "t256_stcs": {
+        THREADS: "constexpr int kThreads = 256;",
+        STORE: "__stcs(reinterpret_cast<uint4*>(y) + i, opforge::kernel::pack<T>(xs));",
+    },
     "stcs": {STORE: "__stcs(reinterpret_cast<uint4*>(y) + i, opforge::kernel::pack<T>(xs));"},
-    "ldcs_stcs": {STORE: "__stcs(reinterpret_cast<uint4*>(y) + i, opforge::kernel::pack<T>(xs));",
-                  LOAD: "v[k] = __ldcs(reinterpret_cast<const V*>(x) + i);"},
+    "ldcs_stcs": {
+        STORE: "__stcs(reinterpret_cast<uint4*>(y) + i, opforge::kernel::pack<T>(xs));",
+        LOAD: "v[k] = __ldcs(reinterpret_cast<const V*>(x) + i);",
+    },
 }
 
 
@@ -83,8 +89,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=4.0, help="size of the input in GiB")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds per placement")
-    parser.add_argument("--placements", type=int, default=3,
-                        help="fresh input and output memory this many times (DRAM placement moves the ratios)")
+    parser.add_argument(
+        "--placements",
+        type=int,
+        default=3,
+        help="fresh input and output memory this many times (DRAM placement moves the ratios)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' random orders")
     parser.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variant names")
     parser.add_argument("--json", default=None)
@@ -94,8 +104,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        lib = opforge.build_library("bias_gelu_sweep", variant_sources(Path(tmp), names),
-                                    build_dir=Path(tmp) / "build")
+        lib = opforge.build_library("bias_gelu_sweep", variant_sources(Path(tmp), names), build_dir=Path(tmp) / "build")
         opforge.load_library(lib)
     rows = []
     clock = sm_clock()
@@ -116,8 +125,11 @@ def main() -> int:
             del got
             hy = torch.empty_like(h)
             compiled(h, b)
-            impls = {"device-to-device copy": lambda: hy.copy_(h), "clone (output as the ops')": lambda: h.clone(),
-                     "torch.compile(F.gelu(x + b))": lambda: compiled(h, b)}
+            impls = {
+                "device-to-device copy": lambda: hy.copy_(h),
+                "clone (output as the ops')": lambda: h.clone(),
+                "torch.compile(F.gelu(x + b))": lambda: compiled(h, b),
+            }
             impls |= {f"sweep::{n}": (lambda op: lambda: op(h, b))(getattr(torch.ops.sweep, n)) for n in names}
             times: dict[str, list[float]] = {k: [] for k in impls}
             clocks: dict[str, list[float]] = {k: [] for k in impls}
@@ -136,10 +148,18 @@ def main() -> int:
             copy = statistics.median(times["device-to-device copy"])
             for key, ts in times.items():
                 ms = statistics.median(ts)
-                rows.append({"group": f"bias_gelu {str(dtype)[6:]} {list(shape)}, placement {placement}, "
-                                      f"{args.rounds} rounds", "impl": key, "ms": ms, "GB/s": nbytes / ms / 1e6,
-                             "vs_copy": copy / ms, "vs_copy_range": [copy / max(ts), copy / min(ts)],
-                             "sm_mhz": None if None in clocks[key] else statistics.mean(clocks[key])})
+                rows.append(
+                    {
+                        "group": f"bias_gelu {str(dtype)[6:]} {list(shape)}, placement {placement}, "
+                        f"{args.rounds} rounds",
+                        "impl": key,
+                        "ms": ms,
+                        "GB/s": nbytes / ms / 1e6,
+                        "vs_copy": copy / ms,
+                        "vs_copy_range": [copy / max(ts), copy / min(ts)],
+                        "sm_mhz": None if None in clocks[key] else statistics.mean(clocks[key]),
+                    }
+                )
             keep += [h, hy, torch.empty_like(h)]  # the last takes the block the ops' outputs were written to
             del h, hy
         del keep
@@ -149,9 +169,17 @@ def main() -> int:
             if r["group"].startswith(f"bias_gelu {str(dtype)[6:]} "):
                 summary.setdefault(r["impl"], []).append(r["vs_copy"])
         for key, ratios in summary.items():
-            rows.append({"group": f"bias_gelu {str(dtype)[6:]}: x copy over {args.placements} placements",
-                         "impl": key, "ms": None, "GB/s": None, "vs_copy": statistics.median(ratios),
-                         "vs_copy_range": [min(ratios), max(ratios)], "sm_mhz": None})
+            rows.append(
+                {
+                    "group": f"bias_gelu {str(dtype)[6:]}: x copy over {args.placements} placements",
+                    "impl": key,
+                    "ms": None,
+                    "GB/s": None,
+                    "vs_copy": statistics.median(ratios),
+                    "vs_copy_range": [min(ratios), max(ratios)],
+                    "sm_mhz": None,
+                }
+            )
 
     def line(r: dict) -> str:
         lo, hi = r["vs_copy_range"]

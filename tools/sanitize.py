@@ -45,11 +45,14 @@ def attention_cases() -> int:
                         mask = torch.randn(2, sk, dtype=dtype, device="cuda") if offset or causal else None
                         args = (q, k, v, head_dim, mask)
                         out = torch.ops.examples.attention(*args, causal=causal)
-                        ref = torch.ops.examples.attention(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args],
-                                                           causal=causal)
+                        ref = torch.ops.examples.attention(
+                            *[a.cpu() if isinstance(a, torch.Tensor) else a for a in args], causal=causal
+                        )
                         if not torch.allclose(out.cpu().double(), ref.double(), atol=2.5e-2, rtol=2.5e-2):
-                            print(f"MISMATCH attention {dtype} head_dim={head_dim} sq={sq} sk={sk} causal={causal} "
-                                  f"offset={offset}")
+                            print(
+                                f"MISMATCH attention {dtype} head_dim={head_dim} sq={sq} sk={sk} causal={causal} "
+                                f"offset={offset}"
+                            )
                             failures += 1
     return failures
 
@@ -62,8 +65,16 @@ def main() -> int:
         for dtype in case.dtypes:
             for batch in (0, 1, 3, 257):
                 args, kwargs = case.make(batch, dtype, "cuda")
-                layouts = [(f"offset={offset}", [torch.empty(a.numel() + offset, dtype=a.dtype, device="cuda")[offset:]
-                                                 .view_as(a).copy_(a) for a in args]) for offset in (0, 1)]
+                layouts = [
+                    (
+                        f"offset={offset}",
+                        [
+                            torch.empty(a.numel() + offset, dtype=a.dtype, device="cuda")[offset:].view_as(a).copy_(a)
+                            for a in args
+                        ],
+                    )
+                    for offset in (0, 1)
+                ]
                 layouts += [(label, [view, *args[1:]]) for label, view in strided_views(args[0])]
                 for label, inputs in layouts:
                     out = case.op(*inputs, **kwargs)

@@ -7,8 +7,8 @@
 void softshrink_aot_cuda(const opforge::Context& ctx, opforge::Tensor x, double lambd, opforge::MutableTensor y) {
   opforge::cuda::visit_dtype<opforge::floating>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {
     const int64_t n = x.numel(), per_block = 256 * (16 / sizeof(T));
-    softshrink<T><<<(n + per_block - 1) / per_block, 256, 0, opforge::cuda::stream(ctx)>>>(x.data<T>(), y.data<T>(), n,
-                                                                                          lambd);
+    softshrink<T>
+        <<<(n + per_block - 1) / per_block, 256, 0, opforge::cuda::stream(ctx)>>>(x.data<T>(), y.data<T>(), n, lambd);
   });
   opforge::cuda::check_launch("softshrink");
 }

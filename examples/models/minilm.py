@@ -13,10 +13,10 @@ import copy
 import os
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 
 import opforge
+import torch
 
 SENTENCES = [
     "A kernel author describes an operator once.",
@@ -130,11 +130,14 @@ class OpforgeBertLayer(torch.nn.Module):
         def heads(x: torch.Tensor) -> torch.Tensor:  # [B, S, H * D] -> [B, H, S, D]
             return x.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
 
-        context = torch.ops.examples.attention(heads(self.query(hidden)), heads(self.key(hidden)),
-                                               heads(self.value(hidden)), self.head_dim, mask)
+        context = torch.ops.examples.attention(
+            heads(self.query(hidden)), heads(self.key(hidden)), heads(self.value(hidden)), self.head_dim, mask
+        )
         context = context.transpose(1, 2).reshape(batch, seq, -1)
         norm = self.attention_norm
-        hidden = torch.ops.examples.add_layer_norm(self.attention_out(context), hidden, norm.weight, norm.bias, norm.eps)
+        hidden = torch.ops.examples.add_layer_norm(
+            self.attention_out(context), hidden, norm.weight, norm.bias, norm.eps
+        )
         inter = torch.ops.examples.bias_gelu(F.linear(hidden, self.intermediate.weight), self.intermediate.bias)
         norm = self.out_norm
         return torch.ops.examples.add_layer_norm(self.out(inter), hidden, norm.weight, norm.bias, norm.eps)
@@ -150,8 +153,9 @@ class OpforgeBert(torch.nn.Module):
     def __init__(self, bert: torch.nn.Module):
         super().__init__()
         self.embeddings = bert.embeddings
-        self.layers = torch.nn.ModuleList(OpforgeBertLayer(layer, bert.config.num_attention_heads)
-                                          for layer in bert.encoder.layer)
+        self.layers = torch.nn.ModuleList(
+            OpforgeBertLayer(layer, bert.config.num_attention_heads) for layer in bert.encoder.layer
+        )
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.embeddings(input_ids=input_ids)

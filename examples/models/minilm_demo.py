@@ -23,9 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import minilm  # noqa: E402
@@ -81,14 +82,24 @@ def main() -> int:
         expected = {k: reference(*v) for k, v in inputs.items()}
 
     console.print(f"[bold]opforge demo[/]: all-MiniLM-L6-v2 with examples::bias_gelu, runner on {device}")
-    dims = {"input_ids": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},
-            "attention_mask": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}}
+    dims = {
+        "input_ids": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},
+        "attention_mask": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},
+    }
     t0 = time.perf_counter()
     # The model-level check: export, AOTInductor package, C++ runner on the device, each output
     # against the unmodified model in eager on the CPU.
-    reports = verify.verify_model(custom, inputs["sentences"], device=str(device), dynamic_shapes=dims,
-                                  check_inputs=list(inputs.values()), reference=reference,
-                                  package_dir=args.out / "minilm", min_cosine=args.min_cosine, iters=args.iters)
+    reports = verify.verify_model(
+        custom,
+        inputs["sentences"],
+        device=str(device),
+        dynamic_shapes=dims,
+        check_inputs=list(inputs.values()),
+        reference=reference,
+        package_dir=args.out / "minilm",
+        min_cosine=args.min_cosine,
+        iters=args.iters,
+    )
     package_s = time.perf_counter() - t0
     console.print(f"exported, packaged and run in {package_s:.1f} s: {reports[0].package}", soft_wrap=True)
 
@@ -97,24 +108,53 @@ def main() -> int:
     for (name, tensors), report in zip(inputs.items(), reports):
         shape = list(tensors[0].shape)
         out = report.outputs[0]
-        rows.append({"model": "AOTI runner", "device": report.device, "batch": name, "shape": shape,
-                     "cosine_min": out.cosine, "max_abs_error": out.max_abs_error,
-                     "latency_ms": report.latency_ms["median"], "status": out.status})
+        rows.append(
+            {
+                "model": "AOTI runner",
+                "device": report.device,
+                "batch": name,
+                "shape": shape,
+                "cosine_min": out.cosine,
+                "max_abs_error": out.max_abs_error,
+                "latency_ms": report.latency_ms["median"],
+                "status": out.status,
+            }
+        )
         with torch.inference_mode():
             eager_out = custom(*[t.to(device) for t in tensors])
-        rows.append({"model": "eager + op", "device": str(device), "batch": name, "shape": shape,
-                     **compare(eager_out, expected[name]),
-                     "latency_ms": eager_latency_ms(custom, [t.to(device) for t in tensors], args.iters)})
-        rows.append({"model": "eager, reference", "device": "cpu", "batch": name, "shape": shape,
-                     **compare(expected[name], expected[name]),
-                     "latency_ms": eager_latency_ms(reference, tensors, args.iters)})
+        rows.append(
+            {
+                "model": "eager + op",
+                "device": str(device),
+                "batch": name,
+                "shape": shape,
+                **compare(eager_out, expected[name]),
+                "latency_ms": eager_latency_ms(custom, [t.to(device) for t in tensors], args.iters),
+            }
+        )
+        rows.append(
+            {
+                "model": "eager, reference",
+                "device": "cpu",
+                "batch": name,
+                "shape": shape,
+                **compare(expected[name], expected[name]),
+                "latency_ms": eager_latency_ms(reference, tensors, args.iters),
+            }
+        )
 
     table = Table(title="Embeddings against the unmodified model in eager on the CPU (the reference)")
     for col in ("model", "device", "batch [B, S]", "cosine (min)", "max abs err", "latency / batch"):
         table.add_column(col, justify="left" if col in ("model", "device", "batch [B, S]") else "right")
     for r in rows:
-        table.add_row(r["model"], r["device"], f"{r['batch']} {r['shape']}", f"{r['cosine_min']:.7f}",
-                      f"{r['max_abs_error']:.2e}", f"{r['latency_ms']:.2f} ms")
+        table.add_row(
+            r["model"],
+            r["device"],
+            f"{r['batch']} {r['shape']}",
+            f"{r['cosine_min']:.7f}",
+            f"{r['max_abs_error']:.2e}",
+            f"{r['latency_ms']:.2f} ms",
+        )
     console.print(table)
 
     ok = all(r["cosine_min"] >= args.min_cosine for r in rows) and all(r.ok for r in reports)

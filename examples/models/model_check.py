@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
-import torch
 import torch.nn.functional as F
 
 import opforge
+import torch
 from opforge import verify
 
 #: The example op libraries the models call (``examples/ops/<name>/``).
@@ -92,11 +92,15 @@ def print_results(spec: ModelSpec, reports: Sequence[verify.ModelReport]) -> boo
     status) and a verdict; returns True if every output passed."""
     for batch, report in zip(spec.batches, reports):
         for out in report.outputs:
-            print(f"{spec.name} on {report.device}, batch {batch}: output {out.index} {out.shape}: "
-                  f"max abs error {out.max_abs_error:.2e}, cosine {out.cosine:.7f}: {out.status}")
+            print(
+                f"{spec.name} on {report.device}, batch {batch}: output {out.index} {out.shape}: "
+                f"max abs error {out.max_abs_error:.2e}, cosine {out.cosine:.7f}: {out.status}"
+            )
     ok = bool(reports) and all(r.ok for r in reports)
-    print(f"{spec.name}: {'OK' if ok else 'FAILED'}: the package in opforge-runner against plain torch in eager "
-          f"on the CPU, {len(reports)} batch sizes")
+    print(
+        f"{spec.name}: {'OK' if ok else 'FAILED'}: the package in opforge-runner against plain torch in eager "
+        f"on the CPU, {len(reports)} batch sizes"
+    )
     return ok
 
 
@@ -118,12 +122,22 @@ def main(spec: ModelSpec, argv: Sequence[str] | None = None) -> int:
     load_example_ops()
     model = spec.make_model()
     reference = spec.make_model(plain=True)
-    reports = verify.verify_model(model, spec.example_inputs(spec.batches[0]), device=args.device,
-                                  dynamic_shapes=spec.dynamic_shapes,
-                                  check_inputs=[spec.example_inputs(b) for b in spec.batches], reference=reference,
-                                  package_dir=args.out, iters=3)
+    reports = verify.verify_model(
+        model,
+        spec.example_inputs(spec.batches[0]),
+        device=args.device,
+        dynamic_shapes=spec.dynamic_shapes,
+        check_inputs=[spec.example_inputs(b) for b in spec.batches],
+        reference=reference,
+        package_dir=args.out,
+        iters=3,
+    )
     ok = print_results(spec, reports)
-    results = {"model": spec.name, "device": args.device, "passed": ok,
-               "runs": [{"batch": b, **asdict(r)} for b, r in zip(spec.batches, reports)]}
+    results = {
+        "model": spec.name,
+        "device": args.device,
+        "passed": ok,
+        "runs": [{"batch": b, **asdict(r)} for b, r in zip(spec.batches, reports)],
+    }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     return 0 if ok else 1

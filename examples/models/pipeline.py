@@ -16,8 +16,8 @@ dynamic batch dim, AOTInductor-compiles it, runs the package in the C++ runner f
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 

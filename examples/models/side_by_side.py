@@ -17,8 +17,8 @@ dynamic batch dim, AOTInductor-compiles it, runs the package in the C++ runner f
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -44,8 +44,9 @@ class SideBySide(torch.nn.Module):
         with torch.no_grad():
             self.norm.weight.add_(0.1 * torch.randn(hidden))
             self.norm.bias.add_(0.1 * torch.randn(hidden))
-        self.head = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
-                                        torch.nn.Linear(hidden, classes))
+        self.head = torch.nn.Sequential(
+            torch.nn.Linear(hidden, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, classes)
+        )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ops = model_check.ops(self.plain)
@@ -69,8 +70,9 @@ def example_inputs(batch: int) -> list[torch.Tensor]:
     return [torch.randn(batch, CHANNELS, LENGTH, generator=torch.Generator().manual_seed(2000 + batch))]
 
 
-SPEC = model_check.ModelSpec("side_by_side", make_model, example_inputs,
-                             dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1024)},))
+SPEC = model_check.ModelSpec(
+    "side_by_side", make_model, example_inputs, dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1024)},)
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,10 +19,10 @@ import argparse
 import os
 import sys
 
-import torch
 import torch.distributed as dist
 
 import opforge
+import torch
 
 
 class EncoderLayer(torch.nn.Module):
@@ -73,14 +73,27 @@ def main() -> int:
     with torch.no_grad():
         expected = layer(x, mask)
         colwise = ColwiseParallel(use_local_output=False)
-        parallel = parallelize_module(layer, mesh, {"q": colwise, "k": colwise, "v": colwise, "o": RowwiseParallel(),
-                                                    "up": colwise, "down": RowwiseParallel()})
+        parallel = parallelize_module(
+            layer,
+            mesh,
+            {
+                "q": colwise,
+                "k": colwise,
+                "v": colwise,
+                "o": RowwiseParallel(),
+                "up": colwise,
+                "down": RowwiseParallel(),
+            },
+        )
         parallel.up_bias = torch.nn.Parameter(distribute_tensor(layer.up_bias.detach(), mesh, [Shard(0)]))
         got = parallel(x, distribute_tensor(mask, mesh, [Replicate()]))  # the mask meets DTensor q, k, v
     error = (got.double() - expected.double()).abs().max().item()
     ok = torch.allclose(got, expected, atol=1e-2, rtol=1e-2)
-    print(f"rank {rank}/{world} on {device}: tensor-parallel layer {'matches' if ok else 'DIFFERS FROM'} one process "
-          f"(max abs error {error:.2e})", flush=True)
+    print(
+        f"rank {rank}/{world} on {device}: tensor-parallel layer {'matches' if ok else 'DIFFERS FROM'} one process "
+        f"(max abs error {error:.2e})",
+        flush=True,
+    )
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1

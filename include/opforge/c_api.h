@@ -56,10 +56,7 @@ typedef enum OpforgeDtype {
   OPFORGE_NUM_DTYPES = 10
 } OpforgeDtype;
 
-typedef enum OpforgeDeviceType {
-  OPFORGE_DEVICE_CPU = 0,
-  OPFORGE_DEVICE_CUDA = 1
-} OpforgeDeviceType;
+typedef enum OpforgeDeviceType { OPFORGE_DEVICE_CPU = 0, OPFORGE_DEVICE_CUDA = 1 } OpforgeDeviceType;
 
 /* A strided view of device or host memory. `data` points at element [0, ..., 0]
  * (any storage offset is already applied); sizes and strides count elements.
@@ -71,8 +68,8 @@ typedef enum OpforgeDeviceType {
  * are never absent. */
 typedef struct OpforgeTensor {
   void* data;
-  int32_t dtype;        /* OpforgeDtype */
-  int32_t device_type;  /* OpforgeDeviceType */
+  int32_t dtype;       /* OpforgeDtype */
+  int32_t device_type; /* OpforgeDeviceType */
   int32_t device_index;
   int32_t ndim;
   const int64_t* sizes;
@@ -81,12 +78,12 @@ typedef struct OpforgeTensor {
 
 typedef enum OpforgeArgKind {
   OPFORGE_ARG_TENSOR = 0,
-  OPFORGE_ARG_INT = 1,        /* int64_t */
-  OPFORGE_ARG_FLOAT = 2,      /* double */
+  OPFORGE_ARG_INT = 1,   /* int64_t */
+  OPFORGE_ARG_FLOAT = 2, /* double */
   OPFORGE_ARG_BOOL = 3,
   OPFORGE_ARG_STRING = 4,
-  OPFORGE_ARG_INT_LIST = 5,   /* int64_t[] */
-  OPFORGE_ARG_FLOAT_LIST = 6  /* double[] */
+  OPFORGE_ARG_INT_LIST = 5,  /* int64_t[] */
+  OPFORGE_ARG_FLOAT_LIST = 6 /* double[] */
 } OpforgeArgKind;
 
 /* A parameter value. Which fields are meaningful depends on `kind`:
@@ -146,14 +143,14 @@ typedef enum OpforgeLayout {
 /* Constraints of one tensor argument, checked by adapters before any launch. */
 typedef struct OpforgeTensorSpec {
   size_t struct_size;
-  uint32_t dtypes;      /* bit (1u << OpforgeDtype) per allowed dtype */
-  int32_t dtype_like;   /* index of an earlier tensor argument whose dtype this must equal, or -1 */
-  int32_t min_rank;     /* -1: no lower bound */
-  int32_t max_rank;     /* -1: no upper bound */
-  int32_t num_dims;     /* > 0: exact rank and one expression per dim (num_nodes 0: any) */
+  uint32_t dtypes;    /* bit (1u << OpforgeDtype) per allowed dtype */
+  int32_t dtype_like; /* index of an earlier tensor argument whose dtype this must equal, or -1 */
+  int32_t min_rank;   /* -1: no lower bound */
+  int32_t max_rank;   /* -1: no upper bound */
+  int32_t num_dims;   /* > 0: exact rank and one expression per dim (num_nodes 0: any) */
   const OpforgeExpr* dims;
-  int32_t layout;       /* OpforgeLayout */
-  int32_t shape_like;   /* index of an earlier tensor argument whose shape this must equal, or -1 */
+  int32_t layout;     /* OpforgeLayout */
+  int32_t shape_like; /* index of an earlier tensor argument whose shape this must equal, or -1 */
   /* 1: the caller may leave the tensor out (schema `Tensor? name=None`); it then arrives absent
    * (see OpforgeTensor) and its constraints are not checked. No other argument's constraint,
    * shape rule, output rule or launch rule refers to an optional tensor, and the first tensor
@@ -168,16 +165,16 @@ typedef struct OpforgeParamSpec {
   OpforgeValue default_value;
   int32_t has_min, has_max; /* inclusive bounds, for INT and FLOAT (and their lists, per element) */
   double min, max;
-  int32_t num_choices;      /* STRING or INT: allowed values (INT ones in decimal); 0: any value */
+  int32_t num_choices; /* STRING or INT: allowed values (INT ones in decimal); 0: any value */
   const char* const* choices;
-  int32_t compile_time;     /* a template argument of run-time kernels, not a kernel argument */
+  int32_t compile_time; /* a template argument of run-time kernels, not a kernel argument */
 } OpforgeParamSpec;
 
 /* One input or parameter, in declaration order (the schema's argument order). */
 typedef struct OpforgeArgSpec {
   size_t struct_size;
   const char* name;
-  int32_t kind; /* OpforgeArgKind */
+  int32_t kind;             /* OpforgeArgKind */
   OpforgeTensorSpec tensor; /* kind == OPFORGE_ARG_TENSOR */
   OpforgeParamSpec param;   /* otherwise */
 } OpforgeArgSpec;
@@ -187,10 +184,10 @@ typedef struct OpforgeArgSpec {
 typedef struct OpforgeOutputSpec {
   size_t struct_size;
   const char* name;
-  int32_t dtype_like;   /* tensor argument whose dtype the output takes, or -1 */
-  int32_t dtype;        /* fixed OpforgeDtype when dtype_like == -1 */
-  int32_t shape_like;   /* tensor argument whose shape is the base, or -1 (explicit shape) */
-  int32_t num_dims;     /* explicit: the rank; like: the number of overridden dims */
+  int32_t dtype_like;       /* tensor argument whose dtype the output takes, or -1 */
+  int32_t dtype;            /* fixed OpforgeDtype when dtype_like == -1 */
+  int32_t shape_like;       /* tensor argument whose shape is the base, or -1 (explicit shape) */
+  int32_t num_dims;         /* explicit: the rank; like: the number of overridden dims */
   const int32_t* dim_index; /* like: which dim each expression replaces (negative from end) */
   const OpforgeExpr* dims;
 } OpforgeOutputSpec;
@@ -238,7 +235,7 @@ typedef struct OpforgeCallFrame {
   const OpforgeArg* args;
   int32_t num_outputs;
   const OpforgeTensor* outputs;
-  char* error;           /* on failure, a NUL-terminated message is written here */
+  char* error; /* on failure, a NUL-terminated message is written here */
   size_t error_capacity;
 } OpforgeCallFrame;
 
@@ -255,9 +252,9 @@ typedef struct OpforgePrecompileRequest {
   const OpforgeValue* values; /* per argument: the parameter's value (ignored for tensors) */
   const char* arch;
   const char* cache_dir;
-  char* error;                /* on failure, a NUL-terminated message */
+  char* error; /* on failure, a NUL-terminated message */
   size_t error_capacity;
-  int32_t cache_hit;          /* out: 1 if the binary was already cached, 0 if compiled now */
+  int32_t cache_hit; /* out: 1 if the binary was already cached, 0 if compiled now */
 } OpforgePrecompileRequest;
 typedef int32_t (*OpforgePrecompileFn)(OpforgePrecompileRequest* request, const void* user);
 
@@ -265,7 +262,7 @@ typedef struct OpforgeKernel {
   size_t struct_size;
   int32_t device_type; /* OpforgeDeviceType */
   OpforgeKernelFn fn;
-  const void* user;    /* passed back to fn: the author's typed function */
+  const void* user; /* passed back to fn: the author's typed function */
   /* Run-time kernels only (NULL otherwise): the CUDA source file, relative to the library's
    * kernel folder (see Note [Run-time kernels] in opforge/op.h), the kernel's name
    * template, and the ahead-of-time compile entry. */

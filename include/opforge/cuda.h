@@ -25,10 +25,10 @@
 #include "opforge/tensor.h"
 
 /// Throws opforge::InternalError naming the failing call if a CUDA runtime call fails.
-#define OPFORGE_CUDA_CHECK(expr)                                                                     \
-  do {                                                                                               \
-    cudaError_t opforge_err_ = (expr);                                                               \
-    if (opforge_err_ != cudaSuccess)                                                                 \
+#define OPFORGE_CUDA_CHECK(expr)                                                                         \
+  do {                                                                                                   \
+    cudaError_t opforge_err_ = (expr);                                                                   \
+    if (opforge_err_ != cudaSuccess)                                                                     \
       throw ::opforge::InternalError(std::string(#expr " failed: ") + cudaGetErrorString(opforge_err_)); \
   } while (0)
 

@@ -57,13 +57,17 @@ inline const char* dtype_name(Dtype d) { return dtype_name(static_cast<int32_t>(
 inline constexpr size_t dtype_size(Dtype d) {
   switch (d) {
     case Dtype::kFloat64:
-    case Dtype::kInt64: return 8;
+    case Dtype::kInt64:
+      return 8;
     case Dtype::kFloat32:
-    case Dtype::kInt32: return 4;
+    case Dtype::kInt32:
+      return 4;
     case Dtype::kFloat16:
     case Dtype::kBFloat16:
-    case Dtype::kInt16: return 2;
-    default: return 1;
+    case Dtype::kInt16:
+      return 2;
+    default:
+      return 1;
   }
 }
 
@@ -112,7 +116,7 @@ struct Half {
       std::memcpy(&v, &a, 4);
       return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v * 16777216.0f)));
     }
-    const uint32_t rounded = a + 0xfffu + ((a >> 13) & 1u);  // round to nearest even on 13 dropped bits
+    const uint32_t rounded = a + 0xfffu + ((a >> 13) & 1u);                // round to nearest even on 13 dropped bits
     return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));  // rebias 127 -> 15
   }
   static float to_float(uint16_t h) {
@@ -166,8 +170,8 @@ struct type_tag {
 namespace detail {
 template <DtypeSet Allowed, class HalfT, class BFloat16T, class F>
 decltype(auto) visit_dtype_impl(Dtype d, F&& f) {
-#define OPFORGE_VISIT_CASE(DT, T) \
-  if constexpr (Allowed.contains(DT)) {  \
+#define OPFORGE_VISIT_CASE(DT, T)         \
+  if constexpr (Allowed.contains(DT)) {   \
     if (d == DT) return f(type_tag<T>{}); \
   }
   OPFORGE_VISIT_CASE(kFloat32, float)

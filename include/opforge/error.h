@@ -34,15 +34,15 @@ class InternalError : public Error {
 
 /// Throws opforge::InvalidArgument if `cond` is false; the message is the arguments' text
 /// concatenated (strings, characters and numbers; see opforge/detail/str.h).
-#define OPFORGE_CHECK(cond, ...)                                                   \
-  do {                                                                             \
+#define OPFORGE_CHECK(cond, ...)                                                        \
+  do {                                                                                  \
     if (!(cond)) throw ::opforge::InvalidArgument(::opforge::detail::cat(__VA_ARGS__)); \
   } while (0)
 
 /// Throws opforge::InternalError (with file and line) if `cond` is false.
-#define OPFORGE_ICHECK(cond, ...)                                                          \
-  do {                                                                                     \
-    if (!(cond))                                                                           \
-      throw ::opforge::InternalError(::opforge::detail::cat(                               \
-          "internal error at ", __FILE__, ":", __LINE__, ": " #cond " failed: ", ##__VA_ARGS__)); \
+#define OPFORGE_ICHECK(cond, ...)                                                                          \
+  do {                                                                                                     \
+    if (!(cond))                                                                                           \
+      throw ::opforge::InternalError(::opforge::detail::cat("internal error at ", __FILE__, ":", __LINE__, \
+                                                            ": " #cond " failed: ", ##__VA_ARGS__));       \
   } while (0)

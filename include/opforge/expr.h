@@ -34,8 +34,8 @@ class Expr {
  public:
   struct Node {
     OpforgeExprOp op;
-    std::string name;  // DIM: tensor argument; PARAM: integer parameter
-    int64_t value = 0; // CONST: the value; DIM: the dim (negative counts from the end)
+    std::string name;   // DIM: tensor argument; PARAM: integer parameter
+    int64_t value = 0;  // CONST: the value; DIM: the dim (negative counts from the end)
     std::shared_ptr<const Node> lhs, rhs;
   };
 

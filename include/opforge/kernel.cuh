@@ -177,9 +177,7 @@ struct RowRegisters {
     return cols % kWidth == 0 && cols / kWidth <= int64_t{kMaxVectors} * blockDim.x;
   }
   /// Whether this thread's k-th vector exists in a row of `cols` elements.
-  __device__ static bool has(int k, int64_t cols) {
-    return threadIdx.x + int64_t{k} * blockDim.x < cols / kWidth;
-  }
+  __device__ static bool has(int k, int64_t cols) { return threadIdx.x + int64_t{k} * blockDim.x < cols / kWidth; }
   /// Element offset (within the row) of this thread's k-th vector.
   __device__ static int64_t offset(int k) { return (threadIdx.x + int64_t{k} * blockDim.x) * kWidth; }
   /// Loads this thread's vectors of the row at `row` (`cols` elements, 16-byte aligned) as raw

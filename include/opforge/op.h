@@ -288,6 +288,8 @@ class OpBuilder {
     return OpBuilder<false, Sig..., Tensor>(std::move(def_));
   }
 
+  // (clang-format 14 cannot lay out requires-clauses.)
+  // clang-format off
   /// A required parameter of C++ type T (see the table in the file comment), with optional
   /// constraints `at_least`, `at_most`, `in_range`, `one_of`.
   template <class T, class... C>
@@ -303,6 +305,7 @@ class OpBuilder {
     return std::move(*this).template add_param<T>(std::move(name), detail::ParamDefault(std::move(default_value)),
                                                   constraints...);
   }
+  // clang-format on
 
   /// An output with the shape and dtype of an input, possibly modified: `like("x")`.
   OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Like& rule) && {
@@ -407,8 +410,8 @@ class OpBuilder {
 
   template <class T, class... C>
   OpBuilder<false, Sig..., typename detail::ParamTraits<T>::arg_type> add_param(std::string name,
-                                                                               detail::ParamDefault dflt,
-                                                                               const C&... constraints) && {
+                                                                                detail::ParamDefault dflt,
+                                                                                const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
     detail::ArgDecl a{std::move(name), detail::ParamTraits<T>::kind, {}, {}};
     a.param.default_value = std::move(dflt);
@@ -469,6 +472,6 @@ struct Registration {
 
 /// Declares the op `ns::name` in the enclosing op library; follow it with the builder chain
 /// (see the file comment) and a semicolon. At namespace scope only.
-#define OPFORGE_OP(ns, name)                                                                     \
+#define OPFORGE_OP(ns, name)                                                                               \
   [[maybe_unused]] static const ::opforge::detail::Registration OPFORGE_CONCAT(opforge_op_, __COUNTER__) = \
       ::opforge::detail::make_op(#ns, #name, __FILE__, __LINE__)

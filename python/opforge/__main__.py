@@ -39,11 +39,14 @@ def _verify(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opforge", description="opforge command line")
     sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("verify", help="compare device kernels with the CPU reference, per op",
-                       description="Verify ops: device kernels against the CPU reference (on a machine without "
-                                   "a GPU, the reference against the description's torch equivalent), "
-                                   "opcheck, torch.compile without recompiles, Meta against real, and for "
-                                   "an op with a backward op, torch.autograd.gradcheck in float64.")
+    v = sub.add_parser(
+        "verify",
+        help="compare device kernels with the CPU reference, per op",
+        description="Verify ops: device kernels against the CPU reference (on a machine without "
+        "a GPU, the reference against the description's torch equivalent), "
+        "opcheck, torch.compile without recompiles, Meta against real, and for "
+        "an op with a backward op, torch.autograd.gradcheck in float64.",
+    )
     v.add_argument("targets", nargs="+", help="op library (.so), qualified op name (ns::op), or example op name")
     v.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     v.add_argument("--seed", type=int, default=None, help="seed of the run (printed; default random)")

@@ -7,8 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ._paths import ROOT
 
@@ -69,7 +69,9 @@ def build_library(
         raise ValueError(f"opforge.build_library: missing source files: {', '.join(missing)}")
     if build_dir is None:
         key = hashlib.sha256("\n".join(map(str, paths + kernel_paths)).encode()).hexdigest()[:12]
-        build_dir = Path(os.environ.get("OPFORGE_CACHE_DIR", Path.home() / ".cache" / "opforge")) / "build" / f"{name}-{key}"
+        build_dir = (
+            Path(os.environ.get("OPFORGE_CACHE_DIR", Path.home() / ".cache" / "opforge")) / "build" / f"{name}-{key}"
+        )
     build_dir = Path(build_dir).resolve()
     project = build_dir / "project"
     project.mkdir(parents=True, exist_ok=True)
@@ -88,9 +90,17 @@ def build_library(
         target.write_text(cmakelists)
     cmake = _tool("cmake")
     configure = [
-        cmake, "-S", str(project), "-B", str(build_dir / "out"), "-G", "Ninja",
-        f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}", "-DCMAKE_BUILD_TYPE=Release",
-        f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}", f"-DOPFORGE_CUDA_ARCHITECTURES={cuda_architectures}",
+        cmake,
+        "-S",
+        str(project),
+        "-B",
+        str(build_dir / "out"),
+        "-G",
+        "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}",
+        f"-DOPFORGE_CUDA_ARCHITECTURES={cuda_architectures}",
         f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={build_dir}",
     ]
     if shutil.which("ccache"):

@@ -96,12 +96,14 @@ def _request(name: str, request: dict) -> dict:
     return call(getattr(_core(), f"opforge_core_{name}"), json.dumps(_jsonable(request), allow_nan=False))
 
 
-def precompile_request(op: str, dtypes: dict[str, str], params: dict[str, object], arch: str,
-                       cache_dir: str | None) -> bool:
+def precompile_request(
+    op: str, dtypes: dict[str, str], params: dict[str, object], arch: str, cache_dir: str | None
+) -> bool:
     """Compile one instantiation of ``op``'s run-time kernels (dtypes by tensor name as dtype
     names); True if every binary was already cached. See :func:`opforge.precompile`."""
-    return _request("precompile", {"op": op, "dtypes": dtypes, "params": params, "arch": arch,
-                                   "cache_dir": cache_dir})["cache_hit"]
+    return _request("precompile", {"op": op, "dtypes": dtypes, "params": params, "arch": arch, "cache_dir": cache_dir})[
+        "cache_hit"
+    ]
 
 
 def example_shapes(op: str, lead: int, last: int, params: dict[str, object]) -> dict[str, list[int]]:

@@ -66,9 +66,12 @@ def load_library(path: str | Path) -> Library:
         for op in lib.ops:  # a missing run-time kernel source fails only at the first CUDA call: say so now
             for rk in op.runtime_kernels:
                 if lib.kernel_dir is not None and not (lib.kernel_dir / rk.source).is_file():
-                    warnings.warn(f"opforge.load_library: {op.name}'s run-time kernel source {rk.source} is "
-                                  f"not in {lib.kernel_dir} (name it in build_library(kernels=...) or "
-                                  f"opforge_add_library(... KERNELS ...)); its CUDA calls will fail", stacklevel=2)
+                    warnings.warn(
+                        f"opforge.load_library: {op.name}'s run-time kernel source {rk.source} is "
+                        f"not in {lib.kernel_dir} (name it in build_library(kernels=...) or "
+                        f"opforge_add_library(... KERNELS ...)); its CUDA calls will fail",
+                        stacklevel=2,
+                    )
         register_sharding_rules(lib.ops)
         _libraries[resolved] = lib
         return lib
@@ -138,5 +141,6 @@ def precompile(
     """
     find_op(op)  # loaded by this adapter
     names = {name: str(dtype).removeprefix("torch.") for name, dtype in dtypes.items()}
-    return _core.precompile_request(op, names, dict(params or {}), arch,
-                                    str(cache_dir) if cache_dir is not None else None)
+    return _core.precompile_request(
+        op, names, dict(params or {}), arch, str(cache_dir) if cache_dir is not None else None
+    )

@@ -18,15 +18,15 @@ import json
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from ._core import OpforgeError
-from ._torch import loaded_libraries, precompile
 from ._paths import runner_path
+from ._torch import loaded_libraries, precompile
 
 MANIFEST = "opforge_ops.txt"
 
@@ -133,7 +133,9 @@ def package(
         for name, dtypes, params in _instantiations(program):
             lib = next(lib for lib in libraries.values() if name in lib.op_names)
             precompile(name, dtypes, params, arch=arch, cache_dir=package_dir / lib.kernel_dir.name / "cache")
-    (package_dir / MANIFEST).write_text("# op library for each custom op of model.pt2\n" + "\n".join(sorted(lines)) + "\n")
+    (package_dir / MANIFEST).write_text(
+        "# op library for each custom op of model.pt2\n" + "\n".join(sorted(lines)) + "\n"
+    )
     return pt2
 
 
@@ -185,8 +187,20 @@ def run(
     with tempfile.TemporaryDirectory(prefix="opforge-run-") as tmp:
         inp, out = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
         torch.save([t.detach().cpu().contiguous() for t in inputs], inp)
-        cmd = [str(runner), str(package_path), "--inputs", str(inp), "--output", str(out), "--device", device,
-               "--warmup", str(warmup), "--iters", str(iters)]
+        cmd = [
+            str(runner),
+            str(package_path),
+            "--inputs",
+            str(inp),
+            "--output",
+            str(out),
+            "--device",
+            device,
+            "--warmup",
+            str(warmup),
+            "--iters",
+            str(iters),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise OpforgeError(f"opforge-runner failed (exit {proc.returncode}):\n{proc.stderr.strip()}")

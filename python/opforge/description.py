@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 #: A parameter without a default (its :attr:`Param.default`).
 REQUIRED = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
@@ -87,7 +86,7 @@ class Param:
         return self.default is not REQUIRED
 
 
-Arg = Union[TensorArg, Param]
+Arg = TensorArg | Param
 
 
 @dataclass(frozen=True)
@@ -200,37 +199,69 @@ def _arg(index: int, a: dict) -> Arg:
     if a["kind"] == "tensor":
         rules = a["shape_rules"]
         return TensorArg(
-            name=a["name"], index=index, dtypes=tuple(a["dtypes"]), same_dtype=a["same_dtype"],
-            same_shape=a["same_shape"], min_rank=a["min_rank"], max_rank=a["max_rank"], layout=a["layout"],
-            optional=a["optional"], shape=tuple(a["shape"]) if a["shape"] is not None else None,
+            name=a["name"],
+            index=index,
+            dtypes=tuple(a["dtypes"]),
+            same_dtype=a["same_dtype"],
+            same_shape=a["same_shape"],
+            min_rank=a["min_rank"],
+            max_rank=a["max_rank"],
+            layout=a["layout"],
+            optional=a["optional"],
+            shape=tuple(a["shape"]) if a["shape"] is not None else None,
             shape_rules=tuple(rules) if rules is not None else None,
-            multiple_of={d: k for d, k in a["multiple_of"]}, follows={d: j for d, j in a["follows"]})
+            multiple_of={d: k for d, k in a["multiple_of"]},
+            follows={d: j for d, j in a["follows"]},
+        )
     kind = a["type"]
     return Param(
-        name=a["name"], index=index, type=kind,
+        name=a["name"],
+        index=index,
+        type=kind,
         default=_param_value(kind, a["default"]) if "default" in a else REQUIRED,
-        min=_float(a["min"]) if "min" in a else None, max=_float(a["max"]) if "max" in a else None,
-        choices=tuple(a["choices"]) if a["choices"] is not None else None, compile_time=a["compile_time"])
+        min=_float(a["min"]) if "min" in a else None,
+        max=_float(a["max"]) if "max" in a else None,
+        choices=tuple(a["choices"]) if a["choices"] is not None else None,
+        compile_time=a["compile_time"],
+    )
 
 
 def _op(o: dict) -> Op:
     return Op(
-        name=o["name"], schema=o["schema"], doc=o["doc"], file=o["file"], line=o["line"],
-        equivalent=o["equivalent"], backward=o["backward"], backward_targets=tuple(o["backward_targets"]),
-        is_backward_op=o["is_backward_op"], sharding=o["sharding"], sharding_dims=tuple(o["sharding_dims"]),
+        name=o["name"],
+        schema=o["schema"],
+        doc=o["doc"],
+        file=o["file"],
+        line=o["line"],
+        equivalent=o["equivalent"],
+        backward=o["backward"],
+        backward_targets=tuple(o["backward_targets"]),
+        is_backward_op=o["is_backward_op"],
+        sharding=o["sharding"],
+        sharding_dims=tuple(o["sharding_dims"]),
         unshardable_dims=frozenset(o["unshardable_dims"]),
         args=tuple(_arg(i, a) for i, a in enumerate(o["args"])),
-        outputs=tuple(Output(name=x["name"], dtype=x["dtype"], dtype_like=x["dtype_like"], like=x["like"],
-                             shape=tuple(x["shape"]), shape_rules=tuple(x["shape_rules"]),
-                             with_dims={d: t for d, t in x["with_dims"]},
-                             with_dim_rules={d: r for d, r in x["with_dim_rules"]}) for x in o["outputs"]),
+        outputs=tuple(
+            Output(
+                name=x["name"],
+                dtype=x["dtype"],
+                dtype_like=x["dtype_like"],
+                like=x["like"],
+                shape=tuple(x["shape"]),
+                shape_rules=tuple(x["shape_rules"]),
+                with_dims={d: t for d, t in x["with_dims"]},
+                with_dim_rules={d: r for d, r in x["with_dim_rules"]},
+            )
+            for x in o["outputs"]
+        ),
         devices=tuple(o["devices"]),
-        runtime_kernels=tuple(RuntimeKernel(k["source"], k["name"]) for k in o["runtime_kernels"]))
+        runtime_kernels=tuple(RuntimeKernel(k["source"], k["name"]) for k in o["runtime_kernels"]),
+    )
 
 
 def library_from_json(path: Path, description: dict) -> Library:
     """The :class:`Library` at ``path`` from its JSON description (``src/core/description.h``)."""
     kernel_dir = description["kernel_dir"]
-    return Library(path=path, ops=tuple(_op(o) for o in description["ops"]),
-                   kernel_dir=Path(kernel_dir) if kernel_dir else None)
-
+    return Library(
+        path=path, ops=tuple(_op(o) for o in description["ops"]), kernel_dir=Path(kernel_dir) if kernel_dir else None
+    )

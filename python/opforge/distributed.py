@@ -23,13 +23,14 @@ core (src/core/sharding.h); this module only builds DTensor placements from them
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .description import Op
 
 
-def strategies(kind: str, num_outputs: int, args: Sequence[object],
-               whole: frozenset[int] = frozenset()) -> list[tuple[list, list]]:
+def strategies(
+    kind: str, num_outputs: int, args: Sequence[object], whole: frozenset[int] = frozenset()
+) -> list[tuple[list, list]]:
     """DTensor sharding strategies -- (output placements, input placements) pairs -- for an op of
     sharding ``kind`` ("pointwise" or "rowwise") called with ``args`` (tensor-likes have ``ndim``;
     other values, including None for an optional tensor left out, get placement None). Dims in

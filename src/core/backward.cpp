@@ -71,7 +71,8 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
         problem("input '" + name + "' is " + type(c) + ", but the forward op's " + name + " is " + type(a));
     } else if ((i = index_of(out, fwd.num_outputs, name)) >= 0) {
       plan.sources.emplace_back(BackwardPlan::Source::kOutput, i);
-      if (!tensor) problem("input '" + name + "' is " + type(c) + ", but the forward op's output " + name + " is a Tensor");
+      if (!tensor)
+        problem("input '" + name + "' is " + type(c) + ", but the forward op's output " + name + " is a Tensor");
     } else {
       problem("input '" + name + "' matches nothing of the forward op: expected one of " + accepted);
     }

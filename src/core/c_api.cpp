@@ -74,7 +74,8 @@ class Values {
       if (a.kind == OPFORGE_ARG_TENSOR) continue;
       if (!params.is_object() || !params.contains(a.name) || params[a.name].is_null()) {
         if (a.param.has_default) v = a.param.default_value;
-        else if (required) why.push_back(std::string(a.name) + ": expected a value of type " + schema_type(a.kind) + ", got none");
+        else if (required)
+          why.push_back(std::string(a.name) + ": expected a value of type " + schema_type(a.kind) + ", got none");
         continue;
       }
       if (!convert(a, params[a.name], v))
@@ -103,7 +104,8 @@ class Values {
         if (!j.is_boolean()) return false;
         v.i = j.get<bool>();
         return true;
-      case OPFORGE_ARG_FLOAT: return real(j, v.f);
+      case OPFORGE_ARG_FLOAT:
+        return real(j, v.f);
       case OPFORGE_ARG_STRING: {
         if (!j.is_string()) return false;
         const std::string& s = strings_.emplace_back(j.get<std::string>());
@@ -134,7 +136,8 @@ class Values {
         v.len = list.size();
         return true;
       }
-      default: return false;
+      default:
+        return false;
     }
   }
 
@@ -178,7 +181,8 @@ std::string example_shapes_request(const char* text) {
   std::vector<std::string> why;
   Values values(op, request.value("params", json::object()), /*required=*/false, why);
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
-  const auto shapes = example_shapes(op, request.value("lead", int64_t{3}), request.value("last", int64_t{37}), values.get());
+  const auto shapes =
+      example_shapes(op, request.value("lead", int64_t{3}), request.value("last", int64_t{37}), values.get());
   json out = json::object();
   for (int32_t i = 0; i < op.num_args; ++i)
     if (op.args[i].kind == OPFORGE_ARG_TENSOR) out[op.args[i].name] = shapes[i];

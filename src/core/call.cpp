@@ -46,10 +46,12 @@ bool rows_aligned(const OpforgeTensor& t, int64_t item) {
 
 Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size) {
   switch (spec.layout) {
-    case OPFORGE_LAYOUT_STRIDED: return Admission::kAsIs;
+    case OPFORGE_LAYOUT_STRIDED:
+      return Admission::kAsIs;
     case OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM:
       return rows_aligned(view, item_size) ? Admission::kAsIs : Admission::kDenseCopy;
-    default: return dense(view) && aligned(view.data) ? Admission::kAsIs : Admission::kDenseCopy;
+    default:
+      return dense(view) && aligned(view.data) ? Admission::kAsIs : Admission::kDenseCopy;
   }
 }
 

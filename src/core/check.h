@@ -41,12 +41,12 @@ struct ArgInfo {
   // tensors
   // Labels are static strings, so describing a call allocates nothing for them (it runs on
   // every op call); device strings are formatted only for a message.
-  int32_t dtype = -1;                  // OpforgeDtype, or -1 for a dtype opforge does not know
-  const char* dtype_label = "unknown"; // the framework's name for the dtype, used in messages
-  const char* device_type = "cpu";     // the framework's device type name ("cuda")
-  int32_t device_index = -1;           // -1: none
+  int32_t dtype = -1;                   // OpforgeDtype, or -1 for a dtype opforge does not know
+  const char* dtype_label = "unknown";  // the framework's name for the dtype, used in messages
+  const char* device_type = "cpu";      // the framework's device type name ("cuda")
+  int32_t device_index = -1;            // -1: none
   std::vector<Int> sizes;
-  bool defined = true;                 // false: no tensor (None), e.g. an optional input left out
+  bool defined = true;  // false: no tensor (None), e.g. an optional input left out
 
   bool same_device(const ArgInfo& o) const {
     return device_index == o.device_index && std::string_view(device_type) == o.device_type;
@@ -83,8 +83,12 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
   for (int32_t i = 0; i < e.num_nodes; ++i) {
     const OpforgeExprNode& n = e.nodes[i];
     switch (n.op) {
-      case OPFORGE_EXPR_CONST: st.push_back(Int(n.value)); continue;
-      case OPFORGE_EXPR_PARAM: st.push_back(Int(args[n.arg].value.i)); continue;
+      case OPFORGE_EXPR_CONST:
+        st.push_back(Int(n.value));
+        continue;
+      case OPFORGE_EXPR_PARAM:
+        st.push_back(Int(args[n.arg].value.i));
+        continue;
       case OPFORGE_EXPR_DIM: {
         const auto& s = args[n.arg].sizes;
         const int64_t r = static_cast<int64_t>(s.size());
@@ -93,7 +97,8 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
         st.push_back(s[d]);
         continue;
       }
-      default: break;
+      default:
+        break;
     }
     if (st.size() < 2) return std::nullopt;
     Int b = st.back();
@@ -104,14 +109,29 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
       if ((n.op == OPFORGE_EXPR_FLOORDIV || n.op == OPFORGE_EXPR_CEILDIV) && b == 0) return std::nullopt;
     }
     switch (n.op) {
-      case OPFORGE_EXPR_ADD: st.push_back(a + b); break;
-      case OPFORGE_EXPR_SUB: st.push_back(a - b); break;
-      case OPFORGE_EXPR_MUL: st.push_back(a * b); break;
-      case OPFORGE_EXPR_FLOORDIV: st.push_back(IntOps<Int>::floordiv(a, b)); break;
-      case OPFORGE_EXPR_CEILDIV: st.push_back(IntOps<Int>::floordiv(a + b - Int(1), b)); break;
-      case OPFORGE_EXPR_MIN: st.push_back(IntOps<Int>::min(a, b)); break;
-      case OPFORGE_EXPR_MAX: st.push_back(IntOps<Int>::max(a, b)); break;
-      default: return std::nullopt;
+      case OPFORGE_EXPR_ADD:
+        st.push_back(a + b);
+        break;
+      case OPFORGE_EXPR_SUB:
+        st.push_back(a - b);
+        break;
+      case OPFORGE_EXPR_MUL:
+        st.push_back(a * b);
+        break;
+      case OPFORGE_EXPR_FLOORDIV:
+        st.push_back(IntOps<Int>::floordiv(a, b));
+        break;
+      case OPFORGE_EXPR_CEILDIV:
+        st.push_back(IntOps<Int>::floordiv(a + b - Int(1), b));
+        break;
+      case OPFORGE_EXPR_MIN:
+        st.push_back(IntOps<Int>::min(a, b));
+        break;
+      case OPFORGE_EXPR_MAX:
+        st.push_back(IntOps<Int>::max(a, b));
+        break;
+      default:
+        return std::nullopt;
     }
   }
   if (st.size() != 1) return std::nullopt;
@@ -155,7 +175,9 @@ inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vec
         detail::check_choice(a, std::string_view(digits, static_cast<size_t>(end - digits)), false, out);
       }
       break;
-    case OPFORGE_ARG_FLOAT: detail::check_range(a, v.f, "", out); break;
+    case OPFORGE_ARG_FLOAT:
+      detail::check_range(a, v.f, "", out);
+      break;
     case OPFORGE_ARG_INT_LIST:
       for (size_t k = 0; k < v.len; ++k)
         detail::check_range(a, static_cast<double>(v.ints[k]), "[" + std::to_string(k) + "]", out);
@@ -166,18 +188,23 @@ inline void check_param(const OpforgeArgSpec& a, const OpforgeValue& v, std::vec
     case OPFORGE_ARG_STRING:
       if (a.param.num_choices > 0) detail::check_choice(a, std::string_view(v.s, v.len), true, out);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
 /// Whether `dtype` (an OpforgeDtype, or -1 for one opforge does not know) is in `s`'s set.
-inline bool dtype_allowed(const OpforgeTensorSpec& s, int32_t dtype) { return dtype >= 0 && ((s.dtypes >> dtype) & 1u); }
+inline bool dtype_allowed(const OpforgeTensorSpec& s, int32_t dtype) {
+  return dtype >= 0 && ((s.dtypes >> dtype) & 1u);
+}
 /// "expected dtype one of {...}, got <label>".
 inline std::string expected_dtype(const OpforgeTensorSpec& s, std::string_view label) {
   return "expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(label);
 }
 /// Whether a dim rule is opforge::multiple_of(k) (k in its one node's value).
-inline bool is_multiple_of(const OpforgeExpr& e) { return e.num_nodes == 1 && e.nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF; }
+inline bool is_multiple_of(const OpforgeExpr& e) {
+  return e.num_nodes == 1 && e.nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF;
+}
 
 /// Checks every argument in declaration order -- tensors (dtype, device, rank, shape) and
 /// parameters (range, choices) -- and appends one line per problem in the form
@@ -217,8 +244,7 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
       if (args[s.dtype_like].dtype != t.dtype)
         why.push_back(std::string("expected dtype ") + args[s.dtype_like].dtype_label + " (the dtype of " +
                       op.args[s.dtype_like].name + "), got " + t.dtype_label);
-      else if (!dtype_allowed(s, t.dtype))
-        why.push_back(expected_dtype(s, t.dtype_label));
+      else if (!dtype_allowed(s, t.dtype)) why.push_back(expected_dtype(s, t.dtype_label));
     }
     if (!why.empty()) bad[i] |= kBadDtype;
     if (first < 0) {
@@ -233,10 +259,10 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     if ((s.min_rank >= 0 && r < s.min_rank) || (s.max_rank >= 0 && r > s.max_rank)) {
       rank_ok = false;
       std::string want = s.min_rank == s.max_rank ? std::to_string(s.min_rank)
-                         : s.max_rank < 0        ? ">= " + std::to_string(s.min_rank)
-                         : s.min_rank < 0        ? "<= " + std::to_string(s.max_rank)
-                                                 : "in [" + std::to_string(s.min_rank) + ", " +
-                                                       std::to_string(s.max_rank) + "]";
+                         : s.max_rank < 0         ? ">= " + std::to_string(s.min_rank)
+                         : s.min_rank < 0
+                             ? "<= " + std::to_string(s.max_rank)
+                             : "in [" + std::to_string(s.min_rank) + ", " + std::to_string(s.max_rank) + "]";
       why.push_back("expected rank " + want + ", got rank " + std::to_string(r) + " (shape " + sizes_string(t.sizes) +
                     ")");
     }
@@ -345,7 +371,8 @@ bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
 /// returns the message (invalid_arguments_message) an adapter raises as its framework's
 /// invalid-argument error.
 template <class Int>
-std::string check_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<OutputInfo<Int>>& outs) {
+std::string check_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args,
+                       std::vector<OutputInfo<Int>>& outs) {
   std::vector<std::string> errors;
   check_args<Int>(op, args, errors);
   if (errors.empty()) output_shapes<Int>(op, args, outs, errors);

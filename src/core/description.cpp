@@ -26,32 +26,47 @@ json text_or_null(const char* s) { return s ? json(s) : json(nullptr); }
 
 json value_json(const OpforgeValue& v) {
   switch (v.kind) {
-    case OPFORGE_ARG_INT: return v.i;
-    case OPFORGE_ARG_FLOAT: return number(v.f);
-    case OPFORGE_ARG_BOOL: return v.i != 0;
-    case OPFORGE_ARG_STRING: return std::string(v.s, v.len);
-    case OPFORGE_ARG_INT_LIST: return std::vector<int64_t>(v.ints, v.ints + v.len);
+    case OPFORGE_ARG_INT:
+      return v.i;
+    case OPFORGE_ARG_FLOAT:
+      return number(v.f);
+    case OPFORGE_ARG_BOOL:
+      return v.i != 0;
+    case OPFORGE_ARG_STRING:
+      return std::string(v.s, v.len);
+    case OPFORGE_ARG_INT_LIST:
+      return std::vector<int64_t>(v.ints, v.ints + v.len);
     case OPFORGE_ARG_FLOAT_LIST: {
       json out = json::array();
       for (size_t k = 0; k < v.len; ++k) out.push_back(number(v.floats[k]));
       return out;
     }
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 
 /// A shape expression as a tree (postfix nodes folded), e.g. {"mul": [{"dim": ["x", -1]}, {"const": 2}]}.
 json rule_json(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   if (e.num_nodes == 0) return {{"any", true}};
-  static const char* const kBinary[] = {nullptr, nullptr, nullptr, "add", "sub", "mul", "floordiv", "ceildiv", "min", "max"};
+  static const char* const kBinary[] = {nullptr, nullptr,    nullptr,   "add", "sub",
+                                        "mul",   "floordiv", "ceildiv", "min", "max"};
   std::vector<json> stack;
   for (int32_t k = 0; k < e.num_nodes; ++k) {
     const OpforgeExprNode& n = e.nodes[k];
     switch (n.op) {
-      case OPFORGE_EXPR_CONST: stack.push_back({{"const", n.value}}); break;
-      case OPFORGE_EXPR_MULTIPLE_OF: stack.push_back({{"multiple_of", n.value}}); break;
-      case OPFORGE_EXPR_DIM: stack.push_back({{"dim", json::array({op.args[n.arg].name, n.value})}}); break;
-      case OPFORGE_EXPR_PARAM: stack.push_back({{"param", op.args[n.arg].name}}); break;
+      case OPFORGE_EXPR_CONST:
+        stack.push_back({{"const", n.value}});
+        break;
+      case OPFORGE_EXPR_MULTIPLE_OF:
+        stack.push_back({{"multiple_of", n.value}});
+        break;
+      case OPFORGE_EXPR_DIM:
+        stack.push_back({{"dim", json::array({op.args[n.arg].name, n.value})}});
+        break;
+      case OPFORGE_EXPR_PARAM:
+        stack.push_back({{"param", op.args[n.arg].name}});
+        break;
       default: {
         json rhs = std::move(stack.back());
         stack.pop_back();
@@ -66,18 +81,25 @@ json rule_json(const OpforgeOpSpec& op, const OpforgeExpr& e) {
 
 const char* layout_name(int32_t layout) {
   switch (layout) {
-    case OPFORGE_LAYOUT_STRIDED: return "strided";
-    case OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM: return "contiguous_last_dim";
-    default: return "contiguous";
+    case OPFORGE_LAYOUT_STRIDED:
+      return "strided";
+    case OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM:
+      return "contiguous_last_dim";
+    default:
+      return "contiguous";
   }
 }
 
 const char* sharding_name(int32_t s) {
   switch (s) {
-    case OPFORGE_SHARDING_POINTWISE: return "pointwise";
-    case OPFORGE_SHARDING_ROWWISE: return "rowwise";
-    case OPFORGE_SHARDING_DIMS: return "dims";
-    default: return "none";
+    case OPFORGE_SHARDING_POINTWISE:
+      return "pointwise";
+    case OPFORGE_SHARDING_ROWWISE:
+      return "rowwise";
+    case OPFORGE_SHARDING_DIMS:
+      return "dims";
+    default:
+      return "none";
   }
 }
 
@@ -156,8 +178,11 @@ json output_json(const OpforgeOpSpec& op, const OpforgeOutputSpec& o) {
 }
 
 json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
-  json j = {{"name", qualified_name(op)}, {"schema", qualified_schema(op)}, {"doc", op.doc ? op.doc : ""},
-            {"file", op.file}, {"line", op.line}};
+  json j = {{"name", qualified_name(op)},
+            {"schema", qualified_schema(op)},
+            {"doc", op.doc ? op.doc : ""},
+            {"file", op.file},
+            {"line", op.line}};
   j["equivalent"] = text_or_null(equivalent(op));
   const char* bwd_name = backward_name(op);
   j["backward"] = text_or_null(bwd_name);

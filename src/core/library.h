@@ -26,9 +26,9 @@ namespace opforge::core {
 
 /// An op library loaded into this process.
 struct Library {
-  std::string path;                 ///< the shared object, resolved (realpath)
+  std::string path;  ///< the shared object, resolved (realpath)
   const OpforgeLibrary* lib = nullptr;
-  std::string json;                 ///< description_json(*this), computed once at load
+  std::string json;  ///< description_json(*this), computed once at load
 };
 
 /// Loads the op library at `path` and validates it; loading the same file again returns the

@@ -12,7 +12,8 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& dtypes, con
                 const std::string& arch, const std::string& cache_dir) {
   OPFORGE_ICHECK(dtypes.size() == static_cast<size_t>(op.num_args) && values.size() == dtypes.size());
   std::vector<std::string> why;
-  std::vector<bool> bad(op.num_args, false);  // as a call's check: a bad dtype is reported once, not again by same_dtype
+  std::vector<bool> bad(op.num_args,
+                        false);  // as a call's check: a bad dtype is reported once, not again by same_dtype
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
     if (a.kind != OPFORGE_ARG_TENSOR) {

@@ -49,10 +49,18 @@ std::string quote_string(std::string_view s, char q) {
 std::string format_value(const OpforgeValue& v) {
   detail::StringBuilder os;
   switch (v.kind) {
-    case OPFORGE_ARG_INT: os << v.i; break;
-    case OPFORGE_ARG_FLOAT: os << format_double(v.f); break;
-    case OPFORGE_ARG_BOOL: os << (v.i ? "True" : "False"); break;
-    case OPFORGE_ARG_STRING: os << quote_string({v.s, v.len}, '\''); break;
+    case OPFORGE_ARG_INT:
+      os << v.i;
+      break;
+    case OPFORGE_ARG_FLOAT:
+      os << format_double(v.f);
+      break;
+    case OPFORGE_ARG_BOOL:
+      os << (v.i ? "True" : "False");
+      break;
+    case OPFORGE_ARG_STRING:
+      os << quote_string({v.s, v.len}, '\'');
+      break;
     case OPFORGE_ARG_INT_LIST:
     case OPFORGE_ARG_FLOAT_LIST:
       os << "[";
@@ -76,14 +84,22 @@ bool has_runtime_source(const OpforgeKernel& k) {
 
 const char* schema_type(int32_t kind) {
   switch (kind) {
-    case OPFORGE_ARG_TENSOR: return "Tensor";
-    case OPFORGE_ARG_INT: return "int";
-    case OPFORGE_ARG_FLOAT: return "float";
-    case OPFORGE_ARG_BOOL: return "bool";
-    case OPFORGE_ARG_STRING: return "str";
-    case OPFORGE_ARG_INT_LIST: return "int[]";
-    case OPFORGE_ARG_FLOAT_LIST: return "float[]";
-    default: return "?";
+    case OPFORGE_ARG_TENSOR:
+      return "Tensor";
+    case OPFORGE_ARG_INT:
+      return "int";
+    case OPFORGE_ARG_FLOAT:
+      return "float";
+    case OPFORGE_ARG_BOOL:
+      return "bool";
+    case OPFORGE_ARG_STRING:
+      return "str";
+    case OPFORGE_ARG_INT_LIST:
+      return "int[]";
+    case OPFORGE_ARG_FLOAT_LIST:
+      return "float[]";
+    default:
+      return "?";
   }
 }
 
@@ -121,13 +137,19 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   for (int32_t i = 0; i < e.num_nodes; ++i) {
     const OpforgeExprNode& n = e.nodes[i];
     switch (n.op) {
-      case OPFORGE_EXPR_CONST: stack.emplace_back(std::to_string(n.value), false); break;
-      case OPFORGE_EXPR_MULTIPLE_OF: stack.emplace_back("multiple of " + std::to_string(n.value), false); break;
-      case OPFORGE_EXPR_DIM:
-        stack.emplace_back(std::string(n.arg >= 0 ? op.args[n.arg].name : "?") + ".size(" + std::to_string(n.value) + ")",
-                           false);
+      case OPFORGE_EXPR_CONST:
+        stack.emplace_back(std::to_string(n.value), false);
         break;
-      case OPFORGE_EXPR_PARAM: stack.emplace_back(n.arg >= 0 ? op.args[n.arg].name : "?", false); break;
+      case OPFORGE_EXPR_MULTIPLE_OF:
+        stack.emplace_back("multiple of " + std::to_string(n.value), false);
+        break;
+      case OPFORGE_EXPR_DIM:
+        stack.emplace_back(
+            std::string(n.arg >= 0 ? op.args[n.arg].name : "?") + ".size(" + std::to_string(n.value) + ")", false);
+        break;
+      case OPFORGE_EXPR_PARAM:
+        stack.emplace_back(n.arg >= 0 ? op.args[n.arg].name : "?", false);
+        break;
       default: {
         if (stack.size() < 2) return "<malformed>";
         auto b = stack.back();
@@ -142,7 +164,10 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
         if (fn) {
           stack.emplace_back(std::string(fn) + "(" + a.first + ", " + b.first + ")", false);
         } else {
-          const char* sym = n.op == OPFORGE_EXPR_ADD ? " + " : n.op == OPFORGE_EXPR_SUB ? " - " : n.op == OPFORGE_EXPR_MUL ? " * " : " // ";
+          const char* sym = n.op == OPFORGE_EXPR_ADD   ? " + "
+                            : n.op == OPFORGE_EXPR_SUB ? " - "
+                            : n.op == OPFORGE_EXPR_MUL ? " * "
+                                                       : " // ";
           stack.emplace_back(wrap(a) + sym + wrap(b), true);
         }
       }
@@ -151,9 +176,7 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   return stack.size() == 1 ? stack.back().first : "<malformed>";
 }
 
-std::string declared_at(const OpforgeOpSpec& op) {
-  return detail::declared_at(op.file, op.line, qualified_name(op));
-}
+std::string declared_at(const OpforgeOpSpec& op) { return detail::declared_at(op.file, op.line, qualified_name(op)); }
 
 const char* equivalent(const OpforgeOpSpec& op) {
   return op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) ? op.equivalent : nullptr;

@@ -30,17 +30,18 @@ namespace {
 
 /// Python's keywords (keyword.kwlist): torch.fx and Inductor turn an op's schema into a Python
 /// signature, where an argument so named fails (`lambda`) or is generated as invalid code (`from`).
-constexpr const char* kPythonKeywords[] = {
-    "False", "None",   "True",    "and",      "as",   "assert", "async",  "await",    "break",
-    "class", "continue", "def",   "del",      "elif", "else",   "except", "finally",  "for",
-    "from",  "global", "if",      "import",   "in",   "is",     "lambda", "nonlocal", "not",
-    "or",    "pass",   "raise",   "return",   "try",  "while",  "with",   "yield"};
+constexpr const char* kPythonKeywords[] = {"False",  "None",   "True",    "and",      "as",       "assert", "async",
+                                           "await",  "break",  "class",   "continue", "def",      "del",    "elif",
+                                           "else",   "except", "finally", "for",      "from",     "global", "if",
+                                           "import", "in",     "is",      "lambda",   "nonlocal", "not",    "or",
+                                           "pass",   "raise",  "return",  "try",      "while",    "with",   "yield"};
 
 /// Why `name` cannot name an argument or output, or "" if it can.
 std::string reserved(const std::string& name, const std::vector<ArgDecl>& args) {
   for (const char* k : kPythonKeywords)
     if (name == k)
-      return "\"" + name + "\" is a Python keyword, which torch.compile and AOTInductor cannot take as an argument name; "
+      return "\"" + name +
+             "\" is a Python keyword, which torch.compile and AOTInductor cannot take as an argument name; "
              "rename it";
   if (name == "self")
     for (const auto& a : args)
@@ -59,13 +60,20 @@ bool is_identifier(const std::string& s) {
 
 const char* kind_name(int32_t k) {
   switch (k) {
-    case OPFORGE_ARG_TENSOR: return "tensor";
-    case OPFORGE_ARG_INT: return "int64_t";
-    case OPFORGE_ARG_FLOAT: return "double";
-    case OPFORGE_ARG_BOOL: return "bool";
-    case OPFORGE_ARG_STRING: return "std::string";
-    case OPFORGE_ARG_INT_LIST: return "std::vector<int64_t>";
-    default: return "std::vector<double>";
+    case OPFORGE_ARG_TENSOR:
+      return "tensor";
+    case OPFORGE_ARG_INT:
+      return "int64_t";
+    case OPFORGE_ARG_FLOAT:
+      return "double";
+    case OPFORGE_ARG_BOOL:
+      return "bool";
+    case OPFORGE_ARG_STRING:
+      return "std::string";
+    case OPFORGE_ARG_INT_LIST:
+      return "std::vector<int64_t>";
+    default:
+      return "std::vector<double>";
   }
 }
 
@@ -108,22 +116,27 @@ class Resolver {
   void flatten(const std::shared_ptr<const Expr::Node>& n, std::vector<OpforgeExprNode>& out,
                const std::string& context) {
     if (n == nullptr) {  // opforge::any inside arithmetic
-      error(context, "opforge::any stands for a whole dim of an input's shape({...}); it cannot be part of an expression");
+      error(context,
+            "opforge::any stands for a whole dim of an input's shape({...}); it cannot be part of an expression");
       return;
     }
     switch (n->op) {
-      case OPFORGE_EXPR_CONST: out.push_back({OPFORGE_EXPR_CONST, -1, n->value}); return;
+      case OPFORGE_EXPR_CONST:
+        out.push_back({OPFORGE_EXPR_CONST, -1, n->value});
+        return;
       case OPFORGE_EXPR_MULTIPLE_OF:
         error(context, "opforge::multiple_of(" + std::to_string(n->value) +
                            ") stands for a whole dim of an input's shape({...}); it cannot be part of an expression");
         return;
-      case OPFORGE_EXPR_DIM: out.push_back({OPFORGE_EXPR_DIM, tensor(n->name, context + "dim(): "), n->value}); return;
+      case OPFORGE_EXPR_DIM:
+        out.push_back({OPFORGE_EXPR_DIM, tensor(n->name, context + "dim(): "), n->value});
+        return;
       case OPFORGE_EXPR_PARAM: {
         auto it = index_.find(n->name);
         int32_t idx = -1;
         if (it == index_.end() || def_.args[it->second].kind != OPFORGE_ARG_INT) {
-          error(context, "int_param(\"" + n->name + "\") names no int64_t parameter (parameters: " +
-                             inputs_list(false) + ")");
+          error(context,
+                "int_param(\"" + n->name + "\") names no int64_t parameter (parameters: " + inputs_list(false) + ")");
         } else {
           idx = it->second;
         }
@@ -157,11 +170,9 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
   for (const auto& a : args) {
     if (a.kind == OPFORGE_ARG_TENSOR) continue;
     const std::string ctx = "param '" + a.name + "': ";
-    if (a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL &&
-        a.kind != OPFORGE_ARG_STRING)
+    if (a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL && a.kind != OPFORGE_ARG_STRING)
       r.error(ctx, "compile_time applies to int64_t, bool and std::string parameters");
-    if (!a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL &&
-        a.kind != OPFORGE_ARG_FLOAT)
+    if (!a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL && a.kind != OPFORGE_ARG_FLOAT)
       r.error(ctx, "run-time kernels take int64_t, double and bool arguments; mark it opforge::compile_time");
   }
   for (auto& rk : def.runtime_kernels) {
@@ -169,7 +180,8 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
     if (rk->file.empty() || rk->file[0] == '/' || rk->file.find("..") != std::string::npos)
       r.error(ctx, "the file must be a relative path inside the library's kernel folder");
     const LaunchRule& rule = rk->rule;
-    if (rule.kind == LaunchRule::kNone) r.error(ctx, "no launch rule: add .launch(opforge::elementwise(...)) or another");
+    if (rule.kind == LaunchRule::kNone)
+      r.error(ctx, "no launch rule: add .launch(opforge::elementwise(...)) or another");
     if (rule.kind == LaunchRule::kElementwise || rule.kind == LaunchRule::kRows) {
       rk->rule_tensor = -1;
       for (size_t o = 0; o < outs.size(); ++o)
@@ -188,7 +200,8 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
     }
     const bool auto_threads = rule.kind == LaunchRule::kRows && rule.threads == 0;
     if (!auto_threads && (rule.threads <= 0 || rule.threads > 1024))
-      r.error(ctx, "threads per block must be in [1, 1024]" + std::string(rule.kind == LaunchRule::kRows ? " (or 0: chosen per call)" : ""));
+      r.error(ctx, "threads per block must be in [1, 1024]" +
+                       std::string(rule.kind == LaunchRule::kRows ? " (or 0: chosen per call)" : ""));
     if (rule.kind == LaunchRule::kRows && rule.threads % 32 != 0)
       r.error(ctx, "threads per block of a row kernel must be a multiple of 32 (whole warps)");
     if (rule.items_per_thread <= 0 || rule.bytes_per_thread < 0)
@@ -225,8 +238,8 @@ bool in_range(const ParamDecl& p, double v) { return !(p.has_min && v < p.min) &
 /// "the default 5 is outside the declared range [0, 4]" (or "... range [0, inf)", or "the
 /// declared range [5, 0] is empty").
 std::string range_error(const ParamDecl& p, double v) {
-  const std::string range = (p.has_min ? cat("[", p.min) : std::string("(-inf")) + ", " +
-                            (p.has_max ? cat(p.max, "]") : std::string("inf)"));
+  const std::string range =
+      (p.has_min ? cat("[", p.min) : std::string("(-inf")) + ", " + (p.has_max ? cat(p.max, "]") : std::string("inf)"));
   if (p.has_min && p.has_max && p.min > p.max) return "the declared range " + range + " is empty";
   return cat("the default ", v, " is outside the declared range ", range);
 }
@@ -277,13 +290,15 @@ std::vector<std::string> OpDef::finalize() {
     else if (const std::string why = reserved(a.name, args); !why.empty()) r.error(ctx, why);
     if (!seen.insert(a.name).second) r.error(ctx, "declared twice");
     if (a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional && first_tensor)
-      r.error(ctx, "the first tensor input cannot be opforge::optional (it sets the outputs' device and the run-time "
-                   "kernels' {T})");
-    const bool has_default = a.kind == OPFORGE_ARG_TENSOR ? a.tensor.optional != 0
-                                                          : !std::holds_alternative<std::monostate>(a.param.default_value);
+      r.error(ctx,
+              "the first tensor input cannot be opforge::optional (it sets the outputs' device and the run-time "
+              "kernels' {T})");
+    const bool has_default = a.kind == OPFORGE_ARG_TENSOR
+                                 ? a.tensor.optional != 0
+                                 : !std::holds_alternative<std::monostate>(a.param.default_value);
     if (!after_default.empty() && !has_default)  // torch's schema parser asserts on such a schema
-      r.error(ctx, "follows " + after_default + (a.kind == OPFORGE_ARG_TENSOR ? ", so it must be optional too"
-                                                                               : ", so it needs a default") +
+      r.error(ctx, "follows " + after_default +
+                       (a.kind == OPFORGE_ARG_TENSOR ? ", so it must be optional too" : ", so it needs a default") +
                        " (torch schemas put arguments with defaults last)");
     if (has_default && after_default.empty())
       after_default = (a.kind == OPFORGE_ARG_TENSOR ? "the opforge::optional input '" : "the param '") + a.name +
@@ -347,7 +362,8 @@ std::vector<std::string> OpDef::finalize() {
             if constexpr (std::is_same_v<D, int64_t>) {
               v.i = d;
               if (!in_range(p, static_cast<double>(d))) r.error(ctx, range_error(p, static_cast<double>(d)));
-              if (p.integer_choices && std::find(p.choices.begin(), p.choices.end(), std::to_string(d)) == p.choices.end())
+              if (p.integer_choices &&
+                  std::find(p.choices.begin(), p.choices.end(), std::to_string(d)) == p.choices.end())
                 r.error(ctx, "the default " + std::to_string(d) + " is not one of the declared choices");
             } else if constexpr (std::is_same_v<D, double>) {
               v.f = d;
@@ -382,14 +398,13 @@ std::vector<std::string> OpDef::finalize() {
     spec.name = cstr(o.name);
     spec.dtype = o.dtype;
     spec.shape_like = o.shape_like.empty() ? -1 : r.tensor(o.shape_like, ctx + "like(): ");
-    spec.dtype_like = o.dtype_like.empty()            ? -1
+    spec.dtype_like = o.dtype_like.empty()           ? -1
                       : o.dtype_like == o.shape_like ? spec.shape_like  // like(): reported once
-                                                      : r.tensor(o.dtype_like, ctx + "dtype_of(): ");
+                                                     : r.tensor(o.dtype_like, ctx + "dtype_of(): ");
     spec.num_dims = static_cast<int32_t>(o.dims.size());
     spec.dims = exprs(o.dims, false, ctx);
     if (!o.dim_index.empty()) spec.dim_index = s.ints.emplace_back(o.dim_index).data();
-    if (o.dtype_like.empty() && (spec.dtype < 0 || spec.dtype >= OPFORGE_NUM_DTYPES))
-      r.error(ctx, "no dtype rule");
+    if (o.dtype_like.empty() && (spec.dtype < 0 || spec.dtype >= OPFORGE_NUM_DTYPES)) r.error(ctx, "no dtype rule");
     s.outputs.push_back(spec);
   }
 
@@ -414,8 +429,9 @@ std::vector<std::string> OpDef::finalize() {
   int32_t first_rank = -1;  // the first tensor input's rank, if fixed
   for (const auto& a : args) {
     if (a.kind != OPFORGE_ARG_TENSOR) continue;
-    first_rank = a.tensor.has_shape ? static_cast<int32_t>(a.tensor.shape.size())
-                 : a.tensor.min_rank == a.tensor.max_rank ? a.tensor.max_rank : -1;
+    first_rank = a.tensor.has_shape                       ? static_cast<int32_t>(a.tensor.shape.size())
+                 : a.tensor.min_rank == a.tensor.max_rank ? a.tensor.max_rank
+                                                          : -1;
     break;
   }
   for (int32_t d : sharding_dims) {

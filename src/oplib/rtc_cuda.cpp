@@ -156,8 +156,8 @@ const std::string& cuda_include_dir() {
 }
 
 const char* cuda_type(int32_t dtype) {
-  static const char* const kTypes[] = {"float", "double",    "__half", "__nv_bfloat16", "signed char",
-                                       "short", "int",       "long long", "unsigned char", "bool"};
+  static const char* const kTypes[] = {"float", "double", "__half",    "__nv_bfloat16", "signed char",
+                                       "short", "int",    "long long", "unsigned char", "bool"};
   return (dtype >= 0 && dtype < OPFORGE_NUM_DTYPES) ? kTypes[dtype] : "void";
 }
 
@@ -220,7 +220,8 @@ std::string target_for(int cc) {
     if (a == cc) return "sm_" + std::to_string(cc);
     if (a < cc) best = std::max(best, a);
   }
-  if (best == 0) throw InternalError("opforge: NVRTC " + n.version_text + " cannot compile for sm_" + std::to_string(cc));
+  if (best == 0)
+    throw InternalError("opforge: NVRTC " + n.version_text + " cannot compile for sm_" + std::to_string(cc));
   return "compute_" + std::to_string(best);
 }
 
@@ -252,15 +253,16 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
   Job j;
   j.path = kernel_dir() + "/" + rk.file;
   if (!rtc::read_file(j.path, j.source))
-    throw InternalError("the run-time kernel source " + j.path + " cannot be read (it ships beside the op library, in " +
-                        kernel_dir() + ")");
+    throw InternalError("the run-time kernel source " + j.path +
+                        " cannot be read (it ships beside the op library, in " + kernel_dir() + ")");
   j.display_path = rtc::real_path(j.path);
   j.name = name;
   j.arch = with_arch_features(arch);
   std::string header;
   rtc::read_file(kernel_dir() + "/opforge/kernel.cuh", header);
-  j.options = {"--std=c++17", "-arch=" + j.arch, "-lineinfo", "-I" + kernel_dir(), "-I" + cuda_include_dir(),
-               "-I" + cuda_include_dir() + "/cccl", "-DOPFORGE_RTC=1"};
+  j.options = {"--std=c++17",       "-arch=" + j.arch,         "-lineinfo",
+               "-I" + kernel_dir(), "-I" + cuda_include_dir(), "-I" + cuda_include_dir() + "/cccl",
+               "-DOPFORGE_RTC=1"};
   j.key = "opforge-rtc-v1\nnvrtc " + nvrtc().version_text + "\narch " + j.arch + "\nname " + name + "\noptions";
   for (const auto& o : j.options)
     if (o.rfind("-I", 0) != 0) j.key += " " + o;  // include folders may move; their contents count below
@@ -336,7 +338,8 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   bind_primary_context(f->ctx->device_index);
   CUfunction fn = function_for(rk, name, f->ctx->device_index);
   if (cfg->shared_bytes > 48 * 1024 && driver().set_attribute)
-    check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(cfg->shared_bytes)),
+    check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(cfg->shared_bytes)),
              "cuFuncSetAttribute");
   check_cu(driver().launch(fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
                            cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr),

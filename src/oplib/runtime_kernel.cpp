@@ -154,7 +154,8 @@ void store(const std::string& dir, const std::string& key, const Binary& b) {
     if (!why.empty()) std::remove(tmp.c_str());
   }
   if (!why.empty() && !g_warned_unwritable.exchange(true))
-    std::fprintf(stderr, "opforge: warning: cannot write the kernel cache %s (%s); compiled kernels are kept in memory only\n",
+    std::fprintf(stderr,
+                 "opforge: warning: cannot write the kernel cache %s (%s); compiled kernels are kept in memory only\n",
                  dir.c_str(), why.c_str());
 }
 
@@ -252,10 +253,12 @@ std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const Opforge
   switch (rk.rule.kind) {
     case LaunchRule::kElementwise: {
       const int64_t n = numel(*rule_tensor);
-      if (n == 0) return nothing_to_launch(rk, f, "elementwise(\"" + rk.rule.tensor + "\") of shape " + sizes_text(*rule_tensor));
-      const int64_t items = rk.rule.bytes_per_thread > 0
-                                ? std::max<int64_t>(1, rk.rule.bytes_per_thread / dtype_size(static_cast<Dtype>(rule_tensor->dtype)))
-                                : rk.rule.items_per_thread;
+      if (n == 0)
+        return nothing_to_launch(rk, f, "elementwise(\"" + rk.rule.tensor + "\") of shape " + sizes_text(*rule_tensor));
+      const int64_t items =
+          rk.rule.bytes_per_thread > 0
+              ? std::max<int64_t>(1, rk.rule.bytes_per_thread / dtype_size(static_cast<Dtype>(rule_tensor->dtype)))
+              : rk.rule.items_per_thread;
       const int64_t per_block = int64_t{rk.rule.threads} * items;
       const int64_t blocks = (n + per_block - 1) / per_block;
       OPFORGE_CHECK(blocks <= INT32_MAX, n, " elements exceed one launch's grid");
@@ -287,7 +290,8 @@ std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const Opforge
       cfg = rk.rule.grid_entry(f, rk.rule.grid_fn);
       if (int64_t{cfg.grid[0]} * cfg.grid[1] * cfg.grid[2] == 0) return nothing_to_launch(rk, f, "the grid function");
       return cfg;
-    case LaunchRule::kNone: break;
+    case LaunchRule::kNone:
+      break;
   }
   throw InternalError("run-time kernel without a launch rule");
 }

@@ -46,15 +46,16 @@ class BackwardNode final : public ::torch::autograd::Node {
     for (const auto& [source, i] : plan_->sources) {
       switch (source) {
         case core::BackwardPlan::Source::kGrad:  // zeros for an output that did not reach the loss
-          stack.emplace_back(grads[i].defined() ? grads[i]
-                                                : at::zeros_symint(outputs_[i].first, outputs_[i].second));
+          stack.emplace_back(grads[i].defined() ? grads[i] : at::zeros_symint(outputs_[i].first, outputs_[i].second));
           break;
         case core::BackwardPlan::Source::kArg:
           if (op_->args[i].kind != OPFORGE_ARG_TENSOR) stack.push_back(params_[i]);
           else if (saved_args_[i].has_value()) stack.emplace_back(saved_args_[i]->unpack());
           else stack.emplace_back();  // an optional input that was left out
           break;
-        case core::BackwardPlan::Source::kOutput: stack.emplace_back(saved_outputs_[saved_output++].unpack(getptr())); break;
+        case core::BackwardPlan::Source::kOutput:
+          stack.emplace_back(saved_outputs_[saved_output++].unpack(getptr()));
+          break;
       }
     }
     backward_->callBoxed(stack);  // under create_graph, its own Autograd kernel records its history
@@ -65,8 +66,8 @@ class BackwardNode final : public ::torch::autograd::Node {
       given[slot] = true;
       if (!given_input(slot) || stack[k].isNone()) continue;  // an optional input that was left out gets none
       at::Tensor grad = stack[k].toTensor();
-      TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second,
-                  backward_name, " returned grad_", op_->args[i].name, " of shape ", grad.sym_sizes(), " and dtype ",
+      TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second, backward_name,
+                  " returned grad_", op_->args[i].name, " of shape ", grad.sym_sizes(), " and dtype ",
                   grad.scalar_type(), " for ", core::qualified_name(*op_), "'s input ", op_->args[i].name, " of shape ",
                   c10::SymIntArrayRef(shapes_[slot].first), " and dtype ", shapes_[slot].second,
                   "; a gradient has its input's shape and dtype");
@@ -75,9 +76,9 @@ class BackwardNode final : public ::torch::autograd::Node {
     for (int32_t i = 0; i < op_->num_args; ++i) {  // as torch's own ops: a needed gradient nobody computes
       const int32_t slot = tensor_slot_[i];
       TORCH_CHECK_NOT_IMPLEMENTED(slot < 0 || given[slot] || !given_input(slot) || !task_should_compute_output(slot),
-                                  "the derivative of ", core::qualified_name(*op_), " for its input '", op_->args[i].name,
-                                  "' is not implemented: its backward op ", backward_name, " has no grad_",
-                                  op_->args[i].name, " output");
+                                  "the derivative of ", core::qualified_name(*op_), " for its input '",
+                                  op_->args[i].name, "' is not implemented: its backward op ", backward_name,
+                                  " has no grad_", op_->args[i].name, " output");
     }
     return input_grads;
   }
@@ -161,13 +162,15 @@ class AutogradKernel final : public c10::OperatorKernel {
   template <class Arg>
   void save_inputs(BackwardNode& node, const Arg& arg) {
     const int32_t n = op_->num_args;
-    std::call_once(found_, [&] { backward_ = c10::Dispatcher::singleton().findSchemaOrThrow(core::backward_name(*op_), ""); });
+    std::call_once(found_,
+                   [&] { backward_ = c10::Dispatcher::singleton().findSchemaOrThrow(core::backward_name(*op_), ""); });
     node.backward_ = *backward_;
     node.saved_args_.resize(n);
     node.params_.resize(n);
     std::vector<at::Tensor> tensors;  // undefined where an optional one is None
     for (int32_t i = 0; i < n; ++i)
-      if (op_->args[i].kind == OPFORGE_ARG_TENSOR) tensors.push_back(arg(i).isNone() ? at::Tensor() : arg(i).toTensor());
+      if (op_->args[i].kind == OPFORGE_ARG_TENSOR)
+        tensors.push_back(arg(i).isNone() ? at::Tensor() : arg(i).toTensor());
     node.set_next_edges(::torch::autograd::collect_next_edges(tensors));
     for (const at::Tensor& t : tensors)
       node.shapes_.emplace_back(t.defined() ? t.sym_sizes().vec() : std::vector<c10::SymInt>{},

@@ -75,9 +75,15 @@ class OpKernel final : public c10::OperatorKernel {
         case OPFORGE_ARG_TENSOR:  // None (an optional input left out) stays an undefined tensor
           if (!iv.isNone()) c.tensors[i] = iv.toTensor();
           break;
-        case OPFORGE_ARG_INT: v.i = iv.toInt(); break;
-        case OPFORGE_ARG_FLOAT: v.f = iv.toDouble(); break;
-        case OPFORGE_ARG_BOOL: v.i = iv.toBool(); break;
+        case OPFORGE_ARG_INT:
+          v.i = iv.toInt();
+          break;
+        case OPFORGE_ARG_FLOAT:
+          v.f = iv.toDouble();
+          break;
+        case OPFORGE_ARG_BOOL:
+          v.i = iv.toBool();
+          break;
         case OPFORGE_ARG_STRING:
           c.strings[i] = iv.toStringRef();
           v.s = c.strings[i].c_str();

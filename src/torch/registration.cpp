@@ -43,7 +43,8 @@ std::unique_ptr<::torch::Library> register_op(const OpforgeLibrary& lib, const O
     // A backward op without a backward of its own: torch's NotImplemented node, so a second
     // derivative raises when it is taken (create_graph, torch.func at any level), first
     // derivatives work, and a dual cotangent (forward over reverse) is refused.
-    reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::Autograd, ::torch::autograd::autogradNotImplementedFallback()));
+    reg->impl(op.name,
+              ::torch::dispatch(c10::DispatchKey::Autograd, ::torch::autograd::autogradNotImplementedFallback()));
   }
   return reg;
 }

@@ -9,17 +9,28 @@ namespace opforge::torch {
 
 int32_t to_opforge(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return OPFORGE_DTYPE_FLOAT32;
-    case at::kDouble: return OPFORGE_DTYPE_FLOAT64;
-    case at::kHalf: return OPFORGE_DTYPE_FLOAT16;
-    case at::kBFloat16: return OPFORGE_DTYPE_BFLOAT16;
-    case at::kChar: return OPFORGE_DTYPE_INT8;
-    case at::kShort: return OPFORGE_DTYPE_INT16;
-    case at::kInt: return OPFORGE_DTYPE_INT32;
-    case at::kLong: return OPFORGE_DTYPE_INT64;
-    case at::kByte: return OPFORGE_DTYPE_UINT8;
-    case at::kBool: return OPFORGE_DTYPE_BOOL;
-    default: return -1;
+    case at::kFloat:
+      return OPFORGE_DTYPE_FLOAT32;
+    case at::kDouble:
+      return OPFORGE_DTYPE_FLOAT64;
+    case at::kHalf:
+      return OPFORGE_DTYPE_FLOAT16;
+    case at::kBFloat16:
+      return OPFORGE_DTYPE_BFLOAT16;
+    case at::kChar:
+      return OPFORGE_DTYPE_INT8;
+    case at::kShort:
+      return OPFORGE_DTYPE_INT16;
+    case at::kInt:
+      return OPFORGE_DTYPE_INT32;
+    case at::kLong:
+      return OPFORGE_DTYPE_INT64;
+    case at::kByte:
+      return OPFORGE_DTYPE_UINT8;
+    case at::kBool:
+      return OPFORGE_DTYPE_BOOL;
+    default:
+      return -1;
   }
 }
 
@@ -34,20 +45,34 @@ const char* torch_dtype_name(at::ScalarType t) {
   const int32_t d = to_opforge(t);
   if (d >= 0) return dtype_name(d);
   switch (t) {
-    case at::kComplexHalf: return "complex32";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    case at::kFloat8_e4m3fn: return "float8_e4m3fn";
-    case at::kFloat8_e5m2: return "float8_e5m2";
-    case at::kFloat8_e4m3fnuz: return "float8_e4m3fnuz";
-    case at::kFloat8_e5m2fnuz: return "float8_e5m2fnuz";
-    case at::kUInt16: return "uint16";
-    case at::kUInt32: return "uint32";
-    case at::kUInt64: return "uint64";
-    case at::kQInt8: return "qint8";
-    case at::kQUInt8: return "quint8";
-    case at::kQInt32: return "qint32";
-    default: return c10::toString(t);
+    case at::kComplexHalf:
+      return "complex32";
+    case at::kComplexFloat:
+      return "complex64";
+    case at::kComplexDouble:
+      return "complex128";
+    case at::kFloat8_e4m3fn:
+      return "float8_e4m3fn";
+    case at::kFloat8_e5m2:
+      return "float8_e5m2";
+    case at::kFloat8_e4m3fnuz:
+      return "float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz:
+      return "float8_e5m2fnuz";
+    case at::kUInt16:
+      return "uint16";
+    case at::kUInt32:
+      return "uint32";
+    case at::kUInt64:
+      return "uint64";
+    case at::kQInt8:
+      return "qint8";
+    case at::kQUInt8:
+      return "quint8";
+    case at::kQInt32:
+      return "qint32";
+    default:
+      return c10::toString(t);
   }
 }
 

@@ -39,7 +39,8 @@ std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detai
 json describe(std::vector<const opforge::detail::OpDef*> defs) {
   std::vector<const OpforgeOpSpec*> ops;
   for (auto* d : defs) ops.push_back(d->spec());
-  OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, static_cast<int32_t>(ops.size()), ops.data(), nullptr};
+  OpforgeLibrary lib{sizeof(OpforgeLibrary), OPFORGE_ABI_VERSION, static_cast<int32_t>(ops.size()), ops.data(),
+                     nullptr};
   return json::parse(opforge::core::description_json(lib));
 }
 
@@ -122,23 +123,25 @@ TEST(Description, ShapeRulesAsTrees) {
   EXPECT_EQ(op["args"][0]["multiple_of"], json::parse("[[1, 4]]"));
   EXPECT_EQ(op["args"][1]["shape_rules"], json::parse(R"([{"mul": [{"dim": ["x", -1]}, {"const": 2}]}])"));
   EXPECT_EQ(op["outputs"][0]["with_dims"], json::parse(R"j([[-1, "ceildiv(x.size(-1), 4)"]])j"));
-  EXPECT_EQ(op["outputs"][0]["with_dim_rules"], json::parse(R"([[-1, {"ceildiv": [{"dim": ["x", -1]}, {"const": 4}]}]])"));
+  EXPECT_EQ(op["outputs"][0]["with_dim_rules"],
+            json::parse(R"([[-1, {"ceildiv": [{"dim": ["x", -1]}, {"const": 4}]}]])"));
   EXPECT_EQ(op["unshardable_dims"], json::parse("[-1]"));
 }
 
 TEST(Sharding, InputsFollowTheFirstInputsDimsThroughTheirShapeRules) {
-  auto def = finalized(opforge::detail::make_op("ns", "attn", "f.cpp", 1)
-                           .sharding(opforge::shard_dims({0, 1}))
-                           .input("q", opforge::floating, opforge::rank(4))
-                           .input("k", opforge::same_dtype("q"), opforge::same_shape("q"))
-                           .input("mask", opforge::floating, opforge::shape({opforge::dim("q", 0), opforge::dim("q", -2)}))
-                           .output("y", opforge::like("q"))
-                           .reference(three_inputs)
-                           .release());
+  auto def =
+      finalized(opforge::detail::make_op("ns", "attn", "f.cpp", 1)
+                    .sharding(opforge::shard_dims({0, 1}))
+                    .input("q", opforge::floating, opforge::rank(4))
+                    .input("k", opforge::same_dtype("q"), opforge::same_shape("q"))
+                    .input("mask", opforge::floating, opforge::shape({opforge::dim("q", 0), opforge::dim("q", -2)}))
+                    .output("y", opforge::like("q"))
+                    .reference(three_inputs)
+                    .release());
   const auto maps = opforge::core::follow_dims(*def->spec());
   EXPECT_EQ(maps.at(0), (std::map<int32_t, int32_t>{{0, 0}, {1, 1}}));
-  EXPECT_EQ(maps.at(1), (std::map<int32_t, int32_t>{{0, 0}, {1, 1}}));   // same_shape of q
-  EXPECT_EQ(maps.at(2), (std::map<int32_t, int32_t>{{0, 0}, {2, 1}}));   // q's dim -2 is dim 2 of 4
+  EXPECT_EQ(maps.at(1), (std::map<int32_t, int32_t>{{0, 0}, {1, 1}}));  // same_shape of q
+  EXPECT_EQ(maps.at(2), (std::map<int32_t, int32_t>{{0, 0}, {2, 1}}));  // q's dim -2 is dim 2 of 4
   const json op = describe({def.get()})["ops"][0];
   EXPECT_EQ(op["sharding"], "dims");
   EXPECT_EQ(op["sharding_dims"], json::parse("[0, 1]"));
@@ -165,8 +168,8 @@ TEST(ExampleShapes, FreeDimsRulesAndMultiples) {
 }
 
 OpforgeTensor view(void* data, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-  return {data, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, static_cast<int32_t>(sizes.size()), sizes.data(),
-          strides.data()};
+  return {data,         OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, static_cast<int32_t>(sizes.size()),
+          sizes.data(), strides.data()};
 }
 
 TEST(CallProtocol, LayoutAdmission) {
@@ -183,10 +186,10 @@ TEST(CallProtocol, LayoutAdmission) {
   EXPECT_EQ(admit(dense, view(buf, s24, t24), 4), Admission::kDenseCopy);      // transposed
   EXPECT_EQ(admit(dense, view(buf, s20, any), 4), Admission::kAsIs);           // no elements
   EXPECT_EQ(admit(strided, view(buf + 1, s24, t24), 4), Admission::kAsIs);
-  EXPECT_EQ(admit(rows, view(buf, s24, p24), 4), Admission::kAsIs);            // padded rows, 32-byte row stride
-  EXPECT_EQ(admit(rows, view(buf, s24, t24), 4), Admission::kDenseCopy);       // last dim not adjacent
+  EXPECT_EQ(admit(rows, view(buf, s24, p24), 4), Admission::kAsIs);       // padded rows, 32-byte row stride
+  EXPECT_EQ(admit(rows, view(buf, s24, t24), 4), Admission::kDenseCopy);  // last dim not adjacent
   const std::vector<int64_t> p25{2, 5}, r25{5, 1};
-  EXPECT_EQ(admit(rows, view(buf, p25, r25), 4), Admission::kDenseCopy);       // 20-byte rows
+  EXPECT_EQ(admit(rows, view(buf, p25, r25), 4), Admission::kDenseCopy);  // 20-byte rows
 }
 
 TEST(CallProtocol, LaunchIsSkippedOnlyWhenEveryOutputIsEmpty) {
@@ -240,8 +243,9 @@ TEST(CallProtocol, AParameterLeftOutTakesItsDefault) {
                            .output("y", opforge::like("x"))
                            .reference(one_param)
                            .release());
-  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] { opforge::core::default_value(*req->spec(), 1); }),
-            "ns::r(Tensor x, float alpha) -> Tensor: invalid arguments\n  alpha: expected a value of type float, got None");
+  EXPECT_EQ(
+      message_of<opforge::InvalidArgument>([&] { opforge::core::default_value(*req->spec(), 1); }),
+      "ns::r(Tensor x, float alpha) -> Tensor: invalid arguments\n  alpha: expected a value of type float, got None");
 }
 
 TEST(Precompile, RequestsAreCheckedAsCallsAre) {
@@ -293,13 +297,14 @@ TEST(BackwardOps, MismatchesAreListedOnePerLineWithTheDeclarationSite) {
                            .release());
   std::vector<std::string> problems;
   opforge::core::plan_backward(*fwd->spec(), *bwd->spec(), problems);
-  EXPECT_EQ(problems, (std::vector<std::string>{
-                          "f.cpp:3: ns::f: backward op ns::f_backward: input 'grad_z' matches nothing of the forward op: "
-                          "expected one of grad_y, x, alpha, y",
-                          "f.cpp:3: ns::f: backward op ns::f_backward: input 'alpha' is int, but the forward op's alpha "
-                          "is float",
-                          "f.cpp:3: ns::f: backward op ns::f_backward: output 'dx' is not the gradient of a tensor input: "
-                          "expected one of grad_x"}));
+  EXPECT_EQ(problems,
+            (std::vector<std::string>{
+                "f.cpp:3: ns::f: backward op ns::f_backward: input 'grad_z' matches nothing of the forward op: "
+                "expected one of grad_y, x, alpha, y",
+                "f.cpp:3: ns::f: backward op ns::f_backward: input 'alpha' is int, but the forward op's alpha "
+                "is float",
+                "f.cpp:3: ns::f: backward op ns::f_backward: output 'dx' is not the gradient of a tensor input: "
+                "expected one of grad_x"}));
 }
 
 TEST(Loading, FilesThatAreNotOpLibraries) {

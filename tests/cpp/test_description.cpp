@@ -192,8 +192,7 @@ TEST(Description, RejectsMissingReferenceDuplicateNamesAndFloatInShapeRule) {
   ASSERT_EQ(errors.size(), 3u);
   EXPECT_EQ(errors[0], "f.cpp:9: unit::many: no CPU reference: add .reference(fn)");
   EXPECT_EQ(errors[1], "f.cpp:9: unit::many: param 'x': declared twice");
-  EXPECT_EQ(errors[2],
-            "f.cpp:9: unit::many: output 'y': int_param(\"x\") names no int64_t parameter (parameters: x)");
+  EXPECT_EQ(errors[2], "f.cpp:9: unit::many: output 'y': int_param(\"x\") names no int64_t parameter (parameters: x)");
 }
 
 TEST(Description, RejectsNamesTorchCompileCannotTake) {
@@ -272,14 +271,15 @@ TEST(Description, CompileTimeNeedsARuntimeKernel) {
                               .output("y", opforge::like("x"))
                               .reference(ref_k)
                               .release());
-  EXPECT_EQ(errors, (std::vector<std::string>{
-                        "f.cpp:3: unit::ct: compile_time parameters need a run-time kernel (.cuda_source())"}));
+  EXPECT_EQ(
+      errors,
+      (std::vector<std::string>{"f.cpp:3: unit::ct: compile_time parameters need a run-time kernel (.cuda_source())"}));
 }
 
 TEST(Dtype, HalfConversionsRoundToNearestEven) {
   EXPECT_EQ(opforge::Half(1.0f).bits, 0x3c00);
   EXPECT_EQ(opforge::Half(65504.0f).bits, 0x7bff);
-  EXPECT_EQ(opforge::Half(65520.0f).bits, 0x7c00);               // halfway to 2^16: rounds to inf
+  EXPECT_EQ(opforge::Half(65520.0f).bits, 0x7c00);                 // halfway to 2^16: rounds to inf
   EXPECT_EQ(opforge::Half(5.9604644775390625e-08f).bits, 0x0001);  // smallest subnormal
   EXPECT_EQ(opforge::Half(1.0f + 1.0f / 2048).bits, 0x3c00);       // tie, to even
   EXPECT_EQ(opforge::Half(1.0f + 3.0f / 2048).bits, 0x3c02);       // tie, to even (up)
@@ -291,17 +291,16 @@ TEST(Dtype, HalfConversionsRoundToNearestEven) {
 
 TEST(Dtype, BFloat16ConversionsRoundToNearestEven) {
   EXPECT_EQ(opforge::BFloat16(1.0f).bits, 0x3f80);
-  EXPECT_EQ(opforge::BFloat16(1.0f + 1.0f / 256).bits, 0x3f80);      // tie, to even
-  EXPECT_EQ(opforge::BFloat16(1.0f + 3.0f / 256).bits, 0x3f82);      // tie, to even (up)
+  EXPECT_EQ(opforge::BFloat16(1.0f + 1.0f / 256).bits, 0x3f80);  // tie, to even
+  EXPECT_EQ(opforge::BFloat16(1.0f + 3.0f / 256).bits, 0x3f82);  // tie, to even (up)
   EXPECT_TRUE(std::isnan(static_cast<float>(opforge::BFloat16(NAN))));
   EXPECT_EQ(static_cast<float>(opforge::BFloat16(-3.5f)), -3.5f);
 }
 
 TEST(Dtype, VisitInstantiatesOnlyTheAllowedSet) {
   int seen = 0;
-  opforge::visit_dtype<opforge::floating>(opforge::kBFloat16, [&]<class T>(opforge::type_tag<T>) {
-    seen = std::is_same_v<T, opforge::BFloat16> ? 1 : 2;
-  });
+  opforge::visit_dtype<opforge::floating>(
+      opforge::kBFloat16, [&]<class T>(opforge::type_tag<T>) { seen = std::is_same_v<T, opforge::BFloat16> ? 1 : 2; });
   EXPECT_EQ(seen, 1);
   EXPECT_THROW(opforge::visit_dtype<opforge::floating>(opforge::kInt32, [&]<class T>(opforge::type_tag<T>) {}),
                opforge::InvalidArgument);

@@ -44,8 +44,13 @@ struct Frame {
   OpforgeTensor tensor(const std::vector<int64_t>& s, int32_t dtype = OPFORGE_DTYPE_FLOAT32) {
     sizes.push_back(s);
     strides.push_back(std::vector<int64_t>(s.size(), 1));
-    return {reinterpret_cast<void*>(0x1000), dtype, OPFORGE_DEVICE_CUDA, 0, static_cast<int32_t>(s.size()),
-            sizes.back().data(), strides.back().data()};
+    return {reinterpret_cast<void*>(0x1000),
+            dtype,
+            OPFORGE_DEVICE_CUDA,
+            0,
+            static_cast<int32_t>(s.size()),
+            sizes.back().data(),
+            strides.back().data()};
   }
   const OpforgeCallFrame* get() {
     frame.struct_size = sizeof(frame);
@@ -138,16 +143,18 @@ TEST(KernelArguments, PointersThenLaunchValuesThenParameters) {
   rtc::KernelArguments args(*def->runtime_kernels[0], frame, cfg);
   void** p = args.params();
   EXPECT_EQ(*static_cast<void**>(p[0]), reinterpret_cast<void*>(0x1000));  // x
-  EXPECT_EQ(*static_cast<void**>(p[1]), nullptr);                         // w, absent
+  EXPECT_EQ(*static_cast<void**>(p[1]), nullptr);                          // w, absent
   EXPECT_EQ(*static_cast<void**>(p[2]), reinterpret_cast<void*>(0x2000));  // y
-  EXPECT_EQ(*static_cast<int64_t*>(p[3]), 8);                             // n of the launch rule
-  EXPECT_EQ(*static_cast<int64_t*>(p[4]), 7);                             // n
-  EXPECT_EQ(*static_cast<double*>(p[5]), 1.5);                            // alpha
-  EXPECT_EQ(*static_cast<bool*>(p[6]), true);                             // flag; k is compile-time
+  EXPECT_EQ(*static_cast<int64_t*>(p[3]), 8);                              // n of the launch rule
+  EXPECT_EQ(*static_cast<int64_t*>(p[4]), 7);                              // n
+  EXPECT_EQ(*static_cast<double*>(p[5]), 1.5);                             // alpha
+  EXPECT_EQ(*static_cast<bool*>(p[6]), true);                              // flag; k is compile-time
   std::vector<OpforgeValue> values;
   for (const auto& a : f.args) values.push_back(a.value);
   values[4].kind = OPFORGE_ARG_BOOL;
-  const auto type = +[](int32_t d) { return d == OPFORGE_DTYPE_FLOAT16 ? "__half" : d == OPFORGE_DTYPE_FLOAT32 ? "float" : "?"; };
+  const auto type = +[](int32_t d) {
+    return d == OPFORGE_DTYPE_FLOAT16 ? "__half" : d == OPFORGE_DTYPE_FLOAT32 ? "float" : "?";
+  };
   EXPECT_EQ(rtc::instantiate(*def->runtime_kernels[0], {OPFORGE_DTYPE_FLOAT16, -1, -1, -1, -1, -1},
                              {OPFORGE_DTYPE_FLOAT32}, values.data(), type),
             "pair<__half, float, 4>");
@@ -157,7 +164,10 @@ TEST(BinaryCache, EntriesRoundTripAndDamagedOnesAreIgnored) {
   const auto dir = std::filesystem::temp_directory_path() / ("opforge-cache-test-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   setenv("OPFORGE_CACHE_DIR", (dir / "user").c_str(), 1);
-  rtc::Binary b{"_Z3fooi", std::string("\x7f" "ELF binary", 11)}, out;
+  rtc::Binary b{"_Z3fooi", std::string("\x7f"
+                                       "ELF binary",
+                                       11)},
+      out;
   EXPECT_FALSE(rtc::find_cached("key one", (dir / "w").string(), false, out));
   rtc::store((dir / "w").string(), "key one", b);
   ASSERT_TRUE(rtc::find_cached("key one", (dir / "w").string(), false, out));

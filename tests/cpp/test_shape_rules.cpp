@@ -15,17 +15,18 @@ void pool_ref(Tensor, Tensor, int64_t, MutableTensor, MutableTensor) {}
 
 // x: [B, S, H]; w: [H, n]; out: [B, ceildiv(S, 2), n]; stats: like x with last dim n * 2.
 std::unique_ptr<opforge::detail::OpDef> pool_op() {
-  auto def = opforge::detail::make_op("ns", "pool", "f.cpp", 1)
-                 .input("x", opforge::floating, opforge::rank(3))
-                 .input("w", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1), opforge::any}))
-                 .param<int64_t>("n", opforge::at_least(1))
-                 .output("out",
-                         opforge::shape({opforge::dim("x", 0), opforge::ceildiv(opforge::dim("x", 1), 2),
-                                         opforge::int_param("n")}),
-                         opforge::dtype_of("x"))
-                 .output("stats", opforge::like("x").with_dim(-1, opforge::int_param("n") * 2).with_dtype(opforge::kFloat32))
-                 .reference(pool_ref)
-                 .release();
+  auto def =
+      opforge::detail::make_op("ns", "pool", "f.cpp", 1)
+          .input("x", opforge::floating, opforge::rank(3))
+          .input("w", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1), opforge::any}))
+          .param<int64_t>("n", opforge::at_least(1))
+          .output("out",
+                  opforge::shape(
+                      {opforge::dim("x", 0), opforge::ceildiv(opforge::dim("x", 1), 2), opforge::int_param("n")}),
+                  opforge::dtype_of("x"))
+          .output("stats", opforge::like("x").with_dim(-1, opforge::int_param("n") * 2).with_dtype(opforge::kFloat32))
+          .reference(pool_ref)
+          .release();
   auto errors = def->finalize();
   EXPECT_TRUE(errors.empty());
   return def;
@@ -76,8 +77,7 @@ TEST(ShapeRules, EveryBadArgumentReportedOnceByName) {
   EXPECT_EQ(check(*def->spec(), args),
             (std::vector<std::string>{
                 "x: expected dtype one of {float32, float64, float16, bfloat16}, got int64",
-                "x: expected rank 3, got rank 2 (shape [4, 7])",
-                "w: expected device cpu (the device of x), got cuda:0",
+                "x: expected rank 3, got rank 2 (shape [4, 7])", "w: expected device cpu (the device of x), got cuda:0",
                 "n: expected a value >= 1, got 0",  // declaration order: x, w, n
             }));
 }
@@ -106,7 +106,7 @@ TEST(ShapeRules, ExpressionArithmetic) {
   EXPECT_EQ(eval(nodes({d0, dm1, {OPFORGE_EXPR_SUB, -1, 0}})), 7);
   EXPECT_EQ(eval(nodes({d0, dm1, {OPFORGE_EXPR_MIN, -1, 0}})), 3);
   EXPECT_EQ(eval(nodes({d0, dm1, {OPFORGE_EXPR_MAX, -1, 0}, p, {OPFORGE_EXPR_MUL, -1, 0}})), 40);
-  EXPECT_EQ(eval(nodes({{OPFORGE_EXPR_DIM, 0, 5}})), std::nullopt);                              // no dim 5
+  EXPECT_EQ(eval(nodes({{OPFORGE_EXPR_DIM, 0, 5}})), std::nullopt);                                         // no dim 5
   EXPECT_EQ(eval(nodes({d0, {OPFORGE_EXPR_CONST, -1, 0}, {OPFORGE_EXPR_FLOORDIV, -1, 0}})), std::nullopt);  // / 0
 }
 
@@ -161,9 +161,9 @@ TEST(ShapeRules, OptionalInputLeftOutIsNotChecked) {
 
 TEST(ShapeRules, OptionalInputGivenIsChecked) {
   auto def = bias_op();
-  EXPECT_TRUE(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT16, {2, 4}), tensor(OPFORGE_DTYPE_FLOAT16, {4}),
-                                   int_value(1)})
-                  .empty());
+  EXPECT_TRUE(
+      check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT16, {2, 4}), tensor(OPFORGE_DTYPE_FLOAT16, {4}), int_value(1)})
+          .empty());
   std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {2, 4}), tensor(OPFORGE_DTYPE_FLOAT64, {3}, "cuda", 0),
                             int_value(0)};
   EXPECT_EQ(opforge::core::invalid_arguments_message(*def->spec(), check(*def->spec(), args)),
@@ -204,8 +204,8 @@ std::unique_ptr<opforge::detail::OpDef> vec_op() {
 TEST(ShapeRules, MultipleOfAcceptsMultiplesOnly) {
   auto def = vec_op();
   for (int64_t cols : {0, 8, 4096})
-    EXPECT_TRUE(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3, cols}), tensor(OPFORGE_DTYPE_FLOAT32, {cols})})
-                    .empty())
+    EXPECT_TRUE(
+        check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3, cols}), tensor(OPFORGE_DTYPE_FLOAT32, {cols})}).empty())
         << cols;
   EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3, 12}), tensor(OPFORGE_DTYPE_FLOAT32, {12})}),
             (std::vector<std::string>{"x: expected shape [*, multiple of 8], got [3, 12]"}));
@@ -221,10 +221,13 @@ TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
                     ->finalize();
   ASSERT_EQ(errors.size(), 4u);
   EXPECT_EQ(errors[0], "f.cpp:3: ns::badvec: input 'x': shape(): opforge::multiple_of(0): expected a factor > 0");
-  EXPECT_EQ(errors[1], "f.cpp:3: ns::badvec: input 'w': shape(): opforge::multiple_of(8) stands for a whole dim of an "
-                       "input's shape({...}); it cannot be part of an expression");
-  EXPECT_EQ(errors[2], "f.cpp:3: ns::badvec: output 'y': opforge::multiple_of is allowed only in an input's "
-                       "shape({...})");
-  EXPECT_EQ(errors[3], "f.cpp:3: ns::badvec: output 'y': opforge::any stands for a whole dim of an input's "
-                       "shape({...}); it cannot be part of an expression");  // was a null dereference
+  EXPECT_EQ(errors[1],
+            "f.cpp:3: ns::badvec: input 'w': shape(): opforge::multiple_of(8) stands for a whole dim of an "
+            "input's shape({...}); it cannot be part of an expression");
+  EXPECT_EQ(errors[2],
+            "f.cpp:3: ns::badvec: output 'y': opforge::multiple_of is allowed only in an input's "
+            "shape({...})");
+  EXPECT_EQ(errors[3],
+            "f.cpp:3: ns::badvec: output 'y': opforge::any stands for a whole dim of an input's "
+            "shape({...}); it cannot be part of an expression");  // was a null dereference
 }

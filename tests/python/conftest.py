@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 import opforge
+import torch
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
@@ -25,8 +25,18 @@ TOLERANCE = {
     **{d: 0.0 for d in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)},
 }
 #: Every dtype opforge supports.
-ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
-              torch.int64, torch.uint8, torch.bool]
+ALL_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 
 
 @dataclass
@@ -99,13 +109,18 @@ def _bias_gelu_inputs(batch, dtype, device):
 
 def _rms_norm_inputs(batch, dtype, device):
     return (torch.randn(batch, 3, 64, dtype=dtype, device=device), torch.rand(64, dtype=dtype, device=device) + 0.5), {
-        "eps": 1e-5}
+        "eps": 1e-5
+    }
 
 
 def _add_layer_norm_inputs(batch, dtype, device):
     x = torch.randn(batch, 3, 96, dtype=dtype, device=device)
-    return (x, torch.randn_like(x), torch.rand(96, dtype=dtype, device=device) + 0.5,
-            torch.randn(96, dtype=dtype, device=device)), {"eps": 1e-5}
+    return (
+        x,
+        torch.randn_like(x),
+        torch.rand(96, dtype=dtype, device=device) + 0.5,
+        torch.randn(96, dtype=dtype, device=device),
+    ), {"eps": 1e-5}
 
 
 def _identity_conv_inputs(batch, dtype, device):
@@ -114,19 +129,23 @@ def _identity_conv_inputs(batch, dtype, device):
 
 CASES = {
     "softshrink": OpCase("softshrink", _softshrink_inputs, lambda x, lambd=0.5: F.softshrink(x.double(), lambd)),
-    "softshrink_backward": OpCase("softshrink_backward", _softshrink_backward_inputs, _softshrink_grad,
-                                  library="softshrink"),
+    "softshrink_backward": OpCase(
+        "softshrink_backward", _softshrink_backward_inputs, _softshrink_grad, library="softshrink"
+    ),
     "bias_gelu": OpCase(
         "bias_gelu",
         _bias_gelu_inputs,
         lambda x, b: F.gelu(x.double() + b.double()),
         dtypes=[torch.float32, torch.float16, torch.bfloat16],
     ),
-    "rms_norm": OpCase("rms_norm", _rms_norm_inputs,
-                       lambda x, w, eps: F.rms_norm(x.double(), (x.shape[-1],), w.double(), eps)),
-    "add_layer_norm": OpCase("add_layer_norm", _add_layer_norm_inputs,
-                             lambda x, r, w, b, eps: F.layer_norm(x.double() + r.double(), (x.shape[-1],), w.double(),
-                                                                  b.double(), eps)),
+    "rms_norm": OpCase(
+        "rms_norm", _rms_norm_inputs, lambda x, w, eps: F.rms_norm(x.double(), (x.shape[-1],), w.double(), eps)
+    ),
+    "add_layer_norm": OpCase(
+        "add_layer_norm",
+        _add_layer_norm_inputs,
+        lambda x, r, w, b, eps: F.layer_norm(x.double() + r.double(), (x.shape[-1],), w.double(), b.double(), eps),
+    ),
     "identity_conv": OpCase("identity_conv", _identity_conv_inputs, lambda x: x.clone(), dtypes=ALL_DTYPES),
 }
 

@@ -6,11 +6,11 @@ batch and sequence length."""
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
+from conftest import DEVICES, requires_cuda, requires_two_gpus
 
 import opforge
-from conftest import DEVICES, requires_cuda, requires_two_gpus
+import torch
 
 #: Against a float64 SDPA: outputs are weighted means of v (|o| < 4 for randn inputs), rounded to
 #: the dtype; the kernel also rounds the probabilities to the dtype before P @ V.
@@ -29,8 +29,9 @@ def expected(q, k, v, mask=None, causal=False, scale=None):
         bias = bias + torch.full_like(bias, float("-inf")).triu(1)
     if mask is not None:
         bias = bias + mask.double().cpu()[:, None, None, :]
-    return F.scaled_dot_product_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), attn_mask=bias,
-                                          scale=scale)
+    return F.scaled_dot_product_attention(
+        q.double().cpu(), k.double().cpu(), v.double().cpu(), attn_mask=bias, scale=scale
+    )
 
 
 def inputs(batch, heads, sq, sk, head_dim, dtype, device, mask=False):
@@ -84,8 +85,9 @@ def test_inputs_on_a_non_current_gpu():
     with torch.cuda.device(0):
         out = torch.ops.examples.attention(q, k, v, 64, m, causal=True)
     assert out.device == torch.device("cuda:1")
-    torch.testing.assert_close(out.double().cpu(), expected(q, k, v, m, True), atol=TOL[torch.bfloat16],
-                               rtol=TOL[torch.bfloat16])
+    torch.testing.assert_close(
+        out.double().cpu(), expected(q, k, v, m, True), atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16]
+    )
     with pytest.raises(ValueError, match=r"mask: expected device cuda:1 \(the device of q\), got cuda:0"):
         torch.ops.examples.attention(q, k, v, 64, m.to("cuda:0"))
 
@@ -137,9 +139,10 @@ def test_head_split_views_reach_the_kernel_without_a_copy(device, head_dim):
     strided_last = q.transpose(2, 3).contiguous().transpose(2, 3)  # same values, last dim strided
     misaligned = torch.empty(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape).copy_(q)
     for view in (strided_last, misaligned):
-        assert copies_made(lambda: torch.ops.examples.attention(view, k, v, head_dim, mask, causal=True)) == 1
-        torch.testing.assert_close(torch.ops.examples.attention(view, k, v, head_dim, mask, causal=True), dense,
-                                   atol=0, rtol=0)
+        assert copies_made(lambda view=view: torch.ops.examples.attention(view, k, v, head_dim, mask, causal=True)) == 1
+        torch.testing.assert_close(
+            torch.ops.examples.attention(view, k, v, head_dim, mask, causal=True), dense, atol=0, rtol=0
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 import torch.nn.functional as F
+from conftest import DEVICES, TOLERANCE, _softshrink_grad
 
 import opforge
-from conftest import DEVICES, TOLERANCE, _softshrink_grad
+import torch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 bw = torch.ops.bw
@@ -19,8 +19,9 @@ bw = torch.ops.bw
 
 @pytest.fixture(scope="module", autouse=True)
 def backward_ops(tmp_path_factory):
-    return opforge.load_library(opforge.build_library("backward_ops", [FIXTURES / "backward_ops.cpp"],
-                                                      build_dir=tmp_path_factory.mktemp("bw")))
+    return opforge.load_library(
+        opforge.build_library("backward_ops", [FIXTURES / "backward_ops.cpp"], build_dir=tmp_path_factory.mktemp("bw"))
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -71,8 +72,11 @@ def test_partial_gradients_in_another_order_and_optional_inputs():
     y = bw.axpw(x, w, alpha=2.5)  # b left out: its gradient slot is dropped, x's still flows
     (gx,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(gx, 2.5 * w.detach())
-    with pytest.raises(NotImplementedError, match=r"the derivative of bw::axpw for its input 'w' is not implemented: "
-                                                  r"its backward op bw::axpw_backward has no grad_w output"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"the derivative of bw::axpw for its input 'w' is not implemented: "
+        r"its backward op bw::axpw_backward has no grad_w output",
+    ):
         bw.axpw(x, w, b).sum().backward()  # w requires grad, as torch's own ops refuse it
     bw.axpw(x, w.detach(), b).sum().backward()
     assert x.grad is not None and b.grad is not None
@@ -107,7 +111,9 @@ def test_a_second_derivative_without_a_backward_of_the_backward_op_is_refused_wh
 
 def test_forward_mode_ad_is_refused():
     x = torch.randn(4, dtype=torch.float64)
-    with pytest.raises(NotImplementedError, match="Trying to use forward AD with bw::powers, which does not support it"):
+    with pytest.raises(
+        NotImplementedError, match="Trying to use forward AD with bw::powers, which does not support it"
+    ):
         torch.func.jvp(bw.powers, (x,), (torch.ones_like(x),))
     pullback = torch.func.vjp(lambda t: bw.powers(t)[0], x)[1]  # forward over reverse: a dual cotangent
     with pytest.raises(NotImplementedError):
@@ -124,8 +130,11 @@ def test_an_integer_output_gets_zeros_of_its_own_dtype_and_shape():
 
 def test_a_gradient_of_the_wrong_shape_is_refused():
     x = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"bw::square_backward_too_long returned grad_x of shape \[5\] and dtype "
-                                           r"Double for bw::square's input x of shape \[4\]"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"bw::square_backward_too_long returned grad_x of shape \[5\] and dtype "
+        r"Double for bw::square's input x of shape \[4\]",
+    ):
         bw.square(x).sum().backward()
 
 
@@ -152,7 +161,8 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
     assert lines[1:] == [
         f"{site}:13: badbw::f: backward op badbw::f_backward: input 'grad_z' matches nothing of the forward op: "
         "expected one of grad_y, x, alpha, y",
-        f"{site}:13: badbw::f: backward op badbw::f_backward: input 'alpha' is int, but the forward op's alpha is float",
+        f"{site}:13: badbw::f: backward op badbw::f_backward: input 'alpha' is int, but the forward op's alpha is "
+        "float",
         f"{site}:13: badbw::f: backward op badbw::f_backward: output 'dx' is not the gradient of a tensor input: "
         "expected one of grad_x",
         f"{site}:17: badbw::g: backward op badbw::g_backward: input 'w' is Tensor, but the forward op's w is Tensor?",

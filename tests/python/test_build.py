@@ -6,9 +6,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 import opforge
+import torch
 
 OP_FILE = """
 #include <opforge/op.h>
@@ -60,14 +60,18 @@ def test_build_load_and_call(tmp_path):
 
 
 def test_invalid_declaration_is_reported_with_file_and_line(tmp_path):
-    src = _write(tmp_path, "bad", """
+    src = _write(
+        tmp_path,
+        "bad",
+        """
         #include <opforge/op.h>
         static void ref(opforge::Tensor x, opforge::MutableTensor y) {}
         OPFORGE_OP(built, bad)
             .input("x", opforge::floating)
             .output("y", opforge::like("z"))
             .reference(ref);
-        """)
+        """,
+    )
     lib_path = opforge.build_library("bad_ops", [src], build_dir=tmp_path / "build")
     with pytest.raises(ValueError) as err:
         opforge.load_library(lib_path)
@@ -78,7 +82,10 @@ def test_invalid_declaration_is_reported_with_file_and_line(tmp_path):
 
 
 def test_compile_error_names_file_and_line(tmp_path):
-    src = _write(tmp_path, "typo", """
+    src = _write(
+        tmp_path,
+        "typo",
+        """
         #include <opforge/op.h>
         static void ref(opforge::Tensor x, double k, opforge::MutableTensor y) {}
         OPFORGE_OP(built, typo)
@@ -86,7 +93,8 @@ def test_compile_error_names_file_and_line(tmp_path):
             .param<int64_t>("k")
             .output("y", opforge::like("x"))
             .reference(ref);
-        """)
+        """,
+    )
     with pytest.raises(opforge.BuildError) as err:
         opforge.build_library("typo_ops", [src], build_dir=tmp_path / "build")
     message = str(err.value)

@@ -6,16 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 import opforge
 import opforge.aoti
+import torch
 from opforge import _core
 from opforge._paths import core_path
 from opforge.description import REQUIRED
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TAG = "it's \\ \"q\"\n"
+TAG = 'it\'s \\ "q"\n'
 OFFSET = 0.5 + 1.5 + len(TAG)  # fixture::offset at its defaults
 
 
@@ -29,7 +29,10 @@ def param_ops(tmp_path_factory):
 def test_defaults_are_typed_values():
     op = opforge.find_op("fixture::offset")
     assert [(p.name, p.type, p.default) for p in op.params] == [
-        ("pads", "int[]", []), ("scales", "float[]", [0.5, 1.5]), ("tag", "str", TAG)]
+        ("pads", "int[]", []),
+        ("scales", "float[]", [0.5, 1.5]),
+        ("tag", "str", TAG),
+    ]
     assert opforge.find_op("examples::attention").arg("head_dim").default is REQUIRED
 
 
@@ -60,13 +63,17 @@ def test_output_shapes_are_evaluated_by_the_core():
     args["bias"] = {"dtype": "float32", "shape": [4]}
     with pytest.raises(ValueError) as err:  # the message a call raises
         _core.output_shapes("examples::bias_gelu", args)
-    assert str(err.value) == ("examples::bias_gelu(Tensor x, Tensor bias) -> Tensor: invalid arguments\n"
-                              "  bias: expected dtype bfloat16 (the dtype of x), got float32\n"
-                              "  bias: expected shape [x.size(-1)] = [8], got [4]")
+    assert str(err.value) == (
+        "examples::bias_gelu(Tensor x, Tensor bias) -> Tensor: invalid arguments\n"
+        "  bias: expected dtype bfloat16 (the dtype of x), got float32\n"
+        "  bias: expected shape [x.size(-1)] = [8], got [4]"
+    )
     with pytest.raises(ValueError) as err:
         _core.output_shapes("examples::softshrink", {"x": {"dtype": "float32", "shape": [2]}, "lambd": "big"})
-    assert str(err.value) == ("examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
-                              "  lambd: expected a value of type float, got \"big\"")
+    assert str(err.value) == (
+        "examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
+        '  lambd: expected a value of type float, got "big"'
+    )
 
 
 def test_example_shapes_satisfy_the_rules():
@@ -85,5 +92,7 @@ def test_loading_checks_before_registering(tmp_path):
     """The core validates a library (here: not an op library at all) and nothing reaches torch."""
     with pytest.raises(ValueError) as err:
         _core.load_library(core_path())
-    assert str(err.value) == (f"opforge: {core_path()} is not an opforge op library (no opforge_library_v1 "
-                              "symbol; build it with opforge_add_library or opforge.build_library)")
+    assert str(err.value) == (
+        f"opforge: {core_path()} is not an opforge op library (no opforge_library_v1 "
+        "symbol; build it with opforge_add_library or opforge.build_library)"
+    )

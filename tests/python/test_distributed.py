@@ -7,15 +7,16 @@ import os
 import socket
 
 import pytest
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import opforge
+import torch
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
+)
 
 
 def _free_port() -> int:
@@ -49,8 +50,10 @@ def run_in_processes(target, *args, world: int = 2) -> None:
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, str(opforge.build_dir()), errors, target, args))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, world, port, str(opforge.build_dir()), errors, target, args))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -98,8 +101,9 @@ def _worker(rank: int, world: int) -> None:
     block = FeedForward()
     h = torch.randn(5, 8)
     expected = block(h)
-    parallel = parallelize_module(block, mesh, {"up": ColwiseParallel(use_local_output=False),
-                                                "down": RowwiseParallel()})
+    parallel = parallelize_module(
+        block, mesh, {"up": ColwiseParallel(use_local_output=False), "down": RowwiseParallel()}
+    )
     parallel.bias = torch.nn.Parameter(distribute_tensor(block.bias.detach(), mesh, [Shard(0)]))
     torch.testing.assert_close(parallel(h), expected)
 
@@ -144,12 +148,19 @@ def _attention_worker(rank: int, world: int) -> None:
     x, mask = torch.randn(3, 5, 128, dtype=torch.float16), torch.zeros(3, 5, dtype=torch.float16)
     mask[0, 3:] = float("-inf")
     expected = block(x, mask)
-    parallel = parallelize_module(block, mesh, {"q": ColwiseParallel(use_local_output=False),
-                                                "k": ColwiseParallel(use_local_output=False),
-                                                "v": ColwiseParallel(use_local_output=False),
-                                                "o": RowwiseParallel()})
-    torch.testing.assert_close(parallel(x, distribute_tensor(mask, mesh, [Replicate()])), expected,
-                               atol=2e-3, rtol=2e-3)
+    parallel = parallelize_module(
+        block,
+        mesh,
+        {
+            "q": ColwiseParallel(use_local_output=False),
+            "k": ColwiseParallel(use_local_output=False),
+            "v": ColwiseParallel(use_local_output=False),
+            "o": RowwiseParallel(),
+        },
+    )
+    torch.testing.assert_close(
+        parallel(x, distribute_tensor(mask, mesh, [Replicate()])), expected, atol=2e-3, rtol=2e-3
+    )
 
 
 def test_attention_shards_over_batch_and_heads():
@@ -161,27 +172,35 @@ def test_sharding_rules_under_two_processes():
 
 
 def test_strategies_from_the_description():
-    from opforge.distributed import strategies
     from torch.distributed.tensor import Replicate, Shard
+
+    from opforge.distributed import strategies
 
     class Like:
         def __init__(self, ndim):
             self.ndim = ndim
 
     point = strategies("pointwise", 1, [Like(3), Like(1)])
-    assert point == [([Replicate()], [Replicate(), Replicate()]), ([Shard(0)], [Shard(0), Replicate()]),
-                     ([Shard(1)], [Shard(1), Replicate()]), ([Shard(2)], [Shard(2), Shard(0)])]
+    assert point == [
+        ([Replicate()], [Replicate(), Replicate()]),
+        ([Shard(0)], [Shard(0), Replicate()]),
+        ([Shard(1)], [Shard(1), Replicate()]),
+        ([Shard(2)], [Shard(2), Shard(0)]),
+    ]
     rows = strategies("rowwise", 1, [Like(2), 0.5])
     assert rows == [([Replicate()], [Replicate(), None]), ([Shard(0)], [Shard(0), None])]
     assert opforge.find_op("examples::softshrink").sharding == "pointwise"  # from its launch rule
     # A dim an input declares multiple_of(k) stays whole (its shards need not be multiples of k).
     assert strategies("pointwise", 1, [Like(2), Like(1)], frozenset({-1})) == [
-        ([Replicate()], [Replicate(), Replicate()]), ([Shard(0)], [Shard(0), Replicate()])]
+        ([Replicate()], [Replicate(), Replicate()]),
+        ([Shard(0)], [Shard(0), Replicate()]),
+    ]
 
 
 def test_dims_strategies_follow_the_shape_rules():
-    from opforge.distributed import dims_strategies
     from torch.distributed.tensor import Replicate, Shard
+
+    from opforge.distributed import dims_strategies
 
     opforge.load_library(opforge.example_library("attention"))
     op = opforge.find_op("examples::attention")
@@ -195,13 +214,23 @@ def test_dims_strategies_follow_the_shape_rules():
     mask = type("Mask", (), {"ndim": 2})()
     # The mask passed by keyword lands after the positional args in DTensor's order.
     got = dims_strategies(op, 1, [q, q, q, 32, mask], [None, None, None, None, "mask"])
-    assert got == [([Replicate()], [Replicate(), Replicate(), Replicate(), None, Replicate()]),
-                   ([Shard(0)], [Shard(0), Shard(0), Shard(0), None, Shard(0)]),
-                   ([Shard(1)], [Shard(1), Shard(1), Shard(1), None, Replicate()])]
+    assert got == [
+        ([Replicate()], [Replicate(), Replicate(), Replicate(), None, Replicate()]),
+        ([Shard(0)], [Shard(0), Shard(0), Shard(0), None, Shard(0)]),
+        ([Shard(1)], [Shard(1), Shard(1), Shard(1), None, Replicate()]),
+    ]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (one per process, NCCL)"))])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (one per process, NCCL)"),
+        ),
+    ],
+)
 def test_tensor_parallel_layer_under_torchrun(device):
     """examples/models/tensor_parallel.py under torchrun with 2 processes matches one process."""
     import subprocess
@@ -210,9 +239,24 @@ def test_tensor_parallel_layer_under_torchrun(device):
 
     script = Path(__file__).resolve().parents[2] / "examples" / "models" / "tensor_parallel.py"
     env = {**os.environ, "OPFORGE_BUILD_DIR": str(opforge.build_dir())}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(_free_port()), str(script), "--device", device], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_free_port()),
+            str(script),
+            "--device",
+            device,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         assert f"rank {rank}/2 on {device}" in proc.stdout and "matches one process" in proc.stdout

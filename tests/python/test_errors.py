@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
-
 from conftest import requires_cuda
+
+import torch
 
 SOFTSHRINK = "examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
 BIAS_GELU = "examples::bias_gelu(Tensor x, Tensor bias) -> Tensor: invalid arguments\n"
@@ -31,22 +31,31 @@ def test_dtype_outside_a_narrower_set():
 
 def test_mismatched_dtypes_and_shape_reported_together():
     x = torch.randn(2, 3, 8, dtype=torch.bfloat16)
-    with raises(ValueError, BIAS_GELU + "  bias: expected dtype bfloat16 (the dtype of x), got float32\n"
-                "  bias: expected shape [x.size(-1)] = [8], got [4]"):
+    with raises(
+        ValueError,
+        BIAS_GELU + "  bias: expected dtype bfloat16 (the dtype of x), got float32\n"
+        "  bias: expected shape [x.size(-1)] = [8], got [4]",
+    ):
         torch.ops.examples.bias_gelu(x, torch.randn(4))
 
 
 def test_wrong_rank():
-    with raises(ValueError, BIAS_GELU + "  x: expected rank >= 1, got rank 0 (shape [])\n"
-                "  bias: expected rank 1, got rank 2 (shape [1, 1])"):
+    with raises(
+        ValueError,
+        BIAS_GELU + "  x: expected rank >= 1, got rank 0 (shape [])\n"
+        "  bias: expected rank 1, got rank 2 (shape [1, 1])",
+    ):
         torch.ops.examples.bias_gelu(torch.tensor(1.0), torch.ones(1, 1))
 
 
 def test_a_bad_rank_does_not_hide_another_arguments_dtype():
     # x's rank is wrong but its dtype is fine: bias is still checked against that dtype (its
     # shape rule, which reads x's last dim, is skipped: it would only repeat x's problem).
-    with raises(ValueError, BIAS_GELU + "  x: expected rank >= 1, got rank 0 (shape [])\n"
-                "  bias: expected dtype float32 (the dtype of x), got float16"):
+    with raises(
+        ValueError,
+        BIAS_GELU + "  x: expected rank >= 1, got rank 0 (shape [])\n"
+        "  bias: expected dtype float32 (the dtype of x), got float16",
+    ):
         torch.ops.examples.bias_gelu(torch.tensor(1.0), torch.ones(3, dtype=torch.float16))
 
 
@@ -70,8 +79,11 @@ def test_parameter_nan_is_out_of_range():
 
 def test_parameter_of_the_wrong_type():
     # The dispatcher checks types against the derived schema before any opforge code runs.
-    with pytest.raises(RuntimeError, match=r"Expected a value of type 'float' for argument 'lambd' but instead found "
-                       r"type 'str'"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Expected a value of type 'float' for argument 'lambd' but instead found "
+        r"type 'str'",
+    ):
         torch.ops.examples.softshrink(torch.randn(3), lambd="big")
 
 

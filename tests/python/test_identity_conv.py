@@ -4,9 +4,9 @@ row-major, bit-for-bit copy of the input (x.clone()), on every device and dtype.
 from __future__ import annotations
 
 import pytest
-import torch
-
 from conftest import ALL_DTYPES, DEVICES, random_tensor, requires_cuda
+
+import torch
 
 
 def identity_conv(x: torch.Tensor) -> torch.Tensor:
@@ -44,8 +44,9 @@ LAYOUTS = {
     "expanded leading dims": lambda dt, dev: _rand((9,), dt, dev).expand(3, 2, 9),
     "overlapping windows": lambda dt, dev: _rand((40,), dt, dev).as_strided((30, 8), (1, 1)),
     "size-1 dims with odd strides": lambda dt, dev: _rand((6, 10), dt, dev)[:, None, 3:4, None],
-    "rank 8 permuted and sliced": lambda dt, dev: _rand((2, 3, 1, 4, 2, 3, 2, 10), dt, dev)
-    .permute(7, 3, 0, 5, 1, 2, 6, 4)[::3, 1:],
+    "rank 8 permuted and sliced": lambda dt, dev: _rand((2, 3, 1, 4, 2, 3, 2, 10), dt, dev).permute(
+        7, 3, 0, 5, 1, 2, 6, 4
+    )[::3, 1:],
     "rank 16 reversed": lambda dt, dev: _rand((2,) * 15 + (3,), dt, dev).permute(*range(15, -1, -1)),
 }
 
@@ -71,8 +72,9 @@ def test_dense_sizes_around_vector_and_block_boundaries(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_special_float_values_copy_bit_for_bit(device):
-    bits = torch.tensor([0x7FC0_0001, 0xFFC0_1234 - (1 << 32), 0x7F80_0000, 0x8000_0000 - (1 << 32), 1],
-                        dtype=torch.int32)
+    bits = torch.tensor(
+        [0x7FC0_0001, 0xFFC0_1234 - (1 << 32), 0x7F80_0000, 0x8000_0000 - (1 << 32), 1], dtype=torch.int32
+    )
     x = bits.view(torch.float32).to(device)  # NaNs with payloads, inf, -0.0, a subnormal
     out = identity_conv(x.expand(3, 5).t())
     assert torch.equal(out.view(torch.int32).cpu(), bits[:, None].expand(5, 3))

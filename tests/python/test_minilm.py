@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "models"))
 import minilm  # noqa: E402
+from conftest import DEVICES  # noqa: E402
 
 import opforge  # noqa: E402
-from conftest import DEVICES  # noqa: E402
 from opforge import verify  # noqa: E402
 
 
@@ -28,8 +29,11 @@ def test_reference_matches_sentence_transformers(model):
     st = pytest.importorskip("sentence_transformers")
     reference, tokenizer = model
     # .float(): a float16 copy of the weights (tools/make_device_weights.py) loads as float16.
-    expected = st.SentenceTransformer(str(minilm.model_dir()), device="cpu").float().encode(
-        minilm.SENTENCES, convert_to_tensor=True)
+    expected = (
+        st.SentenceTransformer(str(minilm.model_dir()), device="cpu")
+        .float()
+        .encode(minilm.SENTENCES, convert_to_tensor=True)
+    )
     batch = tokenizer(minilm.SENTENCES, padding=True, return_tensors="pt")
     with torch.inference_mode():
         got = reference(batch["input_ids"], batch["attention_mask"])
@@ -56,12 +60,23 @@ def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp
         opforge.load_library(opforge.example_library(op))
     reference, tokenizer = model
     mixed = minilm.with_opforge_ops(reference, torch.float16)
-    assert len(mixed.bert.layers) == 6 and all(isinstance(layer, minilm.OpforgeBertLayer) for layer in mixed.bert.layers)
+    assert len(mixed.bert.layers) == 6 and all(
+        isinstance(layer, minilm.OpforgeBertLayer) for layer in mixed.bert.layers
+    )
     batches = [tokenizer(s, padding=True, return_tensors="pt") for s in (minilm.SENTENCES, minilm.SENTENCES[5:7])]
     inputs = [[b["input_ids"], b["attention_mask"]] for b in batches]
     auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
-    reports = verify.verify_model(mixed, inputs[0], device=device, dynamic_shapes={"input_ids": auto, "attention_mask": auto},
-                                  check_inputs=inputs, reference=reference, package_dir=tmp_path, atol=1e-3, iters=1)
+    reports = verify.verify_model(
+        mixed,
+        inputs[0],
+        device=device,
+        dynamic_shapes={"input_ids": auto, "attention_mask": auto},
+        check_inputs=inputs,
+        reference=reference,
+        package_dir=tmp_path,
+        atol=1e-3,
+        iters=1,
+    )
     assert [r.outputs[0].shape for r in reports] == [[8, 384], [2, 384]]
     assert all(r.ok and r.outputs[0].cosine > 0.99999 for r in reports), [r.outputs for r in reports]
     program_ops = (tmp_path / "opforge_ops.txt").read_text()

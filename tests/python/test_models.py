@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
-
 from conftest import requires_cuda
+
+import torch
 from opforge import verify
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "models"))
@@ -40,12 +40,15 @@ class MainRun:
     package_dir: Path
 
 
-@pytest.fixture(scope="module", params=[
-    pytest.param(("pipeline", "cpu"), id="pipeline-cpu"),
-    pytest.param(("side_by_side", "cpu"), id="side_by_side-cpu"),
-    pytest.param(("pipeline", "cuda"), id="pipeline-cuda", marks=requires_cuda),
-    pytest.param(("side_by_side", "cuda"), id="side_by_side-cuda", marks=requires_cuda),
-])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(("pipeline", "cpu"), id="pipeline-cpu"),
+        pytest.param(("side_by_side", "cpu"), id="side_by_side-cpu"),
+        pytest.param(("pipeline", "cuda"), id="pipeline-cuda", marks=requires_cuda),
+        pytest.param(("side_by_side", "cuda"), id="side_by_side-cuda", marks=requires_cuda),
+    ],
+)
 def main_run(request, tmp_path_factory) -> MainRun:
     """The model's ``main(["--device", device, "--out", dir])``, run once, its output captured."""
     name, device = request.param
@@ -54,8 +57,9 @@ def main_run(request, tmp_path_factory) -> MainRun:
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
         mp.setenv("OPFORGE_CACHE_DIR", str(tmp / "kernel-cache"))  # never the user's kernel cache
         code = MODELS[name].main(["--device", device, "--out", str(tmp / "package")])
-    return MainRun(name, code, stdout.getvalue(), json.loads((tmp / "package" / "results.json").read_text()),
-                   tmp / "package")
+    return MainRun(
+        name, code, stdout.getvalue(), json.loads((tmp / "package" / "results.json").read_text()), tmp / "package"
+    )
 
 
 def test_runner_matches_plain_torch(main_run):
@@ -73,8 +77,10 @@ def test_runner_matches_plain_torch(main_run):
 def test_prints_every_output_error(main_run):
     for run in main_run.results["runs"]:
         for o in run["outputs"]:
-            assert (f"{main_run.name} on {run['device']}, batch {run['batch']}: output {o['index']} {o['shape']}: "
-                    f"max abs error {o['max_abs_error']:.2e}") in main_run.stdout
+            assert (
+                f"{main_run.name} on {run['device']}, batch {run['batch']}: output {o['index']} {o['shape']}: "
+                f"max abs error {o['max_abs_error']:.2e}"
+            ) in main_run.stdout
     assert f"{main_run.name}: OK" in main_run.stdout
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
+from conftest import CASES, DEVICES, assert_matches, requires_cuda, requires_two_gpus, strided_views
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from conftest import CASES, DEVICES, assert_matches, requires_cuda, requires_two_gpus, strided_views
+import torch
 
 OPS = list(CASES)
 
@@ -39,7 +39,10 @@ def test_softshrink_matches_torch_with_special_values():
 def test_default_parameter_comes_from_the_declaration():
     x = torch.randn(64)
     torch.testing.assert_close(torch.ops.examples.softshrink(x), F.softshrink(x, 0.5))
-    assert str(torch.ops.examples.softshrink.default._schema) == "examples::softshrink(Tensor x, float lambd=0.5) -> Tensor"
+    assert (
+        str(torch.ops.examples.softshrink.default._schema)
+        == "examples::softshrink(Tensor x, float lambd=0.5) -> Tensor"
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -120,7 +123,9 @@ def test_strided_inputs_match_contiguous(name, device):
 def test_strided_bias(device):
     x = torch.randn(3, 5, 16, device=device)
     bias = torch.randn(32, device=device)[::2]
-    torch.testing.assert_close(torch.ops.examples.bias_gelu(x, bias), torch.ops.examples.bias_gelu(x, bias.contiguous()))
+    torch.testing.assert_close(
+        torch.ops.examples.bias_gelu(x, bias), torch.ops.examples.bias_gelu(x, bias.contiguous())
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)

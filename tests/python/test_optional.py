@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed as dist
+from conftest import DEVICES, TOLERANCE, requires_cuda
 
 import opforge
-from conftest import DEVICES, TOLERANCE, requires_cuda
+import torch
 from opforge import aoti, verify
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -21,9 +21,12 @@ SCHEMA = "fixture::add_bias(Tensor x, Tensor? bias=None) -> Tensor"
 
 @pytest.fixture(scope="module", autouse=True)
 def optional_ops(tmp_path_factory):
-    path = opforge.build_library("optional_ops", [FIXTURES / "optional_ops.cpp"],
-                                 kernels=[FIXTURES / "kernels" / "optional_kernels.cu"],
-                                 build_dir=tmp_path_factory.mktemp("optional"))
+    path = opforge.build_library(
+        "optional_ops",
+        [FIXTURES / "optional_ops.cpp"],
+        kernels=[FIXTURES / "kernels" / "optional_kernels.cu"],
+        build_dir=tmp_path_factory.mktemp("optional"),
+    )
     return opforge.load_library(path)
 
 
@@ -49,14 +52,16 @@ def test_eager_with_and_without(device, dtype):
     bias = torch.randn(37, dtype=dtype, device=device)
     for out in (add_bias(x, bias), add_bias(x, bias=bias)):
         assert out.dtype == dtype and out.device == x.device
-        torch.testing.assert_close(out.double().cpu(), expected(x, bias).cpu(), atol=TOLERANCE[dtype],
-                                   rtol=TOLERANCE[dtype])
+        torch.testing.assert_close(
+            out.double().cpu(), expected(x, bias).cpu(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+        )
     for out in (add_bias(x), add_bias(x, None), add_bias(x, bias=None)):
         assert torch.equal(out, x)
     # Layouts: a sliced x and bias are made dense for the kernel.
     xs, bs = torch.randn(7, 74, dtype=dtype, device=device)[:, ::2], torch.randn(74, dtype=dtype, device=device)[::2]
-    torch.testing.assert_close(add_bias(xs, bs).double().cpu(), expected(xs, bs).cpu(), atol=TOLERANCE[dtype],
-                               rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(
+        add_bias(xs, bs).double().cpu(), expected(xs, bs).cpu(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
     assert add_bias(x[:0]).shape == (0, 3, 37) and add_bias(x[:0], bias).shape == (0, 3, 37)
 
 
@@ -66,8 +71,10 @@ def raises(message):
 
 def test_bad_optional_input_is_reported_when_given():
     x = torch.randn(2, 8)
-    with raises("  bias: expected dtype float32 (the dtype of x), got float64\n"
-                "  bias: expected shape [x.size(-1)] = [8], got [4]"):
+    with raises(
+        "  bias: expected dtype float32 (the dtype of x), got float64\n"
+        "  bias: expected shape [x.size(-1)] = [8], got [4]"
+    ):
         add_bias(x, torch.randn(4, dtype=torch.float64))
     with raises("  bias: expected rank 1, got rank 2 (shape [1, 8])"):
         add_bias(x, torch.randn(1, 8))
@@ -143,12 +150,17 @@ def test_export_and_aoti_package_in_cpp_runner(device, with_bias, tmp_path):
 
 def test_precompile_without_the_optional_dtype(tmp_path):
     assert opforge.precompile("fixture::add_bias", {"x": torch.float16}, arch="sm_90", cache_dir=tmp_path) is False
-    assert opforge.precompile("fixture::add_bias", {"x": torch.float16, "bias": torch.float16}, arch="sm_90",
-                              cache_dir=tmp_path) is True  # the same instantiation
+    assert (
+        opforge.precompile(
+            "fixture::add_bias", {"x": torch.float16, "bias": torch.float16}, arch="sm_90", cache_dir=tmp_path
+        )
+        is True
+    )  # the same instantiation
     with pytest.raises(ValueError) as err:
         opforge.precompile("fixture::add_bias", {"bias": torch.float16}, arch="sm_90", cache_dir=tmp_path)
-    assert str(err.value) == ("fixture::add_bias(Tensor x, Tensor? bias=None) -> Tensor: invalid arguments\n"
-                              "  x: expected a dtype, got none")
+    assert str(err.value) == (
+        "fixture::add_bias(Tensor x, Tensor? bias=None) -> Tensor: invalid arguments\n  x: expected a dtype, got none"
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,9 +188,11 @@ def test_sharding_strategies_skip_an_absent_optional_input():
         def __init__(self, ndim):
             self.ndim = ndim
 
-    assert strategies("pointwise", 1, [Like(2), None]) == [([Replicate()], [Replicate(), None]),
-                                                          ([Shard(0)], [Shard(0), None]),
-                                                          ([Shard(1)], [Shard(1), None])]
+    assert strategies("pointwise", 1, [Like(2), None]) == [
+        ([Replicate()], [Replicate(), None]),
+        ([Shard(0)], [Shard(0), None]),
+        ([Shard(1)], [Shard(1), None]),
+    ]
 
 
 def _dtensor_worker(rank: int, world: int, library: str) -> None:
@@ -192,8 +206,12 @@ def _dtensor_worker(rank: int, world: int, library: str) -> None:
     for d in range(2):
         dx = distribute_tensor(x, mesh, [Shard(d)])
         db = distribute_tensor(bias, mesh, [Shard(0)] if d == 1 else [Replicate()])
-        for y, want in ((add_bias(dx, db), x + bias), (add_bias(dx, bias=db), x + bias), (add_bias(dx), x),
-                        (add_bias(dx, None), x)):
+        for y, want in (
+            (add_bias(dx, db), x + bias),
+            (add_bias(dx, bias=db), x + bias),
+            (add_bias(dx), x),
+            (add_bias(dx, None), x),
+        ):
             assert y.placements == (Shard(d),), (d, y.placements)
             torch.testing.assert_close(y.full_tensor(), want)
 

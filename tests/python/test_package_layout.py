@@ -39,7 +39,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if dep.startswith(node + "."):
                 continue
             if dep in path:
-                found.append(path[path.index(dep):] + [dep])
+                found.append(path[path.index(dep) :] + [dep])
             elif len(path) < len(graph):
                 visit(dep, path + [dep])
 

@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
+from conftest import CASES, requires_cuda
 
 import opforge
-from conftest import CASES, requires_cuda
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Example ops with run-time kernel sources (examples/ops/<op>/kernels/).
@@ -38,7 +38,9 @@ def test_every_example_kernel_compiles_for_sm90(name, tmp_path):
 
 
 def test_ptx_for_an_architecture_name(tmp_path):
-    assert opforge.precompile("examples::softshrink", {"x": torch.float32}, arch="compute_90", cache_dir=tmp_path) is False
+    assert (
+        opforge.precompile("examples::softshrink", {"x": torch.float32}, arch="compute_90", cache_dir=tmp_path) is False
+    )
     (entry,) = entries(tmp_path)
     assert b".target sm_90" in entry.read_bytes()
 
@@ -55,7 +57,7 @@ def test_damaged_entry_is_recompiled(damage, tmp_path):
         data[-100] ^= 0xFF  # inside the binary: the checksum no longer matches
     entry.write_bytes(bytes(data))
     assert opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path) is False  # recompiled
-    assert opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path) is True   # and rewritten whole
+    assert opforge.precompile(*args, arch="sm_90", cache_dir=tmp_path) is True  # and rewritten whole
 
 
 def test_concurrent_first_use_from_threads_and_processes(tmp_path):
@@ -89,8 +91,10 @@ def test_concurrent_first_use_from_threads_and_processes(tmp_path):
 def test_unwritable_cache_warns_and_keeps_working(tmp_path, capfd):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    assert opforge.precompile("examples::softshrink", {"x": torch.float64}, arch="sm_90",
-                              cache_dir=blocker / "cache") is False
+    assert (
+        opforge.precompile("examples::softshrink", {"x": torch.float64}, arch="sm_90", cache_dir=blocker / "cache")
+        is False
+    )
     err = capfd.readouterr().err
     assert f"opforge: warning: cannot write the kernel cache {blocker / 'cache'}" in err
     assert "compiled kernels are kept in memory only" in err
@@ -123,8 +127,9 @@ def build_scale_op(tmp_path: Path, name: str, kernel: str):
     src = tmp_path / f"{name}.cpp"
     src.write_text(OP_FILE.replace("{name}", name))
     (tmp_path / "scale.cu").write_text(kernel)
-    return opforge.load_library(opforge.build_library(f"{name}_lib", [src], kernels=[tmp_path / "scale.cu"],
-                                                      build_dir=tmp_path / "build"))
+    return opforge.load_library(
+        opforge.build_library(f"{name}_lib", [src], kernels=[tmp_path / "scale.cu"], build_dir=tmp_path / "build")
+    )
 
 
 def test_compile_error_names_file_and_line(tmp_path):
@@ -133,7 +138,9 @@ def test_compile_error_names_file_and_line(tmp_path):
     with pytest.raises(opforge.OpforgeError) as err:
         opforge.precompile("rtc_test::broken", {"x": torch.float32}, {"k": 3}, arch="sm_90", cache_dir=tmp_path / "c")
     message = str(err.value)
-    assert message.startswith(f"rtc_test::broken: compiling scale<3> from {tmp_path / 'scale.cu'} for sm_90a failed:")  # sm_90: Hopper's arch features
+    assert message.startswith(
+        f"rtc_test::broken: compiling scale<3> from {tmp_path / 'scale.cu'} for sm_90a failed:"
+    )  # sm_90: Hopper's arch features
     assert f'{tmp_path / "scale.cu"}(5): error: identifier "undefined_name" is undefined' in message
 
 
@@ -141,9 +148,13 @@ def test_edit_and_compile_time_parameters_select_new_binaries(tmp_path):
     build_scale_op(tmp_path, "edited", KERNEL.replace("MULTIPLIER", "1"))
     cache = tmp_path / "c"
     for k, hit in [(3, False), (3, True), (4, False)]:  # each compile-time value is an instantiation
-        assert opforge.precompile("rtc_test::edited", {"x": torch.float32}, {"k": k}, arch="sm_90", cache_dir=cache) is hit
+        assert (
+            opforge.precompile("rtc_test::edited", {"x": torch.float32}, {"k": k}, arch="sm_90", cache_dir=cache) is hit
+        )
     (tmp_path / "scale.cu").write_text(KERNEL.replace("MULTIPLIER", "2"))  # an edit is a new source
-    assert opforge.precompile("rtc_test::edited", {"x": torch.float32}, {"k": 3}, arch="sm_90", cache_dir=cache) is False
+    assert (
+        opforge.precompile("rtc_test::edited", {"x": torch.float32}, {"k": 3}, arch="sm_90", cache_dir=cache) is False
+    )
     assert len(entries(cache)) == 3
 
 
@@ -196,26 +207,34 @@ def test_launch_with_unwritable_cache_keeps_working(tmp_path):
         torch.testing.assert_close(torch.ops.examples.softshrink(x, 0.25), F.softshrink(x, 0.25))
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**__import__("os").environ, "OPFORGE_CACHE_DIR": str(blocker)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "OPFORGE_CACHE_DIR": str(blocker)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert "opforge: warning: cannot write the kernel cache" in proc.stderr
 
 
-ATTENTION = ("examples::attention(Tensor q, Tensor k, Tensor v, int head_dim, Tensor? mask=None, bool causal=False, "
-             "float scale=0.0) -> Tensor: invalid arguments\n")
+ATTENTION = (
+    "examples::attention(Tensor q, Tensor k, Tensor v, int head_dim, Tensor? mask=None, bool causal=False, "
+    "float scale=0.0) -> Tensor: invalid arguments\n"
+)
 
 
 def test_precompile_checks_dtypes_and_parameters_first(tmp_path):
     opforge.load_library(opforge.example_library("attention"))
     with pytest.raises(ValueError) as err:  # k and v follow q's dtype: only q is reported
-        opforge.precompile("examples::attention", dict.fromkeys("qkv", torch.float32), {"head_dim": 64},
-                           cache_dir=tmp_path)
+        opforge.precompile(
+            "examples::attention", dict.fromkeys("qkv", torch.float32), {"head_dim": 64}, cache_dir=tmp_path
+        )
     assert str(err.value) == ATTENTION + "  q: expected dtype one of {float16, bfloat16}, got float32"
     with pytest.raises(ValueError) as err:
-        opforge.precompile("examples::attention", dict.fromkeys("qkv", torch.float16), {"head_dim": 96},
-                           cache_dir=tmp_path)
+        opforge.precompile(
+            "examples::attention", dict.fromkeys("qkv", torch.float16), {"head_dim": 96}, cache_dir=tmp_path
+        )
     assert str(err.value) == ATTENTION + "  head_dim: expected one of 32, 64, 128, got 96"
     assert not entries(tmp_path)  # nothing was compiled
 
@@ -224,8 +243,11 @@ def test_missing_kernel_source_warns_at_load(tmp_path):
     src = tmp_path / "nofile.cpp"
     src.write_text(OP_FILE.replace("{name}", "nofile"))
     path = opforge.build_library("nofile_lib", [src], build_dir=tmp_path / "build")  # scale.cu not given
-    with pytest.warns(UserWarning, match=r"rtc_test::nofile's run-time kernel source scale.cu is not in .*"
-                                         r"libnofile_lib.kernels"):
+    with pytest.warns(
+        UserWarning,
+        match=r"rtc_test::nofile's run-time kernel source scale.cu is not in .*"
+        r"libnofile_lib.kernels",
+    ):
         opforge.load_library(path)
     x = torch.randn(5)
     torch.testing.assert_close(torch.ops.rtc_test.nofile(x, 3), x * 3)  # the CPU reference still works
@@ -239,7 +261,10 @@ def test_precompile_fills_compile_time_defaults_and_refuses_missing_ones(tmp_pat
     opforge.load_library(opforge.example_library("attention"))
     with pytest.raises(ValueError) as err:
         opforge.precompile("examples::attention", dict.fromkeys("qkv", torch.float16), cache_dir=cache)
-    assert str(err.value) == ATTENTION + "  head_dim: expected a value for this compile-time parameter, which has no default"
+    assert (
+        str(err.value)
+        == ATTENTION + "  head_dim: expected a value for this compile-time parameter, which has no default"
+    )
 
 
 def test_precompile_stores_a_binary_found_in_another_cache(tmp_path, monkeypatch):
@@ -251,8 +276,10 @@ def test_precompile_stores_a_binary_found_in_another_cache(tmp_path, monkeypatch
     user_bins = list((tmp_path / "user" / "kernels").glob("*.bin"))
     assert len(user_bins) == 1
     package_cache = tmp_path / "package" / "cache"
-    assert opforge.precompile("rtc_test::copied", {"x": torch.float32}, {"k": 2}, arch="sm_90",
-                              cache_dir=package_cache) is True  # found, not compiled
+    assert (
+        opforge.precompile("rtc_test::copied", {"x": torch.float32}, {"k": 2}, arch="sm_90", cache_dir=package_cache)
+        is True
+    )  # found, not compiled
     package_bins = list(package_cache.glob("*.bin"))
     assert [p.name for p in package_bins] == [user_bins[0].name]
     assert package_bins[0].read_bytes() == user_bins[0].read_bytes()

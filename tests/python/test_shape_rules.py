@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 import opforge
+import torch
 from opforge import verify
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -26,8 +26,10 @@ def test_multiples_pass_and_other_sizes_are_refused():
     for cols in (0, 4, 12):
         x, w = torch.randn(3, cols), torch.randn(cols)
         torch.testing.assert_close(torch.ops.fixture.scale4(x, w), x * w)
-    message = ("fixture::scale4(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
-               "  x: expected shape [*, multiple of 4], got [3, 6]")
+    message = (
+        "fixture::scale4(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
+        "  x: expected shape [*, multiple of 4], got [3, 6]"
+    )
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         torch.ops.fixture.scale4(torch.randn(3, 6), torch.randn(6))
     assert opforge.find_op("fixture::scale4").args[0].shape == ("*", "multiple of 4")

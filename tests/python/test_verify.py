@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import opforge
+import torch
 from opforge import verify
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -20,15 +20,28 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 
 @pytest.fixture(scope="module")
 def broken_ops(tmp_path_factory):
-    return opforge.load_library(opforge.build_library("broken_ops", [FIXTURES / "broken_ops.cpp"],
-                                                      kernels=[FIXTURES / "kernels" / "broken_kernels.cu",
-                                                               FIXTURES / "kernels" / "syntax_error.cu"],
-                                                      build_dir=tmp_path_factory.mktemp("broken")))
+    return opforge.load_library(
+        opforge.build_library(
+            "broken_ops",
+            [FIXTURES / "broken_ops.cpp"],
+            kernels=[FIXTURES / "kernels" / "broken_kernels.cu", FIXTURES / "kernels" / "syntax_error.cu"],
+            build_dir=tmp_path_factory.mktemp("broken"),
+        )
+    )
 
 
-@pytest.mark.parametrize("name", ["examples::softshrink", "examples::softshrink_backward", "examples::bias_gelu",
-                                  "examples::rms_norm", "examples::add_layer_norm", "examples::identity_conv",
-                                  "examples::attention"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "examples::softshrink",
+        "examples::softshrink_backward",
+        "examples::bias_gelu",
+        "examples::rms_norm",
+        "examples::add_layer_norm",
+        "examples::identity_conv",
+        "examples::attention",
+    ],
+)
 def test_example_ops_pass(name):
     opforge.load_library(opforge.example_library(name.split("::")[1].removesuffix("_backward")))
     report = verify.verify_op(name, seed=1234)
@@ -39,8 +52,15 @@ def test_example_ops_pass(name):
     cases = {r.case for r in report.results if r.check == "values"}
     first = opforge.find_op(name).tensors[0].name
     if report.device == "cpu":  # the reference is checked against the description's torch expression
-        assert {"shape 33x255", "shape 33x257", f"permuted {first}", f"sliced {first}", f"offset {first}", "empty",
-                "nan/inf"} <= cases
+        assert {
+            "shape 33x255",
+            "shape 33x257",
+            f"permuted {first}",
+            f"sliced {first}",
+            f"offset {first}",
+            "empty",
+            "nan/inf",
+        } <= cases
 
 
 def failed_values(report: verify.Report, op: str) -> dict[str, verify.CaseResult]:
@@ -54,7 +74,11 @@ def test_catches_off_by_one(broken_ops):
     result = failed["float32 shape 3x37"]
     assert "1 of 111 elements differ; first at [2, 36]: nan, expected" in result.message  # the poisoned output
     assert result.repro["seed"] > 0 and result.repro["args"][0] == {
-        "dtype": "float32", "shape": [3, 37], "stride": [37, 1], "storage_offset": 0}
+        "dtype": "float32",
+        "shape": [3, 37],
+        "stride": [37, 1],
+        "storage_offset": 0,
+    }
     assert "float32 empty" not in failed
 
 
@@ -87,7 +111,11 @@ def test_run_time_kernels_are_compiled_without_a_gpu(broken_ops):
     report = verify.verify_op("fixture::cuda_syntax_error", device="cpu", seed=5, dtypes=["float32", "bfloat16"])
     failed = [r for r in report.failures if r.check == "nvrtc"]
     assert [(r.dtype, r.repro["arch"]) for r in failed] == [
-        ("float32", "sm_90"), ("float32", "sm_80"), ("bfloat16", "sm_90"), ("bfloat16", "sm_80")]
+        ("float32", "sm_90"),
+        ("float32", "sm_80"),
+        ("bfloat16", "sm_90"),
+        ("bfloat16", "sm_80"),
+    ]
     assert "syntax_error.cu(8)" in failed[0].message and "twice_syntax_error<float>" in failed[0].message
     assert failed[0].repro == {"dtypes": {"x": "float32"}, "params": {}, "arch": "sm_90"}
     ok = verify.verify_op("fixture::cuda_correct", device="cpu", seed=5)
@@ -105,7 +133,8 @@ def test_every_choice_and_unranged_float_is_verified():
     assert {"padded rows q", "rows permuted q", "rows permuted v"} <= {r.case for r in report.results}
     assert report.ok, report.failures
     assert {r.case for r in report.results if r.check == "nvrtc"} == {
-        f"head_dim={d}, causal={c}, {arch}" for d in (32, 64, 128) for c in (False, True) for arch in ("sm_90", "sm_80")}
+        f"head_dim={d}, causal={c}, {arch}" for d in (32, 64, 128) for c in (False, True) for arch in ("sm_90", "sm_80")
+    }
 
 
 @requires_cuda
@@ -123,8 +152,11 @@ def test_cli_exit_code_and_json(broken_ops, tmp_path):
     env_python = [sys.executable, "-m", "opforge", "verify"]
     lib = str(broken_ops.path)
     out = tmp_path / "report.json"
-    proc = subprocess.run(env_python + [lib, "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        env_python + [lib, "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "opforge verify on cpu (seed 9)" in proc.stdout
     assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in proc.stdout
@@ -141,12 +173,18 @@ def test_model_in_the_cpp_runner(tmp_path):
             self.linear = torch.nn.Linear(16, 32)
 
         def forward(self, x):
-            return torch.ops.examples.softshrink(torch.ops.examples.bias_gelu(x @ self.linear.weight.T,
-                                                                            self.linear.bias), lambd=0.2)
+            return torch.ops.examples.softshrink(
+                torch.ops.examples.bias_gelu(x @ self.linear.weight.T, self.linear.bias), lambd=0.2
+            )
 
     batch = torch.export.Dim("batch", min=1, max=64)
-    reports = verify.verify_model(Model(), [torch.randn(4, 16)], dynamic_shapes=({0: batch},),
-                                  check_inputs=[[torch.randn(4, 16)], [torch.randn(9, 16)]], package_dir=tmp_path)
+    reports = verify.verify_model(
+        Model(),
+        [torch.randn(4, 16)],
+        dynamic_shapes=({0: batch},),
+        check_inputs=[[torch.randn(4, 16)], [torch.randn(9, 16)]],
+        package_dir=tmp_path,
+    )
     assert [r.outputs[0].shape for r in reports] == [[4, 32], [9, 32]]
     assert all(r.ok for r in reports), [r.outputs for r in reports]
     assert (tmp_path / "model.pt2").exists()

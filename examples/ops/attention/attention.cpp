@@ -59,8 +59,10 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
 // 128) or 64, in shared memory with the 128 query rows.
 static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
                                             opforge::Tensor, bool, double, opforge::MutableTensor) {
-  OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535, "batch and heads must be at most "
-                "65535 each (one grid dim each), got ", q.size(0), " and ", q.size(1));
+  OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535,
+                "batch and heads must be at most "
+                "65535 each (one grid dim each), got ",
+                q.size(0), " and ", q.size(1));
   opforge::LaunchConfig c;
   c.grid[0] = static_cast<unsigned>((q.size(2) + 127) / 128);
   c.grid[1] = static_cast<unsigned>(q.size(1));
@@ -80,18 +82,23 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
 
 OPFORGE_OP(examples, attention)
     .doc("softmax(q k^T * scale + mask) v over [batch, heads, seq, head_dim]; causal: key j sees query i if j <= i")
-    .input("q", opforge::half_precision, opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
+    .input("q", opforge::half_precision,
+           opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
            opforge::contiguous_last_dim)
-    .input("k", opforge::same_dtype("q"), opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}),
+    .input("k", opforge::same_dtype("q"),
+           opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}),
            opforge::contiguous_last_dim)
     .input("v", opforge::same_dtype("q"), opforge::same_shape("k"), opforge::contiguous_last_dim)
     .param<int64_t>("head_dim", opforge::one_of({32, 64, 128}), opforge::compile_time)
-    .input("mask", opforge::optional, opforge::same_dtype("q"), opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)}))
+    .input("mask", opforge::optional, opforge::same_dtype("q"),
+           opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)}))
     .param<bool>("causal", false, opforge::compile_time)
     .param<double>("scale", 0.0, opforge::at_least(0.0))  // 0: 1 / sqrt(head_dim)
     .output("o", opforge::like("q"))
-    .equivalent("torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale or None, attn_mask=(0 if mask is None "
-                "else mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), float('-inf'), dtype=q.dtype).triu(1 if causal else k.shape[2]))")
+    .equivalent(
+        "torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale or None, attn_mask=(0 if mask is None "
+        "else mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), float('-inf'), dtype=q.dtype).triu(1 if "
+        "causal else k.shape[2]))")
     .reference(attention_cpu)
     .cuda_source("attention.cu", "attention<{T}, {head_dim}, {causal}>")
     .launch_grid(attention_grid)

@@ -23,8 +23,9 @@ static void bias_gelu_cpu(opforge::Tensor x, opforge::Tensor bias, opforge::Muta
 void bias_gelu_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::Tensor bias, opforge::MutableTensor y);
 
 OPFORGE_OP(examples, bias_gelu)
-    .doc("gelu(x + bias), GELU's erf form (float32 with erff; float16/bfloat16 with an erfc approximation "
-         "within 2.2e-7 absolute, see bias_gelu.cu); bias is added along the last dim")
+    .doc(
+        "gelu(x + bias), GELU's erf form (float32 with erff; float16/bfloat16 with an erfc approximation "
+        "within 2.2e-7 absolute, see bias_gelu.cu); bias is added along the last dim")
     .input("x", opforge::kFloat32 | opforge::kFloat16 | opforge::kBFloat16, opforge::min_rank(1))
     .input("bias", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
     .output("y", opforge::like("x"))

@@ -29,11 +29,10 @@ __device__ __forceinline__ float exp2_approx(float x) {
 /// (1.4e-6), 1% at -8 (5e-15). The approximate exp2 flushes results below 2^-126 to zero.
 __device__ __forceinline__ float gelu_16bit(float v) {
   constexpr float kP = 0.3275911f * 0.70710678118654752f;  // p / sqrt 2
-  constexpr float kExp2 = -0.72134752044448170f;            // -log2(e) / 2: exp(-v^2 / 2) = 2^(kExp2 v^2)
+  constexpr float kExp2 = -0.72134752044448170f;           // -log2(e) / 2: exp(-v^2 / 2) = 2^(kExp2 v^2)
   const float t = rcp_approx(fmaf(kP, fabsf(v), 1.0f));
-  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 0.5307027145f, -0.7265760135f), 0.7107068705f),
-                                  -0.142248368f),
-                              0.127414796f);
+  const float poly =
+      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 0.5307027145f, -0.7265760135f), 0.7107068705f), -0.142248368f), 0.127414796f);
   const float tail = poly * exp2_approx(v * v * kExp2);  // 1 - Phi(|v|)
   return v * (v < 0.0f ? tail : 1.0f - tail);
 }
@@ -78,9 +77,9 @@ constexpr int kThreads = 128;
 // loaded as (opforge::kernel::unpack/pack), which keeps 16-bit elements two to a register.
 // kFast: vec_items < 2^31, the column comes from FastDivisor; else from a 64-bit remainder.
 template <class T, int N, bool kFast>
-__global__ void __launch_bounds__(kThreads) bias_gelu_kernel(const T* __restrict__ x, const T* __restrict__ bias,
-                                                             T* __restrict__ y, int64_t vec_items, int64_t vec_cols,
-                                                             FastDivisor cols_divisor) {
+__global__ void __launch_bounds__(kThreads)
+    bias_gelu_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, int64_t vec_items,
+                     int64_t vec_cols, FastDivisor cols_divisor) {
   using V = typename opforge::kernel::conditional<N == 1, T, uint4>::type;
   const int64_t first = int64_t{blockIdx.x} * kThreads * kPerThread<N> + threadIdx.x;
   V v[kPerThread<N>], b[kPerThread<N>];
@@ -119,8 +118,8 @@ void launch(const T* in, const T* b, T* out, int64_t items, int64_t cols, cudaSt
     bias_gelu_kernel<T, N, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         in, b, out, items, cols, FastDivisor(static_cast<uint32_t>(cols)));
   } else {
-    bias_gelu_kernel<T, N, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(in, b, out, items, cols,
-                                                                                         FastDivisor(1));
+    bias_gelu_kernel<T, N, false>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(in, b, out, items, cols, FastDivisor(1));
   }
 }
 

@@ -69,10 +69,14 @@ __global__ void gather_kernel(const T* __restrict__ x, T* __restrict__ y, Layout
 template <class F>
 void visit_element_size(size_t bytes, F&& f) {
   switch (bytes) {
-    case 1: return f(opforge::type_tag<uint8_t>{});
-    case 2: return f(opforge::type_tag<uint16_t>{});
-    case 4: return f(opforge::type_tag<uint32_t>{});
-    case 8: return f(opforge::type_tag<uint64_t>{});
+    case 1:
+      return f(opforge::type_tag<uint8_t>{});
+    case 2:
+      return f(opforge::type_tag<uint16_t>{});
+    case 4:
+      return f(opforge::type_tag<uint32_t>{});
+    case 8:
+      return f(opforge::type_tag<uint64_t>{});
   }
   OPFORGE_ICHECK(false, "identity_conv: no copy for elements of ", bytes, " bytes");
 }
@@ -96,11 +100,11 @@ void identity_conv_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge:
         dense_copy_kernel<T, 1><<<opforge::cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(in, out, n);
       }
     } else if (n <= INT32_MAX && last <= INT32_MAX) {
-      gather_kernel<T, uint32_t><<<opforge::cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
-          in, out, layout, static_cast<uint32_t>(n));
+      gather_kernel<T, uint32_t>
+          <<<opforge::cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(in, out, layout, static_cast<uint32_t>(n));
     } else {
-      gather_kernel<T, uint64_t><<<opforge::cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
-          in, out, layout, static_cast<uint64_t>(n));
+      gather_kernel<T, uint64_t>
+          <<<opforge::cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(in, out, layout, static_cast<uint64_t>(n));
     }
   });
   opforge::cuda::check_launch("identity_conv");

@@ -13,7 +13,8 @@ static void rms_norm_cpu(opforge::Tensor x, opforge::Tensor weight, double eps, 
       double sumsq = 0;
       for (int64_t c = 0; c < cols; ++c) sumsq += double(in[c]) * double(in[c]);
       const double scale = 1.0 / std::sqrt(sumsq / double(cols) + eps);
-      for (int64_t c = 0; c < cols; ++c) y.data<T>()[r * cols + c] = T(double(in[c]) * scale * double(weight.data<T>()[c]));
+      for (int64_t c = 0; c < cols; ++c)
+        y.data<T>()[r * cols + c] = T(double(in[c]) * scale * double(weight.data<T>()[c]));
     }
   });
 }

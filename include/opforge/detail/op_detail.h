@@ -40,8 +40,8 @@ struct TensorDecl {
   bool optional = false;
 };
 
-using ParamDefault = std::variant<std::monostate, int64_t, double, bool, std::string, std::vector<int64_t>,
-                                  std::vector<double>>;
+using ParamDefault =
+    std::variant<std::monostate, int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>>;
 
 struct ParamDecl {
   ParamDefault default_value;
@@ -80,7 +80,7 @@ struct LaunchConfig {
 /// How a run-time kernel is launched (see opforge::elementwise, opforge::rows, opforge::grid).
 struct LaunchRule {
   enum Kind { kNone, kElementwise, kRows, kGrid } kind = kNone;
-  std::string tensor;         // elementwise, rows: the tensor whose shape sets the grid
+  std::string tensor;  // elementwise, rows: the tensor whose shape sets the grid
   int32_t items_per_thread = 1;
   int32_t bytes_per_thread = 0;  // > 0: items per thread = bytes / element size
   int32_t threads = 256;
@@ -97,7 +97,7 @@ struct RuntimeKernel {
   std::string name;  // name template, e.g. "softshrink<{T}>"
   LaunchRule rule;
   // Resolved by OpDef::finalize:
-  int32_t rule_tensor = -1;      // argument index, or num_args + output index
+  int32_t rule_tensor = -1;  // argument index, or num_args + output index
 };
 
 /// Kernel entry and ahead-of-time compile entry of run-time kernels on CUDA (src/oplib/rtc_cuda.cpp).
@@ -114,7 +114,7 @@ struct OpDef {
   std::string ns, name, doc, file, equivalent;
   std::string backward;  // "ns::name" of the backward op, or empty
   int32_t line = 0;
-  int32_t sharding = -1;  // OpforgeSharding; -1: derived from the run-time kernel's launch rule
+  int32_t sharding = -1;               // OpforgeSharding; -1: derived from the run-time kernel's launch rule
   std::vector<int32_t> sharding_dims;  // OPFORGE_SHARDING_DIMS
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;
@@ -252,9 +252,13 @@ inline void apply(ParamDecl& p, const Choices& c) {
 inline void apply(ParamDecl& p, CompileTime) { p.compile_time = true; }
 
 template <class C>
-concept TensorConstraint = requires(TensorDecl& t, const C& c) { ::opforge::detail::apply(t, c); };
+concept TensorConstraint = requires(TensorDecl& t, const C& c) {
+  ::opforge::detail::apply(t, c);
+};
 template <class C>
-concept ParamConstraint = requires(ParamDecl& p, const C& c) { ::opforge::detail::apply(p, c); };
+concept ParamConstraint = requires(ParamDecl& p, const C& c) {
+  ::opforge::detail::apply(p, c);
+};
 // (Qualified calls: unqualified, ADL found std::apply for a std::vector default value.)
 
 // ---- kernel signatures and entry trampolines ----------------------------------------------
@@ -331,9 +335,9 @@ struct Entry {
 
   static int32_t run(const OpforgeCallFrame* f, const void* user) {
     return guarded(f, [&] {
-      OPFORGE_ICHECK(f->num_args == kNumArgs<S...> &&
-                         f->num_outputs == static_cast<int32_t>(sizeof...(S)) - kNumArgs<S...>,
-                     "call frame does not match the declaration");
+      OPFORGE_ICHECK(
+          f->num_args == kNumArgs<S...> && f->num_outputs == static_cast<int32_t>(sizeof...(S)) - kNumArgs<S...>,
+          "call frame does not match the declaration");
       call(reinterpret_cast<Fn>(const_cast<void*>(user)), f, std::index_sequence_for<S...>{});
     });
   }

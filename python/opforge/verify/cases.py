@@ -4,8 +4,8 @@ parameter values from ranges and choices, strided views, empty tensors and NaN/I
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -120,10 +120,21 @@ class Inputs:
     seed: int
 
     def repro(self) -> dict:
-        return {"seed": self.seed, "case": self.label,
-                "args": [{"dtype": str(a.dtype).removeprefix("torch."), "shape": list(a.shape),
-                          "stride": list(a.stride()), "storage_offset": a.storage_offset()}
-                         if isinstance(a, torch.Tensor) else a for a in self.args]}
+        return {
+            "seed": self.seed,
+            "case": self.label,
+            "args": [
+                {
+                    "dtype": str(a.dtype).removeprefix("torch."),
+                    "shape": list(a.shape),
+                    "stride": list(a.stride()),
+                    "storage_offset": a.storage_offset(),
+                }
+                if isinstance(a, torch.Tensor)
+                else a
+                for a in self.args
+            ],
+        }
 
 
 def without_optional(op: Op) -> str:
@@ -140,9 +151,14 @@ def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
     cases: list[Inputs] = []
     without = without_optional(op)
 
-    def build(label: str, lead: int, last: int, params: dict[int, object],
-              transform: Callable[[int, torch.Tensor, torch.Generator], torch.Tensor] | None = None,
-              omit_optional: bool = False) -> None:
+    def build(
+        label: str,
+        lead: int,
+        last: int,
+        params: dict[int, object],
+        transform: Callable[[int, torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+        omit_optional: bool = False,
+    ) -> None:
         case_seed = rng.randrange(2**31)
         gen = torch.Generator().manual_seed(case_seed)
         shapes = _core.example_shapes(op.name, lead, last, {op.args[i].name: v for i, v in params.items()})

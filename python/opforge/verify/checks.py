@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -52,7 +52,9 @@ def keep_layout(a: torch.Tensor, device: str) -> torch.Tensor:
     if not isinstance(a, torch.Tensor) or a.device.type == device:
         return a
     # The whole storage, element for element (an expanded view cannot be written through).
-    flat = torch.empty(0, dtype=a.dtype).set_(a.untyped_storage(), 0, (a.untyped_storage().nbytes() // a.element_size(),))
+    flat = torch.empty(0, dtype=a.dtype).set_(
+        a.untyped_storage(), 0, (a.untyped_storage().nbytes() // a.element_size(),)
+    )
     return flat.to(device).as_strided(a.shape, a.stride(), a.storage_offset())
 
 
@@ -72,12 +74,21 @@ def check_values(op: Op, dtype: str, device: str, seed: int, report: Report) -> 
     ref_dtype = reference_dtype(op, dtype)
     names = [a.name for a in op.args]
     if device == "cpu" and not op.equivalent:
-        report.results.append(CaseResult(op.name, "values", dtype, "all", "skip",
-                                         message="no device kernel on cpu and no .equivalent() expression"))
+        report.results.append(
+            CaseResult(
+                op.name,
+                "values",
+                dtype,
+                "all",
+                "skip",
+                message="no device kernel on cpu and no .equivalent() expression",
+            )
+        )
         return
     for case in generate_cases(op, dtype, seed):
-        result = CaseResult(op.name, "values", dtype, case.label, "pass",
-                            tolerance=TOLERANCES.get(dtype), repro=case.repro())
+        result = CaseResult(
+            op.name, "values", dtype, case.label, "pass", tolerance=TOLERANCES.get(dtype), repro=case.repro()
+        )
         try:
             if device == "cpu":
                 out = handle(*case.args)
@@ -115,11 +126,15 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
                 a["dtype"] = run_dtype
         try:
             why = fn()
-            report.results.append(CaseResult(name, check, run_dtype, base.label, "FAIL" if why else "pass",
-                                             message=why or "", repro=repro))
+            report.results.append(
+                CaseResult(
+                    name, check, run_dtype, base.label, "FAIL" if why else "pass", message=why or "", repro=repro
+                )
+            )
         except Exception as e:  # noqa: BLE001
-            report.results.append(CaseResult(name, check, run_dtype, base.label, "FAIL",
-                                             message=first_lines(e), repro=repro))
+            report.results.append(
+                CaseResult(name, check, run_dtype, base.label, "FAIL", message=first_lines(e), repro=repro)
+            )
 
     def opcheck():
         results = torch.library.opcheck(handle.default, tuple(args))
@@ -154,8 +169,10 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
 
     def gradcheck():
         targets = op.backward_targets  # the arguments the backward op returns gradients for
-        inputs = [a.detach().requires_grad_(i in targets) if isinstance(a, torch.Tensor) else a
-                  for i, a in enumerate(to(base.args, device, dtype=torch.float64))]
+        inputs = [
+            a.detach().requires_grad_(i in targets) if isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(to(base.args, device, dtype=torch.float64))
+        ]
         torch.autograd.gradcheck(lambda *a: handle(*a), tuple(inputs), fast_mode=True)
         return None
 
@@ -165,8 +182,16 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
     if op.backward and reference_dtype(op, dtype) == torch.float64:
         record("gradcheck", gradcheck, "float64")
     elif op.backward:
-        report.results.append(CaseResult(name, "gradcheck", "float64", base.label, "skip",
-                                         message="a floating input does not accept float64, which gradcheck needs"))
+        report.results.append(
+            CaseResult(
+                name,
+                "gradcheck",
+                "float64",
+                base.label,
+                "skip",
+                message="a floating input does not accept float64, which gradcheck needs",
+            )
+        )
 
 
 def check_kernels_compile(op: Op, dtypes: Sequence[str], seed: int, report: Report) -> None:
@@ -182,9 +207,18 @@ def check_kernels_compile(op: Op, dtypes: Sequence[str], seed: int, report: Repo
             tensors = {a.name: dtype_of(tensor_dtype(op, a, dtype)) for a in op.tensors}
             for arch in CHECK_ARCHS:
                 label = ", ".join([f"{k}={v}" for k, v in values.items()] + [arch])
-                result = CaseResult(op.name, "nvrtc", dtype, label, "pass",
-                                    repro={"dtypes": {k: str(v).removeprefix("torch.") for k, v in tensors.items()},
-                                           "params": values, "arch": arch})
+                result = CaseResult(
+                    op.name,
+                    "nvrtc",
+                    dtype,
+                    label,
+                    "pass",
+                    repro={
+                        "dtypes": {k: str(v).removeprefix("torch.") for k, v in tensors.items()},
+                        "params": values,
+                        "arch": arch,
+                    },
+                )
                 try:
                     precompile(op.name, tensors, values, arch=arch)
                 except Exception as e:  # noqa: BLE001 -- reported as a failed case
@@ -192,8 +226,14 @@ def check_kernels_compile(op: Op, dtypes: Sequence[str], seed: int, report: Repo
                 report.results.append(result)
 
 
-def verify_op(name: str, *, device: str | None = None, seed: int | None = None,
-              dtypes: Sequence[str] | None = None, report: Report | None = None) -> Report:
+def verify_op(
+    name: str,
+    *,
+    device: str | None = None,
+    seed: int | None = None,
+    dtypes: Sequence[str] | None = None,
+    report: Report | None = None,
+) -> Report:
     """Verify one loaded op (see :mod:`opforge.verify`).
 
     Args:

@@ -40,8 +40,15 @@ def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, flo
     if not bad.any():
         return True, max_err, worst, ""
     first = tuple(int(v) for v in bad.nonzero()[0].tolist())
-    return False, max_err, worst, (f"{int(bad.sum())} of {o.numel()} elements differ; first at {list(first)}: "
-                                   f"{o[first].item()!r}, expected {r[first].item()!r}")
+    return (
+        False,
+        max_err,
+        worst,
+        (
+            f"{int(bad.sum())} of {o.numel()} elements differ; first at {list(first)}: "
+            f"{o[first].item()!r}, expected {r[first].item()!r}"
+        ),
+    )
 
 
 def compare_outputs(out, ref, dtype: str) -> tuple[bool, float, float, str]:

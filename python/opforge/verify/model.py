@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -39,11 +39,20 @@ class ModelReport:
         return all(o.status == "pass" for o in self.outputs)
 
 
-def verify_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, device: str | None = None,
-                 dynamic_shapes=None, check_inputs: Sequence[Sequence[torch.Tensor]] | None = None,
-                 reference: torch.nn.Module | None = None, package_dir: str | Path | None = None,
-                 atol: float = 1e-4, rtol: float = 1e-4, min_cosine: float = 0.9999,
-                 iters: int = 10) -> list[ModelReport]:
+def verify_model(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    device: str | None = None,
+    dynamic_shapes=None,
+    check_inputs: Sequence[Sequence[torch.Tensor]] | None = None,
+    reference: torch.nn.Module | None = None,
+    package_dir: str | Path | None = None,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    min_cosine: float = 0.9999,
+    iters: int = 10,
+) -> list[ModelReport]:
     """Export ``model`` on ``device``, AOTInductor-compile it with its op libraries, run the package
     in the C++ runner, and compare each output with ``reference`` (default: ``model`` itself) run in
     eager on the CPU, where opforge ops run their CPU references.
@@ -69,8 +78,9 @@ def verify_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
     model = model.eval()
     package_dir = Path(package_dir or tempfile.mkdtemp(prefix="opforge-verify-"))
     with torch.no_grad():
-        program = torch.export.export(model.to(device), tuple(t.to(device) for t in example_inputs),
-                                      dynamic_shapes=dynamic_shapes)
+        program = torch.export.export(
+            model.to(device), tuple(t.to(device) for t in example_inputs), dynamic_shapes=dynamic_shapes
+        )
     package = aoti.package(program, package_dir)
     reference = (reference or model).cpu().eval()
     reports = []
@@ -84,10 +94,16 @@ def verify_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
             g, w = got.double(), want.double()
             err = (g - w).abs().max().item() if g.numel() else 0.0
             rows_g, rows_w = (g.flatten(1), w.flatten(1)) if g.dim() > 1 else (g[None], w[None])
-            cos = (torch.nn.functional.cosine_similarity(rows_g, rows_w, dim=1).min().item()
-                   if g.numel() and g.shape == w.shape else 0.0 if g.numel() else 1.0)
-            ok = g.shape == w.shape and (torch.allclose(g, w, atol=atol, rtol=rtol)
-                                         or (cos >= min_cosine and err <= 10 * atol))
+            cos = (
+                torch.nn.functional.cosine_similarity(rows_g, rows_w, dim=1).min().item()
+                if g.numel() and g.shape == w.shape
+                else 0.0
+                if g.numel()
+                else 1.0
+            )
+            ok = g.shape == w.shape and (
+                torch.allclose(g, w, atol=atol, rtol=rtol) or (cos >= min_cosine and err <= 10 * atol)
+            )
             outs.append(OutputResult(k, list(got.shape), err, cos, "pass" if ok else "FAIL"))
         if len(run.outputs) != len(expected):
             outs.append(OutputResult(len(expected), [], math.inf, 0.0, "FAIL"))

@@ -41,8 +41,13 @@ class Report:
         return not self.failures
 
     def to_json(self) -> dict:
-        return {"seed": self.seed, "device": self.device, "ok": self.ok, "tolerances": TOLERANCES,
-                "results": [asdict(r) for r in self.results]}
+        return {
+            "seed": self.seed,
+            "device": self.device,
+            "ok": self.ok,
+            "tolerances": TOLERANCES,
+            "results": [asdict(r) for r in self.results],
+        }
 
 
 def print_report(report: Report, console=None) -> None:
@@ -63,11 +68,23 @@ def print_report(report: Report, console=None) -> None:
         errs = [r.max_abs_error for r in rs if r.max_abs_error is not None]
         ratios = [r.error_vs_tolerance for r in rs if r.error_vs_tolerance is not None]
         status = "skipped: " + rs[0].message if all(r.status == "skip" for r in rs) else str(len(failed))
-        table.add_row(op, check, dtype, str(len(rs)), status if not failed else f"[red]{len(failed)}[/]",
-                      f"{max(errs):.2e}" if errs else "", f"{max(ratios):.3f}" if ratios else "")
+        table.add_row(
+            op,
+            check,
+            dtype,
+            str(len(rs)),
+            status if not failed else f"[red]{len(failed)}[/]",
+            f"{max(errs):.2e}" if errs else "",
+            f"{max(ratios):.3f}" if ratios else "",
+        )
     console.print(table)
     for r in report.failures:
-        console.print("[red]FAIL[/] " + escape(f"{r.op} {r.check} {r.dtype} [{r.case}]: {r.message}\n"
-                                                f"  reproduce: {r.repro}"), soft_wrap=True)
-    console.print("tolerances (atol, rtol) against float64: "
-                  + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in TOLERANCES.items()), soft_wrap=True)
+        console.print(
+            "[red]FAIL[/] " + escape(f"{r.op} {r.check} {r.dtype} [{r.case}]: {r.message}\n  reproduce: {r.repro}"),
+            soft_wrap=True,
+        )
+    console.print(
+        "tolerances (atol, rtol) against float64: "
+        + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in TOLERANCES.items()),
+        soft_wrap=True,
+    )

@@ -44,7 +44,7 @@ constexpr bool kHopper = false;
 #endif
 /// Whether head dim D takes the wgmma path, and that path's block size.
 template <int D>
-constexpr bool kUsesWgmma = kHopper && D == 128;
+constexpr bool kUsesWgmma = (kHopper && D == 128);
 template <int D>
 constexpr int kThreadsFor = kUsesWgmma<D> ? 256 : kThreads;
 template <int D>
@@ -214,7 +214,9 @@ struct TileAddress {
     for (int j = 0; j < 4; ++j) base[j] = tile + row * D * 2 + (((half ^ swizzle<D>(row)) ^ (2 * j)) << 4);
   }
   /// Byte address of chunk pair `j` (compile-time after unrolling), `row_offset` rows further.
-  __device__ unsigned operator()(int j, int row_offset) const { return base[j % 4] + (j / 4) * 128 + row_offset * D * 2; }
+  __device__ unsigned operator()(int j, int row_offset) const {
+    return base[j % 4] + (j / 4) * 128 + row_offset * D * 2;
+  }
 };
 
 /// Copies rows [row0, row0 + ROWS) of a [rows, D] matrix (rows `row_stride` elements apart)
@@ -232,7 +234,6 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row_str
     cp_async_16(tile + swizzled<D>(r, c), from, valid);
   }
 }
-
 
 /// Batch, head and row strides (elements) of one of q, k, v, whose rows are contiguous and
 /// 16-byte aligned (opforge::contiguous_last_dim: a head split's transpose arrives as is).
@@ -433,7 +434,8 @@ __device__ __forceinline__ unsigned v_tile(int stage) { return kV + stage * 2 * 
 /// chunk c at chunk c ^ (r % 8), the 128-byte swizzle (cute's Swizzle<3, 4, 3>) that
 /// descriptors of layout type 1 describe. Rows at or past `limit` become zeros.
 template <class T>
-__device__ __forceinline__ void load_tile(unsigned tile, const T* src, int64_t row_stride, int64_t row0, int64_t limit) {
+__device__ __forceinline__ void load_tile(unsigned tile, const T* src, int64_t row_stride, int64_t row0,
+                                          int64_t limit) {
 #pragma unroll
   for (int it = 0; it < kBlockM * 16 / kThreads; ++it) {
     const int i = it * kThreads + threadIdx.x, r = i / 16, c = i % 16;
@@ -459,15 +461,17 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsig
 // Fragments and Shared Memory Matrix Layouts", wgmma .m64nNk16): d[4 j + e] is row
 // 16 * warp + lane / 4 (+ 8 for e >= 2) and column 8 j + 2 * (lane % 4) + e % 2 of the
 // warp's 16 rows of the 64 x 128 tile, as mma.sync m16n8 accumulators are.
-#define ATTENTION_WGMMA_D                                                                                       \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]),    \
-      "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]),     \
-      "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),    \
-      "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]),    \
-      "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),    \
-      "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),    \
-      "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),    \
-      "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define ATTENTION_WGMMA_D                                                                                             \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),            \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),        \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),        \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),        \
+      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),        \
+      "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),      \
+      "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), \
+      "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+      "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), \
+      "+f"(d[15][3])
 #define ATTENTION_WGMMA_D_REGS                                                                            \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
@@ -477,19 +481,21 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsig
 /// d (+)= A B for a 64 x 128 tile, k = 16; A and B from shared memory, both K-major.
 /// `accumulate` 0 overwrites d.
 template <class T>
-__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long a, unsigned long long b, int accumulate) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long a, unsigned long long b,
+                                         int accumulate) {
   if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : ATTENTION_WGMMA_D
-                 : "l"(a), "l"(b), "r"(accumulate));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : ATTENTION_WGMMA_D
+        : "l"(a), "l"(b), "r"(accumulate));
   } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ATTENTION_WGMMA_D_REGS
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : ATTENTION_WGMMA_D
-                 : "l"(a), "l"(b), "r"(accumulate));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ATTENTION_WGMMA_D_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : ATTENTION_WGMMA_D
+        : "l"(a), "l"(b), "r"(accumulate));
   }
 }
 
@@ -498,17 +504,19 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long a
 template <class T>
 __device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {
   if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : ATTENTION_WGMMA_D
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ATTENTION_WGMMA_D_REGS
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : ATTENTION_WGMMA_D
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
   } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ATTENTION_WGMMA_D_REGS
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : ATTENTION_WGMMA_D
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ATTENTION_WGMMA_D_REGS
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : ATTENTION_WGMMA_D
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
   }
 }
 #undef ATTENTION_WGMMA_D
@@ -654,12 +662,12 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
 template <class T, int D, bool kCausal>
 __global__ void __launch_bounds__(attention_detail::kThreadsFor<D>, attention_detail::kMinBlocksFor<D>)
     attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ mask,
-              T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, int64_t q_batch, int64_t q_head,
-              int64_t q_row, int64_t k_batch, int64_t k_head, int64_t k_row, int64_t v_batch, int64_t v_head,
-              int64_t v_row, double scale) {
+              T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, int64_t q_batch, int64_t q_head, int64_t q_row,
+              int64_t k_batch, int64_t k_head, int64_t k_row, int64_t v_batch, int64_t v_head, int64_t v_row,
+              double scale) {
   static_assert(D == 32 || D == 64 || D == 128, "head dim 32, 64 or 128");
-  const attention_detail::Layout l{heads, sq, sk, {q_batch, q_head, q_row}, {k_batch, k_head, k_row},
-                                   {v_batch, v_head, v_row}};
+  const attention_detail::Layout l{
+      heads, sq, sk, {q_batch, q_head, q_row}, {k_batch, k_head, k_row}, {v_batch, v_head, v_row}};
   extern __shared__ __align__(1024) unsigned char shared[];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (attention_detail::kUsesWgmma<D>)
