@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../../src/core/backward.h"
+#include "../../src/core/check.h"
 #include "../../src/core/call.h"
 #include "../../src/core/description.h"
 #include "../../src/core/library.h"
@@ -310,6 +311,64 @@ TEST(BackwardOps, MismatchesAreListedOnePerLineWithTheDeclarationSite) {
 TEST(Loading, FilesThatAreNotOpLibraries) {
   EXPECT_EQ(message_of<opforge::InternalError>([] { opforge::core::load_library("/nonexistent/libx.so"); }),
             "opforge: cannot open the op library /nonexistent/libx.so: No such file or directory");
+}
+
+}  // namespace
+
+namespace {
+
+std::vector<std::string> backward_problems(std::unique_ptr<opforge::detail::OpDef> fwd,
+                                           std::unique_ptr<opforge::detail::OpDef> bwd) {
+  fwd->finalize();
+  bwd->finalize();
+  std::vector<std::string> problems;
+  opforge::core::plan_backward(*fwd->spec(), *bwd->spec(), problems);
+  return problems;
+}
+
+TEST(BackwardOps, GradientsAndOutputsAreTensors) {
+  auto fwd = opforge::detail::make_op("ns", "g", "f.cpp", 3)
+                 .input("x", opforge::floating)
+                 .output("y", opforge::like("x"))
+                 .reference(+[](Tensor, MutableTensor) {})
+                 .release();
+  auto bwd = opforge::detail::make_op("ns", "g_backward", "f.cpp", 5)
+                 .input("x", opforge::floating)
+                 .param<double>("grad_y")
+                 .param<double>("y")
+                 .output("grad_x", opforge::like("x"))
+                 .reference(+[](Tensor, double, double, MutableTensor) {})
+                 .release();
+  EXPECT_EQ(backward_problems(std::move(fwd), std::move(bwd)),
+            (std::vector<std::string>{
+                "f.cpp:3: ns::g: backward op ns::g_backward: input 'grad_y' is float, but a gradient is a Tensor",
+                "f.cpp:3: ns::g: backward op ns::g_backward: input 'y' is float, but the forward op's output y is a "
+                "Tensor"}));
+}
+
+TEST(ShapeRules, AReplacedDimOutsideTheRankIsReported) {
+  auto def = finalized(opforge::detail::make_op("ns", "wd", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .output("y", opforge::like("x").with_dim(-3, 1))
+                           .reference(+[](Tensor, MutableTensor) {})
+                           .release());
+  std::vector<opforge::core::ArgInfo<int64_t>> args(1);
+  args[0].dtype = OPFORGE_DTYPE_FLOAT32;
+  args[0].sizes = {4, 5};
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), args, outs),
+            "ns::wd(Tensor x) -> Tensor: invalid arguments\n  output y: with_dim(-3) is out of range for rank 2");
+}
+
+TEST(KernelApi, ScratchAndDtypeFailuresSaySo) {
+  OpforgeContext c{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr,
+                   +[](void*, size_t) -> void* { return nullptr; }, nullptr};
+  EXPECT_EQ(message_of<opforge::InternalError>([&] { opforge::Context(c).allocate(64); }),
+            "opforge: scratch allocation failed");
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([] {
+              opforge::visit_dtype<opforge::floating>(opforge::kInt32, []<class T>(opforge::type_tag<T>) {});
+            }),
+            "opforge::visit_dtype: dtype int32 is not in the set this kernel was instantiated for");
 }
 
 }  // namespace

@@ -561,3 +561,108 @@ TEST(Description, ShardDimsAreRecordedAsABitmask) {
             (std::vector<std::string>{
                 "f.cpp:9: unit::past_rank: shard_dims(): dim 2 is not a dim of the first tensor input (rank 2)"}));
 }
+
+namespace {
+
+void ref_f(opforge::Tensor, double, opforge::MutableTensor) {}
+void ref_str(opforge::Tensor, std::string_view, opforge::MutableTensor) {}
+void ref_two(opforge::Tensor, opforge::MutableTensor, opforge::MutableTensor) {}
+
+/// The declaration errors of one op built by `body` from make_op("unit", name, "f.cpp", 2).
+template <class Body>
+std::vector<std::string> declaration_errors(const char* name, Body&& body) {
+  return body(opforge::detail::make_op("unit", name, "f.cpp", 2)).release()->finalize();
+}
+
+}  // namespace
+
+TEST(Description, EveryDeclarationRuleHasItsMessage) {
+  const auto pre = [](const char* op) { return std::string("f.cpp:2: unit::") + op + ": "; };
+  EXPECT_EQ(declaration_errors("ct_float",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .param<double>("alpha", 1.0, opforge::compile_time)
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref_f)
+                                     .cuda_source("k.cu", "k<{T}>")
+                                     .launch(opforge::elementwise("y"));
+                               }),
+            (std::vector<std::string>{pre("ct_float") +
+                                      "param 'alpha': compile_time applies to int64_t, bool and std::string parameters"}));
+  EXPECT_EQ(declaration_errors("str_rtc",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .param<std::string>("mode", "a")
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref_str)
+                                     .cuda_source("/abs/k.cu", "k<{T>")
+                                     .launch(opforge::elementwise("y").threads_per_block(2000).items_per_thread(0));
+                               }),
+            (std::vector<std::string>{
+                pre("str_rtc") + "param 'mode': run-time kernels take int64_t, double and bool arguments; mark it "
+                                 "opforge::compile_time",
+                pre("str_rtc") + "cuda_source(\"/abs/k.cu\"): the file must be a relative path inside the library's "
+                                 "kernel folder",
+                pre("str_rtc") + "cuda_source(\"/abs/k.cu\"): threads per block must be in [1, 1024]",
+                pre("str_rtc") + "cuda_source(\"/abs/k.cu\"): items (or bytes) per thread must be positive",
+                pre("str_rtc") + "cuda_source(\"/abs/k.cu\"): unclosed '{' in the kernel name \"k<{T>\""}));
+  EXPECT_EQ(declaration_errors("no_rule",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref1)
+                                     .cuda_source("k.cu", "k<{T}>");
+                               }),
+            (std::vector<std::string>{pre("no_rule") +
+                                      "cuda_source(\"k.cu\"): no launch rule: add .launch(opforge::elementwise(...)) "
+                                      "or another"}));
+  EXPECT_EQ(declaration_errors("launch_first",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref1)
+                                     .launch(opforge::elementwise("y"));
+                               }),
+            (std::vector<std::string>{pre("launch_first") + ".launch() comes after the .cuda_source() it applies to"}));
+  EXPECT_EQ(declaration_errors("shapes",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::DtypeSet(0))
+                                     .output("y", opforge::shape({opforge::any}), opforge::dtype_of("x"))
+                                     .reference(ref1);
+                               }),
+            (std::vector<std::string>{pre("shapes") + "input 'x': the dtype set is empty",
+                                      pre("shapes") + "output 'y': opforge::any is allowed only in an input's "
+                                                      "shape({...})"}));
+  EXPECT_EQ(declaration_errors("params",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .param<double>("a", 1.0, opforge::one_of({1, 2}))
+                                     .param<int64_t>("b", 1, opforge::one_of({"one"}))
+                                     .param<std::string>("c", "x", opforge::at_least(0))
+                                     .output("y", opforge::like("x"))
+                                     .reference(+[](opforge::Tensor, double, int64_t, std::string_view,
+                                                    opforge::MutableTensor) {});
+                               }),
+            (std::vector<std::string>{
+                pre("params") + "param 'a': one_of() with integers applies to int64_t parameters only",
+                pre("params") + "param 'b': one_of() with strings applies to std::string parameters only",
+                pre("params") + "param 'c': a range applies to numeric parameters only, not std::string"}));
+  EXPECT_EQ(declaration_errors("outputs",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .output("x", opforge::like("x"))
+                                     .output("2y", opforge::shape({opforge::dim("x", 0)}),
+                                             static_cast<opforge::Dtype>(99))
+                                     .reference(ref_two);
+                               }),
+            (std::vector<std::string>{pre("outputs") + "output 'x': the name is already used by an argument or output",
+                                      pre("outputs") + "output '2y': the name must be an identifier",
+                                      pre("outputs") + "output '2y': no dtype rule"}));
+}

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "../../src/oplib/runtime_kernel.h"
 
 namespace {
@@ -186,6 +188,46 @@ TEST(BinaryCache, EntriesRoundTripAndDamagedOnesAreIgnored) {
   EXPECT_TRUE(std::filesystem::exists(dir / "pkg"));
   unsetenv("OPFORGE_CACHE_DIR");
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(LaunchGeometry, GridsBeyondOneLaunchAreRefused) {
+  const int64_t huge = int64_t{1} << 42;
+  auto rows = row_sum(opforge::rows("x"));
+  Frame f({huge, 1}, {huge, 1});
+  try {
+    rtc::launch_config(*rows->runtime_kernels[0], f.get());
+    FAIL() << "no error";
+  } catch (const opforge::InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "4398046511104 rows exceed one launch's grid");
+  }
+  auto flat = row_sum(opforge::elementwise("x").threads_per_block(32));
+  Frame g({huge, 1}, {huge, 1});
+  try {
+    rtc::launch_config(*flat->runtime_kernels[0], g.get());
+    FAIL() << "no error";
+  } catch (const opforge::InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "4398046511104 elements exceed one launch's grid");
+  }
+}
+
+TEST(CudaLaunch, WithoutAGpuDriverALaunchSaysSo) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) GTEST_SKIP() << "this machine has a GPU driver";
+  cudaGetLastError();
+  auto def = row_sum(opforge::rows("x"));
+  Frame f({4, 8}, {4, 1});
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CUDA, 0, nullptr, nullptr, nullptr};
+  char error[512] = {0};
+  f.frame.ctx = &ctx;
+  f.frame.error = error;
+  f.frame.error_capacity = sizeof(error);
+  const OpforgeCallFrame* frame = f.get();
+  EXPECT_EQ(opforge::detail::rtc_launch(frame, def->runtime_kernels[0].get()), OPFORGE_STATUS_INTERNAL);
+  EXPECT_STREQ(error, "opforge: the CUDA driver API is not available (no GPU driver?)");
 }
 
 }  // namespace

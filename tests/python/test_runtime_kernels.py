@@ -243,14 +243,21 @@ def test_missing_kernel_source_warns_at_load(tmp_path):
     src = tmp_path / "nofile.cpp"
     src.write_text(OP_FILE.replace("{name}", "nofile"))
     path = opforge.build_library("nofile_lib", [src], build_dir=tmp_path / "build")  # scale.cu not given
-    with pytest.warns(
-        UserWarning,
-        match=r"rtc_test::nofile's run-time kernel source scale.cu is not in .*"
-        r"libnofile_lib.kernels",
-    ):
-        opforge.load_library(path)
+    with pytest.warns(UserWarning) as warned:
+        lib = opforge.load_library(path)
+    assert [str(w.message) for w in warned] == [
+        f"opforge.load_library: rtc_test::nofile's run-time kernel source scale.cu is not in {lib.kernel_dir} (name "
+        "it in build_library(kernels=...) or opforge_add_library(... KERNELS ...)); its CUDA calls will fail"
+    ]
     x = torch.randn(5)
     torch.testing.assert_close(torch.ops.rtc_test.nofile(x, 3), x * 3)  # the CPU reference still works
+    # A deployment fault, not the caller's: RuntimeError (OpforgeError), the op named once.
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.precompile("rtc_test::nofile", {"x": torch.float32}, {"k": 2}, cache_dir=tmp_path / "c")
+    assert str(err.value) == (
+        f"rtc_test::nofile: the run-time kernel source {lib.kernel_dir}/scale.cu cannot be read (it ships beside the "
+        f"op library, in {lib.kernel_dir})"
+    )
 
 
 def test_precompile_fills_compile_time_defaults_and_refuses_missing_ones(tmp_path):

@@ -1,0 +1,143 @@
+"""The product's remaining messages, each pinned with its exact text: loading faults, the core's
+request errors, building, artifacts that are not built, the runner's inputs, and a kernel name that
+names no kernel. (Call checks, declarations and kernels' own messages are pinned beside the
+features they belong to.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+import opforge.aoti
+from opforge import _core
+from opforge._paths import runner_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_core_requests_that_are_not_valid():
+    core = _core._core()
+    with pytest.raises(ValueError) as err:
+        _core.call(core.opforge_core_example_shapes, "{not json")
+    assert str(err.value).startswith("opforge: the request is not valid JSON: [json.exception.parse_error.101]")
+    with pytest.raises(ValueError) as err:
+        _core.call(core.opforge_core_example_shapes, json.dumps({"lead": 3}))
+    assert str(err.value) == 'opforge: the request names no op ("op": "ns::name")'
+    with pytest.raises(ValueError) as err:
+        opforge.precompile("examples::softshrink", {"x": torch.complex64})
+    assert str(err.value) == ("examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
+                              '  x: expected a dtype opforge knows, got "complex64"')
+
+
+def test_a_file_that_is_no_shared_object(tmp_path):
+    junk = tmp_path / "libjunk.so"
+    junk.write_bytes(b"not an ELF file".ljust(4096, b"\0"))
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.load_library(junk)
+    assert str(err.value) == f"opforge: cannot load the op library {junk}: {junk}: invalid ELF header"
+
+
+def test_a_library_built_for_another_abi(tmp_path):
+    src = tmp_path / "old_abi.c"
+    src.write_text(textwrap.dedent("""
+        #include "opforge/c_api.h"
+        static const OpforgeLibrary lib = {sizeof(OpforgeLibrary), 2, 0, 0, 0, 0, 0};
+        const OpforgeLibrary* opforge_library_v1(void) { return &lib; }
+        """))
+    so = tmp_path / "libold_abi.so"
+    subprocess.run(["cc", "-shared", "-fPIC", f"-I{ROOT / 'include'}", str(src), "-o", str(so)], check=True)
+    with pytest.raises(ValueError) as err:
+        opforge.load_library(so)
+    assert str(err.value) == (f"opforge: {so} was built for opforge ABI version 2, and this opforge reads version 3: "
+                              "rebuild the op library")
+
+
+def test_an_op_torch_already_has(tmp_path):
+    src = tmp_path / "taken.cpp"
+    src.write_text(textwrap.dedent("""
+        #include <opforge/op.h>
+        static void ref(opforge::Tensor x, opforge::MutableTensor y) {}
+        OPFORGE_OP(taken, op).input("x", opforge::floating).output("y", opforge::like("x")).reference(ref);
+        """))
+    path = opforge.build_library("taken_ops", [src], build_dir=tmp_path / "build")
+    lib = torch.library.Library("taken", "DEF")  # noqa: F841 -- registered while it lives
+    lib.define("op(Tensor x) -> Tensor")
+    with pytest.raises(ValueError) as err:
+        opforge.load_library(path)
+    assert str(err.value) == (f"opforge: {path.resolve()} cannot be registered with torch:\n"
+                              f"{src}:4: taken::op: already registered with torch by other code")
+
+
+def test_build_arguments(tmp_path):
+    with pytest.raises(ValueError) as err:
+        opforge.build_library("my-ops", [tmp_path / "a.cpp"])
+    assert str(err.value) == "opforge.build_library: name must be an identifier, got 'my-ops'"
+    with pytest.raises(ValueError) as err:
+        opforge.build_library("ops", [])
+    assert str(err.value) == "opforge.build_library: sources is empty"
+    with pytest.raises(ValueError) as err:
+        opforge.build_library("ops", [tmp_path / "a.cpp"])
+    assert str(err.value) == f"opforge.build_library: missing source files: {tmp_path / 'a.cpp'}"
+
+
+def test_artifacts_that_are_not_built(tmp_path):
+    script = textwrap.dedent("""
+        import torch, opforge, opforge.aoti
+        from opforge import _core
+        for call in (lambda: opforge.load_library("x.so"), lambda: _core.load_library("x.so"),
+                     lambda: opforge.aoti.run("m.pt2", [])):
+            try:
+                call()
+            except opforge.OpforgeError as e:
+                print(e)
+        """)
+    env = {**os.environ, "OPFORGE_BUILD_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert proc.stdout.splitlines() == [
+        f"opforge: the torch adapter {tmp_path}/lib/libopforge_torch.so is not built; run `make build`",
+        f"opforge: {tmp_path}/lib/libopforge_core.so is not built; run `make build`",
+        f"opforge: the C++ runner {tmp_path}/bin/opforge-runner is not built; run `make build`",
+    ]
+
+
+@pytest.mark.parametrize("inputs, why", [({"x": 1}, "expected a tensor or a list of tensors (saved with torch.save)"),
+                                         ([torch.ones(2), 3], "expected a list of tensors")])
+def test_runner_inputs_that_are_not_tensors(tmp_path, inputs, why):
+    (tmp_path / "model.pt2").write_bytes(b"never read: the inputs are checked first")
+    (tmp_path / "opforge_ops.txt").write_text("# op library for each custom op of model.pt2\n")
+    torch.save(inputs, tmp_path / "in.pt")
+    proc = subprocess.run([str(runner_path()), str(tmp_path / "model.pt2"), "--inputs", str(tmp_path / "in.pt"),
+                           "--output", str(tmp_path / "out.pt")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == f"opforge-runner: {tmp_path / 'in.pt'}: {why}\n"
+
+
+def test_a_kernel_name_nvrtc_cannot_find(tmp_path):
+    src, kernel = tmp_path / "named.cpp", tmp_path / "named.cu"
+    src.write_text(textwrap.dedent("""
+        #include <opforge/op.h>
+        static void ref(opforge::Tensor x, opforge::MutableTensor y) {}
+        OPFORGE_OP(named, op)
+            .input("x", opforge::kFloat32)
+            .output("y", opforge::like("x"))
+            .reference(ref)
+            .cuda_source("named.cu", "helper")
+            .launch(opforge::elementwise("y"));
+        """))
+    kernel.write_text("__device__ float helper(float v) { return v; }\n"
+                      "__global__ void named(const float* x, float* y, long long n) {}\n")
+    opforge.load_library(opforge.build_library("named_ops", [src], kernels=[kernel], build_dir=tmp_path / "build"))
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.precompile("named::op", {"x": torch.float32}, cache_dir=tmp_path / "c")
+    lines = str(err.value).splitlines()  # NVRTC refuses the name expression, in its own words
+    assert lines[:2] == [f"named::op: compiling helper from {kernel} for sm_90a failed:",
+                         '__nv_name_map(2): error: Name expression cannot form address of a non-__global__ function. '
+                         'Input name expression was: " helper"']
