@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
 import torch.nn.functional as F
 from common import median_ms, report
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import opforge
-import torch
 
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,

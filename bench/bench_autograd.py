@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
 import torch.nn.functional as F
 from common import bandwidth_or_call_line, host_us_per_call, median_ms, report
 
 import opforge
-import torch
 
 
 def main() -> int:

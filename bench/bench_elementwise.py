@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
 import torch.nn.functional as F
 from common import bandwidth_or_call_line, host_us_per_call, report, sm_clock, timed
 
 import opforge
-import torch
 
 
 @torch.library.custom_op("bench::softshrink_py", mutates_args=())

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
 import torch.nn.functional as F
 from common import median_ms, report
 
 import opforge
-import torch
 
 
 def main() -> int:

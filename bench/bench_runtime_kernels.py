@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
 import opforge
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 

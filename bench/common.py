@@ -12,9 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from triton.testing import do_bench
-
 import torch
+from triton.testing import do_bench
 
 
 def median_ms(fn: Callable[[], object]) -> float:

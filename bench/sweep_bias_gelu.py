@@ -31,11 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 from common import report, sm_clock, timed
 
 import opforge
-import torch
 
 OP_DIR = Path(__file__).resolve().parents[1] / "examples" / "ops" / "bias_gelu"
 

@@ -10,8 +10,9 @@ benchmarks give the ratio to copy bandwidth.)
 
 from __future__ import annotations
 
-import opforge
 import torch
+
+import opforge
 
 
 def main() -> None:

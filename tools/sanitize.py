@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
-from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
-
 import opforge  # noqa: E402
+from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
 
 
 def attention_cases() -> int:

@@ -13,10 +13,10 @@ import copy
 import os
 from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 
 import opforge
-import torch
 
 SENTENCES = [
     "A kernel author describes an operator once.",

@@ -23,10 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import minilm  # noqa: E402

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 
 import opforge
-import torch
 from opforge import verify
 
 #: The example op libraries the models call (``examples/ops/<name>/``).

@@ -19,10 +19,10 @@ import argparse
 import os
 import sys
 
+import torch
 import torch.distributed as dist
 
 import opforge
-import torch
 
 
 class EncoderLayer(torch.nn.Module):

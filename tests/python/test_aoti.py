@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import DEVICES, requires_two_gpus
-
 import torch
+
+from conftest import DEVICES, requires_two_gpus
 from opforge import OpforgeError, aoti
 from opforge._paths import runner_path
 

@@ -6,11 +6,11 @@ batch and sequence length."""
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.nn.functional as F
-from conftest import DEVICES, requires_cuda, requires_two_gpus
 
 import opforge
-import torch
+from conftest import DEVICES, requires_cuda, requires_two_gpus
 
 #: Against a float64 SDPA: outputs are weighted means of v (|o| < 4 for randn inputs), rounded to
 #: the dtype; the kernel also rounds the probabilities to the dtype before P @ V.

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import torch.nn.functional as F
-from conftest import DEVICES, TOLERANCE, _softshrink_grad
 
 import opforge
-import torch
+from conftest import DEVICES, TOLERANCE, _softshrink_grad
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 bw = torch.ops.bw

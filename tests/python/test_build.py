@@ -6,9 +6,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import opforge
-import torch
 
 OP_FILE = """
 #include <opforge/op.h>

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import opforge
 import opforge.aoti
-import torch
 from opforge import _core
 from opforge._paths import core_path
 from opforge.description import REQUIRED

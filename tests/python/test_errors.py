@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import requires_cuda
-
 import torch
+
+from conftest import requires_cuda
 
 SOFTSHRINK = "examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
 BIAS_GELU = "examples::bias_gelu(Tensor x, Tensor bias) -> Tensor: invalid arguments\n"

@@ -4,9 +4,9 @@ row-major, bit-for-bit copy of the input (x.clone()), on every device and dtype.
 from __future__ import annotations
 
 import pytest
-from conftest import ALL_DTYPES, DEVICES, random_tensor, requires_cuda
-
 import torch
+
+from conftest import ALL_DTYPES, DEVICES, random_tensor, requires_cuda
 
 
 def identity_conv(x: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,10 @@ def test_core_requests_that_are_not_valid():
     assert str(err.value) == 'opforge: the request names no op ("op": "ns::name")'
     with pytest.raises(ValueError) as err:
         opforge.precompile("examples::softshrink", {"x": torch.complex64})
-    assert str(err.value) == ("examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
-                              '  x: expected a dtype opforge knows, got "complex64"')
+    assert str(err.value) == (
+        "examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
+        '  x: expected a dtype opforge knows, got "complex64"'
+    )
 
 
 def test_a_file_that_is_no_shared_object(tmp_path):
@@ -47,33 +49,40 @@ def test_a_file_that_is_no_shared_object(tmp_path):
 
 def test_a_library_built_for_another_abi(tmp_path):
     src = tmp_path / "old_abi.c"
-    src.write_text(textwrap.dedent("""
+    src.write_text(
+        textwrap.dedent("""
         #include "opforge/c_api.h"
         static const OpforgeLibrary lib = {sizeof(OpforgeLibrary), 2, 0, 0, 0, 0, 0};
         const OpforgeLibrary* opforge_library_v1(void) { return &lib; }
-        """))
+        """)
+    )
     so = tmp_path / "libold_abi.so"
     subprocess.run(["cc", "-shared", "-fPIC", f"-I{ROOT / 'include'}", str(src), "-o", str(so)], check=True)
     with pytest.raises(ValueError) as err:
         opforge.load_library(so)
-    assert str(err.value) == (f"opforge: {so} was built for opforge ABI version 2, and this opforge reads version 3: "
-                              "rebuild the op library")
+    assert str(err.value) == (
+        f"opforge: {so} was built for opforge ABI version 2, and this opforge reads version 3: rebuild the op library"
+    )
 
 
 def test_an_op_torch_already_has(tmp_path):
     src = tmp_path / "taken.cpp"
-    src.write_text(textwrap.dedent("""
+    src.write_text(
+        textwrap.dedent("""
         #include <opforge/op.h>
         static void ref(opforge::Tensor x, opforge::MutableTensor y) {}
         OPFORGE_OP(taken, op).input("x", opforge::floating).output("y", opforge::like("x")).reference(ref);
-        """))
+        """)
+    )
     path = opforge.build_library("taken_ops", [src], build_dir=tmp_path / "build")
     lib = torch.library.Library("taken", "DEF")  # noqa: F841 -- registered while it lives
     lib.define("op(Tensor x) -> Tensor")
     with pytest.raises(ValueError) as err:
         opforge.load_library(path)
-    assert str(err.value) == (f"opforge: {path.resolve()} cannot be registered with torch:\n"
-                              f"{src}:4: taken::op: already registered with torch by other code")
+    assert str(err.value) == (
+        f"opforge: {path.resolve()} cannot be registered with torch:\n"
+        f"{src}:4: taken::op: already registered with torch by other code"
+    )
 
 
 def test_build_arguments(tmp_path):
@@ -108,21 +117,37 @@ def test_artifacts_that_are_not_built(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("inputs, why", [({"x": 1}, "expected a tensor or a list of tensors (saved with torch.save)"),
-                                         ([torch.ones(2), 3], "expected a list of tensors")])
+@pytest.mark.parametrize(
+    "inputs, why",
+    [
+        ({"x": 1}, "expected a tensor or a list of tensors (saved with torch.save)"),
+        ([torch.ones(2), 3], "expected a list of tensors"),
+    ],
+)
 def test_runner_inputs_that_are_not_tensors(tmp_path, inputs, why):
     (tmp_path / "model.pt2").write_bytes(b"never read: the inputs are checked first")
     (tmp_path / "opforge_ops.txt").write_text("# op library for each custom op of model.pt2\n")
     torch.save(inputs, tmp_path / "in.pt")
-    proc = subprocess.run([str(runner_path()), str(tmp_path / "model.pt2"), "--inputs", str(tmp_path / "in.pt"),
-                           "--output", str(tmp_path / "out.pt")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(runner_path()),
+            str(tmp_path / "model.pt2"),
+            "--inputs",
+            str(tmp_path / "in.pt"),
+            "--output",
+            str(tmp_path / "out.pt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert proc.stderr == f"opforge-runner: {tmp_path / 'in.pt'}: {why}\n"
 
 
 def test_a_kernel_name_nvrtc_cannot_find(tmp_path):
     src, kernel = tmp_path / "named.cpp", tmp_path / "named.cu"
-    src.write_text(textwrap.dedent("""
+    src.write_text(
+        textwrap.dedent("""
         #include <opforge/op.h>
         static void ref(opforge::Tensor x, opforge::MutableTensor y) {}
         OPFORGE_OP(named, op)
@@ -131,13 +156,18 @@ def test_a_kernel_name_nvrtc_cannot_find(tmp_path):
             .reference(ref)
             .cuda_source("named.cu", "helper")
             .launch(opforge::elementwise("y"));
-        """))
-    kernel.write_text("__device__ float helper(float v) { return v; }\n"
-                      "__global__ void named(const float* x, float* y, long long n) {}\n")
+        """)
+    )
+    kernel.write_text(
+        "__device__ float helper(float v) { return v; }\n"
+        "__global__ void named(const float* x, float* y, long long n) {}\n"
+    )
     opforge.load_library(opforge.build_library("named_ops", [src], kernels=[kernel], build_dir=tmp_path / "build"))
     with pytest.raises(opforge.OpforgeError) as err:
         opforge.precompile("named::op", {"x": torch.float32}, cache_dir=tmp_path / "c")
     lines = str(err.value).splitlines()  # NVRTC refuses the name expression, in its own words
-    assert lines[:2] == [f"named::op: compiling helper from {kernel} for sm_90a failed:",
-                         '__nv_name_map(2): error: Name expression cannot form address of a non-__global__ function. '
-                         'Input name expression was: " helper"']
+    assert lines[:2] == [
+        f"named::op: compiling helper from {kernel} for sm_90a failed:",
+        "__nv_name_map(2): error: Name expression cannot form address of a non-__global__ function. "
+        'Input name expression was: " helper"',
+    ]

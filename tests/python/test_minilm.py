@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "models"))
 import minilm  # noqa: E402
-from conftest import DEVICES  # noqa: E402
 
 import opforge  # noqa: E402
+from conftest import DEVICES  # noqa: E402
 from opforge import verify  # noqa: E402
 
 

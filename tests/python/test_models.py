@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import requires_cuda
-
 import torch
+
+from conftest import requires_cuda
 from opforge import verify
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "models"))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.nn.functional as F
-from conftest import CASES, DEVICES, assert_matches, requires_cuda, requires_two_gpus, strided_views
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
-import torch
+from conftest import CASES, DEVICES, assert_matches, requires_cuda, requires_two_gpus, strided_views
 
 OPS = list(CASES)
 

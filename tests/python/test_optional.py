@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
-from conftest import DEVICES, TOLERANCE, requires_cuda
 
 import opforge
-import torch
+from conftest import DEVICES, TOLERANCE, requires_cuda
 from opforge import aoti, verify
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

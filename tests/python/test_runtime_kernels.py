@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import CASES, requires_cuda
+import torch
 
 import opforge
-import torch
+from conftest import CASES, requires_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Example ops with run-time kernel sources (examples/ops/<op>/kernels/).

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import opforge
-import torch
 from opforge import verify
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import opforge
-import torch
 from opforge import verify
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
