@@ -1,12 +1,15 @@
 // opforge-runner: runs an AOTInductor package (.pt2) that uses opforge ops, with no Python.
 //
-//   opforge-runner PACKAGE.pt2 --inputs in.pt --output out.pt [--device cpu|cuda[:N]]
-//                  [--warmup N] [--iters N]
+//   opforge-runner PACKAGE.pt2 --inputs in.pt --output out.pt [--inputs-after after.pt]
+//                  [--device cpu|cuda[:N]] [--warmup N] [--iters N]
 //
 // Before loading the model it loads the op libraries that the package's manifest
 // (opforge_ops.txt, written beside the .pt2 by opforge.aoti.package) lists, and fails with the
 // names of any ops and libraries that are missing. Inputs are a list of tensors saved with
-// torch.save; outputs are saved the same way (read them with torch.load). Prints one JSON line:
+// torch.save; outputs are saved the same way (read them with torch.load). The first run works on
+// the inputs as given, so a model that writes its inputs in place (opforge::mutated ops, a KV
+// cache) leaves its result in them, which --inputs-after saves; warm-up and timed runs work on
+// fresh copies of the original inputs, so each computes what the first did. Prints one JSON line:
 // {"device": ..., "outputs": N, "iters": N, "latency_ms": {"median": ..., "min": ..., "max": ...}}.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
@@ -33,7 +36,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Options {
-  std::string package, inputs, output, device = "cpu";
+  std::string package, inputs, output, inputs_after, device = "cpu";
   int warmup = 1, iters = 1;
 };
 
@@ -55,6 +58,8 @@ Options parse(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--output", o.output, "where to torch.save the outputs (a tuple of CPU tensors)")->required();
+  app.add_option("--inputs-after", o.inputs_after,
+                 "where to torch.save the inputs after the first run, with what the model wrote into them");
   app.add_option("--device", o.device, "cpu, cuda or cuda:N; the inputs are moved there")->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed runs before the timed ones")
       ->check(CLI::Range(0, INT_MAX))
@@ -66,6 +71,14 @@ Options parse(int argc, char** argv) {
     std::exit(app.exit(e));
   }
   return o;
+}
+
+/// Saves `tensors` (copied to the CPU) as a tuple, which torch.load(weights_only=True) reads.
+void save(const std::vector<at::Tensor>& tensors, const std::string& path) {
+  std::vector<c10::IValue> cpu;
+  for (const auto& t : tensors) cpu.emplace_back(t.cpu());
+  const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(std::move(cpu)));
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::vector<char> read_file(const std::string& path) {
@@ -138,20 +151,27 @@ int main(int argc, char** argv) {
     auto sync = [&] {
       if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
     };
-    std::vector<at::Tensor> outputs;
-    for (int i = 0; i < o.warmup; ++i) outputs = loader.run(inputs);
-    sync();
+    std::vector<at::Tensor> original;
+    for (const auto& t : inputs) original.push_back(t.clone());
+    auto fresh = [&] {  // the original inputs again, for a run that must compute what the first did
+      for (size_t k = 0; k < inputs.size(); ++k) inputs[k].copy_(original[k]);
+      sync();
+    };
+    const std::vector<at::Tensor> outputs = loader.run(inputs);
+    save(outputs, o.output);
+    if (!o.inputs_after.empty()) save(inputs, o.inputs_after);
+    for (int i = 0; i < o.warmup; ++i) {
+      fresh();
+      loader.run(inputs);
+    }
     std::vector<double> ms;
     for (int i = 0; i < o.iters; ++i) {
+      fresh();
       const auto t0 = std::chrono::steady_clock::now();
-      outputs = loader.run(inputs);
+      loader.run(inputs);
       sync();
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::vector<c10::IValue> cpu_outputs;  // a plain tuple, which torch.load(weights_only=True) reads
-    for (const auto& t : outputs) cpu_outputs.emplace_back(t.cpu());
-    const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(std::move(cpu_outputs)));
-    std::ofstream(o.output, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 
     std::sort(ms.begin(), ms.end());
     std::cout << "{\"device\": \"" << device.str() << "\", \"outputs\": " << outputs.size()

@@ -28,6 +28,9 @@
  * OpforgeOpSpec::sharding_dims.
  * Version 3: OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM (an older adapter would pass such inputs
  * as is, misaligned or with a strided last dim), OPFORGE_EXPR_MULTIPLE_OF.
+ * Version 4: OpforgeTensorSpec::mutated (an older adapter would copy a mutated input and lose
+ * the kernel's writes) and value domains (OpforgeTensorSpec grew), comparison and remainder
+ * nodes (OPFORGE_EXPR_MOD .. OPFORGE_EXPR_GE), OpforgeOpSpec::rules.
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -39,7 +42,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 3
+#define OPFORGE_ABI_VERSION 4
 
 /* Element types. The numbering is opforge's own and stable across versions. */
 typedef enum OpforgeDtype {
@@ -116,7 +119,15 @@ typedef enum OpforgeExprOp {
   OPFORGE_EXPR_CEILDIV = 7,
   OPFORGE_EXPR_MIN = 8,
   OPFORGE_EXPR_MAX = 9,
-  OPFORGE_EXPR_MULTIPLE_OF = 10
+  OPFORGE_EXPR_MULTIPLE_OF = 10,
+  OPFORGE_EXPR_MOD = 11, /* the remainder of floor division */
+  /* Comparisons: only the operator of an OpforgeRule, never a node. */
+  OPFORGE_EXPR_EQ = 12,
+  OPFORGE_EXPR_NE = 13,
+  OPFORGE_EXPR_LT = 14,
+  OPFORGE_EXPR_LE = 15,
+  OPFORGE_EXPR_GT = 16,
+  OPFORGE_EXPR_GE = 17
 } OpforgeExprOp;
 
 typedef struct OpforgeExprNode {
@@ -156,6 +167,19 @@ typedef struct OpforgeTensorSpec {
    * shape rule, output rule or launch rule refers to an optional tensor, and the first tensor
    * argument is never optional. */
   int32_t optional;
+  /* 1: the kernel writes this input in place (schema `Tensor(a!) name`): it reaches the kernel
+   * as the caller's tensor, never as a copy (see Note [Mutated inputs] in opforge/op.h). */
+  int32_t mutated;
+  /* The values an integer input's elements may take (Note [Value domains] in opforge/op.h):
+   * with has_values, each element is in [values_low, values_high) -- expressions over dims
+   * and integer parameters -- or equals `sentinel` when has_sentinel; with values_unique, the
+   * elements other than the sentinel are distinct. */
+  int32_t has_values;
+  int32_t values_unique;
+  int32_t has_sentinel;
+  int64_t sentinel;
+  OpforgeExpr values_low;
+  OpforgeExpr values_high;
 } OpforgeTensorSpec;
 
 /* Default, range and choices of one parameter. */
@@ -179,8 +203,17 @@ typedef struct OpforgeArgSpec {
   OpforgeParamSpec param;   /* otherwise */
 } OpforgeArgSpec;
 
-/* One output: its dtype and shape rule. Outputs are freshly allocated, dense and
- * row-major, and never alias inputs. */
+/* A cross-argument rule (`.require(...)` in opforge/op.h): `lhs op rhs` must hold for a call,
+ * with `op` one of OPFORGE_EXPR_EQ .. OPFORGE_EXPR_GE over two shape expressions. */
+typedef struct OpforgeRule {
+  size_t struct_size;
+  int32_t op;
+  OpforgeExpr lhs;
+  OpforgeExpr rhs;
+} OpforgeRule;
+
+/* One output: its dtype and shape rule. Outputs are freshly allocated (or, through an `out=`
+ * overload, the caller's tensors), dense and row-major, and never alias inputs. */
 typedef struct OpforgeOutputSpec {
   size_t struct_size;
   const char* name;
@@ -222,7 +255,8 @@ typedef enum OpforgeSharding {
 } OpforgeSharding;
 
 /* One call: arguments in declaration order (tensors in `tensor`, parameters in
- * `value` of the same slot), then the outputs, already allocated. */
+ * `value` of the same slot; a mutated input's `tensor` is the caller's memory, written by the
+ * kernel), then the outputs, already allocated. */
 typedef struct OpforgeArg {
   OpforgeTensor tensor;
   OpforgeValue value;
@@ -296,6 +330,9 @@ typedef struct OpforgeOpSpec {
   /* The op that computes this op's input gradients ("ns::name"), or NULL: see
    * Note [Backward ops] in opforge/op.h. Appended in ABI 3 (read past struct_size only). */
   const char* backward;
+  /* Cross-argument rules, checked with the arguments' own constraints. ABI 4. */
+  int32_t num_rules;
+  const OpforgeRule* rules;
 } OpforgeOpSpec;
 
 typedef struct OpforgeLibrary {

@@ -30,9 +30,11 @@ OpforgeStatus opforge_core_load_library(const char* path, char** out);
  * compile-time parameters left out take their defaults. Response: {"cache_hit": bool}. */
 OpforgeStatus opforge_core_precompile(const char* request, char** out);
 
-/* Input shapes that satisfy an op's rules (opforge::core::example_shapes).
- * Request: {"op": "ns::op", "lead": 3, "last": 37, "params": {name: value}}. Response:
- * {"shapes": {tensor name: [sizes...]}}. */
+/* Input shapes that satisfy an op's shape rules (opforge::core::example_shapes), with what a
+ * generator needs besides (opforge::core::example_facts). Request: {"op": "ns::op", "lead": 3,
+ * "last": 37, "params": {name: value}}. Response: {"shapes": {tensor name: [sizes...]},
+ * "bounds": {name of an input with a value domain: [low, high]}, "rule_problems": [the
+ * cross-argument rules these shapes break, as a call reports them]}. */
 OpforgeStatus opforge_core_example_shapes(const char* request, char** out);
 
 /* Checks a call and evaluates its output rules, as a call's own check does (the same messages).
@@ -40,6 +42,13 @@ OpforgeStatus opforge_core_example_shapes(const char* request, char** out);
  * "device": "cpu"} | null, param name: value}}; parameters left out take their defaults.
  * Response: {"outputs": [{"name": "y", "dtype": "float32", "shape": [2, 3]}, ...]}. */
 OpforgeStatus opforge_core_output_shapes(const char* request, char** out);
+
+/* How a view reaches the kernel for one tensor input (opforge::core::admit: the layout rule,
+ * and for a mutated input the refusal of a copy). Request: {"op": "ns::op", "arg": name,
+ * "dtype": "float32", "shape": [...], "strides": [...] (elements), "offset_bytes": the data
+ * pointer's distance past a 16-byte boundary}. Response: {"admission": "as_is" | "dense_copy" |
+ * "refuse", "refusal": the call's error line for a refused view | null}. */
+OpforgeStatus opforge_core_admission(const char* request, char** out);
 
 /* Forgets every compiled run-time kernel of every loaded library (opforge.reload()). */
 void opforge_core_reload(void);

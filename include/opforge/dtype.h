@@ -54,22 +54,7 @@ inline constexpr Dtype kBool = Dtype::kBool;
 inline const char* dtype_name(Dtype d) { return dtype_name(static_cast<int32_t>(d)); }
 
 /// Size of one element in bytes.
-inline constexpr size_t dtype_size(Dtype d) {
-  switch (d) {
-    case Dtype::kFloat64:
-    case Dtype::kInt64:
-      return 8;
-    case Dtype::kFloat32:
-    case Dtype::kInt32:
-      return 4;
-    case Dtype::kFloat16:
-    case Dtype::kBFloat16:
-    case Dtype::kInt16:
-      return 2;
-    default:
-      return 1;
-  }
-}
+inline constexpr size_t dtype_size(Dtype d) { return dtype_size(static_cast<int32_t>(d)); }
 
 /// A set of dtypes, used as an input constraint: `.input("x", opforge::floating)`.
 struct DtypeSet {

@@ -7,7 +7,8 @@
 // Note [Shape expressions]
 // ------------------------
 // An expression is a small tree over integer dims: constants, a dim of an input (`dim`), an
-// integer parameter (`int_param`), + - * / (floor division), ceildiv, min and max. An input's
+// integer parameter (`int_param`), + - * / (floor division) %, ceildiv, min and max; two
+// expressions compared (== != < <= > >=) make a cross-argument rule. An input's
 // dim may instead be left free (`any`) or free up to a factor (`multiple_of(k)`). It is stored
 // as data in the op library (postfix nodes, opforge/c_api.h), never as compiled code, so each
 // adapter evaluates the same rule its own way: with int64 at run time to check inputs and
@@ -92,6 +93,23 @@ inline Expr operator/(const Expr& a, const Expr& b) { return Expr::binary(OPFORG
 inline Expr ceildiv(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_CEILDIV, a, b); }
 inline Expr min(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_MIN, a, b); }
 inline Expr max(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_MAX, a, b); }
+/// The remainder of floor division (sizes are non-negative), for rules such as
+/// `opforge::dim("x", -1) % opforge::int_param("block") == 0`.
+inline Expr operator%(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_MOD, a, b); }
+
+/// A comparison of two shape expressions: the rule of an op's `.require(...)`, checked with the
+/// arguments' own constraints on every call (symbolically under torch.compile). Made by the
+/// comparison operators: `opforge::dim("cos_sin_cache", 1) <= opforge::dim("query", -1)`.
+struct Condition {
+  OpforgeExprOp op;
+  Expr lhs, rhs;
+};
+inline Condition operator==(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_EQ, a, b}; }
+inline Condition operator!=(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_NE, a, b}; }
+inline Condition operator<(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_LT, a, b}; }
+inline Condition operator<=(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_LE, a, b}; }
+inline Condition operator>(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_GT, a, b}; }
+inline Condition operator>=(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_GE, a, b}; }
 
 /// A full shape: one expression per dim. As an input constraint it fixes the rank and each
 /// dim (`opforge::any` leaves a dim free); as an output rule it gives the output's shape.

@@ -21,9 +21,10 @@
 // torch.compile, torch.export and AOTInductor.
 //
 // The declaration is ordered and typed: inputs and parameters in schema order, then outputs.
-// Kernels take exactly those arguments in that order -- opforge::Tensor for an input, the C++
-// type of each parameter (see below), opforge::MutableTensor for an output -- optionally
-// preceded by `const opforge::Context&`; a mismatch is a compile error that says so.
+// Kernels take exactly those arguments in that order -- opforge::Tensor for an input
+// (opforge::MutableTensor for an opforge::mutated one), the C++ type of each parameter (see
+// below), opforge::MutableTensor for an output -- optionally preceded by
+// `const opforge::Context&`; a mismatch is a compile error that says so.
 //
 //   .param<T>    passed to kernels as   schema type
 //   int64_t      int64_t                int
@@ -79,6 +80,38 @@
 // supported. An op that names no
 // backward op is forward only: torch warns if a gradient reaches it (its default for ops
 // without an autograd kernel), and its inputs get none.
+//
+// Note [Mutated inputs]
+// ---------------------
+// `.input("residual", opforge::same_dtype("x"), opforge::mutated)` declares an input the kernel
+// writes in place (read or not): the schema says `Tensor(a!) residual` (letters a, b, ... in
+// declaration order), the reference and every kernel take it as an opforge::MutableTensor, and
+// it is not returned. An op may write only its inputs (`-> ()`, at least one mutated input) or
+// also have fresh outputs. Under torch.compile and torch.export such ops are functionalised
+// (auto_functionalized) and Inductor writes into the caller's buffers again, so compiled and
+// AOTInductor code mutates in place as eager does.
+//
+// Mutation and the dense-copy rule: an input that is not declared opforge::strided reaches a
+// kernel dense and 16-byte aligned, which the adapter arranges by copying a view that is not.
+// A mutated input is never copied, since the kernel's writes into a copy would be lost: an
+// opforge::strided one is passed as it is, any other must already have the layout its rule
+// asks for (dense and 16-byte aligned, or with opforge::contiguous_last_dim rows of adjacent
+// elements at 16-byte aligned strides), and a call that passes another layout is refused
+// before any launch with an error that names the layout it needs. A mutated input whose
+// elements overlap in memory (an expanded view, stride 0) is refused in every layout.
+// Mutated inputs take no part in autograd: an op with one cannot name a backward op, and a
+// call whose inputs require grad raises.
+//
+// Note [Value domains]
+// --------------------
+// An integer input that indexes something (positions into a table, slots of a cache) declares
+// which values it takes: `.input("slots", opforge::kInt64, opforge::rank(1),
+// opforge::values_in(0, opforge::dim("cache", 0) * opforge::dim("cache", 1)).unique_values()
+// .or_value(-1))`. opforge verify draws such inputs inside their domain (a correct kernel is
+// never fed an index it cannot take, and a wrong one is caught within it), and the CPU kernel
+// of a call checks them before the reference runs (on the host the check is cheap, and an
+// out-of-range index would read outside the table); device calls are not checked, as reading
+// the values would cost a synchronisation.
 #pragma once
 
 #include <initializer_list>
@@ -123,6 +156,16 @@ inline constexpr detail::ContiguousLastDim contiguous_last_dim{};
 /// `{T_name}` placeholder), the first tensor input cannot be optional, and every input and
 /// parameter declared after it needs a default (is optional, or has a default value).
 inline constexpr detail::Optional optional{};
+/// The elements of an integer input index something: each is in [low, high), expressions over
+/// dims and integer parameters, e.g. token positions into a table of `cos_sin_cache.size(0)` rows:
+/// `opforge::values_in(0, opforge::dim("cos_sin_cache", 0))`. Chain `.unique_values()` for
+/// elements that must be distinct and `.or_value(-1)` for a marker outside the range. See Note
+/// [Value domains].
+inline detail::Values values_in(Expr low, Expr high) { return {std::move(low), std::move(high)}; }
+/// The kernel writes this input in place (read it or not), as torch.library's `mutates_args`: the
+/// schema says `Tensor(a!) name`, the reference and kernels take it as an opforge::MutableTensor,
+/// and it is not among the op's returns. See Note [Mutated inputs].
+inline constexpr detail::Mutated mutated{};
 
 // ---- parameter constraints ------------------------------------------------------------------
 
@@ -259,6 +302,15 @@ class OpBuilder {
     return std::move(*this);
   }
 
+  /// A rule over several arguments, checked on every call before any launch with the same
+  /// message shape as the arguments' own constraints ("expected rotary_dim <= head_size, got 96
+  /// <= 64"), symbolically under torch.compile, and respected by opforge verify when it picks
+  /// sizes: `.require(opforge::dim("cos_sin_cache", 1) <= opforge::dim("query", -1))`.
+  OpBuilder require(Condition rule) && {
+    def_->rules.push_back(std::move(rule));
+    return std::move(*this);
+  }
+
   /// How the op may be sharded (see opforge::Sharding).
   OpBuilder sharding(Sharding s) && {
     def_->sharding = static_cast<int32_t>(s);
@@ -274,18 +326,19 @@ class OpBuilder {
 
   /// A tensor input. Constraints: a dtype set (`opforge::floating`, `opforge::kFloat16 |
   /// opforge::kBFloat16`), `same_dtype("x")`, `same_shape("x")`, `rank(n)`, `min_rank(n)`,
-  /// `shape({...})`, `strided`, `contiguous_last_dim`, `optional`.
+  /// `shape({...})`, `strided`, `contiguous_last_dim`, `optional`, `mutated`, `values_in(lo, hi)`.
   template <class... C>
-  OpBuilder<false, Sig..., Tensor> input(std::string name, const C&... constraints) && {
+  auto input(std::string name, const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
     static_assert((detail::TensorConstraint<C> && ...),
                   "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::same_shape, opforge::rank, "
-                  "opforge::min_rank, opforge::shape, opforge::strided, opforge::contiguous_last_dim and "
-                  "opforge::optional as constraints");
+                  "opforge::min_rank, opforge::shape, opforge::strided, opforge::contiguous_last_dim, "
+                  "opforge::optional, opforge::mutated and opforge::values_in as constraints");
+    using Slot = std::conditional_t<(std::is_same_v<C, detail::Mutated> || ...), detail::MutatedInput, Tensor>;
     detail::ArgDecl a{std::move(name), OPFORGE_ARG_TENSOR, {}, {}};
     (detail::apply(a.tensor, constraints), ...);
     def_->args.push_back(std::move(a));
-    return OpBuilder<false, Sig..., Tensor>(std::move(def_));
+    return OpBuilder<false, Sig..., Slot>(std::move(def_));
   }
 
   // (clang-format 14 cannot lay out requires-clauses.)
@@ -391,7 +444,7 @@ class OpBuilder {
   /// arguments (passed after the tensor pointers).
   template <class F>
   OpBuilder launch_grid(F* fn) && {
-    static_assert(std::is_same_v<F, detail::LaunchConfig(Sig...)>,
+    static_assert(std::is_same_v<F, detail::LaunchConfig(detail::KernelType<Sig>...)>,
                   "opforge: a grid function must be `opforge::LaunchConfig fn(args...)` taking the declared "
                   "inputs, parameters and outputs in declaration order");
     detail::LaunchRule r;
@@ -421,19 +474,20 @@ class OpBuilder {
   }
 
   OpBuilder<true, Sig..., MutableTensor> add_output(detail::OutputDecl o) && {
+    def_->output_after_kernel = def_->output_after_kernel || def_->kernels_declared;
     def_->outputs.push_back(std::move(o));
     return OpBuilder<true, Sig..., MutableTensor>(std::move(def_));
   }
 
   template <class F>
-  static OpforgeKernel make_kernel(OpforgeDeviceType device, F* fn) {
-    static_assert(HasOutputs, "opforge: declare the op's .output()s before its kernels");
+  OpforgeKernel make_kernel(OpforgeDeviceType device, F* fn) {
+    def_->kernels_declared = true;  // an .output() after this is a declaration error (finalize)
     using E = detail::EntryFor<F, Sig...>;
     static_assert(E::ok,
                   "opforge: a kernel must be `void fn([const opforge::Context&,] args...)` where args are the "
-                  "declared inputs (opforge::Tensor), parameters (int64_t, double, bool, std::string_view, "
-                  "std::span<const int64_t>, std::span<const double>) and outputs (opforge::MutableTensor), "
-                  "in declaration order");
+                  "declared inputs (opforge::Tensor; opforge::MutableTensor for an opforge::mutated one), "
+                  "parameters (int64_t, double, bool, std::string_view, std::span<const int64_t>, "
+                  "std::span<const double>) and outputs (opforge::MutableTensor), in declaration order");
     OpforgeKernel k{};
     k.struct_size = sizeof(OpforgeKernel);
     k.device_type = device;
@@ -459,7 +513,8 @@ inline OpBuilder<false> make_op(const char* ns, const char* name, const char* fi
 struct Registration {
   template <bool HasOutputs, class... S>
   Registration(OpBuilder<HasOutputs, S...>&& b) {  // NOLINT: implicit by design
-    static_assert(HasOutputs, "opforge: an op declares at least one .output()");
+    static_assert(HasOutputs || (std::is_same_v<S, MutatedInput> || ...),
+                  "opforge: an op declares at least one .output() or opforge::mutated input (what it writes)");
     registry().add(std::move(b).release());
   }
 };

@@ -66,8 +66,10 @@ class Tensor {
   OpforgeTensor t_;
 };
 
-/// Writable view of an output tensor: dense, row-major, allocated by the adapter with the
-/// shape and dtype of the op's output rule. Kernels write every element.
+/// Writable view of an output tensor -- dense, row-major, allocated by the adapter with the
+/// shape and dtype of the op's output rule; kernels write every element -- or of an input
+/// declared opforge::mutated (the caller's tensor, laid out as its rule says; see Note
+/// [Mutated inputs] in opforge/op.h).
 class MutableTensor : public Tensor {
  public:
   using Tensor::Tensor;

@@ -39,7 +39,7 @@ def _core() -> ctypes.CDLL:
             if not path.exists():
                 raise OpforgeError(f"opforge: {path} is not built; run `make build`")
             lib = ctypes.CDLL(str(path))
-            for name in ("load_library", "precompile", "example_shapes", "output_shapes"):
+            for name in ("load_library", "precompile", "example_shapes", "output_shapes", "admission"):
                 fn = getattr(lib, f"opforge_core_{name}")
                 fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
                 fn.restype = ctypes.c_int
@@ -106,11 +106,13 @@ def precompile_request(
     ]
 
 
-def example_shapes(op: str, lead: int, last: int, params: dict[str, object]) -> dict[str, list[int]]:
-    """Input shapes that satisfy ``op``'s rules, from two free sizes (``opforge::core::example_shapes``:
-    ``lead`` for first dims, ``last`` for last dims, multiples where a dim is declared
-    ``multiple_of``), by tensor name."""
-    return _request("example_shapes", {"op": op, "lead": lead, "last": last, "params": params})["shapes"]
+def example_shapes(op: str, lead: int, last: int, params: dict[str, object]) -> dict:
+    """Input shapes that satisfy ``op``'s shape rules, from two free sizes
+    (``opforge::core::example_shapes``: ``lead`` for first dims, ``last`` for last dims,
+    multiples where a dim is declared ``multiple_of``), and the facts a generator needs besides:
+    ``{"shapes": {tensor: sizes}, "bounds": {input with a value domain: [low, high]},
+    "rule_problems": [cross-argument rules these shapes break]}``."""
+    return _request("example_shapes", {"op": op, "lead": lead, "last": last, "params": params})
 
 
 def output_shapes(op: str, args: dict[str, object]) -> list[dict]:
@@ -122,6 +124,16 @@ def output_shapes(op: str, args: dict[str, object]) -> list[dict]:
         ValueError: the call's own check fails (the same message a call raises).
     """
     return _request("output_shapes", {"op": op, "args": args})["outputs"]
+
+
+def admission(op: str, arg: str, dtype: str, shape: list[int], strides: list[int], offset_bytes: int) -> str:
+    """How a view (``shape``, ``strides`` in elements, its data pointer ``offset_bytes`` past a
+    16-byte boundary) of tensor input ``arg`` reaches ``op``'s kernel, by the core's layout rule:
+    "as_is", "dense_copy", or "refuse" (a mutated input whose layout would need a copy)."""
+    return _request(
+        "admission",
+        {"op": op, "arg": arg, "dtype": dtype, "shape": shape, "strides": strides, "offset_bytes": offset_bytes},
+    )["admission"]
 
 
 def reload() -> None:

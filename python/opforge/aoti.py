@@ -145,12 +145,15 @@ class RunResult:
 
     Attributes:
         outputs: the model's outputs, on the CPU.
+        inputs_after: the inputs after the first run, on the CPU: a model that writes its inputs
+            in place (ops with ``opforge::mutated`` inputs, a KV cache) left its writes there.
         latency_ms: per-run wall time in milliseconds (``median``, ``min``, ``max``), measured by
             the runner around ``AOTIModelPackageLoader::run`` plus a device synchronisation.
         device: the device the package ran on.
     """
 
     outputs: list[torch.Tensor]
+    inputs_after: list[torch.Tensor]
     latency_ms: dict[str, float]
     device: str
 
@@ -165,6 +168,9 @@ def run(
     timeout: float = 600,
 ) -> RunResult:
     """Run an AOTInductor package in the C++ runner, in a fresh process with no Python.
+
+    The first run works on the inputs as given (its outputs and the inputs after it are
+    returned); warm-up and timed runs start from fresh copies of the original inputs.
 
     Args:
         package_path: ``model.pt2`` written by :func:`package`.
@@ -185,7 +191,7 @@ def run(
     if not runner.exists():
         raise OpforgeError(f"opforge: the C++ runner {runner} is not built; run `make build`")
     with tempfile.TemporaryDirectory(prefix="opforge-run-") as tmp:
-        inp, out = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
+        inp, out, after = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt", Path(tmp) / "after.pt"
         torch.save([t.detach().cpu().contiguous() for t in inputs], inp)
         cmd = [
             str(runner),
@@ -194,6 +200,8 @@ def run(
             str(inp),
             "--output",
             str(out),
+            "--inputs-after",
+            str(after),
             "--device",
             device,
             "--warmup",
@@ -205,5 +213,7 @@ def run(
         if proc.returncode != 0:
             raise OpforgeError(f"opforge-runner failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
         report = json.loads(proc.stdout.strip().splitlines()[-1])
-        outputs = torch.load(out)
-    return RunResult(outputs=list(outputs), latency_ms=report["latency_ms"], device=report["device"])
+        outputs, inputs_after = torch.load(out), torch.load(after)
+    return RunResult(
+        outputs=list(outputs), inputs_after=list(inputs_after), latency_ms=report["latency_ms"], device=report["device"]
+    )

@@ -22,6 +22,29 @@ def _float(value) -> float:
 
 
 @dataclass(frozen=True)
+class ValueDomain:
+    """The values an integer input takes (Note [Value domains]): each element in [low, high)
+    (expressions, as text and as rule trees) or the ``sentinel`` marker; distinct if ``unique``."""
+
+    low: str
+    high: str
+    low_rule: dict
+    high_rule: dict
+    unique: bool
+    sentinel: int | None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-argument rule (``.require(...)``): ``lhs op rhs``, as text and as rule trees."""
+
+    text: str
+    op: str
+    lhs: dict
+    rhs: dict
+
+
+@dataclass(frozen=True)
 class TensorArg:
     """A tensor input.
 
@@ -33,6 +56,8 @@ class TensorArg:
         layout: "contiguous" (kernels get a dense, 16-byte aligned view), "strided" (any view),
             or "contiguous_last_dim" (rows of adjacent elements at 16-byte aligned strides).
         optional: the caller may pass None (``Tensor? name=None``).
+        mutated: the kernel writes it in place (``Tensor(a!) name``; Note [Mutated inputs]).
+        values: the values of an integer input that indexes something, or None.
         shape: per dim the rule's text ("*", "x.size(-1)", "multiple of 4"), or None.
         shape_rules: per dim the rule as a tree (see ``src/core/description.h``), or None.
         multiple_of: {dim: k} for dims declared ``opforge::multiple_of(k)``.
@@ -48,6 +73,8 @@ class TensorArg:
     max_rank: int
     layout: str
     optional: bool
+    mutated: bool
+    values: ValueDomain | None
     shape: tuple[str, ...] | None
     shape_rules: tuple | None
     multiple_of: dict[int, int]
@@ -118,19 +145,22 @@ class Op:
     """One op's declaration.
 
     Attributes:
-        name: "ns::op". schema: the torch schema with namespace. doc: the one-line description.
+        name: "ns::op". schema: the torch schema with namespace; out_schema: its out= overload's
+            (None for an op without outputs). doc: the one-line description.
         file, line: where it was declared.
         equivalent: the torch expression verify compares the CPU reference with, or None.
         backward: the op that computes its input gradients, or None; backward_targets: the
             argument indices it gives gradients for. is_backward_op: another op names this one.
         sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
             input's dims for "dims"; unshardable_dims: dims (from the end) never sharded.
+        rules: the cross-argument rules every call must satisfy.
         args: inputs and parameters in schema order. outputs. devices: "cpu", "cuda".
         runtime_kernels.
     """
 
     name: str
     schema: str
+    out_schema: str | None
     doc: str
     file: str
     line: int
@@ -141,6 +171,7 @@ class Op:
     sharding: str
     sharding_dims: tuple[int, ...]
     unshardable_dims: frozenset[int]
+    rules: tuple[Rule, ...]
     args: tuple[Arg, ...]
     outputs: tuple[Output, ...]
     devices: tuple[str, ...]
@@ -150,6 +181,11 @@ class Op:
     def tensors(self) -> list[TensorArg]:
         """The tensor inputs, in schema order."""
         return [a for a in self.args if isinstance(a, TensorArg)]
+
+    @property
+    def mutated(self) -> list[TensorArg]:
+        """The tensor inputs the op writes in place."""
+        return [a for a in self.args if isinstance(a, TensorArg) and a.mutated]
 
     @property
     def params(self) -> list[Param]:
@@ -208,6 +244,8 @@ def _arg(index: int, a: dict) -> Arg:
             max_rank=a["max_rank"],
             layout=a["layout"],
             optional=a["optional"],
+            mutated=a["mutated"],
+            values=ValueDomain(**a["values"]) if a["values"] is not None else None,
             shape=tuple(a["shape"]) if a["shape"] is not None else None,
             shape_rules=tuple(rules) if rules is not None else None,
             multiple_of={d: k for d, k in a["multiple_of"]},
@@ -230,6 +268,7 @@ def _op(o: dict) -> Op:
     return Op(
         name=o["name"],
         schema=o["schema"],
+        out_schema=o["out_schema"],
         doc=o["doc"],
         file=o["file"],
         line=o["line"],
@@ -240,6 +279,7 @@ def _op(o: dict) -> Op:
         sharding=o["sharding"],
         sharding_dims=tuple(o["sharding_dims"]),
         unshardable_dims=frozenset(o["unshardable_dims"]),
+        rules=tuple(Rule(**r) for r in o["rules"]),
         args=tuple(_arg(i, a) for i, a in enumerate(o["args"])),
         outputs=tuple(
             Output(

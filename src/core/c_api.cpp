@@ -183,10 +183,13 @@ std::string example_shapes_request(const char* text) {
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
   const auto shapes =
       example_shapes(op, request.value("lead", int64_t{3}), request.value("last", int64_t{37}), values.get());
-  json out = json::object();
-  for (int32_t i = 0; i < op.num_args; ++i)
+  const ExampleFacts facts = example_facts(op, shapes, values.get());
+  json out = json::object(), bounds = json::object();
+  for (int32_t i = 0; i < op.num_args; ++i) {
     if (op.args[i].kind == OPFORGE_ARG_TENSOR) out[op.args[i].name] = shapes[i];
-  return json{{"shapes", out}}.dump();
+    if (facts.bounds[i]) bounds[op.args[i].name] = {facts.bounds[i]->first, facts.bounds[i]->second};
+  }
+  return json{{"shapes", out}, {"bounds", bounds}, {"rule_problems", facts.rule_problems}}.dump();
 }
 
 std::string output_shapes_request(const char* text) {
@@ -226,6 +229,30 @@ std::string output_shapes_request(const char* text) {
   return json{{"outputs", outputs}}.dump();
 }
 
+std::string admission_request(const char* text) {
+  const json request = parse(text);
+  const OpforgeOpSpec& op = op_of(request);
+  const std::string name = request.value("arg", "");
+  int32_t arg = -1;
+  for (int32_t i = 0; i < op.num_args; ++i)
+    if (name == op.args[i].name && op.args[i].kind == OPFORGE_ARG_TENSOR) arg = i;
+  if (arg < 0) throw InvalidArgument("opforge: " + qualified_name(op) + " has no tensor input named '" + name + "'");
+  const std::vector<int64_t> sizes = request.value("shape", std::vector<int64_t>{});
+  const std::vector<int64_t> strides = request.value("strides", std::vector<int64_t>{});
+  if (sizes.size() != strides.size()) throw InvalidArgument("opforge: shape and strides differ in length");
+  const int32_t dtype = dtype_code(request.value("dtype", ""));
+  if (dtype < 0) throw InvalidArgument("opforge: the request gives no dtype opforge knows");
+  const int64_t item = static_cast<int64_t>(dtype_size(dtype));
+  // A data pointer with the given offset from a 16-byte boundary: only its remainder is read.
+  void* data = reinterpret_cast<void*>(uintptr_t{4096} + static_cast<uintptr_t>(request.value("offset_bytes", 0)));
+  const OpforgeTensor view{data,         dtype,         OPFORGE_DEVICE_CPU, -1, static_cast<int32_t>(sizes.size()),
+                           sizes.data(), strides.data()};
+  const Admission a = admit(op.args[arg].tensor, view, item);
+  json out = {{"admission", a == Admission::kAsIs ? "as_is" : a == Admission::kDenseCopy ? "dense_copy" : "refuse"}};
+  out["refusal"] = a == Admission::kRefuse ? json(refusal(op.args[arg], view, item)) : json(nullptr);
+  return out.dump();
+}
+
 }  // namespace
 }  // namespace opforge::core
 
@@ -245,6 +272,10 @@ extern "C" OpforgeStatus opforge_core_example_shapes(const char* request, char**
 
 extern "C" OpforgeStatus opforge_core_output_shapes(const char* request, char** out) {
   return c_entry(out, [&] { return opforge::core::output_shapes_request(request); });
+}
+
+extern "C" OpforgeStatus opforge_core_admission(const char* request, char** out) {
+  return c_entry(out, [&] { return opforge::core::admission_request(request); });
 }
 
 extern "C" void opforge_core_reload(void) { opforge::core::reload_kernels(); }

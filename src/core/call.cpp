@@ -3,9 +3,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "check.h"
+#include "opforge/detail/names.h"
 #include "opforge/error.h"
 #include "schema.h"
 
@@ -34,17 +37,27 @@ bool dense(const OpforgeTensor& t) {
   return true;
 }
 
-bool rows_aligned(const OpforgeTensor& t, int64_t item) {
-  if (t.ndim == 0 || !aligned(t.data)) return false;
+/// A last dim of adjacent elements and other strides that are multiples of 16 bytes (strides
+/// of size-1 dims never move a pointer and are not looked at); the data pointer aside.
+bool rows_aligned_strides(const OpforgeTensor& t, int64_t item) {
+  if (t.ndim == 0) return false;
   if (t.sizes[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1) return false;
   for (int32_t d = 0; d + 1 < t.ndim; ++d)
     if (t.sizes[d] > 1 && (t.strides[d] * item) % 16 != 0) return false;
   return true;
 }
 
-}  // namespace
+bool rows_aligned(const OpforgeTensor& t, int64_t item) { return aligned(t.data) && rows_aligned_strides(t, item); }
 
-Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size) {
+/// True if two of the view's elements share memory: a dim of size > 1 with stride 0 (torch's
+/// has_internal_overlap, whose other cases need a dense layout, which the rules check anyway).
+bool overlaps(const OpforgeTensor& t) {
+  for (int32_t d = 0; d < t.ndim; ++d)
+    if (t.sizes[d] > 1 && t.strides[d] == 0) return true;
+  return false;
+}
+
+Admission admit_by_layout(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size) {
   switch (spec.layout) {
     case OPFORGE_LAYOUT_STRIDED:
       return Admission::kAsIs;
@@ -53,6 +66,117 @@ Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_
     default:
       return dense(view) && aligned(view.data) ? Admission::kAsIs : Admission::kDenseCopy;
   }
+}
+
+std::string list_text(const int64_t* v, int32_t n) {
+  std::string s = "[";
+  for (int32_t d = 0; d < n; ++d) s += (d ? ", " : "") + std::to_string(v[d]);
+  return s + "]";
+}
+
+}  // namespace
+
+Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size) {
+  const Admission by_layout = admit_by_layout(spec, view, item_size);
+  if (!spec.mutated) return by_layout;
+  return overlaps(view) || by_layout == Admission::kDenseCopy ? Admission::kRefuse : Admission::kAsIs;
+}
+
+std::string refusal(const OpforgeArgSpec& a, const OpforgeTensor& view, int64_t item_size) {
+  const std::string got =
+      "got shape " + list_text(view.sizes, view.ndim) + " with strides " + list_text(view.strides, view.ndim);
+  if (overlaps(view))
+    return std::string(a.name) + ": expected a tensor whose elements do not overlap in memory (it is written in " +
+           "place), " + got;
+  const bool rows = a.tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM;
+  const bool strides_ok = rows ? rows_aligned_strides(view, item_size) : dense(view);
+  const std::string offset = strides_ok
+                                 ? " at a data pointer " + std::to_string(reinterpret_cast<uintptr_t>(view.data) % 16) +
+                                       " bytes past a 16-byte boundary"
+                                 : "";
+  const std::string need = rows ? "rows of adjacent elements whose data pointer and other strides are multiples of "
+                                  "16 bytes"
+                                : "a dense, row-major tensor whose data pointer is a multiple of 16 bytes";
+  return std::string(a.name) + ": expected " + need + " (it is written in place, so it cannot be copied), " + got +
+         offset;
+}
+
+namespace {
+
+/// Element `flat` (row-major order) of an integer view, as int64.
+int64_t element(const OpforgeTensor& t, int64_t flat) {
+  int64_t offset = 0;
+  for (int32_t d = t.ndim - 1; d >= 0; --d) {
+    offset += (flat % t.sizes[d]) * t.strides[d];
+    flat /= t.sizes[d];
+  }
+  const char* p = static_cast<const char*>(t.data) + offset * static_cast<int64_t>(dtype_size(t.dtype));
+  switch (t.dtype) {
+    case OPFORGE_DTYPE_INT8:
+      return *reinterpret_cast<const int8_t*>(p);
+    case OPFORGE_DTYPE_INT16:
+      return *reinterpret_cast<const int16_t*>(p);
+    case OPFORGE_DTYPE_INT32:
+      return *reinterpret_cast<const int32_t*>(p);
+    case OPFORGE_DTYPE_INT64:
+      return *reinterpret_cast<const int64_t*>(p);
+    default:
+      return *reinterpret_cast<const uint8_t*>(p);
+  }
+}
+
+std::string index_text(const OpforgeTensor& t, int64_t flat) {
+  std::vector<int64_t> index(t.ndim);
+  for (int32_t d = t.ndim - 1; d >= 0; --d) {
+    index[d] = flat % t.sizes[d];
+    flat /= t.sizes[d];
+  }
+  return list_text(index.data(), t.ndim);
+}
+
+}  // namespace
+
+std::vector<std::string> value_problems(const OpforgeOpSpec& op, const std::vector<OpforgeArg>& args) {
+  std::vector<std::string> problems;
+  std::vector<ArgInfo<int64_t>> info(op.num_args);
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    info[i].value = args[i].value;
+    const OpforgeTensor& t = args[i].tensor;
+    if (op.args[i].kind == OPFORGE_ARG_TENSOR && t.ndim >= 0) info[i].sizes.assign(t.sizes, t.sizes + t.ndim);
+    info[i].defined = op.args[i].kind != OPFORGE_ARG_TENSOR || t.ndim >= 0;
+  }
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeTensorSpec& s = op.args[i].tensor;
+    const OpforgeTensor& t = args[i].tensor;
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || !s.has_values || t.ndim < 0) continue;
+    const std::optional<int64_t> low = eval_expr(s.values_low, info), high = eval_expr(s.values_high, info);
+    if (!low || !high) continue;
+    const std::string name = op.args[i].name;
+    const std::string marker = s.has_sentinel ? " or " + std::to_string(s.sentinel) : "";
+    int64_t n = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) n *= t.sizes[d];
+    std::map<int64_t, int64_t> seen;  // value -> first index, for unique_values
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t v = element(t, k);
+      if (s.has_sentinel && v == s.sentinel) continue;
+      if (v < *low || v >= *high) {
+        const std::string rule = "[" + expr_string(op, s.values_low) + ", " + expr_string(op, s.values_high) + ")";
+        const std::string range = "[" + std::to_string(*low) + ", " + std::to_string(*high) + ")";
+        problems.push_back(name + ": expected values in " + rule + (rule == range ? "" : " = " + range) + marker +
+                           ", got " + std::to_string(v) + " at " + index_text(t, k));
+        break;
+      }
+      if (!s.values_unique) continue;
+      const auto [it, fresh] = seen.emplace(v, k);
+      if (!fresh) {
+        problems.push_back(name + ": expected distinct values" +
+                           (s.has_sentinel ? " (but " + marker.substr(4) + ")" : "") + ", got " + std::to_string(v) +
+                           " at " + index_text(t, it->second) + " and " + index_text(t, k));
+        break;
+      }
+    }
+  }
+  return problems;
 }
 
 OpforgeTensor absent_tensor(int32_t device_type, int32_t device_index) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "opforge/c_api.h"
@@ -19,6 +20,7 @@ namespace opforge::core {
 enum class Admission {
   kAsIs,       ///< its view as it is
   kDenseCopy,  ///< a dense, row-major copy whose data pointer is a multiple of 16 bytes
+  kRefuse,     ///< not at all: a mutated input that would need a copy, or whose elements overlap
 };
 
 /// The layout rule of an input declared with `spec` (OpforgeLayout) applied to one call's view:
@@ -27,8 +29,21 @@ enum class Admission {
 /// OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM passes a view whose last dim has stride 1 and whose data
 /// pointer and other strides are multiples of 16 bytes as it is (strides of size-1 dims never
 /// move a pointer and are not looked at) and copies any other. `item_size` is the element's
-/// size in bytes.
+/// size in bytes. A mutated input (Note [Mutated inputs] in opforge/op.h) is never copied: where
+/// its layout would need a copy, or its elements overlap (a dim of size > 1 with stride 0), it
+/// is refused.
 Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size);
+
+/// For a refused input (admit() == kRefuse), the line of the call's error: "name: expected
+/// <the layout it needs> (it is written in place, so it cannot be copied), got shape [...]
+/// with strides [...]" (and the data pointer's offset from 16 bytes where that is the fault).
+std::string refusal(const OpforgeArgSpec& a, const OpforgeTensor& view, int64_t item_size);
+
+/// The elements of integer inputs with a declared domain (Note [Value domains] in opforge/op.h)
+/// that lie outside it, one line per input: "positions: expected values in [0,
+/// cos_sin_cache.size(0)) = [0, 64), got 70 at [3]" (", or -1" for a marker; "distinct values"
+/// for .unique_values(): "got 5 at [1] and [4]"). Reads the data, so only for host tensors.
+std::vector<std::string> value_problems(const OpforgeOpSpec& op, const std::vector<OpforgeArg>& args);
 
 /// The view of an optional input the caller left out (see OpforgeTensor): on the call's device.
 OpforgeTensor absent_tensor(int32_t device_type, int32_t device_index);

@@ -32,6 +32,23 @@ struct IntOps {
   static Int max(const Int& a, const Int& b) { return std::max(a, b); }
   static bool eq(const Int& a, const Int& b) { return a == b; }
   static bool divisible(const Int& a, int64_t k) { return a % k == 0; }
+  /// Whether `a <op> b` holds, `op` one of OPFORGE_EXPR_EQ .. OPFORGE_EXPR_GE.
+  static bool compare(int32_t op, const Int& a, const Int& b) {
+    switch (op) {
+      case OPFORGE_EXPR_EQ:
+        return a == b;
+      case OPFORGE_EXPR_NE:
+        return a != b;
+      case OPFORGE_EXPR_LT:
+        return a < b;
+      case OPFORGE_EXPR_LE:
+        return a <= b;
+      case OPFORGE_EXPR_GT:
+        return a > b;
+      default:
+        return a >= b;
+    }
+  }
   static std::string str(const Int& a) { return opforge::detail::cat(a); }
 };
 
@@ -106,7 +123,8 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
     Int a = st.back();
     st.pop_back();
     if constexpr (std::is_integral_v<Int>) {
-      if ((n.op == OPFORGE_EXPR_FLOORDIV || n.op == OPFORGE_EXPR_CEILDIV) && b == 0) return std::nullopt;
+      if ((n.op == OPFORGE_EXPR_FLOORDIV || n.op == OPFORGE_EXPR_CEILDIV || n.op == OPFORGE_EXPR_MOD) && b == 0)
+        return std::nullopt;
     }
     switch (n.op) {
       case OPFORGE_EXPR_ADD:
@@ -129,6 +147,9 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
         break;
       case OPFORGE_EXPR_MAX:
         st.push_back(IntOps<Int>::max(a, b));
+        break;
+      case OPFORGE_EXPR_MOD:
+        st.push_back(a - IntOps<Int>::floordiv(a, b) * b);
         break;
       default:
         return std::nullopt;
@@ -206,9 +227,35 @@ inline bool is_multiple_of(const OpforgeExpr& e) {
   return e.num_nodes == 1 && e.nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF;
 }
 
+/// True if `e` reads a dim of a tensor the call left out (an optional input).
+template <class Int>
+bool reads_undefined(const OpforgeExpr& e, const std::vector<ArgInfo<Int>>& args) {
+  for (int32_t k = 0; k < e.num_nodes; ++k)
+    if (e.nodes[k].op == OPFORGE_EXPR_DIM && !args[e.nodes[k].arg].defined) return true;
+  return false;
+}
+
+/// Checks the op's cross-argument rules (`.require(...)`) and appends "expected <rule>, got
+/// <values>" for each that fails. A rule that reads a tensor left out, or one for which
+/// `skip(expr)` says a side reads an argument already reported bad, is not checked.
+template <class Int, class Skip>
+void rule_problems(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out,
+                   Skip&& skip) {
+  for (int32_t k = 0; k < num_rules(op); ++k) {
+    const OpforgeRule& rule = op.rules[k];
+    if (skip(rule.lhs) || skip(rule.rhs) || reads_undefined(rule.lhs, args) || reads_undefined(rule.rhs, args))
+      continue;
+    const std::optional<Int> lhs = eval_expr(rule.lhs, args), rhs = eval_expr(rule.rhs, args);
+    if (!lhs || !rhs || IntOps<Int>::compare(rule.op, *lhs, *rhs)) continue;
+    out.push_back("expected " + rule_string(op, rule) + ", got " + IntOps<Int>::str(*lhs) + " " +
+                  comparison_symbol(rule.op) + " " + IntOps<Int>::str(*rhs));
+  }
+}
+
 /// Checks every argument in declaration order -- tensors (dtype, device, rank, shape) and
-/// parameters (range, choices) -- and appends one line per problem in the form
-/// "name: expected ..., got ...". An optional tensor that is not defined passes unchecked (no
+/// parameters (range, choices) -- then the op's cross-argument rules (`.require(...)`), and
+/// appends one line per problem in the form "name: expected ..., got ..." (a rule's:
+/// "expected <rule>, got <values>"). An optional tensor that is not defined passes unchecked (no
 /// other argument's rule reads it); any other undefined tensor is a problem.
 template <class Int>
 void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out) {
@@ -307,12 +354,14 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     if (why.size() > before_shape) bad[i] |= kBadShape;
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);
   }
+  rule_problems<Int>(op, args, out, [&](const OpforgeExpr& e) { return reads_bad(e); });
 }
 
-/// The message for a call (or a precompile request) that failed its checks: the op's schema,
-/// then one line per problem, indented.
-inline std::string invalid_arguments_message(const OpforgeOpSpec& op, const std::vector<std::string>& lines) {
-  std::string m = qualified_schema(op) + ": invalid arguments";
+/// The message for a call (or a precompile request) that failed its checks: the op's schema
+/// (its out= overload's for a call of that overload), then one line per problem, indented.
+inline std::string invalid_arguments_message(const OpforgeOpSpec& op, const std::vector<std::string>& lines,
+                                             bool out_overload = false) {
+  std::string m = (out_overload ? qualified_out_schema(op) : qualified_schema(op)) + ": invalid arguments";
   for (const auto& l : lines) m += "\n  " + l;
   return m;
 }
@@ -377,6 +426,34 @@ std::string check_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>&
   check_args<Int>(op, args, errors);
   if (errors.empty()) output_shapes<Int>(op, args, outs, errors);
   return errors.empty() ? std::string() : invalid_arguments_message(op, errors);
+}
+
+/// check_call for a call of the op's out= overload, which also gets the caller's out tensors
+/// (`given`, one per output: dtype and device; their sizes may differ, the adapter resizes them
+/// by its framework's rules). An out tensor must have the dtype its output rule gives and the
+/// device of the call's first tensor input.
+template <class Int>
+std::string check_out_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args,
+                           const std::vector<ArgInfo<Int>>& given, std::vector<OutputInfo<Int>>& outs) {
+  std::vector<std::string> errors;
+  check_args<Int>(op, args, errors);
+  if (errors.empty()) output_shapes<Int>(op, args, outs, errors);
+  int32_t first = 0;
+  while (first < op.num_args && !(op.args[first].kind == OPFORGE_ARG_TENSOR && args[first].defined)) ++first;
+  for (size_t k = 0; errors.empty() && k < given.size(); ++k) {
+    const std::string name = op.outputs[k].name;
+    if (!given[k].defined) {
+      errors.push_back(name + ": expected a tensor, got None");
+      continue;
+    }
+    if (given[k].dtype != outs[k].dtype)
+      errors.push_back(name + ": expected dtype " + dtype_name(outs[k].dtype) + " (the dtype its rule gives), got " +
+                       given[k].dtype_label);
+    if (first < op.num_args && !args[first].same_device(given[k]))
+      errors.push_back(name + ": expected device " + args[first].device() + " (the device of " + op.args[first].name +
+                       "), got " + given[k].device());
+  }
+  return errors.empty() ? std::string() : invalid_arguments_message(op, errors, /*out_overload=*/true);
 }
 
 }  // namespace opforge::core

@@ -49,8 +49,8 @@ json value_json(const OpforgeValue& v) {
 /// A shape expression as a tree (postfix nodes folded), e.g. {"mul": [{"dim": ["x", -1]}, {"const": 2}]}.
 json rule_json(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   if (e.num_nodes == 0) return {{"any", true}};
-  static const char* const kBinary[] = {nullptr, nullptr,    nullptr,   "add", "sub",
-                                        "mul",   "floordiv", "ceildiv", "min", "max"};
+  static const char* const kBinary[] = {nullptr,    nullptr,   nullptr, "add", "sub",   "mul",
+                                        "floordiv", "ceildiv", "min",   "max", nullptr, "mod"};
   std::vector<json> stack;
   for (int32_t k = 0; k < e.num_nodes; ++k) {
     const OpforgeExprNode& n = e.nodes[k];
@@ -119,6 +119,14 @@ json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::m
     j["max_rank"] = t.max_rank;
     j["layout"] = layout_name(t.layout);
     j["optional"] = is_optional(a);
+    j["mutated"] = is_mutated(a);
+    json values = nullptr;
+    if (t.has_values)
+      values = {
+          {"low", expr_string(op, t.values_low)},    {"high", expr_string(op, t.values_high)},
+          {"low_rule", rule_json(op, t.values_low)}, {"high_rule", rule_json(op, t.values_high)},
+          {"unique", t.values_unique != 0},          {"sentinel", t.has_sentinel ? json(t.sentinel) : json(nullptr)}};
+    j["values"] = std::move(values);
     json shape = nullptr, rules = nullptr;
     if (t.num_dims > 0) {
       shape = json::array();
@@ -183,6 +191,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
             {"doc", op.doc ? op.doc : ""},
             {"file", op.file},
             {"line", op.line}};
+  j["out_schema"] = has_out_overload(op) ? json(qualified_out_schema(op)) : json(nullptr);
   j["equivalent"] = text_or_null(equivalent(op));
   const char* bwd_name = backward_name(op);
   j["backward"] = text_or_null(bwd_name);
@@ -200,6 +209,13 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
     if (sharding_dims(op) >> d & 1u) dims.push_back(d);
   j["sharding_dims"] = std::move(dims);
   j["unshardable_dims"] = unshardable_dims(op);
+  json rules = json::array();
+  for (int32_t k = 0; k < num_rules(op); ++k)
+    rules.push_back({{"text", rule_string(op, op.rules[k])},
+                     {"op", comparison_symbol(op.rules[k].op)},
+                     {"lhs", rule_json(op, op.rules[k].lhs)},
+                     {"rhs", rule_json(op, op.rules[k].rhs)}});
+  j["rules"] = std::move(rules);
   const auto follows = follow_dims(op);
   json args = json::array();
   for (int32_t i = 0; i < op.num_args; ++i) args.push_back(arg_json(op, i, follows));

@@ -11,17 +11,21 @@ namespace opforge::core {
 /// The description of `lib`'s ops, as JSON text:
 ///
 ///   {"abi_version": 3, "kernel_dir": "/abs/libx.kernels" | null, "ops": [op...]}
-///   op: {"name": "ns::op", "schema", "doc", "file", "line", "equivalent": str | null,
+///   op: {"name": "ns::op", "schema", "out_schema": the out= overload's | null (none),
+///        "doc", "file", "line", "equivalent": str | null,
 ///        "backward": "ns::op_backward" | null, "backward_targets": [arg index...],
 ///        "is_backward_op": bool, "sharding": "none" | "pointwise" | "rowwise" | "dims",
-///        "sharding_dims": [d...], "unshardable_dims": [d from the end...],
+///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "rules": [{"text":
+///        "a.size(0) <= b.size(1)", "op": "<=", "lhs": rule, "rhs": rule}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],
 ///        "runtime_kernels": [{"source", "name"}]}
 ///   tensor arg: {"name", "kind": "tensor", "type": "Tensor", "dtypes": ["float32"...],
 ///        "same_dtype": name | null, "same_shape": name | null, "min_rank", "max_rank"
 ///        (-1: no bound), "layout": "contiguous" | "strided" | "contiguous_last_dim",
-///        "optional": bool, "shape": ["x.size(-1)", "*"...] | null, "shape_rules": [rule...] |
-///        null, "multiple_of": [[dim, k]...], "follows": [[dim of the first input, dim]...]}
+///        "optional": bool, "mutated": bool, "values": null | {"low", "high" (text), "low_rule",
+///        "high_rule", "unique": bool, "sentinel": int | null} (Note [Value domains]), "shape": ["x.size(-1)", "*"...]
+///        | null, "shape_rules": [rule...] | null, "multiple_of": [[dim, k]...], "follows": [[dim of the first input,
+///        dim]...]}
 ///   param arg: {"name", "kind": "param", "type": "int" | "float" | "bool" | "str" | "int[]" |
 ///        "float[]", "default": typed value (absent: required), "min", "max" (absent: no
 ///        bound), "choices": [typed value...] | null, "compile_time": bool}
@@ -30,7 +34,7 @@ namespace opforge::core {
 ///        "with_dims": [[dim, text]...], "with_dim_rules": [[dim, rule]...] (like: replaced dims)}
 ///   rule (a shape expression, for abstract evaluation): {"const": 3} | {"dim": [name, d]} |
 ///        {"param": name} | {"any": true} | {"multiple_of": k} | {"add" | "sub" | "mul" |
-///        "floordiv" | "ceildiv" | "min" | "max": [rule, rule]}
+///        "floordiv" | "ceildiv" | "min" | "max" | "mod": [rule, rule]}
 ///
 /// Floats that JSON cannot hold (inf, nan) are the strings "inf", "-inf" and "nan".
 std::string description_json(const OpforgeLibrary& lib);

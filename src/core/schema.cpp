@@ -105,31 +105,96 @@ const char* schema_type(int32_t kind) {
 
 std::string qualified_name(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + op.name; }
 
-std::string schema(const OpforgeOpSpec& op) {
-  detail::StringBuilder os;
-  os << op.name << "(";
+namespace {
+
+/// The alias set of the k-th written tensor: a, b, ..., z, then a26, a27, ...
+std::string alias_set(int32_t k) {
+  return k < 26 ? std::string(1, static_cast<char>('a' + k)) : "a" + std::to_string(k);
+}
+
+/// "name(args...": every argument with its type, alias annotation and default; `*aliases`
+/// counts the alias sets used.
+void arguments(const OpforgeOpSpec& op, detail::StringBuilder& os, int32_t* aliases) {
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
     if (i) os << ", ";
-    if (is_optional(a)) {
-      os << "Tensor? " << a.name << "=None";
+    if (a.kind == OPFORGE_ARG_TENSOR) {
+      os << "Tensor";
+      if (is_mutated(a)) os << "(" << alias_set((*aliases)++) << "!)";
+      if (is_optional(a)) os << "?";
+      os << " " << a.name << (is_optional(a) ? "=None" : "");
       continue;
     }
     os << schema_type(a.kind) << " " << a.name;
-    if (a.kind != OPFORGE_ARG_TENSOR && a.param.has_default) os << "=" << format_value(a.param.default_value);
+    if (a.param.has_default) os << "=" << format_value(a.param.default_value);
   }
-  os << ") -> ";
-  if (op.num_outputs == 1) {
-    os << "Tensor";
-  } else {
-    os << "(";
-    for (int32_t i = 0; i < op.num_outputs; ++i) os << (i ? ", " : "") << "Tensor";
-    os << ")";
-  }
+}
+
+/// "Tensor", "(Tensor, Tensor)" or "()"; with `alias_from` >= 0 each return is annotated with
+/// alias sets from that one on (an out= overload returns its out arguments).
+std::string returns(const OpforgeOpSpec& op, int32_t alias_from) {
+  auto one = [&](int32_t i) {
+    return alias_from < 0 ? std::string("Tensor") : "Tensor(" + alias_set(alias_from + i) + "!)";
+  };
+  if (op.num_outputs == 1) return one(0);
+  std::string out = "(";
+  for (int32_t i = 0; i < op.num_outputs; ++i) out += (i ? ", " : "") + one(i);
+  return out + ")";
+}
+
+}  // namespace
+
+std::string schema(const OpforgeOpSpec& op) {
+  detail::StringBuilder os;
+  int32_t aliases = 0;
+  os << op.name << "(";
+  arguments(op, os, &aliases);
+  os << ") -> " << returns(op, -1);
+  return os.str();
+}
+
+std::string out_schema(const OpforgeOpSpec& op) {
+  detail::StringBuilder os;
+  int32_t aliases = 0;
+  os << op.name << ".out(";
+  arguments(op, os, &aliases);
+  const int32_t first = aliases;
+  os << (op.num_args ? ", *" : "*");
+  for (int32_t i = 0; i < op.num_outputs; ++i) os << ", Tensor(" << alias_set(aliases++) << "!) " << op.outputs[i].name;
+  os << ") -> " << returns(op, first);
   return os.str();
 }
 
 std::string qualified_schema(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + schema(op); }
+
+const char* comparison_symbol(int32_t op) {
+  switch (op) {
+    case OPFORGE_EXPR_EQ:
+      return "==";
+    case OPFORGE_EXPR_NE:
+      return "!=";
+    case OPFORGE_EXPR_LT:
+      return "<";
+    case OPFORGE_EXPR_LE:
+      return "<=";
+    case OPFORGE_EXPR_GT:
+      return ">";
+    case OPFORGE_EXPR_GE:
+      return ">=";
+    default:
+      return "?";
+  }
+}
+
+std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule) {
+  return expr_string(op, rule.lhs) + " " + comparison_symbol(rule.op) + " " + expr_string(op, rule.rhs);
+}
+
+int32_t num_rules(const OpforgeOpSpec& op) {
+  return op.struct_size >= offsetof(OpforgeOpSpec, rules) + sizeof(op.rules) ? op.num_rules : 0;
+}
+
+std::string qualified_out_schema(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + out_schema(op); }
 
 std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   if (e.num_nodes == 0) return "*";
@@ -167,6 +232,7 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
           const char* sym = n.op == OPFORGE_EXPR_ADD   ? " + "
                             : n.op == OPFORGE_EXPR_SUB ? " - "
                             : n.op == OPFORGE_EXPR_MUL ? " * "
+                            : n.op == OPFORGE_EXPR_MOD ? " % "
                                                        : " // ";
           stack.emplace_back(wrap(a) + sym + wrap(b), true);
         }
@@ -174,6 +240,14 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
     }
   }
   return stack.size() == 1 ? stack.back().first : "<malformed>";
+}
+
+bool has_out_overload(const OpforgeOpSpec& op) { return op.num_outputs > 0 && !mutates_inputs(op); }
+
+bool mutates_inputs(const OpforgeOpSpec& op) {
+  for (int32_t i = 0; i < op.num_args; ++i)
+    if (is_mutated(op.args[i])) return true;
+  return false;
 }
 
 std::string declared_at(const OpforgeOpSpec& op) { return detail::declared_at(op.file, op.line, qualified_name(op)); }

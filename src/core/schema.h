@@ -16,16 +16,40 @@ std::string qualified_name(const OpforgeOpSpec& op);
 std::string declared_at(const OpforgeOpSpec& op);
 
 /// The torch schema without namespace, e.g. "softshrink(Tensor x, float lambd=0.5) -> Tensor".
-/// Types: Tensor (`Tensor? name=None` if optional), int, float, bool, str, int[], float[];
+/// Types: Tensor (`Tensor? name=None` if optional, `Tensor(a!) name` if mutated), int, float,
+/// bool, str, int[], float[]; returns `Tensor`, a tuple, or `()` for an op that only writes its
+/// inputs;
 /// defaults printed so that torch's schema parser reads back the same value (floats as
 /// shortest round-trip decimals, strings quoted with backslash escapes).
 std::string schema(const OpforgeOpSpec& op);
+
+/// Whether the op has an `out=` overload: it has outputs and writes none of its inputs (an op
+/// that does is not functional, and under torch.compile an out= overload is functionalised
+/// through the functional op).
+bool has_out_overload(const OpforgeOpSpec& op);
+
+/// The `out=` overload, as ATen writes them: the op's arguments, then its outputs as
+/// keyword-only arguments the caller allocates, which are written and returned, e.g.
+/// "softshrink.out(Tensor x, float lambd=0.5, *, Tensor(a!) y) -> Tensor(a!)".
+std::string out_schema(const OpforgeOpSpec& op);
+
+/// The out= overload's schema with namespace, "examples::softshrink.out(...) -> Tensor(a!)".
+std::string qualified_out_schema(const OpforgeOpSpec& op);
 
 /// The schema with namespace, as error messages print it: "examples::softshrink(...) -> Tensor".
 std::string qualified_schema(const OpforgeOpSpec& op);
 
 /// Infix text of an expression, e.g. "x.size(-1) * 2"; used in messages and docs.
 std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e);
+
+/// "<=" for OPFORGE_EXPR_LE, and so on for the comparisons of rules.
+const char* comparison_symbol(int32_t op);
+
+/// A rule's text, e.g. "cos_sin_cache.size(1) <= query.size(-1)".
+std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule);
+
+/// The op's cross-argument rules (OpforgeOpSpec::rules), 0 for records without the field.
+int32_t num_rules(const OpforgeOpSpec& op);
 
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);
@@ -38,6 +62,12 @@ bool has_runtime_source(const OpforgeKernel& k);
 /// field needs no struct_size test: OpforgeTensorSpec is embedded in OpforgeArgSpec, so it
 /// grows only with OPFORGE_ABI_VERSION, which loading checks.)
 inline bool is_optional(const OpforgeArgSpec& a) { return a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional != 0; }
+
+/// True if `a` is a tensor argument the kernel writes in place (`Tensor(a!) name`).
+inline bool is_mutated(const OpforgeArgSpec& a) { return a.kind == OPFORGE_ARG_TENSOR && a.tensor.mutated != 0; }
+
+/// True if the op writes any of its inputs.
+bool mutates_inputs(const OpforgeOpSpec& op);
 
 /// The op's equivalent torch expression (OpforgeOpSpec::equivalent), or nullptr.
 const char* equivalent(const OpforgeOpSpec& op);

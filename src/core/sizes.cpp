@@ -98,4 +98,23 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
   return shapes;
 }
 
+ExampleFacts example_facts(const OpforgeOpSpec& op, const std::vector<std::vector<int64_t>>& shapes,
+                           const std::vector<OpforgeValue>& values) {
+  std::vector<ArgInfo<int64_t>> info(op.num_args);
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    info[i].value = i < static_cast<int32_t>(values.size()) ? values[i] : OpforgeValue{};
+    if (i < static_cast<int32_t>(shapes.size())) info[i].sizes = shapes[i];
+  }
+  ExampleFacts facts;
+  facts.bounds.resize(op.num_args);
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeTensorSpec& s = op.args[i].tensor;
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || !s.has_values) continue;
+    const auto low = eval_expr(s.values_low, info), high = eval_expr(s.values_high, info);
+    if (low && high) facts.bounds[i] = std::make_pair(*low, *high);
+  }
+  rule_problems<int64_t>(op, info, facts.rule_problems, [](const OpforgeExpr&) { return false; });
+  return facts;
+}
+
 }  // namespace opforge::core

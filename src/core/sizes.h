@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "opforge/c_api.h"
@@ -20,5 +23,16 @@ namespace opforge::core {
 /// checks report it.
 std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_t lead, int64_t last,
                                                  const std::vector<OpforgeValue>& values);
+
+/// For a call with these shapes (per argument; empty for parameters) and parameter values: the
+/// bounds [low, high) of each input with a value domain (nullopt for others), and the op's
+/// cross-argument rules that fail, one line each as a call's check reports them. Tools that
+/// generate inputs draw indices within the bounds and pick sizes for which no rule fails.
+struct ExampleFacts {
+  std::vector<std::optional<std::pair<int64_t, int64_t>>> bounds;
+  std::vector<std::string> rule_problems;
+};
+ExampleFacts example_facts(const OpforgeOpSpec& op, const std::vector<std::vector<int64_t>>& shapes,
+                           const std::vector<OpforgeValue>& values);
 
 }  // namespace opforge::core

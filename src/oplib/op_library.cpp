@@ -24,6 +24,7 @@ struct OpDef::Storage {
   std::deque<std::vector<double>> f64s;
   std::vector<OpforgeArgSpec> args;
   std::vector<OpforgeOutputSpec> outputs;
+  std::vector<OpforgeRule> rules;
 };
 
 namespace {
@@ -274,6 +275,10 @@ std::vector<std::string> OpDef::finalize() {
 
   if (!is_identifier(ns) || !is_identifier(name)) r.error("", "namespace and op name must be identifiers");
   if (!has_reference) r.error("", "no CPU reference: add .reference(fn)");
+  if (output_after_kernel)
+    r.error("",
+            "declare every .output() before the kernels (.reference(), .cuda()): kernels take the outputs as "
+            "arguments");
   if (std::none_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.kind == OPFORGE_ARG_TENSOR; }))
     r.error("", "an op takes at least one tensor .input() (it sets the device outputs are allocated on)");
   std::set<std::string> seen;
@@ -334,7 +339,26 @@ std::vector<std::string> OpDef::finalize() {
       }
       spec.tensor.layout = t.layout;
       spec.tensor.optional = t.optional;
+      spec.tensor.mutated = t.mutated;
+      if (t.mutated && !backward.empty())
+        r.error(ctx,
+                "is opforge::mutated, so the op cannot name a backward op (gradients do not flow through "
+                "in-place writes)");
       if (t.dtypes.bits == 0) r.error(ctx, "the dtype set is empty");
+      if (t.has_values) {
+        constexpr uint32_t kIntegers = (1u << OPFORGE_DTYPE_INT8) | (1u << OPFORGE_DTYPE_INT16) |
+                                       (1u << OPFORGE_DTYPE_INT32) | (1u << OPFORGE_DTYPE_INT64) |
+                                       (1u << OPFORGE_DTYPE_UINT8);
+        if (t.dtypes.bits & ~kIntegers)
+          r.error(ctx, "values_in() applies to integer inputs, but its dtypes include " +
+                           std::string(dtype_name(__builtin_ctz(t.dtypes.bits & ~kIntegers))));
+        spec.tensor.has_values = 1;
+        spec.tensor.values_unique = t.values_unique;
+        spec.tensor.has_sentinel = t.has_sentinel;
+        spec.tensor.sentinel = t.sentinel;
+        spec.tensor.values_low = exprs({t.values_low}, false, ctx + "values_in(): ")[0];
+        spec.tensor.values_high = exprs({t.values_high}, false, ctx + "values_in(): ")[0];
+      }
     } else {
       const ParamDecl& p = a.param;
       spec.param.compile_time = p.compile_time;
@@ -408,6 +432,15 @@ std::vector<std::string> OpDef::finalize() {
     s.outputs.push_back(spec);
   }
 
+  for (const Condition& c : rules) {
+    OpforgeRule rule{};
+    rule.struct_size = sizeof(OpforgeRule);
+    rule.op = c.op;
+    rule.lhs = exprs({c.lhs}, false, "require(): ")[0];
+    rule.rhs = exprs({c.rhs}, false, "require(): ")[0];
+    s.rules.push_back(rule);
+  }
+
   check_runtime_kernels(*this, r, s.outputs);
 
   spec_.struct_size = sizeof(OpforgeOpSpec);
@@ -424,6 +457,8 @@ std::vector<std::string> OpDef::finalize() {
   spec_.kernels = kernels.data();
   spec_.equivalent = equivalent.empty() ? nullptr : equivalent.c_str();
   spec_.backward = backward.empty() ? nullptr : backward.c_str();
+  spec_.num_rules = static_cast<int32_t>(s.rules.size());
+  spec_.rules = s.rules.data();
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
   int32_t first_rank = -1;  // the first tensor input's rank, if fixed

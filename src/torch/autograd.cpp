@@ -2,7 +2,9 @@
 #include "autograd.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
@@ -189,7 +191,86 @@ class AutogradKernel final : public c10::OperatorKernel {
   std::optional<c10::OperatorHandle> backward_;
 };
 
+// Note [Writers and autograd]
+// An overload that writes tensors it is given (`Tensor(a!)` arguments: opforge::mutated inputs,
+// out= tensors) has no derivative. Its Autograd kernel does what torch's generated kernels do
+// for an in-place op without a formula: check_inplace refuses a write into a leaf that requires
+// grad (or a view of one), and when a tensor input requires grad the op's fresh outputs and the
+// written tensors get a NotImplemented node, so a backward through them raises "derivative for
+// ns::op is not implemented" while forward-only use stays free. It redispatches to the
+// ADInplaceOrView kernel, which bumps the version counter of every written tensor, so autograd
+// refuses to use a tensor saved before the write. (torch's own boxed fallbacks bump only written
+// tensors that are also returned, which an opforge op's mutated inputs are not.)
+void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {
+  const auto& args = handle.schema().arguments();
+  const size_t n = args.size(), start = stack->size() - n;
+  const std::string& name = handle.schema().name();
+  std::vector<const at::Tensor*> needs_grad;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[start + i];
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    TORCH_CHECK_NOT_IMPLEMENTED(!t._fw_grad(/*level=*/0).defined(), "Trying to use forward AD with ", name,
+                                ", which does not support it");
+    if (at::GradMode::is_enabled() && t.requires_grad()) needs_grad.push_back(&t);
+  }
+  const bool any = !needs_grad.empty();
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[start + i];
+    if (v.isTensor() && args[i].alias_info() && args[i].alias_info()->isWrite()) {
+      ::torch::autograd::check_inplace(v.toTensor(), any);
+      written.push_back(v.toTensor());
+    }
+  }
+  std::shared_ptr<::torch::autograd::NotImplemented> node;
+  if (any) {
+    node = std::shared_ptr<::torch::autograd::NotImplemented>(new ::torch::autograd::NotImplemented(name),
+                                                              ::torch::autograd::deleteNode);
+    std::vector<at::Tensor> edges;
+    for (const at::Tensor* t : needs_grad) edges.push_back(*t);
+    node->set_next_edges(::torch::autograd::collect_next_edges(edges));
+  }
+  {
+    at::AutoDispatchBelowAutograd guard;
+    handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+  }
+  if (!node) return;
+  const auto& returns = handle.schema().returns();
+  for (size_t k = 0; k < returns.size(); ++k) {
+    const c10::IValue& v = (*stack)[stack->size() - returns.size() + k];
+    const bool is_written = returns[k].alias_info() && returns[k].alias_info()->isWrite();  // an out= tensor
+    if (v.isTensor() && !is_written && ::torch::autograd::isDifferentiableType(v.toTensor().scalar_type()))
+      ::torch::autograd::set_history(v.toTensor(), node);
+  }
+  for (const at::Tensor& t : written)
+    if (::torch::autograd::isDifferentiableType(t.scalar_type())) ::torch::autograd::rebase_history(t, node);
+}
+
+void writer_inplace(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {
+  const auto& args = handle.schema().arguments();
+  const size_t n = args.size(), start = stack->size() - n;
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[start + i];
+    if (v.isTensor() && args[i].alias_info() && args[i].alias_info()->isWrite()) written.push_back(v.toTensor());
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    handle.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written) ::torch::autograd::increment_version(t);
+}
+
 }  // namespace
+
+::torch::CppFunction make_writer_autograd_kernel() {
+  return ::torch::CppFunction::makeFromBoxedFunction<&writer_autograd>();
+}
+
+::torch::CppFunction make_writer_inplace_kernel() {
+  return ::torch::CppFunction::makeFromBoxedFunction<&writer_inplace>();
+}
 
 ::torch::CppFunction make_autograd_kernel(const OpforgeOpSpec& op, core::BackwardPlan plan) {
   return ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(&op, std::move(plan)));

@@ -3,6 +3,7 @@
 #include "kernel.h"
 
 #include <ATen/core/stack.h>
+#include <ATen/native/Resize.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -12,6 +13,7 @@
 
 #include "../core/call.h"
 #include "../core/check.h"
+#include "../core/schema.h"
 #include "types.h"
 
 namespace opforge::torch {
@@ -24,6 +26,7 @@ struct CallArgs {
   std::vector<std::vector<int64_t>> int_lists;
   std::vector<std::vector<double>> float_lists;
   std::vector<OpforgeValue> values;
+  std::vector<at::Tensor> outs;  // an out= call's out tensors
 };
 
 /// Scratch memory for a kernel: tensors from torch's allocator on the kernel's device, kept
@@ -44,10 +47,11 @@ struct Scratch {
 
 class OpKernel final : public c10::OperatorKernel {
  public:
-  OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) : op_(op), mode_(mode), kernel_(kernel) {}
+  OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out)
+      : op_(op), mode_(mode), kernel_(kernel), out_(out) {}
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) {
-    const int32_t n = op_.num_args;
+    const int32_t n = op_.num_args + (out_ ? op_.num_outputs : 0);
     CallArgs call = with_torch_errors([&] { return unpack(::torch::jit::last(*stack, n)); });
     std::vector<at::Tensor> outputs = mode_ == Mode::kMeta ? run<c10::SymInt>(call) : run<int64_t>(call);
     ::torch::jit::drop(*stack, n);
@@ -63,6 +67,8 @@ class OpKernel final : public c10::OperatorKernel {
     c.int_lists.resize(n);
     c.float_lists.resize(n);
     c.values.resize(n);
+    for (size_t k = n; k < ivalues.size(); ++k)
+      c.outs.push_back(ivalues[k].isNone() ? at::Tensor() : ivalues[k].toTensor());
     for (int32_t i = 0; i < n; ++i) {
       const c10::IValue& iv = ivalues[i];
       OpforgeValue& v = c.values[i];
@@ -104,63 +110,105 @@ class OpKernel final : public c10::OperatorKernel {
     return c;
   }
 
+  /// The ArgInfo of a tensor (undefined: `defined` false) for the core's checks.
+  template <class Int>
+  static core::ArgInfo<Int> info_of(const at::Tensor& t) {
+    core::ArgInfo<Int> info;
+    if (!t.defined()) {
+      info.defined = false;
+      return info;
+    }
+    info.dtype = to_opforge(t.scalar_type());
+    info.dtype_label = torch_dtype_name(t.scalar_type());
+    info.device_type = device_type_name(t.device().type());
+    info.device_index = t.device().has_index() ? t.device().index() : -1;
+    if constexpr (std::is_same_v<Int, c10::SymInt>) {
+      auto s = t.sym_sizes();
+      info.sizes.assign(s.begin(), s.end());
+    } else {
+      auto s = t.sizes();
+      info.sizes.assign(s.begin(), s.end());
+    }
+    return info;
+  }
+
   template <class Int>
   std::vector<at::Tensor> run(CallArgs& call) const {
     const int32_t n = op_.num_args;
     std::vector<core::ArgInfo<Int>> info(n);
     int32_t device_arg = -1;
     for (int32_t i = 0; i < n; ++i) {
+      if (op_.args[i].kind == OPFORGE_ARG_TENSOR) {  // check_call accepts None for an optional input only
+        info[i] = info_of<Int>(call.tensors[i]);
+        if (device_arg < 0 && call.tensors[i].defined()) device_arg = i;
+      }
       info[i].value = call.values[i];
-      if (op_.args[i].kind != OPFORGE_ARG_TENSOR) continue;
-      const at::Tensor& t = call.tensors[i];
-      if (!t.defined()) {  // check_call accepts it for an optional input only
-        info[i].defined = false;
-        continue;
-      }
-      if (device_arg < 0) device_arg = i;
-      info[i].dtype = to_opforge(t.scalar_type());
-      info[i].dtype_label = torch_dtype_name(t.scalar_type());
-      info[i].device_type = device_type_name(t.device().type());
-      info[i].device_index = t.device().has_index() ? t.device().index() : -1;
-      if constexpr (std::is_same_v<Int, c10::SymInt>) {
-        auto s = t.sym_sizes();
-        info[i].sizes.assign(s.begin(), s.end());
-      } else {
-        auto s = t.sizes();
-        info[i].sizes.assign(s.begin(), s.end());
-      }
     }
     std::vector<core::OutputInfo<Int>> outs;
-    const std::string problems = core::check_call<Int>(op_, info, outs);
+    std::string problems;
+    if (out_) {
+      std::vector<core::ArgInfo<Int>> given;
+      for (const at::Tensor& t : call.outs) given.push_back(info_of<Int>(t));
+      problems = core::check_out_call<Int>(op_, info, given, outs);
+    } else {
+      problems = core::check_call<Int>(op_, info, outs);
+    }
     TORCH_CHECK_VALUE(problems.empty(), problems);
 
     const at::Device device = call.tensors[device_arg].device();
-    std::vector<at::Tensor> outputs;
+    std::vector<at::Tensor> outputs;  // what the call returns
     outputs.reserve(outs.size());
-    for (const auto& o : outs) {
-      auto options = at::TensorOptions().dtype(to_torch(o.dtype)).device(device);
+    for (size_t k = 0; k < outs.size(); ++k) {
+      if (out_) {  // torch's rules: a tensor without elements is resized silently, another with a warning
+        if constexpr (std::is_same_v<Int, c10::SymInt>) {
+          at::native::resize_output_symint(call.outs[k], outs[k].sizes);
+        } else {
+          at::native::resize_output(call.outs[k], outs[k].sizes);
+        }
+        outputs.push_back(call.outs[k]);
+        continue;
+      }
+      auto options = at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device);
       if constexpr (std::is_same_v<Int, c10::SymInt>) {
-        outputs.push_back(at::empty_symint(o.sizes, options));
+        outputs.push_back(at::empty_symint(outs[k].sizes, options));
       } else {
-        outputs.push_back(at::empty(o.sizes, options));
+        outputs.push_back(at::empty(outs[k].sizes, options));
       }
     }
     if constexpr (std::is_same_v<Int, int64_t>) launch(call, outputs, device);
     return outputs;
   }
 
+  /// Runs the kernel into `outputs`. An out= tensor the kernel cannot write as it is (not dense
+  /// and 16-byte aligned) gets the kernel's result through a dense temporary and copy_.
   void launch(CallArgs& call, const std::vector<at::Tensor>& outputs, const at::Device& device) const {
+    const int32_t n = op_.num_args;
+    // Mutated inputs are never copied (Note [Mutated inputs]): refuse a layout that would need it.
+    std::vector<std::string> refused;
+    for (int32_t i = 0; i < n; ++i) {
+      const at::Tensor& t = call.tensors[i];
+      if (!core::is_mutated(op_.args[i]) || !t.defined()) continue;
+      const OpforgeTensor v = view(t);
+      if (core::admit(op_.args[i].tensor, v, t.element_size()) == core::Admission::kRefuse)
+        refused.push_back(core::refusal(op_.args[i], v, t.element_size()));
+    }
+    TORCH_CHECK_VALUE(refused.empty(), core::invalid_arguments_message(op_, refused, out_));
+
+    std::vector<at::Tensor> targets(outputs);  // what the kernel writes
+    const OpforgeTensorSpec dense{};           // the layout every output has
+    for (auto& t : targets)
+      if (out_ && core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs)
+        t = at::empty(t.sizes(), t.options());
     std::vector<OpforgeTensor> out_views;
-    out_views.reserve(outputs.size());
-    for (const auto& o : outputs) out_views.push_back(view(o));
+    out_views.reserve(targets.size());
+    for (const auto& o : targets) out_views.push_back(view(o));
     if (core::skip_launch(out_views)) return;
     if (core::poison_outputs()) {
-      for (const auto& o : outputs) {
+      for (const auto& o : targets) {
         if (at::isFloatingType(o.scalar_type())) o.fill_(NAN);
         else o.fill_(o.scalar_type() == at::kBool ? 1 : 123);
       }
     }
-    const int32_t n = op_.num_args;
     const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
     const int32_t device_index = device.has_index() ? device.index() : -1;
     std::vector<OpforgeArg> args(n);
@@ -180,6 +228,11 @@ class OpKernel final : public c10::OperatorKernel {
       }
     }
 
+    if (mode_ == Mode::kCpu) {  // host data: the value domains are checked before the reference reads them
+      const std::vector<std::string> problems = core::value_problems(op_, args);
+      TORCH_CHECK_VALUE(problems.empty(), core::invalid_arguments_message(op_, problems, out_));
+    }
+
     c10::OptionalDeviceGuard guard;
     OpforgeContext ctx{};
     ctx.struct_size = sizeof(OpforgeContext);
@@ -194,17 +247,20 @@ class OpKernel final : public c10::OperatorKernel {
     ctx.allocate = &Scratch::allocate;
     ctx.allocator_state = &scratch;
     with_torch_errors([&] { core::call_kernel(op_, *kernel_, ctx, args, out_views); });
+    for (size_t k = 0; k < targets.size(); ++k)
+      if (!targets[k].is_same(outputs[k])) outputs[k].copy_(targets[k]);
   }
 
   const OpforgeOpSpec& op_;
   Mode mode_;
   const OpforgeKernel* kernel_;
+  bool out_;  // the op's out= overload: the outputs are the caller's tensors, after the arguments
 };
 
 }  // namespace
 
-::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) {
-  return ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(op, mode, kernel));
+::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out) {
+  return ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(op, mode, kernel, out));
 }
 
 }  // namespace opforge::torch

@@ -11,8 +11,10 @@ namespace opforge::torch {
 /// the shape rules (symbolically, over c10::SymInt).
 enum class Mode { kCpu, kCuda, kMeta };
 
-/// A boxed kernel for `op` at one dispatch key (`kernel` is null for kMeta). Calls from Python
-/// and from AOTInductor's proxy executor arrive boxed, so one boxed functor serves every op.
-::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel);
+/// A boxed kernel for `op` at one dispatch key (`kernel` is null for kMeta), or with `out` for
+/// its out= overload (core::out_schema: the outputs are the caller's tensors, checked, resized by
+/// torch's resize_output rules, written and returned). Calls from Python and from AOTInductor's
+/// proxy executor arrive boxed, so one boxed functor serves every op.
+::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out = false);
 
 }  // namespace opforge::torch

@@ -1,11 +1,14 @@
 // Registering a loaded op library's ops with the PyTorch dispatcher (opforge/torch.h).
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "../core/backward.h"
 #include "../core/library.h"
@@ -25,17 +28,61 @@ std::map<std::string, std::vector<std::unique_ptr<::torch::Library>>>& registere
   return libs;
 }
 
+/// The out= overload under functionalisation (torch.compile, torch.export): the functional op,
+/// then copy_ into the out tensors (resized by torch's rules), which functionalisation records
+/// as their new values. Eager calls never get here; they write into the out tensors directly.
+class FunctionalizeOut final : public c10::OperatorKernel {
+ public:
+  explicit FunctionalizeOut(const OpforgeOpSpec& op) : op_(op) {}
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) {
+    const int32_t n = op_.num_args, m = op_.num_outputs;
+    std::vector<at::Tensor> outs;
+    for (const auto& v : ::torch::jit::last(*stack, m)) outs.push_back(v.toTensor());
+    ::torch::jit::Stack call(stack->end() - n - m, stack->end() - m);
+    std::call_once(found_, [&] {
+      functional_ = c10::Dispatcher::singleton().findSchemaOrThrow(core::qualified_name(op_).c_str(), "");
+    });
+    functional_->callBoxed(call);
+    for (int32_t k = 0; k < m; ++k) {
+      const at::Tensor result = call[k].toTensor();
+      at::native::resize_output_symint(outs[k], result.sym_sizes());
+      outs[k].copy_(result);
+    }
+    ::torch::jit::drop(*stack, n + m);
+    for (auto& t : outs) ::torch::jit::push(*stack, std::move(t));
+  }
+
+ private:
+  const OpforgeOpSpec& op_;
+  std::once_flag found_;
+  std::optional<c10::OperatorHandle> functional_;
+};
+
+/// Registers the kernels of one overload of `op`: CPU (the reference), Meta, and CUDA if declared.
+void register_kernels(::torch::Library& reg, const char* name, const OpforgeOpSpec& op, bool out) {
+  reg.impl(name, ::torch::dispatch(c10::DispatchKey::CPU, make_kernel(op, Mode::kCpu, &op.kernels[0], out)));
+  reg.impl(name, ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kMeta, nullptr, out)));
+  for (int32_t k = 1; k < op.num_kernels; ++k) {
+    if (op.kernels[k].device_type == OPFORGE_DEVICE_CUDA)
+      reg.impl(name, ::torch::dispatch(c10::DispatchKey::CUDA, make_kernel(op, Mode::kCuda, &op.kernels[k], out)));
+  }
+}
+
+/// An overload that writes tensors it is given (mutated inputs, out= tensors) has no derivative
+/// and bumps the version counters of what it writes (Note [Writers and autograd]).
+void register_writer(::torch::Library& reg, const char* name) {
+  reg.impl(name, ::torch::dispatch(c10::DispatchKey::ADInplaceOrView, make_writer_inplace_kernel()));
+  reg.impl(name, ::torch::dispatch(c10::DispatchKey::Autograd, make_writer_autograd_kernel()));
+}
+
 std::unique_ptr<::torch::Library> register_op(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   auto reg = std::make_unique<::torch::Library>(::torch::Library::FRAGMENT, op.ns, std::nullopt, op.file,
                                                 static_cast<uint32_t>(op.line));
   reg->def(::torch::schema(core::schema(op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));
-  reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::CPU, make_kernel(op, Mode::kCpu, &op.kernels[0])));
-  reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kMeta, nullptr)));
-  for (int32_t k = 1; k < op.num_kernels; ++k) {
-    if (op.kernels[k].device_type == OPFORGE_DEVICE_CUDA)
-      reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::CUDA, make_kernel(op, Mode::kCuda, &op.kernels[k])));
-  }
-  if (const char* backward = core::backward_name(op)) {  // paired at load (core::check_backward_ops)
+  register_kernels(*reg, op.name, op, /*out=*/false);
+  if (core::mutates_inputs(op)) {
+    register_writer(*reg, op.name);
+  } else if (const char* backward = core::backward_name(op)) {  // paired at load (core::check_backward_ops)
     std::vector<std::string> problems;
     core::BackwardPlan plan = core::plan_backward(op, *core::find_op(lib, backward), problems);
     reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::Autograd, make_autograd_kernel(op, std::move(plan))));
@@ -45,6 +92,15 @@ std::unique_ptr<::torch::Library> register_op(const OpforgeLibrary& lib, const O
     // derivatives work, and a dual cotangent (forward over reverse) is refused.
     reg->impl(op.name,
               ::torch::dispatch(c10::DispatchKey::Autograd, ::torch::autograd::autogradNotImplementedFallback()));
+  }
+  if (core::has_out_overload(op)) {  // "ns::op.out"
+    const std::string out = std::string(op.name) + ".out";
+    reg->def(::torch::schema(core::out_schema(op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));
+    register_kernels(*reg, out.c_str(), op, /*out=*/true);
+    register_writer(*reg, out.c_str());
+    reg->impl(out.c_str(),
+              ::torch::dispatch(c10::DispatchKey::Functionalize,
+                                ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FunctionalizeOut>(op))));
   }
   return reg;
 }

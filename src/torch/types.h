@@ -26,6 +26,22 @@ struct IntOps<c10::SymInt> {
   static bool divisible(const c10::SymInt& a, int64_t k) {
     return (a % c10::SymInt(k)).sym_eq(c10::SymInt(0)).expect_true(__FILE__, __LINE__);
   }
+  static bool compare(int32_t op, const c10::SymInt& a, const c10::SymInt& b) {
+    switch (op) {
+      case OPFORGE_EXPR_EQ:
+        return a.sym_eq(b).expect_true(__FILE__, __LINE__);
+      case OPFORGE_EXPR_NE:
+        return a.sym_ne(b).expect_true(__FILE__, __LINE__);
+      case OPFORGE_EXPR_LT:
+        return a.sym_lt(b).expect_true(__FILE__, __LINE__);
+      case OPFORGE_EXPR_LE:
+        return a.sym_le(b).expect_true(__FILE__, __LINE__);
+      case OPFORGE_EXPR_GT:
+        return a.sym_gt(b).expect_true(__FILE__, __LINE__);
+      default:
+        return a.sym_ge(b).expect_true(__FILE__, __LINE__);
+    }
+  }
   // Printed through the symbolic node, not iostreams (Note [No iostreams across the torch boundary]).
   static std::string str(const c10::SymInt& a) {
     if (auto v = a.maybe_as_int()) return std::to_string(*v);

@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 3); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 4); }
 
 TEST(AbiLayout, Tensor) {
   EXPECT_EQ(sizeof(OpforgeTensor), 40u);
@@ -52,7 +52,7 @@ TEST(AbiLayout, Expr) {
 }
 
 TEST(AbiLayout, TensorSpec) {
-  EXPECT_EQ(sizeof(OpforgeTensorSpec), 56u);
+  EXPECT_EQ(sizeof(OpforgeTensorSpec), 112u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, dtypes), 8u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, dtype_like), 12u);
@@ -63,6 +63,13 @@ TEST(AbiLayout, TensorSpec) {
   EXPECT_EQ(offsetof(OpforgeTensorSpec, layout), 40u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, shape_like), 44u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, optional), 48u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, mutated), 52u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, has_values), 56u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, values_unique), 60u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, has_sentinel), 64u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, sentinel), 72u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, values_low), 80u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, values_high), 96u);
 }
 
 TEST(AbiLayout, ParamSpec) {
@@ -80,12 +87,20 @@ TEST(AbiLayout, ParamSpec) {
 }
 
 TEST(AbiLayout, ArgSpec) {
-  EXPECT_EQ(sizeof(OpforgeArgSpec), 200u);
+  EXPECT_EQ(sizeof(OpforgeArgSpec), 256u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, name), 8u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, kind), 16u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, tensor), 24u);
-  EXPECT_EQ(offsetof(OpforgeArgSpec, param), 80u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, param), 136u);
+}
+
+TEST(AbiLayout, Rule) {
+  EXPECT_EQ(sizeof(OpforgeRule), 48u);
+  EXPECT_EQ(offsetof(OpforgeRule, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeRule, op), 8u);
+  EXPECT_EQ(offsetof(OpforgeRule, lhs), 16u);
+  EXPECT_EQ(offsetof(OpforgeRule, rhs), 32u);
 }
 
 TEST(AbiLayout, OutputSpec) {
@@ -152,7 +167,7 @@ TEST(AbiLayout, Kernel) {
 }
 
 TEST(AbiLayout, OpSpec) {
-  EXPECT_EQ(sizeof(OpforgeOpSpec), 112u);
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 128u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
@@ -169,6 +184,8 @@ TEST(AbiLayout, OpSpec) {
   EXPECT_EQ(offsetof(OpforgeOpSpec, sharding), 96u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, sharding_dims), 100u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, backward), 104u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_rules), 112u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, rules), 120u);
 }
 
 TEST(AbiLayout, Library) {

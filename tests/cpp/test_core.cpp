@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "../../src/core/backward.h"
-#include "../../src/core/check.h"
 #include "../../src/core/call.h"
+#include "../../src/core/check.h"
 #include "../../src/core/description.h"
 #include "../../src/core/library.h"
 #include "../../src/core/precompile.h"
@@ -68,6 +68,7 @@ TEST(Description, DescribesArgumentsOutputsAndKernels) {
   const json& op = j["ops"][0];
   EXPECT_EQ(op["name"], "ns::req");
   EXPECT_EQ(op["schema"], "ns::req(Tensor x, float alpha=0.5) -> Tensor");
+  EXPECT_EQ(op["out_schema"], "ns::req.out(Tensor x, float alpha=0.5, *, Tensor(a!) y) -> Tensor(a!)");
   EXPECT_EQ(op["doc"], "say \"hi\"");
   EXPECT_EQ(op["file"], "f.cpp");
   EXPECT_EQ(op["line"], 5);
@@ -76,8 +77,8 @@ TEST(Description, DescribesArgumentsOutputsAndKernels) {
   EXPECT_EQ(op["is_backward_op"], false);
   EXPECT_EQ(op["args"][0], json::parse(R"({"name": "x", "type": "Tensor", "kind": "tensor",
       "dtypes": ["float16", "bfloat16"], "same_dtype": null, "same_shape": null, "min_rank": -1, "max_rank": -1,
-      "layout": "contiguous_last_dim", "optional": false, "shape": null, "shape_rules": null, "multiple_of": [],
-      "follows": []})"));
+      "layout": "contiguous_last_dim", "optional": false, "mutated": false, "values": null, "shape": null,
+      "shape_rules": null, "multiple_of": [], "follows": []})"));
   EXPECT_EQ(op["args"][1], json::parse(R"({"name": "alpha", "type": "float", "kind": "param", "default": 0.5,
       "min": 0.0, "choices": null, "compile_time": false})"));
   EXPECT_EQ(op["outputs"][0], json::parse(R"({"name": "y", "dtype": null, "dtype_like": "x", "like": "x",
@@ -361,14 +362,129 @@ TEST(ShapeRules, AReplacedDimOutsideTheRankIsReported) {
 }
 
 TEST(KernelApi, ScratchAndDtypeFailuresSaySo) {
-  OpforgeContext c{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr,
-                   +[](void*, size_t) -> void* { return nullptr; }, nullptr};
+  OpforgeContext c{sizeof(OpforgeContext),
+                   OPFORGE_DEVICE_CPU,
+                   -1,
+                   nullptr,
+                   +[](void*, size_t) -> void* { return nullptr; },
+                   nullptr};
   EXPECT_EQ(message_of<opforge::InternalError>([&] { opforge::Context(c).allocate(64); }),
             "opforge: scratch allocation failed");
-  EXPECT_EQ(message_of<opforge::InvalidArgument>([] {
-              opforge::visit_dtype<opforge::floating>(opforge::kInt32, []<class T>(opforge::type_tag<T>) {});
-            }),
+  EXPECT_EQ(message_of<opforge::InvalidArgument>(
+                [] { opforge::visit_dtype<opforge::floating>(opforge::kInt32, []<class T>(opforge::type_tag<T>) {}); }),
             "opforge::visit_dtype: dtype int32 is not in the set this kernel was instantiated for");
+}
+
+}  // namespace
+
+namespace {
+
+void ref_rules(Tensor, Tensor, int64_t, MutableTensor) {}
+void ref_index(Tensor, Tensor, Tensor, MutableTensor) {}
+
+std::unique_ptr<opforge::detail::OpDef> rules_op() {
+  return finalized(opforge::detail::make_op("ns", "rot", "f.cpp", 1)
+                       .input("x", opforge::floating, opforge::rank(2))
+                       .input("cache", opforge::same_dtype("x"), opforge::rank(2))
+                       .param<int64_t>("block", 4)
+                       .require(opforge::dim("cache", 1) <= opforge::dim("x", -1))
+                       .require(opforge::dim("x", -1) % opforge::int_param("block") == 0)
+                       .output("y", opforge::like("x"))
+                       .reference(ref_rules)
+                       .release());
+}
+
+std::vector<opforge::core::ArgInfo<int64_t>> rule_args(std::vector<int64_t> x, std::vector<int64_t> cache,
+                                                       int64_t block) {
+  std::vector<opforge::core::ArgInfo<int64_t>> args(3);
+  args[0].dtype = args[1].dtype = OPFORGE_DTYPE_FLOAT32;
+  args[0].dtype_label = args[1].dtype_label = "float32";
+  args[0].sizes = std::move(x);
+  args[1].sizes = std::move(cache);
+  args[2].value.kind = OPFORGE_ARG_INT;
+  args[2].value.i = block;
+  return args;
+}
+
+TEST(Rules, CrossArgumentRulesAreCheckedWithTheArguments) {
+  auto def = rules_op();
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3, 64}, {9, 32}, 16), outs), "");
+  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3, 60}, {9, 96}, 16), outs),
+            "ns::rot(Tensor x, Tensor cache, int block=4) -> Tensor: invalid arguments\n"
+            "  expected cache.size(1) <= x.size(-1), got 96 <= 60\n"
+            "  expected x.size(-1) % block == 0, got 12 == 0");
+  // A rule that reads an argument already reported is not checked again.
+  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3}, {9, 96}, 16), outs),
+            "ns::rot(Tensor x, Tensor cache, int block=4) -> Tensor: invalid arguments\n"
+            "  x: expected rank 2, got rank 1 (shape [3])");
+  const json op = describe({def.get()})["ops"][0];
+  EXPECT_EQ(op["rules"][0]["text"], "cache.size(1) <= x.size(-1)");
+  EXPECT_EQ(op["rules"][1], json::parse(R"({"text": "x.size(-1) % block == 0", "op": "==",
+      "lhs": {"mod": [{"dim": ["x", -1]}, {"param": "block"}]}, "rhs": {"const": 0}})"));
+}
+
+TEST(Rules, ExampleFactsNameTheRulesSizesBreak) {
+  auto def = rules_op();
+  std::vector<OpforgeValue> values(3);
+  values[2].kind = OPFORGE_ARG_INT;
+  values[2].i = 4;
+  const auto facts = opforge::core::example_facts(*def->spec(), {{3, 37}, {3, 37}, {}}, values);
+  EXPECT_EQ(facts.rule_problems, (std::vector<std::string>{"expected x.size(-1) % block == 0, got 1 == 0"}));
+  EXPECT_TRUE(opforge::core::example_facts(*def->spec(), {{3, 40}, {3, 40}, {}}, values).rule_problems.empty());
+}
+
+std::unique_ptr<opforge::detail::OpDef> index_op() {
+  return finalized(
+      opforge::detail::make_op("ns", "gather", "f.cpp", 1)
+          .input("table", opforge::floating, opforge::rank(2))
+          .input("rows", opforge::kInt64, opforge::rank(1), opforge::values_in(0, opforge::dim("table", 0)))
+          .input("slots", opforge::kInt32, opforge::rank(1), opforge::values_in(0, 8).unique_values().or_value(-1))
+          .output("y", opforge::like("table"))
+          .reference(ref_index)
+          .release());
+}
+
+TEST(ValueDomains, HostCallsCheckTheValues) {
+  auto def = index_op();
+  float table[12] = {0};
+  int64_t rows[3] = {0, 2, 5};
+  int32_t slots[4] = {3, -1, 7, 3};
+  const std::vector<int64_t> ts{4, 3}, tst{3, 1}, rs{3}, rst{1}, ss{4}, sst{1};
+  std::vector<OpforgeArg> args(3);
+  args[0].tensor = {table, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CPU, -1, 2, ts.data(), tst.data()};
+  args[1].tensor = {rows, OPFORGE_DTYPE_INT64, OPFORGE_DEVICE_CPU, -1, 1, rs.data(), rst.data()};
+  args[2].tensor = {slots, OPFORGE_DTYPE_INT32, OPFORGE_DEVICE_CPU, -1, 1, ss.data(), sst.data()};
+  EXPECT_EQ(opforge::core::value_problems(*def->spec(), args),
+            (std::vector<std::string>{"rows: expected values in [0, table.size(0)) = [0, 4), got 5 at [2]",
+                                      "slots: expected distinct values (but -1), got 3 at [0] and [3]"}));
+  rows[2] = 3;
+  slots[3] = -1;  // the marker may repeat
+  EXPECT_TRUE(opforge::core::value_problems(*def->spec(), args).empty());
+  slots[0] = 8;
+  EXPECT_EQ(opforge::core::value_problems(*def->spec(), args),
+            (std::vector<std::string>{"slots: expected values in [0, 8) or -1, got 8 at [0]"}));
+  const json arg = describe({def.get()})["ops"][0]["args"][2];
+  EXPECT_EQ(arg["values"], json::parse(R"({"low": "0", "high": "8", "low_rule": {"const": 0},
+      "high_rule": {"const": 8}, "unique": true, "sentinel": -1})"));
+  std::vector<OpforgeValue> values(3);
+  const auto facts = opforge::core::example_facts(*def->spec(), {{5, 3}, {2}, {4}}, values);
+  EXPECT_EQ(facts.bounds[1], std::make_pair(int64_t{0}, int64_t{5}));
+  EXPECT_EQ(facts.bounds[2], std::make_pair(int64_t{0}, int64_t{8}));
+  EXPECT_FALSE(facts.bounds[0].has_value());
+}
+
+TEST(ValueDomains, OnlyIntegerInputsIndex) {
+  auto def = opforge::detail::make_op("ns", "bad", "f.cpp", 7)
+                 .input("x", opforge::floating, opforge::values_in(0, opforge::any))
+                 .output("y", opforge::like("x"))
+                 .reference(+[](Tensor, MutableTensor) {})
+                 .release();
+  EXPECT_EQ(def->finalize(), (std::vector<std::string>{
+                                 "f.cpp:7: ns::bad: input 'x': values_in() applies to integer inputs, but its dtypes "
+                                 "include float32",
+                                 "f.cpp:7: ns::bad: input 'x': values_in(): opforge::any is allowed only in an "
+                                 "input's shape({...})"}));
 }
 
 }  // namespace

@@ -67,6 +67,11 @@ TEST(Schema, SeveralOutputsReturnATuple) {
                            .reference(two_outputs)
                            .release());
   EXPECT_EQ(opforge::core::schema(*def->spec()), "split(Tensor x) -> (Tensor, Tensor)");
+  // The out= overload takes the outputs as keyword arguments, written and returned.
+  EXPECT_EQ(opforge::core::out_schema(*def->spec()),
+            "split.out(Tensor x, *, Tensor(a!) a, Tensor(b!) b) -> (Tensor(a!), Tensor(b!))");
+  EXPECT_EQ(opforge::core::qualified_out_schema(*def->spec()),
+            "ns::split.out(Tensor x, *, Tensor(a!) a, Tensor(b!) b) -> (Tensor(a!), Tensor(b!))");
 }
 
 void two_inputs(Tensor, Tensor, MutableTensor) {}
@@ -79,6 +84,30 @@ TEST(Schema, OptionalTensorDefaultsToNone) {
                            .reference(two_inputs)
                            .release());
   EXPECT_EQ(opforge::core::schema(*def->spec()), "masked(Tensor x, Tensor? mask=None) -> Tensor");
+}
+
+void writes_two(MutableTensor, Tensor, MutableTensor, double) {}
+void writes_and_returns(Tensor, MutableTensor, MutableTensor, MutableTensor) {}
+
+TEST(Schema, MutatedInputsCarryWriteAnnotations) {
+  auto def = finalized(opforge::detail::make_op("ns", "both_", "f.cpp", 1)
+                           .input("x", opforge::floating, opforge::mutated)
+                           .input("w", opforge::floating)
+                           .input("r", opforge::floating, opforge::optional, opforge::mutated)
+                           .param<double>("eps", 1e-6)
+                           .reference(writes_two)
+                           .release());
+  EXPECT_EQ(opforge::core::schema(*def->spec()),
+            "both_(Tensor(a!) x, Tensor w, Tensor(b!)? r=None, float eps=1e-06) -> ()");
+  EXPECT_FALSE(opforge::core::has_out_overload(*def->spec()));
+  auto mixed = finalized(opforge::detail::make_op("ns", "mixed", "f.cpp", 1)
+                             .input("x", opforge::floating)
+                             .input("acc", opforge::floating, opforge::mutated)
+                             .output("y", opforge::like("x"))
+                             .output("z", opforge::like("x"))
+                             .reference(writes_and_returns)
+                             .release());
+  EXPECT_EQ(opforge::core::schema(*mixed->spec()), "mixed(Tensor x, Tensor(a!) acc) -> (Tensor, Tensor)");
 }
 
 TEST(Schema, StringDefaultsAreEscapedAsTorchsParserReadsThem) {

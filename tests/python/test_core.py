@@ -77,8 +77,12 @@ def test_output_shapes_are_evaluated_by_the_core():
 
 
 def test_example_shapes_satisfy_the_rules():
-    assert _core.example_shapes("examples::bias_gelu", 3, 37, {}) == {"x": [3, 37], "bias": [37]}
-    shapes = _core.example_shapes("examples::attention", 2, 37, {"head_dim": 64})
+    assert _core.example_shapes("examples::bias_gelu", 3, 37, {}) == {
+        "shapes": {"x": [3, 37], "bias": [37]},
+        "bounds": {},
+        "rule_problems": [],
+    }
+    shapes = _core.example_shapes("examples::attention", 2, 37, {"head_dim": 64})["shapes"]
     assert shapes["q"][-1] == 64 and shapes["mask"] == [shapes["q"][0], shapes["k"][2]]
 
 

@@ -1,6 +1,7 @@
 // opforge/detail/names.h -- printable names of C ABI enums (C++17; shared with adapters).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -13,6 +14,24 @@ inline const char* dtype_name(int32_t d) {
   static const char* const kNames[] = {"float32", "float64", "float16", "bfloat16", "int8",
                                        "int16",   "int32",   "int64",   "uint8",    "bool"};
   return (d >= 0 && d < OPFORGE_NUM_DTYPES) ? kNames[d] : "unknown";
+}
+
+/// Size in bytes of one element of an OpforgeDtype (1 for codes opforge does not know).
+inline constexpr size_t dtype_size(int32_t d) {
+  switch (d) {
+    case OPFORGE_DTYPE_FLOAT64:
+    case OPFORGE_DTYPE_INT64:
+      return 8;
+    case OPFORGE_DTYPE_FLOAT32:
+    case OPFORGE_DTYPE_INT32:
+      return 4;
+    case OPFORGE_DTYPE_FLOAT16:
+    case OPFORGE_DTYPE_BFLOAT16:
+    case OPFORGE_DTYPE_INT16:
+      return 2;
+    default:
+      return 1;
+  }
 }
 
 namespace detail {

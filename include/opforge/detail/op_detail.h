@@ -38,6 +38,11 @@ struct TensorDecl {
   std::vector<Expr> shape;
   int32_t layout = OPFORGE_LAYOUT_CONTIGUOUS;
   bool optional = false;
+  bool mutated = false;
+  bool has_values = false;  // opforge::values_in
+  Expr values_low, values_high;
+  bool values_unique = false, has_sentinel = false;
+  int64_t sentinel = 0;
 };
 
 using ParamDefault =
@@ -118,8 +123,11 @@ struct OpDef {
   std::vector<int32_t> sharding_dims;  // OPFORGE_SHARDING_DIMS
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;
+  std::vector<Condition> rules;        // .require(...)
   std::vector<OpforgeKernel> kernels;  // kernels[0]: the CPU reference
   bool has_reference = false;
+  bool kernels_declared = false;     // a .reference() or .cuda() came already
+  bool output_after_kernel = false;  // an .output() came after one (kernels take outputs: refused)
   std::vector<std::unique_ptr<RuntimeKernel>> runtime_kernels;
   bool launch_without_source = false;
 
@@ -212,6 +220,26 @@ struct RankRange {
 struct Strided {};
 struct ContiguousLastDim {};
 struct Optional {};
+struct Mutated {};
+/// opforge::values_in(low, high), optionally .unique() and .or_value(v).
+struct Values {
+  Expr low, high;
+  bool unique = false, has_sentinel = false;
+  int64_t sentinel = 0;
+  /// The elements (but the sentinel) are distinct, e.g. the cache slots tokens are written to.
+  Values unique_values() const {
+    Values v = *this;
+    v.unique = true;
+    return v;
+  }
+  /// `value` is allowed too, outside [low, high): a marker such as -1 for "skip this one".
+  Values or_value(int64_t value) const {
+    Values v = *this;
+    v.has_sentinel = true;
+    v.sentinel = value;
+    return v;
+  }
+};
 struct ParamRange {
   bool has_min, has_max;
   double min, max;
@@ -240,6 +268,15 @@ inline void apply(TensorDecl& t, const Shape& s) {
 inline void apply(TensorDecl& t, Strided) { t.layout = OPFORGE_LAYOUT_STRIDED; }
 inline void apply(TensorDecl& t, ContiguousLastDim) { t.layout = OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM; }
 inline void apply(TensorDecl& t, Optional) { t.optional = true; }
+inline void apply(TensorDecl& t, Mutated) { t.mutated = true; }
+inline void apply(TensorDecl& t, const Values& v) {
+  t.has_values = true;
+  t.values_low = v.low;
+  t.values_high = v.high;
+  t.values_unique = v.unique;
+  t.has_sentinel = v.has_sentinel;
+  t.sentinel = v.sentinel;
+}
 
 inline void apply(ParamDecl& p, const ParamRange& r) {
   if (r.has_min) p.has_min = true, p.min = r.min;
@@ -263,6 +300,15 @@ concept ParamConstraint = requires(ParamDecl& p, const C& c) {
 
 // ---- kernel signatures and entry trampolines ----------------------------------------------
 
+/// The slot of an input declared opforge::mutated in a builder's signature (`Sig`): the kernel
+/// takes it as a MutableTensor, but it is an argument of the call frame, not an output.
+struct MutatedInput {};
+
+/// The kernel parameter type of a signature slot: the slot itself, except a mutated input.
+template <class S>
+using KernelType = std::conditional_t<std::is_same_v<S, MutatedInput>, MutableTensor, S>;
+
+/// The number of arguments (inputs and parameters) in a signature; outputs are MutableTensor slots.
 template <class... S>
 inline constexpr int32_t kNumArgs = (0 + ... + (std::is_same_v<S, MutableTensor> ? 0 : 1));
 
@@ -308,13 +354,15 @@ int32_t guarded(const OpforgeCallFrame* f, Body&& body) {
   }
 }
 
-/// Argument J of a kernel taking (S...): an input or parameter from the frame's args, or an
-/// output from its outputs (outputs come last in S).
+/// Argument J of a kernel taking (S...): an input or parameter from the frame's args (a mutated
+/// input as a MutableTensor), or an output from its outputs (outputs come last in S).
 template <size_t J, class... S>
 auto frame_arg(const OpforgeCallFrame* f) {
   using T = std::tuple_element_t<J, std::tuple<S...>>;
   if constexpr (std::is_same_v<T, MutableTensor>) {
     return MutableTensor(f->outputs[J - kNumArgs<S...>]);
+  } else if constexpr (std::is_same_v<T, MutatedInput>) {
+    return MutableTensor(f->args[J].tensor);
   } else {
     return unpack<T>(f->args[J]);
   }
@@ -322,7 +370,7 @@ auto frame_arg(const OpforgeCallFrame* f) {
 
 template <bool WithContext, class... S>
 struct Entry {
-  using Fn = std::conditional_t<WithContext, void (*)(const Context&, S...), void (*)(S...)>;
+  using Fn = std::conditional_t<WithContext, void (*)(const Context&, KernelType<S>...), void (*)(KernelType<S>...)>;
 
   template <size_t... I>
   static void call(Fn fn, const OpforgeCallFrame* f, std::index_sequence<I...>) {
@@ -346,7 +394,7 @@ struct Entry {
 /// Calls a grid function `LaunchConfig fn(args...)` with the frame's typed arguments.
 template <class... S>
 struct GridEntry {
-  using Fn = LaunchConfig (*)(S...);
+  using Fn = LaunchConfig (*)(KernelType<S>...);
   template <size_t... I>
   static LaunchConfig call(Fn fn, const OpforgeCallFrame* f, std::index_sequence<I...>) {
     return fn(frame_arg<I, S...>(f)...);
@@ -359,8 +407,8 @@ struct GridEntry {
 /// Which entry (with or without a leading Context) fits a function pointer type `F`.
 template <class F, class... S>
 struct EntryFor {
-  static constexpr bool plain = std::is_same_v<F, void(S...)>;
-  static constexpr bool with_context = std::is_same_v<F, void(const Context&, S...)>;
+  static constexpr bool plain = std::is_same_v<F, void(KernelType<S>...)>;
+  static constexpr bool with_context = std::is_same_v<F, void(const Context&, KernelType<S>...)>;
   static constexpr bool ok = plain || with_context;
 };
 

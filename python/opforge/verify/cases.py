@@ -3,6 +3,7 @@ parameter values from ranges and choices, strided views, empty tensors and NaN/I
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,34 +72,82 @@ def param_sets(op: Op, rng: random.Random) -> list[dict[int, object]]:
     return sets
 
 
-def random_tensor(shape: list[int], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """Random values, never all zero: normal for floats, [1, 10) for integers."""
+@dataclass(frozen=True)
+class Domain:
+    """The values an integer input takes in one case: [low, high) from the core's evaluation of
+    its rule, the marker value, distinctness (Note [Value domains])."""
+
+    low: int
+    high: int
+    unique: bool = False
+    sentinel: int | None = None
+
+
+class NoCase(Exception):
+    """A case that no input can make (distinct indices more than the range holds)."""
+
+
+def random_tensor(
+    shape: list[int], dtype: torch.dtype, gen: torch.Generator, domain: Domain | None = None
+) -> torch.Tensor:
+    """Random values, never all zero: normal for floats, [1, 10) for integers; within ``domain``
+    for an integer input that declares one (a quarter of them the marker, if it has one;
+    distinct if it must be).
+
+    Raises:
+        NoCase: ``domain`` cannot supply the values (an empty range, or more distinct values than
+            it holds, with no marker to fill in).
+    """
     if dtype.is_floating_point:
         return (torch.randn(shape, generator=gen, dtype=torch.float64) * 2).to(dtype)
     if dtype == torch.bool:
         return torch.rand(shape, generator=gen) > 0.5
-    return torch.randint(1, 10, shape, generator=gen).to(dtype)
+    if domain is None:
+        return torch.randint(1, 10, shape, generator=gen).to(dtype)
+    n, span = math.prod(shape), max(domain.high - domain.low, 0)
+    if domain.unique:
+        if n > span and domain.sentinel is None:
+            raise NoCase(f"{n} distinct values in [{domain.low}, {domain.high})")
+        values = torch.full((n,), domain.sentinel if domain.sentinel is not None else 0, dtype=torch.int64)
+        take = min(n, span)
+        slots = torch.randperm(n, generator=gen)[:take]  # which elements get an index
+        values[slots] = torch.randperm(span, generator=gen)[:take] + domain.low
+    elif span == 0:
+        if n and domain.sentinel is None:
+            raise NoCase(f"values in the empty range [{domain.low}, {domain.high})")
+        values = torch.full((n,), domain.sentinel if domain.sentinel is not None else 0, dtype=torch.int64)
+    else:
+        values = torch.randint(domain.low, domain.high, (n,), generator=gen)
+    if domain.sentinel is not None and not domain.unique and n:
+        values[torch.rand(n, generator=gen) < 0.25] = domain.sentinel
+    return values.view(shape).to(dtype)
 
 
-def _view(t: torch.Tensor, how: str, gen: torch.Generator) -> torch.Tensor:
-    """A non-dense tensor with ``t``'s shape and values layout rules: permuted, sliced, expanded
-    or storage-offset (misaligned for vector loads), and two layouts whose last dim stays
-    contiguous with 16-byte aligned rows, which reach a ``contiguous_last_dim`` input as they
-    are: padded rows (rows further apart than their length) and rows permuted (dims -3 and -2
-    swapped in memory, a head split's transpose)."""
+def _view(t: torch.Tensor, how: str, gen: torch.Generator, draw) -> torch.Tensor:
+    """A non-dense tensor with ``t``'s shape and values: permuted, sliced or storage-offset
+    (misaligned for vector loads), and two layouts whose last dim stays contiguous with 16-byte
+    aligned rows, which reach a ``contiguous_last_dim`` input as they are: padded rows (rows
+    further apart than their length) and rows permuted (dims -3 and -2 swapped in memory, a head
+    split's transpose); or expanded (rows repeated, so with values of its own from ``draw(shape)``,
+    which makes fresh values in the input's domain)."""
     shape = list(t.shape)
     if how == "permuted":
         return t.transpose(0, -1).contiguous().transpose(0, -1)
     if how == "padded rows":
         unit = max(1, 16 // t.element_size())
-        return random_tensor(shape[:-1] + [(shape[-1] // unit + 1) * unit], t.dtype, gen)[..., : shape[-1]]
+        big = draw(shape[:-1] + [(shape[-1] // unit + 1) * unit])
+        big[..., : shape[-1]] = t
+        return big[..., : shape[-1]]
     if how == "rows permuted":
         return t.transpose(-3, -2).contiguous().transpose(-3, -2)
     if how == "sliced":
-        return random_tensor(shape[:-1] + [2 * shape[-1]], t.dtype, gen)[..., ::2]
+        big = draw(shape[:-1] + [2 * shape[-1]])
+        big[..., ::2] = t
+        return big[..., ::2]
     if how == "expanded":
-        return random_tensor([1] + shape[1:], t.dtype, gen).expand(shape)
-    flat = random_tensor([t.numel() + 1], t.dtype, gen)
+        return draw([1] + shape[1:]).expand(shape)
+    flat = draw([t.numel() + 1])
+    flat[1:] = t.reshape(-1)
     return flat[1:].view(shape)
 
 
@@ -137,16 +186,45 @@ class Inputs:
         }
 
 
+def refused(op: Op, arg: TensorArg, t: torch.Tensor) -> bool:
+    """Whether the core refuses ``t`` for input ``arg`` (a mutated input in a layout that would need
+    a copy, or whose elements overlap; Note [Mutated inputs])."""
+    offset = (t.data_ptr() % 16) if t.numel() else 0
+    dtype = str(t.dtype).removeprefix("torch.")
+    return _core.admission(op.name, arg.name, dtype, list(t.shape), list(t.stride()), offset) == "refuse"
+
+
 def without_optional(op: Op) -> str:
     """The label suffix of cases that leave out the op's optional tensor inputs ("" if it has none)."""
     names = [a.name for a in op.tensors if a.optional]
     return f" without {', '.join(names)}" if names else ""
 
 
+#: Last-dim sizes tried, in order after the case's own, when the case's sizes break one of the
+#: op's cross-argument rules (a rule such as "cos_sin_cache.size(1) <= query.size(-1)" or a
+#: divisibility the free sizes miss).
+_RETRY_LASTS = (8, 16, 32, 64, 128, 256)
+
+
+def example(op: Op, lead: int, last: int, params: dict[str, object]) -> dict | None:
+    """The core's example shapes and facts (:func:`opforge._core.example_shapes`) for sizes near
+    (lead, last) that satisfy every cross-argument rule: ``last`` itself, then it rounded up to a
+    multiple of 2, 4, ... 128, then :data:`_RETRY_LASTS`; None if none does."""
+    tried = [last] + [-(-last // m) * m for m in (2, 4, 8, 16, 32, 64, 128)] + list(_RETRY_LASTS)
+    for candidate in dict.fromkeys(tried):
+        facts = _core.example_shapes(op.name, lead, candidate, params)
+        if not facts["rule_problems"]:
+            return facts
+    return None
+
+
 def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
     """Every input case for one op and dtype (CPU tensors), each from its own seed. Optional
     tensor inputs are given, except in the cases labelled with :func:`without_optional`'s suffix
-    (every shape, and empty), where they are None."""
+    (every shape, and empty), where they are None. Sizes satisfy the op's cross-argument rules
+    (:func:`example`), integer inputs with a value domain hold values inside it. A case no input
+    can make (a rule no nearby size meets, more distinct indices than the range holds) is left
+    out, as is a strided view of a mutated input that the op refuses (:func:`refused`)."""
     rng = random.Random(seed)
     cases: list[Inputs] = []
     without = without_optional(op)
@@ -156,21 +234,36 @@ def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
         lead: int,
         last: int,
         params: dict[int, object],
-        transform: Callable[[int, torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+        transform: Callable[..., torch.Tensor] | None = None,
         omit_optional: bool = False,
     ) -> None:
         case_seed = rng.randrange(2**31)
         gen = torch.Generator().manual_seed(case_seed)
-        shapes = _core.example_shapes(op.name, lead, last, {op.args[i].name: v for i, v in params.items()})
+        facts = example(op, lead, last, {op.args[i].name: v for i, v in params.items()})
+        if facts is None:
+            return
         args = []
-        for a in op.args:
-            if isinstance(a, Param):
-                args.append(params[a.index])
-            elif omit_optional and a.optional:
-                args.append(None)
-            else:
-                t = random_tensor(shapes[a.name], dtype_of(tensor_dtype(op, a, dtype)), gen)
-                args.append(transform(a.index, t, gen) if transform else t)
+        try:
+            for a in op.args:
+                if isinstance(a, Param):
+                    args.append(params[a.index])
+                    continue
+                if omit_optional and a.optional:
+                    args.append(None)
+                    continue
+                bounds = facts["bounds"].get(a.name)
+                domain = Domain(bounds[0], bounds[1], a.values.unique, a.values.sentinel) if bounds else None
+                torch_dtype = dtype_of(tensor_dtype(op, a, dtype))
+
+                def draw(shape, torch_dtype=torch_dtype, domain=domain):
+                    return random_tensor(shape, torch_dtype, gen, domain)
+
+                t = draw(facts["shapes"][a.name])
+                args.append(transform(a, t, gen, draw) if transform else t)
+                if a.mutated and refused(op, a, args[-1]):
+                    return  # a mutated input in a layout it cannot take: not a case the op computes
+        except NoCase:
+            return
         cases.append(Inputs(label, args, case_seed))
 
     params = param_sets(op, rng)
@@ -182,21 +275,23 @@ def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
         build(f"params #{k}", 3, 37, p)
     for how in VIEWS:
         for a in op.tensors:
+            if how == "expanded" and a.values is not None and a.values.unique:
+                continue  # repeated rows repeat indices that must be distinct
 
-            def transform(j, t, gen, i=a.index, how=how):
-                if j != i or t.dim() == 0 or t.numel() == 0:
+            def transform(arg, t, gen, draw, i=a.index, how=how):
+                if arg.index != i or t.dim() == 0 or t.numel() == 0:
                     return t
                 if how in ("permuted", "expanded") and (t.dim() < 2 or t.shape[0] < 2):
                     return t
                 if how == "rows permuted" and (t.dim() < 3 or t.shape[-3] < 2 or t.shape[-2] < 2):
                     return t
-                return _view(t, how, gen)
+                return _view(t, how, gen, draw)
 
             build(f"{how} {a.name}", 4, 40, params[0], transform)
     build("empty", 0, 37, params[0])
     if without:
         build(f"empty{without}", 0, 37, params[0], omit_optional=True)
-    if dtype in _FLOATING:
-        first = op.tensors[0].index
-        build("nan/inf", 3, 37, params[0], lambda j, t, gen: _special(t) if j == first else t)
+    floating = [a.index for a in op.tensors if tensor_dtype(op, a, dtype) in _FLOATING]
+    if dtype in _FLOATING and floating:
+        build("nan/inf", 3, 37, params[0], lambda arg, t, gen, draw: _special(t) if arg.index == floating[0] else t)
     return cases

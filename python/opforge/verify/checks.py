@@ -58,6 +58,40 @@ def keep_layout(a: torch.Tensor, device: str) -> torch.Tensor:
     return flat.to(device).as_strided(a.shape, a.stride(), a.storage_offset())
 
 
+def fresh(args: list) -> list:
+    """``args`` with every tensor copied in its exact layout (sizes, strides, storage offset: the
+    whole storage is copied), so a call that writes its inputs leaves the originals alone."""
+
+    def copy(a: torch.Tensor) -> torch.Tensor:
+        storage = a.untyped_storage().clone()
+        return torch.empty(0, dtype=a.dtype, device=a.device).set_(storage, a.storage_offset(), a.shape, a.stride())
+
+    return [copy(a) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def results(op: Op, handle, args: list) -> tuple:
+    """What a call computes: its outputs, then the final values of its mutated inputs, in
+    declaration order (those left out as None are skipped). The call writes into ``args``."""
+    out = handle(*args)
+    outs = () if out is None else tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return outs + tuple(args[a.index] for a in op.mutated if args[a.index] is not None)
+
+
+def unwritten(op: Op, before: list, after: list) -> str:
+    """ "" if every tensor input the op does not declare mutated holds the same bits after a call
+    as before it, else which one was written."""
+    for a in op.tensors:
+        b, c = before[a.index], after[a.index]
+        if a.mutated or b is None:
+            continue
+        same = (
+            (b.cpu() == c.cpu()) | (b.cpu().isnan() & c.cpu().isnan()) if b.is_floating_point() else b.cpu() == c.cpu()
+        )
+        if not bool(same.all()):
+            return f"wrote the input {a.name}, which is not declared opforge::mutated"
+    return ""
+
+
 def reference_dtype(op: Op, dtype: str) -> torch.dtype | None:
     """float64 if every floating tensor input of the case accepts float64, else None (the CPU
     reference then runs in the case's own dtypes)."""
@@ -69,7 +103,10 @@ def reference_dtype(op: Op, dtype: str) -> torch.dtype | None:
 
 def check_values(op: Op, dtype: str, device: str, seed: int, report: Report) -> None:
     """Every case of :func:`generate_cases`: the device kernel against the CPU reference (in
-    float64 where the op accepts it), or on the CPU the reference against ``op.equivalent``."""
+    float64 where the op accepts it), or on the CPU the reference against ``op.equivalent``;
+    outputs and the final values of mutated inputs (:func:`results`; an equivalent expression of
+    an op that writes its inputs gives its outputs, then those values), and no other input
+    written."""
     handle = op_handle(op.name)
     ref_dtype = reference_dtype(op, dtype)
     names = [a.name for a in op.args]
@@ -90,15 +127,16 @@ def check_values(op: Op, dtype: str, device: str, seed: int, report: Report) -> 
             op.name, "values", dtype, case.label, "pass", tolerance=TOLERANCES.get(dtype), repro=case.repro()
         )
         try:
+            args = [keep_layout(a, device) for a in fresh(case.args)]
+            out = results(op, handle, args)
             if device == "cpu":
-                out = handle(*case.args)
-                scope = dict(zip(names, to(case.args, dtype=torch.float64)))
+                scope = dict(zip(names, fresh(to(case.args, dtype=torch.float64))))
                 ref = eval(op.equivalent, {"torch": torch}, scope)  # noqa: S307 -- the author's own expression
             else:
-                out = handle(*[keep_layout(a, device) for a in case.args])
-                ref = handle(*to(case.args, dtype=ref_dtype)) if ref_dtype is not None else handle(*case.args)
+                ref = results(op, handle, fresh(to(case.args, dtype=ref_dtype) if ref_dtype is not None else case.args))
             ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(out, ref, dtype)
-            if not ok:
+            why = why or unwritten(op, case.args, args)
+            if why:
                 result.status, result.message = "FAIL", why
         except Exception as e:  # noqa: BLE001 -- reported as a failed case
             result.status, result.message = "FAIL", first_lines(e)
@@ -142,9 +180,9 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
         return f"opcheck: {failed}" if failed else None
 
     def meta():
-        real = handle(*args)
-        fake = handle(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
-        reals, fakes = (real, fake) if isinstance(real, tuple) else ((real,), (fake,))
+        real = results(op, handle, fresh(args))
+        fakes = results(op, handle, [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+        reals = real
         for k, (f, r) in enumerate(zip(fakes, reals)):
             got, want = (f.shape, f.dtype, f.stride()), (r.shape, r.dtype, r.stride())
             if got != want:
@@ -155,17 +193,30 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
         import torch._dynamo
 
         torch._dynamo.reset()
-        compiled = torch.compile(lambda *a: handle(*a), fullgraph=True, dynamic=True)
+        compiled = torch.compile(lambda *a: results(op, handle, list(a)), fullgraph=True, dynamic=True)
         labels = {f"shape {lead}x{last}{suffix}" for lead, last in SHAPES[1:4]}
         batches = [c for c in cases if c.label in labels]
-        compiled(*to(batches[0].args, device))
+        compiled(*fresh(to(batches[0].args, device)))
         with torch._dynamo.config.patch(error_on_recompile=True):
             for c in batches[1:]:
                 a = to(c.args, device)
-                ok, _, _, why = compare_outputs(compiled(*a), handle(*a), dtype)
+                ok, _, _, why = compare_outputs(compiled(*fresh(a)), results(op, handle, fresh(a)), dtype)
                 if not ok:
                     return f"compiled result differs: {why}"
         return None
+
+    def out_overload():
+        outs = results(op, handle, fresh(args))
+        buffers = {
+            o.name: torch.full_like(t, float("nan")) if t.is_floating_point() else torch.full_like(t, 123)
+            for o, t in zip(op.outputs, outs)
+        }
+        returned = handle.out(*fresh(args), **buffers)
+        returned = returned if isinstance(returned, tuple) else (returned,)
+        if any(r is not b for r, b in zip(returned, buffers.values())):
+            return "the out= overload did not return its out tensors"
+        ok, _, _, why = compare_outputs(tuple(buffers.values()), outs, dtype)
+        return None if ok else f"out= differs from the op: {why}"
 
     def gradcheck():
         targets = op.backward_targets  # the arguments the backward op returns gradients for
@@ -179,6 +230,8 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
     record("opcheck", opcheck)
     record("meta", meta)
     record("compile", compile_check)
+    if op.out_schema:
+        record("out", out_overload)
     if op.backward and reference_dtype(op, dtype) == torch.float64:
         record("gradcheck", gradcheck, "float64")
     elif op.backward:
@@ -240,8 +293,8 @@ def verify_op(
         name: qualified op name, e.g. ``"examples::softshrink"`` (its library must be loaded).
         device: ``"cuda"`` (default when a GPU is present) or ``"cpu"``.
         seed: the run's seed (default: random); every case derives its own from it.
-        dtypes: dtypes to check (default: every floating dtype the first input accepts, or
-            its first dtype).
+        dtypes: dtypes to check (default: every floating dtype the first input with floating
+            dtypes accepts, or the first input's first dtype).
         report: a report to append to.
 
     Returns:
@@ -254,7 +307,9 @@ def verify_op(
     seed = random.randrange(2**31) if seed is None else seed
     report = report or Report(seed=seed, device=device)
     op = find_op(name)
-    first = op.tensors[0]
+    # The floating dtypes of the first input that takes any (an index input may come first), else
+    # the first input's first dtype; each other input takes the case's dtype where it allows it.
+    first = next((a for a in op.tensors if any(d in _FLOATING for d in a.dtypes)), op.tensors[0])
     dtypes = list(dtypes or [d for d in first.dtypes if d in _FLOATING] or first.dtypes[:1])
     set_poison_outputs(True)
     try:

@@ -16,13 +16,15 @@ from .. import aoti
 
 @dataclass
 class OutputResult:
-    """One model output: the package's result against eager on the CPU."""
+    """One model output, or an input the model writes in place (``kind`` "input": its value after
+    the run): the package's result against eager on the CPU."""
 
     index: int
     shape: list[int]
     max_abs_error: float
     cosine: float  # the smallest cosine similarity over rows (dim 0); the whole tensor's if 1-d
     status: str
+    kind: str = "output"
 
 
 @dataclass
@@ -37,6 +39,21 @@ class ModelReport:
     @property
     def ok(self) -> bool:
         return all(o.status == "pass" for o in self.outputs)
+
+
+def _compare(
+    index: int, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, min_cosine: float, kind: str
+) -> OutputResult:
+    """One tensor of the package's run against the reference's (see :func:`verify_model`)."""
+    g, w = got.double(), want.double()
+    err = (g - w).abs().max().item() if g.numel() and g.shape == w.shape else 0.0 if g.shape == w.shape else math.inf
+    rows_g, rows_w = (g.flatten(1), w.flatten(1)) if g.dim() > 1 else (g[None], w[None])
+    if g.numel() and g.shape == w.shape:
+        cos = torch.nn.functional.cosine_similarity(rows_g, rows_w, dim=1).min().item()
+    else:
+        cos = 0.0 if g.numel() else 1.0
+    ok = g.shape == w.shape and (torch.allclose(g, w, atol=atol, rtol=rtol) or (cos >= min_cosine and err <= 10 * atol))
+    return OutputResult(index, list(got.shape), err, cos, "pass" if ok else "FAIL", kind)
 
 
 def verify_model(
@@ -55,7 +72,8 @@ def verify_model(
 ) -> list[ModelReport]:
     """Export ``model`` on ``device``, AOTInductor-compile it with its op libraries, run the package
     in the C++ runner, and compare each output with ``reference`` (default: ``model`` itself) run in
-    eager on the CPU, where opforge ops run their CPU references.
+    eager on the CPU, where opforge ops run their CPU references; an input the reference writes in
+    place (a KV cache) is compared too, after the run, with what the package left in it.
 
     Args:
         model: the module (moved to ``device`` for export, then back to the CPU for reference).
@@ -85,27 +103,19 @@ def verify_model(
     reference = (reference or model).cpu().eval()
     reports = []
     for inputs in check_inputs or [example_inputs]:
+        written = [t.clone() for t in inputs]  # the reference's copies: it may write them in place
         with torch.inference_mode():
-            expected = reference(*inputs)
+            expected = reference(*written)
         expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
         run = aoti.run(package, inputs, device=device, warmup=3, iters=iters)
-        outs = []
-        for k, (got, want) in enumerate(zip(run.outputs, expected)):
-            g, w = got.double(), want.double()
-            err = (g - w).abs().max().item() if g.numel() else 0.0
-            rows_g, rows_w = (g.flatten(1), w.flatten(1)) if g.dim() > 1 else (g[None], w[None])
-            cos = (
-                torch.nn.functional.cosine_similarity(rows_g, rows_w, dim=1).min().item()
-                if g.numel() and g.shape == w.shape
-                else 0.0
-                if g.numel()
-                else 1.0
-            )
-            ok = g.shape == w.shape and (
-                torch.allclose(g, w, atol=atol, rtol=rtol) or (cos >= min_cosine and err <= 10 * atol)
-            )
-            outs.append(OutputResult(k, list(got.shape), err, cos, "pass" if ok else "FAIL"))
+        outs = [
+            _compare(k, got, want, atol, rtol, min_cosine, "output")
+            for k, (got, want) in enumerate(zip(run.outputs, expected))
+        ]
         if len(run.outputs) != len(expected):
             outs.append(OutputResult(len(expected), [], math.inf, 0.0, "FAIL"))
+        for k, (before, want, got) in enumerate(zip(inputs, written, run.inputs_after)):
+            if not torch.equal(before, want) or not torch.equal(before, got):
+                outs.append(_compare(k, got, want, atol, rtol, min_cosine, "input"))
         reports.append(ModelReport(run.device, outs, run.latency_ms, str(package)))
     return reports
