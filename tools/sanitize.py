@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 import opforge  # noqa: E402
+import serving  # noqa: E402
 from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
 
 
@@ -56,6 +57,34 @@ def attention_cases() -> int:
     return failures
 
 
+def serving_cases() -> int:
+    """The serving ops that write their inputs, and silu_and_mul (tests/python/serving.py), over
+    sizes that straddle their vectors and blocks, views of a fused qkv projection, partial
+    rotary in both layouts, with and without a key, and padding slots; returns the number of
+    mismatches."""
+    serving.load()
+    cases = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for rows, cols in ((1, 8), (7, 96), (3, 4097), (5, 8192), (0, 64), (4, 0)):
+            cases.append(("fused_add_rms_norm", serving.fused_add_rms_norm(rows, cols, dtype, "cuda"), dtype))
+        for tokens, heads, head_dim, rot in ((1, 1, 64, 64), (33, 8, 64, 32), (0, 2, 64, 64)):
+            for neox in (True, False):
+                for key in (True, False):
+                    args = serving.rotary(tokens, heads, head_dim, rot, dtype, "cuda", neox=neox, key=key)
+                    cases.append(("rotary_embedding", args, dtype))
+        for tokens, heads, head_dim in ((1, 1, 8), (13, 4, 64), (300, 8, 128)):
+            cases.append(("kv_cache_write", serving.kv_cache(tokens, heads, head_dim, 64, 16, dtype, "cuda"), dtype))
+        for rows, d in ((1, 1), (3, 37), (5, 4096), (0, 8)):
+            cases.append(("silu_and_mul", serving.silu_and_mul(rows, d, dtype, "cuda"), dtype))
+    failures = 0
+    for name, args, dtype in cases:
+        why = serving.compare_with_reference(name, args, dtype)
+        if why:
+            print(f"MISMATCH {name} {dtype} {[list(a.shape) for a in args if isinstance(a, torch.Tensor)]}: {why}")
+            failures += 1
+    return failures
+
+
 def main() -> int:
     for case in CASES.values():
         opforge.load_library(case.library_path)
@@ -83,6 +112,7 @@ def main() -> int:
                         print(f"MISMATCH {name} {dtype} batch={batch} {label}")
                         failures += 1
     failures += attention_cases()
+    failures += serving_cases()
     torch.cuda.synchronize()
     print(f"sanitize: {failures} mismatches")
     return 1 if failures else 0

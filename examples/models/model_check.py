@@ -27,13 +27,13 @@ from opforge import verify
 EXAMPLE_OPS = ("add_layer_norm", "bias_gelu", "rms_norm", "softshrink", "identity_conv")
 
 
-def load_example_ops() -> None:
-    """Loads the example op libraries from the build folder (loading twice is harmless).
+def load_example_ops(names: Sequence[str] = EXAMPLE_OPS) -> None:
+    """Loads the example op libraries ``names`` from the build folder (loading twice is harmless).
 
     Raises:
         FileNotFoundError: a library is not built (``make build``).
     """
-    for name in EXAMPLE_OPS:
+    for name in names:
         opforge.load_library(opforge.example_library(name))
 
 
@@ -61,6 +61,42 @@ class TorchOps:
     def identity_conv(x):
         return x.clone()
 
+    @staticmethod
+    def attention(q, k, v, head_dim, mask=None, causal=False, scale=0.0):
+        bias = None if mask is None else mask[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale or None)
+
+    # The ops that write their inputs do so here too (copy_ into the same tensors).
+
+    @staticmethod
+    def fused_add_rms_norm(x, residual, weight, eps=1e-6):
+        residual.add_(x)
+        x.copy_(F.rms_norm(residual, (x.shape[-1],), weight, eps))
+
+    @staticmethod
+    def rotary_embedding(positions, query, cos_sin_cache, key=None, is_neox=True):
+        half = cos_sin_cache.shape[1] // 2
+        cos, sin = cos_sin_cache[positions, None, :half], cos_sin_cache[positions, None, half:]
+        for x in (query, key) if key is not None else (query,):
+            if is_neox:
+                a, b = x[..., :half], x[..., half : 2 * half]
+            else:
+                a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+            a_new, b_new = a * cos - b * sin, b * cos + a * sin
+            a.copy_(a_new)
+            b.copy_(b_new)
+
+    @staticmethod
+    def kv_cache_write(key, value, key_cache, value_cache, slot_mapping):
+        keep = slot_mapping >= 0
+        key_cache.view(-1, *key.shape[1:])[slot_mapping[keep]] = key[keep].to(key_cache.dtype)
+        value_cache.view(-1, *value.shape[1:])[slot_mapping[keep]] = value[keep].to(value_cache.dtype)
+
+    @staticmethod
+    def silu_and_mul(x):
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
 
 def ops(plain: bool):
     """``TorchOps`` if ``plain``, else ``torch.ops.examples`` (the opforge ops)."""
@@ -78,6 +114,9 @@ class ModelSpec:
         example_inputs: ``example_inputs(batch)``: the model's inputs, float32 CPU tensors.
         dynamic_shapes: ``torch.export`` dynamic shapes, the batch dim dynamic.
         batches: batch sizes run in the runner; the first is the one exported with.
+        atol, min_cosine: what an output (or an input written in place) must meet
+            (:func:`opforge.verify.verify_model`).
+        ops: the example op libraries the model calls.
     """
 
     name: str
@@ -85,6 +124,9 @@ class ModelSpec:
     example_inputs: Callable[[int], list[torch.Tensor]]
     dynamic_shapes: object
     batches: Sequence[int] = (3, 1, 8)
+    atol: float = 1e-4
+    min_cosine: float = 0.9999
+    ops: Sequence[str] = EXAMPLE_OPS
 
 
 def print_results(spec: ModelSpec, reports: Sequence[verify.ModelReport]) -> bool:
@@ -93,7 +135,7 @@ def print_results(spec: ModelSpec, reports: Sequence[verify.ModelReport]) -> boo
     for batch, report in zip(spec.batches, reports):
         for out in report.outputs:
             print(
-                f"{spec.name} on {report.device}, batch {batch}: output {out.index} {out.shape}: "
+                f"{spec.name} on {report.device}, batch {batch}: {out.kind} {out.index} {out.shape}: "
                 f"max abs error {out.max_abs_error:.2e}, cosine {out.cosine:.7f}: {out.status}"
             )
     ok = bool(reports) and all(r.ok for r in reports)
@@ -119,7 +161,7 @@ def main(spec: ModelSpec, argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path("out/models") / spec.name, help="package folder")
     args = parser.parse_args(argv)
-    load_example_ops()
+    load_example_ops(spec.ops)
     model = spec.make_model()
     reference = spec.make_model(plain=True)
     reports = verify.verify_model(
@@ -131,6 +173,9 @@ def main(spec: ModelSpec, argv: Sequence[str] | None = None) -> int:
         reference=reference,
         package_dir=args.out,
         iters=3,
+        atol=spec.atol,
+        rtol=spec.atol,
+        min_cosine=spec.min_cosine,
     )
     ok = print_results(spec, reports)
     results = {
