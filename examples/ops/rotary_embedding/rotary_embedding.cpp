@@ -9,6 +9,7 @@
 #include <opforge/op.h>
 
 #include <algorithm>
+#include <climits>
 
 // CPU reference, in double.
 static void rotary_cpu(opforge::Tensor positions, opforge::MutableTensor query, opforge::Tensor cos_sin_cache,
@@ -40,9 +41,13 @@ static opforge::LaunchConfig rotary_grid(opforge::Tensor positions, opforge::Mut
                                          opforge::Tensor cos_sin_cache, opforge::MutableTensor key, bool) {
   opforge::LaunchConfig cfg;
   const int64_t key_heads = key.defined() ? key.size(1) : 0;
-  const int64_t pairs = (query.size(1) + key_heads) * (cos_sin_cache.size(1) / 2);
+  OPFORGE_CHECK((query.size(1) + key_heads) * query.size(2) <= INT32_MAX,
+                "a token's heads must hold fewer than 2^31 elements, got ",
+                (query.size(1) + key_heads) * query.size(2));
+  // Enough threads for one vector of 8 elements each, the 16-bit kernels' width.
+  const int64_t work = (query.size(1) + key_heads) * (cos_sin_cache.size(1) / 2) / 4;
   cfg.grid[0] = static_cast<unsigned>(positions.size(0));
-  cfg.block[0] = static_cast<unsigned>(std::clamp<int64_t>((pairs + 31) / 32 * 32, 32, 512));
+  cfg.block[0] = static_cast<unsigned>(std::clamp<int64_t>((work + 31) / 32 * 32, 32, 512));
   cfg.args = {query.size(1),
               key_heads,
               query.size(2),
