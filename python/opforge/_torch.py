@@ -123,7 +123,8 @@ def precompile(
     Args:
         op: qualified op name, e.g. ``"examples::softshrink"``.
         dtypes: dtype of each tensor input, by name; an optional input left out (None in the
-            call) is omitted.
+            call) is omitted, and so may be one whose dtype the description fixes
+            (``same_dtype``, or a single allowed dtype).
         params: values of the op's parameters by name (those marked compile-time select the
             instantiation and default to their declared defaults; others may be omitted).
         arch: ``"sm_XX"`` for machine code, ``"compute_XX"`` for PTX.

@@ -8,9 +8,18 @@
 
 namespace opforge::core {
 
-bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& dtypes, const std::vector<OpforgeValue>& values,
+bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, const std::vector<OpforgeValue>& values,
                 const std::string& arch, const std::string& cache_dir) {
-  OPFORGE_ICHECK(dtypes.size() == static_cast<size_t>(op.num_args) && values.size() == dtypes.size());
+  OPFORGE_ICHECK(given.size() == static_cast<size_t>(op.num_args) && values.size() == given.size());
+  // A required input's dtype the description fixes need not be given: same_dtype's, or the only
+  // one its set allows (same_dtype names an earlier input, so one pass in order settles it).
+  std::vector<int32_t> dtypes(given);
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeArgSpec& a = op.args[i];
+    if (a.kind != OPFORGE_ARG_TENSOR || dtypes[i] >= 0 || is_optional(a)) continue;
+    if (a.tensor.dtype_like >= 0) dtypes[i] = dtypes[a.tensor.dtype_like];
+    else if (__builtin_popcount(a.tensor.dtypes) == 1) dtypes[i] = __builtin_ctz(a.tensor.dtypes);
+  }
   std::vector<std::string> why;
   std::vector<bool> bad(op.num_args,
                         false);  // as a call's check: a bad dtype is reported once, not again by same_dtype

@@ -12,7 +12,8 @@ namespace opforge::core {
 
 /// Compiles (or finds cached) every run-time kernel of `op` for one instantiation, for GPU
 /// architecture `arch` ("sm_90"; "compute_90" for PTX). `dtypes[i]` is tensor argument i's
-/// OpforgeDtype (-1: an optional input left out); `values[i]` parameter i's value (only
+/// OpforgeDtype (-1: an optional input left out, or a required one whose dtype the description
+/// fixes: same_dtype's, or the one dtype its set allows); `values[i]` parameter i's value (only
 /// compile-time parameters select the instantiation). A fresh binary goes to `cache_dir` (the
 /// user cache if empty). Returns true if every binary was already cached. Needs no GPU.
 ///

@@ -290,3 +290,16 @@ def test_precompile_stores_a_binary_found_in_another_cache(tmp_path, monkeypatch
     package_bins = list(package_cache.glob("*.bin"))
     assert [p.name for p in package_bins] == [user_bins[0].name]
     assert package_bins[0].read_bytes() == user_bins[0].read_bytes()
+
+
+def test_precompile_infers_the_dtypes_the_description_fixes(tmp_path):
+    # weight is same_dtype("x"); positions takes only int64, cos_sin_cache follows query, key is optional
+    assert opforge.precompile("examples::rms_norm", {"x": torch.float16}, cache_dir=tmp_path) is False
+    assert opforge.precompile("examples::rms_norm", {"x": torch.float16, "weight": torch.float16}, cache_dir=tmp_path)
+    opforge.load_library(opforge.example_library("rotary_embedding"))
+    assert opforge.precompile("examples::rotary_embedding", {"query": torch.bfloat16}, cache_dir=tmp_path) is False
+    assert opforge.precompile(
+        "examples::rotary_embedding",
+        {"positions": torch.int64, "query": torch.bfloat16, "cos_sin_cache": torch.bfloat16},
+        cache_dir=tmp_path,
+    )

@@ -64,3 +64,9 @@ def test_verify_satisfies_a_multiple_of_declared_on_a_same_shape_input():
     assert report.ok, report.failures
     cols = {r.repro["args"][0]["shape"][-1] for r in report.results if r.check == "values" and r.repro}
     assert cols and all(c % 8 == 0 for c in cols), cols
+
+
+def test_an_equivalent_may_use_lambdas_and_comprehensions():
+    report = verify.verify_op("fixture::twice", device="cpu", seed=2, dtypes=["float32"])
+    values = [r for r in report.results if r.check == "values"]
+    assert values and all(r.status == "pass" for r in values), [r.message for r in report.failures]

@@ -130,8 +130,9 @@ def check_values(op: Op, dtype: str, device: str, seed: int, report: Report) -> 
             args = [keep_layout(a, device) for a in fresh(case.args)]
             out = results(op, handle, args)
             if device == "cpu":
-                scope = dict(zip(names, fresh(to(case.args, dtype=torch.float64))))
-                ref = eval(op.equivalent, {"torch": torch}, scope)  # noqa: S307 -- the author's own expression
+                # One namespace, so that lambdas and comprehensions in the expression see the arguments.
+                scope = {"torch": torch, **dict(zip(names, fresh(to(case.args, dtype=torch.float64))))}
+                ref = eval(op.equivalent, scope)  # noqa: S307 -- the author's own expression
             else:
                 ref = results(op, handle, fresh(to(case.args, dtype=ref_dtype) if ref_dtype is not None else case.args))
             ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(out, ref, dtype)
