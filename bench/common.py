@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 
 import torch
-from triton.testing import do_bench
 
 
 def median_ms(fn: Callable[[], object]) -> float:
     """Median GPU time of ``fn`` in milliseconds (triton.testing.do_bench: CUDA events, 50
     warm-up runs, 400 ms of timed runs)."""
+    from triton.testing import do_bench  # imported here: CPU-only benchmarks run without triton
+
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
 
 

@@ -2,6 +2,7 @@
 #
 #   find_package(opforge REQUIRED PATHS /path/to/opforge/cmake)
 #   opforge_add_library(my_ops SOURCES my_op.cpp my_op.cu)
+#   opforge_add_op_folder(path/to/my_op)   # lib<folder name>.so from an op folder
 #
 # An op library is a shared object built from op files (which include <opforge/op.h>) and
 # their CUDA sources. It links no framework: the adapters (libopforge_torch, the C++ runner)
@@ -23,25 +24,51 @@ endif()
 # entry point, so several op libraries coexist in one process.
 find_package(CUDAToolkit REQUIRED)
 
-# The op-library runtime, built once per build tree and linked into every op library: the
-# declaration records and the backend-neutral half of run-time kernels (opforge_oplib), and the
-# CUDA half (NVRTC, driver launch; opforge_oplib_cuda), which the linker takes from the archive
-# only for a library that declares a .cuda_source() kernel. Hidden visibility: each op library
-# keeps its own registry.
+# The op-library runtime, linked into every op library: the declaration records and the
+# backend-neutral half of run-time kernels (opforge_oplib), and the CUDA half (NVRTC, driver
+# launch; opforge_oplib_cuda), which the linker takes from the archive only for a library that
+# declares a .cuda_source() kernel. Hidden visibility: each op library keeps its own registry.
+# An installed opforge ships the two archives, built once (lib/ beside this folder); a build
+# may name a folder holding them with -DOPFORGE_RUNTIME_DIR=<dir> (opforge.build_library passes
+# the opforge build's lib/); otherwise they are built from src/oplib in this build tree.
 if(NOT TARGET opforge_oplib)
-  add_library(opforge_oplib STATIC "${OPFORGE_ROOT}/src/oplib/op_library.cpp" "${OPFORGE_ROOT}/src/oplib/runtime_kernel.cpp")
-  add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp")
-  target_link_libraries(opforge_oplib_cuda PUBLIC CUDA::cudart)
-  foreach(_lib opforge_oplib opforge_oplib_cuda)
-    target_include_directories(${_lib} PUBLIC "${OPFORGE_INCLUDE_DIR}")
-    target_link_libraries(${_lib} PUBLIC ${CMAKE_DL_LIBS})
-    set_target_properties(${_lib} PROPERTIES
-      CXX_STANDARD 20
-      POSITION_INDEPENDENT_CODE ON
-      CXX_VISIBILITY_PRESET hidden
-      VISIBILITY_INLINES_HIDDEN ON)
-  endforeach()
+  if(NOT OPFORGE_RUNTIME_DIR AND EXISTS "${OPFORGE_ROOT}/lib/libopforge_oplib.a")
+    set(OPFORGE_RUNTIME_DIR "${OPFORGE_ROOT}/lib")
+  endif()
+  if(OPFORGE_RUNTIME_DIR)
+    foreach(_lib opforge_oplib opforge_oplib_cuda)
+      if(NOT EXISTS "${OPFORGE_RUNTIME_DIR}/lib${_lib}.a")
+        message(FATAL_ERROR "opforge: ${OPFORGE_RUNTIME_DIR}/lib${_lib}.a not found (OPFORGE_RUNTIME_DIR names the "
+                            "folder holding the op-library runtime; build opforge first)")
+      endif()
+      add_library(${_lib} STATIC IMPORTED)
+      set_target_properties(${_lib} PROPERTIES
+        IMPORTED_LOCATION "${OPFORGE_RUNTIME_DIR}/lib${_lib}.a"
+        INTERFACE_INCLUDE_DIRECTORIES "${OPFORGE_INCLUDE_DIR}"
+        INTERFACE_LINK_LIBRARIES "${CMAKE_DL_LIBS}")
+    endforeach()
+    set_property(TARGET opforge_oplib_cuda APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart)
+  else()
+    add_library(opforge_oplib STATIC "${OPFORGE_ROOT}/src/oplib/op_library.cpp" "${OPFORGE_ROOT}/src/oplib/runtime_kernel.cpp")
+    add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp")
+    target_link_libraries(opforge_oplib_cuda PUBLIC CUDA::cudart)
+    foreach(_lib opforge_oplib opforge_oplib_cuda)
+      target_include_directories(${_lib} PUBLIC "${OPFORGE_INCLUDE_DIR}")
+      target_link_libraries(${_lib} PUBLIC ${CMAKE_DL_LIBS})
+      set_target_properties(${_lib} PROPERTIES
+        CXX_STANDARD 20
+        POSITION_INDEPENDENT_CODE ON
+        CXX_VISIBILITY_PRESET hidden
+        VISIBILITY_INLINES_HIDDEN ON)
+    endforeach()
+  endif()
 endif()
+
+# The shared precompiled header: <opforge/op.h> compiled once with the flags of an op file
+# under opforge.build_library (a Release build), shipped as <runtime dir>/pch/opforge/op.h.gch.
+# GCC looks for it before op.h itself and uses it only when the compiler and these flags match
+# (otherwise it reads op.h: slower, never different), so an op file skips parsing the header.
+set(OPFORGE_PCH_FLAGS -O3 -DNDEBUG -std=gnu++20 -fPIC -fvisibility=hidden -fvisibility-inlines-hidden)
 
 function(opforge_add_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;KERNELS;CUDA_ARCHITECTURES" ${ARGN})
@@ -50,6 +77,9 @@ function(opforge_add_library name)
   endif()
   add_library(${name} SHARED ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE "${OPFORGE_INCLUDE_DIR}")
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND OPFORGE_RUNTIME_DIR AND EXISTS "${OPFORGE_RUNTIME_DIR}/pch/opforge/op.h.gch")
+    target_include_directories(${name} BEFORE PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${OPFORGE_RUNTIME_DIR}/pch>")
+  endif()
   # The CUDA half first: it refers to the neutral half, which follows.
   target_link_libraries(${name} PRIVATE opforge_oplib_cuda opforge_oplib)
   set_target_properties(${name} PROPERTIES
@@ -85,4 +115,27 @@ function(opforge_add_library name)
     get_filename_component(kernel_name "${kernel}" NAME)
     file(CREATE_LINK "${kernel_path}" "${kernel_dir}/${kernel_name}" SYMBOLIC)
   endforeach()
+endfunction()
+
+# opforge_add_op_folder(<dir> [NAME <name>] [CUDA_ARCHITECTURES <archs>...])
+#
+# Builds the op library of an op folder, lib<name>.so (default: the folder's name): its op
+# files (*.cpp) and ahead-of-time CUDA sources (*.cu) are the SOURCES, its kernels/*.cu the
+# run-time KERNELS. The layout of examples/ops/<op>/ and of `opforge build <dir>`.
+function(opforge_add_op_folder dir)
+  cmake_parse_arguments(ARG "" "NAME" "CUDA_ARCHITECTURES" ${ARGN})
+  get_filename_component(dir "${dir}" ABSOLUTE)
+  if(NOT ARG_NAME)
+    get_filename_component(ARG_NAME "${dir}" NAME)
+  endif()
+  file(GLOB sources CONFIGURE_DEPENDS "${dir}/*.cpp" "${dir}/*.cu")
+  file(GLOB kernels CONFIGURE_DEPENDS "${dir}/kernels/*.cu")
+  if(NOT sources)
+    message(FATAL_ERROR "opforge_add_op_folder(${dir}): no op files (*.cpp) or CUDA sources (*.cu) in it")
+  endif()
+  set(archs)
+  if(ARG_CUDA_ARCHITECTURES)
+    set(archs CUDA_ARCHITECTURES ${ARG_CUDA_ARCHITECTURES})
+  endif()
+  opforge_add_library(${ARG_NAME} SOURCES ${sources} KERNELS ${kernels} ${archs})
 endfunction()

@@ -283,7 +283,7 @@ class OpBuilder {
 
   /// One-line description, shown in docs and in error messages.
   OpBuilder doc(std::string text) && {
-    def_->doc = std::move(text);
+    def_->set_doc(std::move(text));
     return std::move(*this);
   }
 
@@ -291,14 +291,14 @@ class OpBuilder {
   /// "torch.nn.functional.softshrink(x, lambd)". Not used by kernels: `opforge verify` checks
   /// the CPU reference against it (in float64) where no device kernel can be compared.
   OpBuilder equivalent(std::string python_expression) && {
-    def_->equivalent = std::move(python_expression);
+    def_->set_equivalent(std::move(python_expression));
     return std::move(*this);
   }
 
   /// The op that computes this op's input gradients, "name" (same namespace) or "ns::name";
   /// see Note [Backward ops]. Loading registers it as the op's autograd formula in torch.
   OpBuilder backward(std::string op) && {
-    def_->backward = op.find("::") == std::string::npos ? def_->ns + "::" + op : std::move(op);
+    def_->set_backward(std::move(op));
     return std::move(*this);
   }
 
@@ -307,20 +307,19 @@ class OpBuilder {
   /// <= 64"), symbolically under torch.compile, and respected by opforge verify when it picks
   /// sizes: `.require(opforge::dim("cos_sin_cache", 1) <= opforge::dim("query", -1))`.
   OpBuilder require(Condition rule) && {
-    def_->rules.push_back(std::move(rule));
+    def_->add_rule(std::move(rule));
     return std::move(*this);
   }
 
   /// How the op may be sharded (see opforge::Sharding).
   OpBuilder sharding(Sharding s) && {
-    def_->sharding = static_cast<int32_t>(s);
+    def_->set_sharding(static_cast<int32_t>(s), {});
     return std::move(*this);
   }
 
   /// Independent dims of the first tensor input (see opforge::shard_dims).
   OpBuilder sharding(const detail::ShardDims& s) && {
-    def_->sharding = OPFORGE_SHARDING_DIMS;
-    def_->sharding_dims = s.dims;
+    def_->set_sharding(OPFORGE_SHARDING_DIMS, s.dims);
     return std::move(*this);
   }
 
@@ -335,9 +334,8 @@ class OpBuilder {
                   "opforge::min_rank, opforge::shape, opforge::strided, opforge::contiguous_last_dim, "
                   "opforge::optional, opforge::mutated and opforge::values_in as constraints");
     using Slot = std::conditional_t<(std::is_same_v<C, detail::Mutated> || ...), detail::MutatedInput, Tensor>;
-    detail::ArgDecl a{std::move(name), OPFORGE_ARG_TENSOR, {}, {}};
-    (detail::apply(a.tensor, constraints), ...);
-    def_->args.push_back(std::move(a));
+    detail::TensorDecl& t = def_->add_arg(std::move(name), OPFORGE_ARG_TENSOR).tensor;
+    (detail::apply(t, constraints), ...);
     return OpBuilder<false, Sig..., Slot>(std::move(def_));
   }
 
@@ -362,41 +360,26 @@ class OpBuilder {
 
   /// An output with the shape and dtype of an input, possibly modified: `like("x")`.
   OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Like& rule) && {
-    detail::OutputDecl o;
-    o.name = std::move(name);
-    o.shape_like = rule.tensor;
-    if (rule.dtype < 0) o.dtype_like = rule.tensor;
-    o.dtype = rule.dtype;
-    for (const auto& [d, e] : rule.overrides) {
-      o.dim_index.push_back(d);
-      o.dims.push_back(e);
-    }
-    return std::move(*this).add_output(std::move(o));
+    detail::set_output(def_->add_output(std::move(name)), rule);
+    return std::move(*this).outputs_declared();
   }
 
   /// An output with an explicit shape and the dtype of an input.
   OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Shape& shape, const DtypeOf& dtype) && {
-    detail::OutputDecl o;
-    o.name = std::move(name);
-    o.dims = shape.dims;
-    o.dtype_like = dtype.tensor;
-    return std::move(*this).add_output(std::move(o));
+    detail::set_output(def_->add_output(std::move(name)), shape, dtype.tensor, -1);
+    return std::move(*this).outputs_declared();
   }
 
   /// An output with an explicit shape and a fixed dtype.
   OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Shape& shape, Dtype dtype) && {
-    detail::OutputDecl o;
-    o.name = std::move(name);
-    o.dims = shape.dims;
-    o.dtype = static_cast<int32_t>(dtype);
-    return std::move(*this).add_output(std::move(o));
+    detail::set_output(def_->add_output(std::move(name)), shape, {}, static_cast<int32_t>(dtype));
+    return std::move(*this).outputs_declared();
   }
 
   /// The CPU reference: the op's CPU kernel and the baseline device kernels are checked against.
   template <class F>
   OpBuilder reference(F* fn) && {
-    def_->kernels[0] = make_kernel(OPFORGE_DEVICE_CPU, fn);
-    def_->has_reference = true;
+    def_->add_kernel(make_kernel(OPFORGE_DEVICE_CPU, fn), /*reference=*/true);
     return std::move(*this);
   }
 
@@ -404,7 +387,7 @@ class OpBuilder {
   /// `ctx`'s stream; see opforge/cuda.h).
   template <class F>
   OpBuilder cuda(F* fn) && {
-    def_->kernels.push_back(make_kernel(OPFORGE_DEVICE_CUDA, fn));
+    def_->add_kernel(make_kernel(OPFORGE_DEVICE_CUDA, fn), /*reference=*/false);
     return std::move(*this);
   }
 
@@ -413,29 +396,14 @@ class OpBuilder {
   /// CUDA type), `{T_<tensor>}` and `{<param>}` (a compile_time parameter) filled in per call,
   /// e.g. "softshrink<{T}>". Follow with `.launch(rule)`.
   OpBuilder cuda_source(std::string file, std::string name) && {
-    auto rk = std::make_unique<detail::RuntimeKernel>();
-    rk->def = def_.get();
-    rk->file = std::move(file);
-    rk->name = std::move(name);
-    OpforgeKernel k{};
-    k.struct_size = sizeof(OpforgeKernel);
-    k.device_type = OPFORGE_DEVICE_CUDA;
-    k.fn = &detail::rtc_launch;
-    k.user = rk.get();
-    k.source = rk->file.c_str();
-    k.name = rk->name.c_str();
-    k.precompile = &detail::rtc_precompile;
-    def_->kernels.push_back(k);
-    def_->runtime_kernels.push_back(std::move(rk));
-    detail::registry().set_reload(&detail::rtc_reload);
+    def_->add_cuda_source(std::move(file), std::move(name));
     return std::move(*this);
   }
 
   /// How the last `.cuda_source()` kernel is launched: opforge::elementwise("y") or
   /// opforge::rows("x"); see also launch_grid().
   OpBuilder launch(detail::LaunchRule rule) && {
-    if (!def_->runtime_kernels.empty()) def_->runtime_kernels.back()->rule = std::move(rule);
-    else def_->launch_without_source = true;
+    def_->set_launch(std::move(rule));
     return std::move(*this);
   }
 
@@ -466,22 +434,18 @@ class OpBuilder {
                                                                                 detail::ParamDefault dflt,
                                                                                 const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
-    detail::ArgDecl a{std::move(name), detail::ParamTraits<T>::kind, {}, {}};
-    a.param.default_value = std::move(dflt);
-    (detail::apply(a.param, constraints), ...);
-    def_->args.push_back(std::move(a));
+    detail::ParamDecl& p = def_->add_arg(std::move(name), detail::ParamTraits<T>::kind).param;
+    p.default_value = std::move(dflt);
+    (detail::apply(p, constraints), ...);
     return OpBuilder<false, Sig..., typename detail::ParamTraits<T>::arg_type>(std::move(def_));
   }
 
-  OpBuilder<true, Sig..., MutableTensor> add_output(detail::OutputDecl o) && {
-    def_->output_after_kernel = def_->output_after_kernel || def_->kernels_declared;
-    def_->outputs.push_back(std::move(o));
+  OpBuilder<true, Sig..., MutableTensor> outputs_declared() && {
     return OpBuilder<true, Sig..., MutableTensor>(std::move(def_));
   }
 
   template <class F>
   OpforgeKernel make_kernel(OpforgeDeviceType device, F* fn) {
-    def_->kernels_declared = true;  // an .output() after this is a declaration error (finalize)
     using E = detail::EntryFor<F, Sig...>;
     static_assert(E::ok,
                   "opforge: a kernel must be `void fn([const opforge::Context&,] args...)` where args are the "
@@ -501,13 +465,7 @@ class OpBuilder {
 
 namespace detail {
 inline OpBuilder<false> make_op(const char* ns, const char* name, const char* file, int line) {
-  auto def = std::make_unique<OpDef>();
-  def->ns = ns;
-  def->name = name;
-  def->file = file;
-  def->line = line;
-  def->kernels.push_back(OpforgeKernel{sizeof(OpforgeKernel), OPFORGE_DEVICE_CPU, nullptr, nullptr});
-  return OpBuilder<false>(std::move(def));
+  return OpBuilder<false>(std::make_unique<OpDef>(ns, name, file, line));
 }
 
 struct Registration {

@@ -1,4 +1,4 @@
-"""Building op libraries from Python, through the same CMake function C++ users call."""
+"""Building op libraries from Python, through the same CMake functions C++ users call."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._paths import ROOT
+from . import _paths
+from ._progress import status
 
 
 class BuildError(RuntimeError):
@@ -26,27 +27,36 @@ def _tool(name: str) -> str:
     return found
 
 
+def _cache_dir() -> Path:
+    return Path(os.environ.get("OPFORGE_CACHE_DIR", Path.home() / ".cache" / "opforge"))
+
+
 def build_library(
     name: str,
-    sources: Sequence[str | Path],
+    sources: Sequence[str | Path] = (),
     *,
     kernels: Sequence[str | Path] = (),
+    folder: str | Path | None = None,
     build_dir: str | Path | None = None,
     cuda_architectures: str = "90",
     verbose: bool = False,
 ) -> Path:
-    """Build an op library (``lib<name>.so``) from op files and CUDA sources.
+    """Build an op library (``lib<name>.so``) from op files and CUDA sources, or from an op folder.
 
-    Generates a two-line CMake project that calls ``opforge_add_library`` (see
-    ``cmake/opforge-config.cmake``) and builds it with Ninja; rebuilding after an edit
-    recompiles only what changed.
+    Generates a CMake project of a few lines that calls ``opforge_add_library`` (or, with
+    ``folder``, ``opforge_add_op_folder``; see ``cmake/opforge-config.cmake``) and builds it with
+    Ninja, linking the prebuilt op-library runtime. Rebuilding after an edit recompiles only
+    what changed and does not configure again.
 
     Args:
         name: the library's name (an identifier); the file is ``lib<name>.so``.
         sources: op files (``.cpp``) and ahead-of-time CUDA sources (``.cu``).
         kernels: run-time kernel sources (``.cu`` files named by ``.cuda_source()``), linked
             into the library's kernel folder ``lib<name>.kernels/``; not compiled here.
-        build_dir: where to build; default ``~/.cache/opforge/build/<name>-<hash of sources>``.
+        folder: an op folder instead of ``sources`` and ``kernels``: its ``*.cpp`` and ``*.cu``
+            are the sources, its ``kernels/*.cu`` the run-time kernels.
+        build_dir: where to build; default ``~/.cache/opforge/build/<name>-<hash of the inputs>``
+            (``$OPFORGE_CACHE_DIR`` replaces ``~/.cache/opforge``).
         cuda_architectures: CMake CUDA architectures for ``.cu`` files ("90": sm_90 code and
             compute_90 PTX).
         verbose: print the build's output.
@@ -55,58 +65,65 @@ def build_library(
         Path of the built shared object.
 
     Raises:
-        ValueError: ``name`` is not an identifier, or ``sources`` is empty or names a missing file.
-        BuildError: the build failed (the message holds the compiler output).
+        ValueError: ``name`` is not an identifier; neither or both of ``sources`` and ``folder``
+            are given; a source file or the folder does not exist.
+        BuildError: CMake or a compiler failed (the message holds their output).
     """
     if not name.isidentifier():
         raise ValueError(f"opforge.build_library: name must be an identifier, got {name!r}")
-    paths = [Path(s).resolve() for s in sources]
-    kernel_paths = [Path(k).resolve() for k in kernels]
-    if not paths:
-        raise ValueError("opforge.build_library: sources is empty")
-    missing = [str(p) for p in paths + kernel_paths if not p.exists()]
-    if missing:
-        raise ValueError(f"opforge.build_library: missing source files: {', '.join(missing)}")
+    if (folder is None) == (not sources):
+        raise ValueError("opforge.build_library: give either sources (op files) or folder (an op folder)")
+    if folder is not None:
+        root = Path(folder).resolve()
+        if not root.is_dir():
+            raise ValueError(f"opforge.build_library: {root} is not a folder")
+        inputs = [root]
+        has_cuda = any(root.glob("*.cu"))
+        body = f'opforge_add_op_folder("{root}" NAME {name})\n'
+    else:
+        paths = [Path(s).resolve() for s in sources]
+        kernel_paths = [Path(k).resolve() for k in kernels]
+        missing = [str(p) for p in paths + kernel_paths if not p.exists()]
+        if missing:
+            raise ValueError(f"opforge.build_library: missing source files: {', '.join(missing)}")
+        inputs = paths + kernel_paths
+        has_cuda = any(p.suffix == ".cu" for p in paths)
+        listing = " ".join(f'"{p}"' for p in paths)
+        if kernel_paths:
+            listing += " KERNELS " + " ".join(f'"{k}"' for k in kernel_paths)
+        body = f"opforge_add_library({name} SOURCES {listing})\n"
     if build_dir is None:
-        key = hashlib.sha256("\n".join(map(str, paths + kernel_paths)).encode()).hexdigest()[:12]
-        build_dir = (
-            Path(os.environ.get("OPFORGE_CACHE_DIR", Path.home() / ".cache" / "opforge")) / "build" / f"{name}-{key}"
-        )
+        key = hashlib.sha256("\n".join(map(str, inputs)).encode()).hexdigest()[:12]
+        build_dir = _cache_dir() / "build" / f"{name}-{key}"
     build_dir = Path(build_dir).resolve()
-    project = build_dir / "project"
-    project.mkdir(parents=True, exist_ok=True)
-    languages = "CXX CUDA" if any(p.suffix == ".cu" for p in paths) else "CXX"
-    listing = " ".join(f'"{p}"' for p in paths)
-    if kernel_paths:
-        listing += " KERNELS " + " ".join(f'"{k}"' for k in kernel_paths)
+    runtime = _paths.runtime_dir()
+    # Every setting is in the generated file, so a change of any of them configures again.
     cmakelists = (
         "cmake_minimum_required(VERSION 3.28)\n"
-        f"project({name} LANGUAGES {languages})\n"
-        f'find_package(opforge REQUIRED CONFIG PATHS "{ROOT / "cmake"}" NO_DEFAULT_PATH)\n'
-        f"opforge_add_library({name} SOURCES {listing})\n"
+        "set(CMAKE_BUILD_TYPE Release)\n"
+        f"set(CMAKE_CUDA_ARCHITECTURES {cuda_architectures})\n"
+        f"set(OPFORGE_CUDA_ARCHITECTURES {cuda_architectures})\n"
+        f'set(CMAKE_LIBRARY_OUTPUT_DIRECTORY "{build_dir}")\n'
+        + (f'set(OPFORGE_RUNTIME_DIR "{runtime}")\n' if runtime else "")
+        + f"project({name} LANGUAGES {'CXX CUDA' if has_cuda else 'CXX'})\n"
+        f'find_package(opforge REQUIRED CONFIG PATHS "{_paths.cmake_dir()}" NO_DEFAULT_PATH)\n' + body
     )
+    project = build_dir / "project"
+    project.mkdir(parents=True, exist_ok=True)
     target = project / "CMakeLists.txt"
-    if not target.exists() or target.read_text() != cmakelists:
-        target.write_text(cmakelists)
+    out = build_dir / "out"
     cmake = _tool("cmake")
-    configure = [
-        cmake,
-        "-S",
-        str(project),
-        "-B",
-        str(build_dir / "out"),
-        "-G",
-        "Ninja",
-        f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-        "-DCMAKE_BUILD_TYPE=Release",
-        f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}",
-        f"-DOPFORGE_CUDA_ARCHITECTURES={cuda_architectures}",
-        f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={build_dir}",
-    ]
-    if shutil.which("ccache"):
-        configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
-    for cmd in (configure, [cmake, "--build", str(build_dir / "out")]):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+    steps = []
+    if not (out / "build.ninja").exists() or not target.exists() or target.read_text() != cmakelists:
+        target.write_text(cmakelists)
+        configure = [cmake, "-S", str(project), "-B", str(out), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+        if shutil.which("ccache"):
+            configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+        steps.append(("configuring", configure))
+    steps.append(("compiling", [cmake, "--build", str(out)]))
+    for what, cmd in steps:
+        with status(f"opforge: {what} lib{name}.so"):
+            proc = subprocess.run(cmd, capture_output=True, text=True)
         if verbose:
             print(proc.stdout, proc.stderr, sep="", file=sys.stderr)
         if proc.returncode != 0:

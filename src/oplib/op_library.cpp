@@ -490,6 +490,72 @@ std::vector<std::string> OpDef::finalize() {
   return errors;
 }
 
+// ---- the builder's steps ----------------------------------------------------------------------
+
+OpDef::OpDef(const char* ns_, const char* name_, const char* file_, int line_)
+    : ns(ns_), name(name_), file(file_), line(line_) {
+  kernels.push_back(OpforgeKernel{sizeof(OpforgeKernel), OPFORGE_DEVICE_CPU, nullptr, nullptr});
+}
+
+OpDef::~OpDef() = default;
+
+ArgDecl& OpDef::add_arg(std::string arg_name, OpforgeArgKind kind) {
+  args.push_back(ArgDecl{std::move(arg_name), kind, {}, {}});
+  return args.back();
+}
+
+OutputDecl& OpDef::add_output(std::string output_name) {
+  output_after_kernel = output_after_kernel || kernels_declared;
+  outputs.emplace_back().name = std::move(output_name);
+  return outputs.back();
+}
+
+void OpDef::set_doc(std::string text) { doc = std::move(text); }
+
+void OpDef::set_equivalent(std::string python_expression) { equivalent = std::move(python_expression); }
+
+void OpDef::set_backward(std::string op) {
+  backward = op.find("::") == std::string::npos ? ns + "::" + op : std::move(op);
+}
+
+void OpDef::add_rule(Condition rule) { rules.push_back(std::move(rule)); }
+
+void OpDef::set_sharding(int32_t s, std::vector<int32_t> dims) {
+  sharding = s;
+  sharding_dims = std::move(dims);
+}
+
+void OpDef::add_kernel(const OpforgeKernel& kernel, bool reference) {
+  kernels_declared = true;  // an .output() after this is a declaration error (finalize)
+  if (reference) {
+    kernels[0] = kernel;
+    has_reference = true;
+  } else {
+    kernels.push_back(kernel);
+  }
+}
+
+void OpDef::set_launch(LaunchRule rule) {
+  if (!runtime_kernels.empty()) runtime_kernels.back()->rule = std::move(rule);
+  else launch_without_source = true;
+}
+
+void set_output(OutputDecl& o, const Like& rule) {
+  o.shape_like = rule.tensor;
+  if (rule.dtype < 0) o.dtype_like = rule.tensor;
+  o.dtype = rule.dtype;
+  for (const auto& [d, e] : rule.overrides) {
+    o.dim_index.push_back(d);
+    o.dims.push_back(e);
+  }
+}
+
+void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like, int32_t dtype) {
+  o.dims = shape.dims;
+  o.dtype_like = dtype_like;
+  o.dtype = dtype;
+}
+
 void Registry::add(std::unique_ptr<OpDef> def) {
   defs_.push_back(std::move(def));
   built_ = false;

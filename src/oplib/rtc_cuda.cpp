@@ -370,6 +370,26 @@ int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user) {
   });
 }
 
+// OpBuilder::cuda_source's step: here, so that only a library declaring a run-time kernel
+// takes this file (and the CUDA libraries it needs) from the archive.
+void OpDef::add_cuda_source(std::string source_file, std::string kernel_name) {
+  auto rk = std::make_unique<RuntimeKernel>();
+  rk->def = this;
+  rk->file = std::move(source_file);
+  rk->name = std::move(kernel_name);
+  OpforgeKernel k{};
+  k.struct_size = sizeof(OpforgeKernel);
+  k.device_type = OPFORGE_DEVICE_CUDA;
+  k.fn = &rtc_launch;
+  k.user = rk.get();
+  k.source = rk->file.c_str();
+  k.name = rk->name.c_str();
+  k.precompile = &rtc_precompile;
+  kernels.push_back(k);
+  runtime_kernels.push_back(std::move(rk));
+  registry().set_reload(&rtc_reload);
+}
+
 void rtc_reload() {
   std::lock_guard<std::mutex> lock(g_mutex);
   functions().clear();

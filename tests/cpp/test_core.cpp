@@ -280,8 +280,13 @@ TEST(Precompile, RequestsAreCheckedAsCallsAre) {
   EXPECT_EQ(message_of<opforge::InvalidArgument>([&] {
               opforge::core::precompile(*def->spec(), {OPFORGE_DTYPE_FLOAT16, -1, -1}, values, "sm_90", "");
             }),
-            "ns::pc(Tensor x, Tensor w, int k=4) -> Tensor: invalid arguments\n  w: expected a dtype, got none\n"
-            "  k: expected one of 4, 8, got 5");
+            "ns::pc(Tensor x, Tensor w, int k=4) -> Tensor: invalid arguments\n  k: expected one of 4, 8, got 5")
+      << "w's dtype follows from x's (same_dtype)";
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] {
+              opforge::core::precompile(*def->spec(), {-1, -1, -1}, values, "sm_90", "");
+            }),
+            "ns::pc(Tensor x, Tensor w, int k=4) -> Tensor: invalid arguments\n  x: expected a dtype, got none\n"
+            "  w: expected a dtype, got none\n  k: expected one of 4, 8, got 5");
 }
 
 TEST(BackwardOps, MismatchesAreListedOnePerLineWithTheDeclarationSite) {

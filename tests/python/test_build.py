@@ -112,3 +112,28 @@ def test_not_an_op_library():
 def test_missing_file(tmp_path):
     with pytest.raises(opforge.OpforgeError, match="cannot open .*nothing.so: No such file or directory"):
         opforge.load_library(tmp_path / "nothing.so")
+
+
+def test_an_op_folder_builds_against_the_prebuilt_runtime(tmp_path):
+    # The op folder layout: op files beside kernels/*.cu; the runtime is linked, not compiled.
+    folder = tmp_path / "twice"
+    (folder / "kernels").mkdir(parents=True)
+    _write(
+        folder,
+        "twice",
+        OP_FILE.format(name="twice").replace(
+            ".reference(twice_cpu);",
+            """.reference(twice_cpu)
+    .cuda_source("twice.cu", "twice")
+    .launch(opforge::elementwise("y"));""",
+        ),
+    )
+    (folder / "kernels" / "twice.cu").write_text("// never compiled on a machine without a GPU\n")
+    lib_path = opforge.build_library("twice_ops", folder=folder, build_dir=tmp_path / "build")
+    lib = opforge.load_library(lib_path)
+    assert lib.op_names == ["built::twice"]
+    assert (lib_path.parent / "libtwice_ops.kernels" / "twice.cu").exists()
+    x = torch.randn(4)
+    torch.testing.assert_close(torch.ops.built.twice(x, 2), x * 2)
+    compiled = {p.name for p in (tmp_path / "build" / "out").rglob("*.o")}
+    assert compiled == {"twice.cpp.o"}, "the op-library runtime is linked from opforge's build, not rebuilt"

@@ -91,7 +91,13 @@ def test_build_arguments(tmp_path):
     assert str(err.value) == "opforge.build_library: name must be an identifier, got 'my-ops'"
     with pytest.raises(ValueError) as err:
         opforge.build_library("ops", [])
-    assert str(err.value) == "opforge.build_library: sources is empty"
+    assert str(err.value) == "opforge.build_library: give either sources (op files) or folder (an op folder)"
+    with pytest.raises(ValueError) as err:
+        opforge.build_library("ops", [tmp_path / "a.cpp"], folder=tmp_path)
+    assert str(err.value) == "opforge.build_library: give either sources (op files) or folder (an op folder)"
+    with pytest.raises(ValueError) as err:
+        opforge.build_library("ops", folder=tmp_path / "nowhere")
+    assert str(err.value) == f"opforge.build_library: {tmp_path / 'nowhere'} is not a folder"
     with pytest.raises(ValueError) as err:
         opforge.build_library("ops", [tmp_path / "a.cpp"])
     assert str(err.value) == f"opforge.build_library: missing source files: {tmp_path / 'a.cpp'}"

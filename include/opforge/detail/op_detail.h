@@ -73,6 +73,11 @@ struct OutputDecl {
   std::vector<Expr> dims;
 };
 
+/// Fills an output declared `like(rule.tensor)` (with its dtype and dim overrides).
+void set_output(OutputDecl& o, const Like& rule);
+/// Fills an output with explicit dims and the dtype of `dtype_like` (if not empty) or `dtype`.
+void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like, int32_t dtype);
+
 /// Grid and block of a kernel launch, and extra int64 kernel arguments; returned by the
 /// function given to opforge::grid().
 struct LaunchConfig {
@@ -131,8 +136,28 @@ struct OpDef {
   std::vector<std::unique_ptr<RuntimeKernel>> runtime_kernels;
   bool launch_without_source = false;
 
+  // The builder's steps (opforge::OpBuilder), out of line in src/oplib/op_library.cpp so that
+  // an op file compiles only the typed shell of its builder chain.
+  OpDef(const char* ns, const char* name, const char* file, int line);
+  ~OpDef();
+  OpDef(const OpDef&) = delete;
+  OpDef& operator=(const OpDef&) = delete;
+  /// Appends a declared input or parameter and returns it, for its constraints to be applied.
+  ArgDecl& add_arg(std::string name, OpforgeArgKind kind);
+  /// Appends a declared output (with only its name set) and returns it.
+  OutputDecl& add_output(std::string name);
+  void set_doc(std::string text);
+  void set_equivalent(std::string python_expression);
+  void set_backward(std::string op);
+  void add_rule(Condition rule);
+  void set_sharding(int32_t sharding, std::vector<int32_t> dims);
+  /// Sets the CPU reference (kernels[0]) or appends a device kernel.
+  void add_kernel(const OpforgeKernel& kernel, bool reference);
+  void add_cuda_source(std::string file, std::string name);
+  void set_launch(LaunchRule rule);
+
   /// Resolves names, builds the C ABI structs, and returns problems found (each one line,
-  /// with this declaration's file:line). Defined in src/oplib/op_def.cpp.
+  /// with this declaration's file:line). Defined in src/oplib/op_library.cpp.
   std::vector<std::string> finalize();
   const OpforgeOpSpec* spec() const { return &spec_; }
 
