@@ -24,6 +24,15 @@ endif()
 # entry point, so several op libraries coexist in one process.
 find_package(CUDAToolkit REQUIRED)
 
+# An installed opforge's core library (in the opforge build, the target itself), for code that
+# links it: the PyTorch adapter built per torch version (src/torch/CMakeLists.txt).
+if(NOT TARGET opforge_core AND EXISTS "${OPFORGE_ROOT}/lib/libopforge_core.so")
+  add_library(opforge_core SHARED IMPORTED)
+  set_target_properties(opforge_core PROPERTIES
+    IMPORTED_LOCATION "${OPFORGE_ROOT}/lib/libopforge_core.so"
+    INTERFACE_INCLUDE_DIRECTORIES "${OPFORGE_INCLUDE_DIR}")
+endif()
+
 # The op-library runtime, linked into every op library: the declaration records and the
 # backend-neutral half of run-time kernels (opforge_oplib), and the CUDA half (NVRTC, driver
 # launch; opforge_oplib_cuda), which the linker takes from the archive only for a library that

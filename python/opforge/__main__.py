@@ -1,4 +1,8 @@
-"""opforge's command line: ``python -m opforge verify ...``."""
+"""opforge's command line: ``opforge build | verify | run | stubs`` (also ``python -m opforge``).
+
+Exit codes: 0 success; 1 the step ran and failed (a build error, a verify mismatch, a runner
+failure); 2 a usage error (bad arguments, a missing file, a library that does not load).
+"""
 
 from __future__ import annotations
 
@@ -7,53 +11,164 @@ import json
 import sys
 from pathlib import Path
 
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _fail(verb: str, message: object, code: int = EXIT_USAGE) -> int:
+    print(f"opforge {verb}: {message}", file=sys.stderr)
+    return code
+
+
+def _build(args: argparse.Namespace) -> int:
+    import opforge
+
+    paths = [Path(p) for p in args.paths]
+    folder = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
+    if folder is None and any(p.is_dir() for p in paths):
+        return _fail("build", "give one op folder, or op files (.cpp) and CUDA sources (.cu)")
+    name = args.name or (folder.resolve().name if folder is not None else paths[0].stem)
+    try:
+        so = opforge.build_library(
+            name,
+            () if folder is not None else paths,
+            folder=folder,
+            kernels=args.kernels,
+            build_dir=args.build_dir,
+            cuda_architectures=args.cuda_architectures,
+            verbose=args.verbose,
+        )
+    except ValueError as e:
+        return _fail("build", f"{e} (see `opforge build --help`)")
+    except opforge.BuildError as e:
+        return _fail("build", e, EXIT_FAILED)
+    print(so)
+    return EXIT_OK
+
 
 def _verify(args: argparse.Namespace) -> int:
     import opforge
     from opforge import verify
 
     names: list[str] = []
-    for target in args.targets:
-        if target.endswith(".so") or Path(target).exists():
-            names += opforge.load_library(target).op_names
-        elif "::" in target:
-            names.append(target)
-        else:  # an example op's name
-            names += opforge.load_library(opforge.example_library(target)).op_names
+    try:
+        for target in args.targets:
+            if target.endswith(".so") or Path(target).exists():
+                names += opforge.load_library(target).op_names
+            elif "::" in target:
+                names.append(target)
+            else:  # an example op's name, in a checkout
+                names += opforge.load_library(opforge.example_library(target)).op_names
+    except (ValueError, FileNotFoundError, opforge.OpforgeError) as e:
+        return _fail("verify", e)
     report = None
     try:
         for name in names:
             report = verify.verify_op(name, device=args.device, seed=args.seed, dtypes=args.dtype, report=report)
     except (ValueError, opforge.OpforgeError) as e:
-        print(f"opforge verify: {e} (pass the op library's path to load it)", file=sys.stderr)
-        return 2
+        return _fail("verify", f"{e} (pass the op library's path to load it)")
     if report is None:
-        print("opforge verify: no ops to verify", file=sys.stderr)
-        return 2
+        return _fail("verify", "no ops to verify")
     verify.print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opforge", description="opforge command line")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _run(args: argparse.Namespace, rest: list[str]) -> int:
+    import subprocess
+
+    import opforge
+    from opforge import _adapter
+
+    try:
+        runner = _adapter.runner_path()
+    except (opforge.BuildError, opforge.OpforgeError) as e:
+        return _fail("run", e, EXIT_FAILED)
+    if not runner.exists():
+        return _fail("run", f"the C++ runner {runner} is not built; run `make build` in the checkout")
+    return subprocess.run([str(runner), *rest]).returncode
+
+
+def _stubs(args: argparse.Namespace) -> int:
+    from opforge import _core
+    from opforge.stubs import write_stubs
+
+    if not Path(args.library).exists():
+        return _fail("stubs", f"{args.library} does not exist; build it with `opforge build`")
+    try:
+        written = write_stubs(_core.load_library(args.library), args.out)
+    except (ValueError, _core.OpforgeError) as e:
+        return _fail("stubs", e)
+    for path in written:
+        print(path)
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser (``opforge --help``)."""
+    top = argparse.ArgumentParser(
+        prog="opforge",
+        description="Build, verify and deploy operators described once in C++ (opforge/op.h).",
+        epilog="Exit codes: 0 success, 1 the step failed, 2 bad arguments or input.",
+    )
+    sub = top.add_subparsers(dest="command", required=True, metavar="{build,verify,run,stubs}")
+
+    b = sub.add_parser(
+        "build",
+        help="build an op folder, or op files, into an op library (lib<name>.so)",
+        description="Build an op library with CMake and Ninja against the prebuilt op-library runtime; "
+        "prints the path of lib<name>.so. A folder's *.cpp and *.cu are its sources and its kernels/*.cu "
+        "its run-time kernels. Rebuilding after an edit compiles only what changed.",
+    )
+    b.add_argument("paths", nargs="+", help="one op folder, or op files (.cpp) and CUDA sources (.cu)")
+    b.add_argument("--name", help="the library's name (default: the folder's name, or the first file's stem)")
+    b.add_argument("--kernels", nargs="*", default=(), help="run-time kernel sources (.cu) for op files")
+    b.add_argument("--build-dir", default=None, help="where to build (default: under ~/.cache/opforge/build)")
+    b.add_argument("--cuda-architectures", default="90", help="CMake CUDA architectures for .cu files (default 90)")
+    b.add_argument("-v", "--verbose", action="store_true", help="print the build's output")
+    b.set_defaults(func=_build)
+
     v = sub.add_parser(
         "verify",
         help="compare device kernels with the CPU reference, per op",
         description="Verify ops: device kernels against the CPU reference (on a machine without "
         "a GPU, the reference against the description's torch equivalent), "
         "opcheck, torch.compile without recompiles, Meta against real, and for "
-        "an op with a backward op, torch.autograd.gradcheck in float64.",
+        "an op with a backward op, torch.autograd.gradcheck.",
     )
     v.add_argument("targets", nargs="+", help="op library (.so), qualified op name (ns::op), or example op name")
     v.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     v.add_argument("--seed", type=int, default=None, help="seed of the run (printed; default random)")
-    v.add_argument("--dtype", action="append", default=None, help="dtype to check (repeatable; default all floating)")
+    v.add_argument("--dtype", action="append", default=None, help="dtype to check (repeatable; default all declared)")
     v.add_argument("--json", default=None, help="also write the report as JSON to this file")
     v.set_defaults(func=_verify)
-    args = parser.parse_args(argv)
+
+    sub.add_parser(
+        "run",
+        add_help=False,
+        help="run an AOTInductor package in the C++ runner (`opforge run --help` for its options)",
+    ).set_defaults(func=_run)
+
+    s = sub.add_parser(
+        "stubs",
+        help="write typed stubs (<ns>.py + <ns>.pyi) for an op library's ops",
+        description="Write <ns>.py (torch.ops.<ns> at run time) and <ns>.pyi (each op's signature and doc) "
+        "for each namespace of an op library, so editors complete the ops.",
+    )
+    s.add_argument("library", help="the op library (lib<name>.so)")
+    s.add_argument("-o", "--out", default=".", help="folder to write the stubs into (default: .)")
+    s.set_defaults(func=_stubs)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, rest = parser().parse_known_args(argv)
+    if args.func is _run:
+        return _run(args, argv[argv.index("run") + 1 :])
+    if rest:
+        parser().error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

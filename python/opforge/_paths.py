@@ -55,24 +55,6 @@ def core_path() -> Path:
     return lib_dir() / "libopforge_core.so"
 
 
-def adapter_path() -> Path:
-    """``libopforge_torch.so``, the PyTorch adapter (installed: built for this torch on first use)."""
-    if installed():
-        from . import _adapter
-
-        return _adapter.ensure_built() / "lib" / "libopforge_torch.so"
-    return build_dir() / "lib" / "libopforge_torch.so"
-
-
-def runner_path() -> Path:
-    """``opforge-runner``, the C++ AOTInductor runner (installed: built with the adapter)."""
-    if installed():
-        from . import _adapter
-
-        return _adapter.ensure_built() / "bin" / "opforge-runner"
-    return build_dir() / "bin" / "opforge-runner"
-
-
 def example_library(op: str) -> Path:
     """The op library built from a checkout's ``examples/ops/<op>/`` (``lib<op>.so``).
 

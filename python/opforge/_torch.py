@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from . import _core
+from ._adapter import adapter_path
 from ._core import OpforgeError
-from ._paths import adapter_path
 from .description import Library, Op, library_from_json
 from .distributed import register_sharding_rules
 
@@ -26,6 +26,13 @@ def _load_adapter() -> ctypes.CDLL:
         path = adapter_path()
         if not path.exists():
             raise OpforgeError(f"opforge: the torch adapter {path} is not built; run `make build`")
+        stamp = path.with_suffix(".torch-version")
+        built_for = stamp.read_text().strip() if stamp.exists() else None
+        if built_for != torch.__version__:
+            raise OpforgeError(
+                f"opforge: the torch adapter {path} was built for torch {built_for}, but this is torch "
+                f"{torch.__version__}; rebuild it (`make build`, with this Python as OPFORGE_PYTHON)"
+            )
         torch.ops.load_library(str(path))  # libtorch is loaded by now, so its symbols resolve
         lib = ctypes.CDLL(str(path))
         lib.opforge_torch_load_library.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]

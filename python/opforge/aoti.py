@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ._adapter import runner_path
 from ._core import OpforgeError
-from ._paths import runner_path
 from ._torch import loaded_libraries, precompile
 
 MANIFEST = "opforge_ops.txt"

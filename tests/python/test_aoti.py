@@ -9,7 +9,7 @@ import torch
 
 from conftest import DEVICES, requires_two_gpus
 from opforge import OpforgeError, aoti
-from opforge._paths import runner_path
+from opforge._adapter import runner_path
 
 
 class Pipeline(torch.nn.Module):

@@ -103,7 +103,7 @@ def test_compile_error_names_file_and_line(tmp_path):
 
 
 def test_not_an_op_library():
-    from opforge._paths import adapter_path
+    from opforge._adapter import adapter_path
 
     with pytest.raises(ValueError, match="is not an opforge op library"):
         opforge.load_library(adapter_path())

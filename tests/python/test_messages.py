@@ -18,7 +18,7 @@ import torch
 import opforge
 import opforge.aoti
 from opforge import _core
-from opforge._paths import runner_path
+from opforge._adapter import runner_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

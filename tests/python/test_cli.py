@@ -1,0 +1,134 @@
+"""The ``opforge`` command line: each verb's work, --help, and exit codes (0 done, 1 failed,
+2 bad arguments or input). Run as the installed console script would run it: a fresh Python
+process with ``-m opforge``."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from opforge._adapter import runner_path
+
+OP = """
+#include <opforge/op.h>
+
+static void twice_cpu(opforge::Tensor x, double a, opforge::MutableTensor y) {
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = 2.0f * x.data<float>()[i] + static_cast<float>(a);
+}
+
+OPFORGE_OP(cli, twice)
+    .doc("y = 2 x + a")
+    .input("x", opforge::kFloat32)
+    .param<double>("a", 0.0)
+    .output("y", opforge::like("x"))
+    .equivalent("2 * x + a")
+    .reference(twice_cpu);
+"""
+
+
+def opforge_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OPFORGE_QUIET": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "opforge", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """``opforge build`` of an op folder holding one op file."""
+    folder = tmp_path_factory.mktemp("cli") / "twice"
+    folder.mkdir()
+    (folder / "twice.cpp").write_text(textwrap.dedent(OP))
+    proc = opforge_cli("build", str(folder), "--build-dir", str(folder.parent / "build"))
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.name == "libtwice.so" and path.exists()
+    return path
+
+
+def test_build_verify_and_stubs(built, tmp_path):
+    proc = opforge_cli("verify", str(built), "--device", "cpu", "--seed", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cli::twice" in proc.stdout
+
+    proc = opforge_cli("stubs", str(built), "-o", str(tmp_path / "typed"))
+    assert proc.returncode == 0, proc.stderr
+    stub, module = tmp_path / "typed" / "cli.pyi", tmp_path / "typed" / "cli.py"
+    assert sorted(proc.stdout.split()) == sorted([str(module), str(stub)])
+    tree = ast.parse(stub.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_twice")
+    methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+    assert sorted(methods) == ["__call__", "default", "out"]
+    assert ast.unparse(methods["__call__"].args) == "self, x: Tensor, a: float=0.0"
+    assert ast.unparse(methods["out"].args) == "self, x: Tensor, a: float=0.0, *, y: Tensor"
+    assert ast.unparse(methods["__call__"].returns) == "Tensor"
+    assert ast.get_docstring(methods["__call__"]).startswith(
+        "y = 2 x + a\n\nSchema: ``cli::twice(Tensor x, float a=0.0"
+    )
+
+    # The run-time module is torch.ops.cli itself.
+    check = (
+        "import sys, torch, opforge; opforge.load_library(sys.argv[1]); sys.path.insert(0, sys.argv[2]); "
+        "import cli; assert cli.twice is torch.ops.cli.twice; print(cli.twice(torch.ones(2), 1.0).tolist())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check, str(built), str(tmp_path / "typed")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[3.0, 3.0]"
+
+
+def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
+    (tmp_path / "broken.cpp").write_text("#include <opforge/op.h>\nthis is not C++;\n")
+    proc = opforge_cli("build", str(tmp_path / "broken.cpp"), "--build-dir", str(tmp_path / "build"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("opforge build: ")
+    assert "broken.cpp" in proc.stderr and "error" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["build", "/nonexistent/op.cpp"],
+            "opforge build: opforge.build_library: missing source files: /nonexistent/op.cpp",
+        ),
+        (["verify", "/nonexistent/libx.so"], "opforge verify: "),
+        (["stubs", "/nonexistent/libx.so"], "opforge stubs: /nonexistent/libx.so does not exist"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+        (["verify"], "the following arguments are required: targets"),
+    ],
+)
+def test_bad_input_exits_2_and_says_what_is_wrong(args, message):
+    proc = opforge_cli(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+@pytest.mark.parametrize("verb", ["build", "verify", "stubs"])
+def test_each_verb_has_help(verb):
+    proc = opforge_cli(verb, "--help")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith(f"usage: opforge {verb}")
+
+
+def test_top_level_help_lists_the_verbs_and_exit_codes():
+    proc = opforge_cli("--help")
+    assert proc.returncode == 0
+    assert "{build,verify,run,stubs}" in proc.stdout and "Exit codes: 0 success, 1" in proc.stdout
+
+
+@pytest.mark.skipif(not runner_path().exists(), reason="the C++ runner is not built (make build)")
+def test_run_passes_its_arguments_to_the_runner(tmp_path):
+    proc = opforge_cli("run", "--help")
+    assert proc.returncode == 0
+    assert "--inputs" in proc.stdout and "--iters" in proc.stdout
+    proc = opforge_cli("run", str(tmp_path / "missing.pt2"), "--inputs", "x.pt", "--output", "y.pt")
+    assert proc.returncode != 0
+    assert "missing.pt2" in proc.stderr
