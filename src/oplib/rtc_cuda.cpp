@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -249,7 +250,15 @@ struct Job {
   std::vector<std::string> options;
 };
 
-Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string& arch) {
+/// How many int64 launch values precede the parameters: elementwise 1 (n), rows 2 (rows,
+/// cols), a grid function's as many as it returns (-1: known only once it has run).
+int32_t launch_values(const RuntimeKernel& rk) {
+  return rk.rule.kind == LaunchRule::kElementwise ? 1 : rk.rule.kind == LaunchRule::kRows ? 2 : -1;
+}
+
+/// `parameters`: what the instantiation is passed (rtc::parameters_text), part of the cache key,
+/// so a change of an output's dtype rule or of a parameter's type is never served an old binary.
+Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string& arch, const std::string& parameters) {
   Job j;
   j.path = kernel_dir() + "/" + rk.file;
   if (!rtc::read_file(j.path, j.source))
@@ -263,7 +272,8 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
   j.options = {"--std=c++17",       "-arch=" + j.arch,         "-lineinfo",
                "-I" + kernel_dir(), "-I" + cuda_include_dir(), "-I" + cuda_include_dir() + "/cccl",
                "-DOPFORGE_RTC=1"};
-  j.key = "opforge-rtc-v1\nnvrtc " + nvrtc().version_text + "\narch " + j.arch + "\nname " + name + "\noptions";
+  j.key = "opforge-rtc-v2\nnvrtc " + nvrtc().version_text + "\narch " + j.arch + "\nname " + name + "\nparameters " +
+          parameters + "\noptions";
   for (const auto& o : j.options)
     if (o.rfind("-I", 0) != 0) j.key += " " + o;  // include folders may move; their contents count below
   j.key += "\nsource " + std::to_string(j.source.size()) + "\n" + j.source + "\nheader\n" + header;
@@ -281,6 +291,23 @@ Binary binary_for(const Job& job, const std::string& write_dir, bool& hit, bool 
   return b;
 }
 
+/// Refuses a kernel whose declared parameters differ from what opforge passes (`expected`):
+/// InternalError naming each parameter, the type expected and the type found. extern "C"
+/// kernels have no types in their names and are not checked.
+void check_signature(const RuntimeKernel& rk, const std::string& name, const Binary& b,
+                     const std::vector<rtc::KernelParameter>& expected, bool launch_values_known) {
+  const std::optional<std::string> declared = rtc::demangled_parameters(b.lowered_name);
+  if (!declared) return;
+  const std::vector<std::string> problems =
+      rtc::signature_problems(*declared, expected, launch_values_known, cuda_type);
+  if (problems.empty()) return;
+  std::string message = "the run-time kernel " + name + " (" + rk.file + ") is declared (" + *declared +
+                        ") but is passed (" + rtc::parameters_text(expected, cuda_type) +
+                        "); see Note [Run-time kernels] in opforge/op.h:";
+  for (const auto& p : problems) message += "\n  " + p;
+  throw InternalError(message);
+}
+
 // ---- loaded functions -----------------------------------------------------------------------
 
 std::mutex g_mutex;
@@ -289,13 +316,20 @@ std::map<std::tuple<const RuntimeKernel*, std::string, int>, CUfunction>& functi
   return m;
 }
 
-CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int device) {
+/// The loaded function of instantiation `name` on `device`, compiled (or found cached) and its
+/// signature checked on first use; `launch_count`: the launch's int64 values.
+CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int device,
+                        const std::vector<int32_t>& arg_dtypes, const std::vector<int32_t>& out_dtypes,
+                        int32_t launch_count) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto key = std::make_tuple(&rk, name, device);
   auto it = functions().find(key);
   if (it != functions().end()) return it->second;
   bool hit = false;
-  const Binary b = binary_for(make_job(rk, name, device_target(device)), rtc::user_cache_dir(), hit);
+  const std::string parameters =
+      rtc::parameters_text(rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_values(rk)), cuda_type);
+  const Binary b = binary_for(make_job(rk, name, device_target(device), parameters), rtc::user_cache_dir(), hit);
+  check_signature(rk, name, b, rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_count), true);
   // Loaded into the device's primary context (current: the adapter's device guard and
   // bind_primary_context made it so).
   // Modules are never unloaded: after reload() work already queued may still use them.
@@ -336,7 +370,8 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   rtc::KernelArguments args(rk, f, *cfg);
 
   bind_primary_context(f->ctx->device_index);
-  CUfunction fn = function_for(rk, name, f->ctx->device_index);
+  CUfunction fn =
+      function_for(rk, name, f->ctx->device_index, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg->args.size()));
   if (cfg->shared_bytes > 48 * 1024 && driver().set_attribute)
     check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     static_cast<int>(cfg->shared_bytes)),
@@ -364,8 +399,12 @@ int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user) {
     const std::string name = rtc::instantiate(rk, arg_dtypes, out_dtypes, request->values, cuda_type);
     std::lock_guard<std::mutex> lock(g_mutex);
     bool hit = false;
-    binary_for(make_job(rk, name, request->arch), request->cache_dir ? request->cache_dir : rtc::user_cache_dir(), hit,
-               /*store_in_write_dir=*/true);
+    const std::vector<rtc::KernelParameter> expected =
+        rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_values(rk));
+    const Binary b = binary_for(make_job(rk, name, request->arch, rtc::parameters_text(expected, cuda_type)),
+                                request->cache_dir ? request->cache_dir : rtc::user_cache_dir(), hit,
+                                /*store_in_write_dir=*/true);
+    check_signature(rk, name, b, expected, launch_values(rk) >= 0);
     request->cache_hit = hit;
   });
 }

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 
 namespace opforge::detail {
@@ -294,6 +297,157 @@ std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const Opforge
       break;
   }
   throw InternalError("run-time kernel without a launch rule");
+}
+
+std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
+                                               const std::vector<int32_t>& out_dtypes, int32_t launch_values) {
+  const OpDef& def = *rk.def;
+  std::vector<KernelParameter> out;
+  for (size_t i = 0; i < def.args.size(); ++i)
+    if (def.args[i].kind == OPFORGE_ARG_TENSOR)
+      out.push_back({KernelParameter::kPointer, "input " + def.args[i].name, arg_dtypes[i], def.args[i].tensor.mutated,
+                     def.args[i].tensor.optional});
+  for (size_t o = 0; o < def.outputs.size(); ++o)
+    out.push_back({KernelParameter::kPointer, "output " + def.outputs[o].name, out_dtypes[o], true});
+  static const char* const kRows[] = {"rows", "cols"};
+  for (int32_t k = 0; k < launch_values; ++k) {
+    const std::string name = rk.rule.kind == LaunchRule::kElementwise     ? "n"
+                             : rk.rule.kind == LaunchRule::kRows && k < 2 ? kRows[k]
+                                                                          : "args[" + std::to_string(k) + "]";
+    out.push_back({KernelParameter::kInt64, "launch value " + name});
+  }
+  for (const ArgDecl& a : def.args) {
+    if (a.kind == OPFORGE_ARG_TENSOR || a.param.compile_time) continue;
+    const auto kind = a.kind == OPFORGE_ARG_FLOAT  ? KernelParameter::kDouble
+                      : a.kind == OPFORGE_ARG_BOOL ? KernelParameter::kBool
+                                                   : KernelParameter::kInt64;
+    out.push_back({kind, "parameter " + a.name});
+  }
+  return out;
+}
+
+namespace {
+
+/// The C type a parameter must have, as the demangler prints it (int64_t is long long).
+std::string expected_type(const KernelParameter& p, const char* (*type_name)(int32_t)) {
+  switch (p.kind) {
+    case KernelParameter::kPointer:
+      return std::string(type_name(p.dtype)) + (p.writes ? "*" : " const*");
+    case KernelParameter::kInt64:
+      return "int64_t";
+    case KernelParameter::kDouble:
+      return "double";
+    case KernelParameter::kBool:
+      return "bool";
+  }
+  return "";
+}
+
+/// The top-level comma-separated items of a parameter list, trimmed.
+std::vector<std::string> split_parameters(const std::string& text) {
+  std::vector<std::string> items;
+  std::string cur;
+  int depth = 0;
+  for (char c : text) {
+    if (c == '<' || c == '(' || c == '[') ++depth;
+    if (c == '>' || c == ')' || c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      items.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  items.push_back(cur);
+  for (auto& item : items) {
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+  }
+  if (items.size() == 1 && (items[0].empty() || items[0] == "void")) items.clear();
+  return items;
+}
+
+/// Whether a declared parameter (demangled text) takes what `p` passes.
+bool matches(const std::string& declared, const KernelParameter& p, const char* (*type_name)(int32_t)) {
+  const bool is_int64 = declared == "long long" || declared == "long";
+  switch (p.kind) {
+    case KernelParameter::kInt64:
+      return is_int64;
+    case KernelParameter::kDouble:
+      return declared == "double";
+    case KernelParameter::kBool:
+      return declared == "bool";
+    case KernelParameter::kPointer:
+      break;
+  }
+  if (declared.size() < 2 || declared.back() != '*' || declared[declared.size() - 2] == '*') return false;
+  std::string element = declared.substr(0, declared.size() - 1);
+  while (!element.empty() && element.back() == ' ') element.pop_back();
+  bool is_const = false;
+  if (element.size() > 6 && element.compare(element.size() - 6, 6, " const") == 0) {
+    is_const = true;
+    element.resize(element.size() - 6);
+  }
+  if (is_const && p.writes) return false;
+  if (element == "void" || p.dtype < 0) return true;  // untyped, or an optional input left out: any pointer
+  const std::string want = type_name(p.dtype);
+  return element == want || (want == "long long" && element == "long") || (want == "signed char" && element == "char");
+}
+
+}  // namespace
+
+std::string parameters_text(const std::vector<KernelParameter>& params, const char* (*type_name)(int32_t dtype)) {
+  std::string text;
+  for (const auto& p : params)
+    text += (text.empty() ? "" : ", ") + (p.optional ? "optional*" : expected_type(p, type_name));
+  return text;
+}
+
+std::vector<std::string> signature_problems(const std::string& declared, const std::vector<KernelParameter>& expected,
+                                            bool launch_values_known, const char* (*type_name)(int32_t dtype)) {
+  const std::vector<std::string> found = split_parameters(declared);
+  // Align `expected` to `found`: with the launch values unknown, the int64s between the
+  // pointers and the parameters stand for them, as many as `found` leaves room for.
+  std::vector<KernelParameter> want = expected;
+  if (!launch_values_known && found.size() > want.size()) {
+    size_t pointers = 0;
+    while (pointers < want.size() && want[pointers].kind == KernelParameter::kPointer) ++pointers;
+    const size_t extra = found.size() - want.size();
+    for (size_t k = 0; k < extra; ++k)
+      want.insert(want.begin() + static_cast<std::ptrdiff_t>(pointers + k),
+                  {KernelParameter::kInt64, "launch value args[" + std::to_string(k) + "]"});
+  }
+  std::vector<std::string> problems;
+  for (size_t i = 0; i < std::max(want.size(), found.size()); ++i) {
+    const std::string index = "parameter " + std::to_string(i + 1);
+    if (i >= found.size())
+      problems.push_back(index + " (" + want[i].what + "): expected " + expected_type(want[i], type_name) +
+                         ", the kernel has no such parameter");
+    else if (i >= want.size())
+      problems.push_back(index + ": the kernel declares " + found[i] + ", but opforge passes only " +
+                         std::to_string(want.size()) + " arguments");
+    else if (!matches(found[i], want[i], type_name))
+      problems.push_back(index + " (" + want[i].what + "): expected " + expected_type(want[i], type_name) + ", found " +
+                         found[i]);
+  }
+  return problems;
+}
+
+std::optional<std::string> demangled_parameters(const std::string& lowered_name) {
+  if (lowered_name.rfind("_Z", 0) != 0) return std::nullopt;
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> text(abi::__cxa_demangle(lowered_name.c_str(), nullptr, nullptr, &status),
+                                              std::free);
+  if (status != 0 || !text) return std::nullopt;
+  const std::string s = text.get();
+  // The parameter list is the last parenthesised group at depth 0 ("void f<T>(...)").
+  if (s.empty() || s.back() != ')') return std::nullopt;
+  int depth = 0;
+  for (size_t i = s.size(); i-- > 0;) {
+    if (s[i] == ')') ++depth;
+    if (s[i] == '(' && --depth == 0) return s.substr(i + 1, s.size() - i - 2);
+  }
+  return std::nullopt;
 }
 
 KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg)

@@ -67,6 +67,43 @@ int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg
 /// exceed a launch's limits.
 std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f);
 
+// ---- kernel signatures ----------------------------------------------------------------------
+
+/// One parameter a run-time kernel must declare: what KernelArguments passes in its place.
+struct KernelParameter {
+  enum Kind { kPointer, kInt64, kDouble, kBool };
+  Kind kind = kInt64;
+  std::string what;       ///< "input x", "output y", "launch value n", "parameter eps"
+  int32_t dtype = -1;     ///< kPointer: the tensor's OpforgeDtype; -1: an optional input left out
+  bool writes = false;    ///< kPointer: an output or mutated input (the pointee is not const)
+  bool optional = false;  ///< kPointer: an opforge::optional input (null when left out)
+};
+
+/// The parameters a kernel instantiation takes, in order, for these dtypes: the tensors'
+/// pointers (inputs, then outputs), `launch_values` int64 values of the launch rule
+/// (elementwise: n; rows: rows, cols; a grid function: its args; -1 when unknown, i.e. a grid
+/// function's before it runs), then the parameters that are not compile-time.
+std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
+                                               const std::vector<int32_t>& out_dtypes, int32_t launch_values);
+
+/// A one-line text of `params` for cache keys ("float const*, float*, int64_t, double"); an
+/// optional input is "optional*" whether given or not (one binary serves both calls).
+std::string parameters_text(const std::vector<KernelParameter>& params, const char* (*type_name)(int32_t dtype));
+
+/// The differences between a kernel's declared parameter list `declared` (as the Itanium
+/// demangler prints it, e.g. "float const*, float*, long long, double") and `expected`, one
+/// line per parameter: "parameter 3 (launch value n): expected int64_t, found int". A pointer
+/// matches its tensor's element type (`type_name`, e.g. "__half"; int64 also as "long") or
+/// void (any type for an optional input left out); an output's or mutated input's must not point to const. With
+/// `launch_values_known` false, any number of int64 parameters may stand for the launch values. Empty if they match.
+std::vector<std::string> signature_problems(const std::string& declared, const std::vector<KernelParameter>& expected,
+                                            bool launch_values_known, const char* (*type_name)(int32_t dtype));
+
+/// The parameter list of a lowered (Itanium-mangled) kernel name, demangled: for
+/// "_Z10softshrinkIfEvPKT_PS0_xd", "float const*, float*, long long, double". nullopt for a
+/// name that is not mangled (an extern "C" kernel, whose parameters cannot be checked).
+std::optional<std::string> demangled_parameters(const std::string& lowered_name);
+
 /// The kernel's arguments in their order: the tensors' data pointers (inputs, then outputs; an
 /// absent optional input's is null), the launch's int64 values, then the parameters that are
 /// not compile-time, each with its declared C type (int64_t, double, bool).

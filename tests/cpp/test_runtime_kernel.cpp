@@ -116,19 +116,25 @@ TEST(LaunchGeometry, ElementwiseBlocksCoverEveryElement) {
   EXPECT_EQ(cfg->args, (std::vector<int64_t>{3000}));
 }
 
+/// ns::pair's description (x, optional w, n, alpha, flag, compile-time k -> y), launched by `rule`.
+std::unique_ptr<opforge::detail::OpDef> pair_op(opforge::detail::LaunchRule rule,
+                                                const std::string& name = "pair<{T}>") {
+  return finalized(opforge::detail::make_op("ns", "pair", "f.cpp", 1)
+                       .input("x", opforge::floating)
+                       .input("w", opforge::floating, opforge::optional)
+                       .param<int64_t>("n", 2)
+                       .param<double>("alpha", 0.5)
+                       .param<bool>("flag", true)
+                       .param<int64_t>("k", 4, opforge::compile_time)
+                       .output("y", opforge::like("x"))
+                       .reference(pair_cpu)
+                       .cuda_source("pair.cu", name)
+                       .launch(std::move(rule))
+                       .release());
+}
+
 TEST(KernelArguments, PointersThenLaunchValuesThenParameters) {
-  auto def = finalized(opforge::detail::make_op("ns", "pair", "f.cpp", 1)
-                           .input("x", opforge::floating)
-                           .input("w", opforge::floating, opforge::optional)
-                           .param<int64_t>("n", 2)
-                           .param<double>("alpha", 0.5)
-                           .param<bool>("flag", true)
-                           .param<int64_t>("k", 4, opforge::compile_time)
-                           .output("y", opforge::like("x"))
-                           .reference(pair_cpu)
-                           .cuda_source("pair.cu", "pair<{T}, {T_y}, {k}>")
-                           .launch(opforge::elementwise("y"))
-                           .release());
+  auto def = pair_op(opforge::elementwise("y"), "pair<{T}, {T_y}, {k}>");
   Frame f;
   f.args.resize(6);
   f.args[0].tensor = f.tensor({8}, OPFORGE_DTYPE_FLOAT16);
@@ -160,6 +166,64 @@ TEST(KernelArguments, PointersThenLaunchValuesThenParameters) {
   EXPECT_EQ(rtc::instantiate(*def->runtime_kernels[0], {OPFORGE_DTYPE_FLOAT16, -1, -1, -1, -1, -1},
                              {OPFORGE_DTYPE_FLOAT32}, values.data(), type),
             "pair<__half, float, 4>");
+}
+
+const char* cuda_name(int32_t d) { return d == OPFORGE_DTYPE_FLOAT16 ? "__half" : "float"; }
+
+TEST(KernelSignature, WhatTheKernelIsPassedInOrder) {
+  auto def = pair_op(opforge::elementwise("y"));
+  const auto params = rtc::kernel_parameters(*def->runtime_kernels[0], {OPFORGE_DTYPE_FLOAT16, -1, -1, -1, -1, -1},
+                                             {OPFORGE_DTYPE_FLOAT16}, 1);
+  EXPECT_EQ(rtc::parameters_text(params, cuda_name),
+            "__half const*, optional*, __half*, int64_t, int64_t, double, bool");
+  EXPECT_TRUE(rtc::signature_problems("__half const*, __half const*, __half*, long long, long, double, bool", params,
+                                      true, cuda_name)
+                  .empty());
+  // void pointers take any tensor; a left-out optional input takes any pointer.
+  EXPECT_TRUE(rtc::signature_problems("void const*, float const*, void*, long long, long long, double, bool", params,
+                                      true, cuda_name)
+                  .empty());
+  EXPECT_EQ(rtc::signature_problems("__half const*, __half const*, __half const*, int, long long, float", params, true,
+                                    cuda_name),
+            (std::vector<std::string>{
+                "parameter 3 (output y): expected __half*, found __half const*",
+                "parameter 4 (launch value n): expected int64_t, found int",
+                "parameter 6 (parameter alpha): expected double, found float",
+                "parameter 7 (parameter flag): expected bool, the kernel has no such parameter",
+            }));
+  EXPECT_EQ(rtc::signature_problems("__half const*, __half const*, __half*, long long, long long, double, bool, int",
+                                    params, true, cuda_name),
+            (std::vector<std::string>{"parameter 8: the kernel declares int, but opforge passes only 7 arguments"}));
+}
+
+TEST(KernelSignature, AGridFunctionsValuesAreAnyNumberOfInt64s) {
+  auto def = pair_op(opforge::rows("x"));
+  const auto unknown = rtc::kernel_parameters(*def->runtime_kernels[0], {OPFORGE_DTYPE_FLOAT32, OPFORGE_DTYPE_FLOAT32},
+                                              {OPFORGE_DTYPE_FLOAT32}, -1);
+  EXPECT_TRUE(rtc::signature_problems("float const*, float const*, float*, long long, long long, long long, long long, "
+                                      "double, bool",
+                                      unknown, false, cuda_name)
+                  .empty());
+  EXPECT_EQ(rtc::signature_problems("float const*, float const*, float*, long long, int, long long, double, bool",
+                                    unknown, false, cuda_name),
+            (std::vector<std::string>{"parameter 5 (launch value args[1]): expected int64_t, found int"}));
+  const auto rows = rtc::kernel_parameters(*def->runtime_kernels[0], {OPFORGE_DTYPE_FLOAT32, OPFORGE_DTYPE_FLOAT32},
+                                           {OPFORGE_DTYPE_FLOAT32}, 2);
+  EXPECT_EQ(rtc::parameters_text(rows, cuda_name),
+            "float const*, optional*, float*, int64_t, int64_t, int64_t, double, bool");
+  EXPECT_EQ(
+      rtc::signature_problems("float const*, float const*, float*, long long, long long, double, bool", rows, true,
+                              cuda_name),
+      (std::vector<std::string>{"parameter 6 (parameter n): expected int64_t, found double",
+                                "parameter 7 (parameter alpha): expected double, found bool",
+                                "parameter 8 (parameter flag): expected bool, the kernel has no such parameter"}));
+}
+
+TEST(KernelSignature, DemangledParameterLists) {
+  // void twice<float>(float const*, float*, long long) and an extern "C" name (no types).
+  EXPECT_EQ(rtc::demangled_parameters("_Z5twiceIfEvPKT_PS0_x").value_or("?"), "float const*, float*, long long");
+  EXPECT_EQ(rtc::demangled_parameters("twice_c"), std::nullopt);
+  EXPECT_EQ(rtc::demangled_parameters("_Znot a name"), std::nullopt);
 }
 
 TEST(BinaryCache, EntriesRoundTripAndDamagedOnesAreIgnored) {

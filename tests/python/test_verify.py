@@ -197,3 +197,46 @@ def test_a_reference_beyond_float16_range_is_its_infinity():
     assert ok, why
     ok, _, worst, why = verify.compare.compare(out, torch.tensor([1e4, 65025.0, -7e4], dtype=torch.float64), "float16")
     assert not ok and worst == float("inf") and "first at [0]: inf, expected 10000.0" in why
+
+
+SIGNATURES = {
+    "cuda_int_n": ("twice_int_n<float>", "float const*, float*, int", "float const*, float*, int64_t",
+                   "parameter 3 (launch value n): expected int64_t, found int"),
+    "cuda_float_pointers": ("twice_float_pointers<__half>", "float const*, float*, long long",
+                            "__half const*, __half*, int64_t",
+                            "parameter 1 (input x): expected __half const*, found float const*\n"
+                            "  parameter 2 (output y): expected __half*, found float*"),
+    "cuda_scaled_without_a": ("twice_scaled_without_a<float>", "float const*, float*, long long",
+                              "float const*, float*, int64_t, double",
+                              "parameter 4 (parameter a): expected double, the kernel has no such parameter"),
+    "cuda_const_output": ("twice_const_output<float>", "float const*, float const*, long long",
+                          "float const*, float*, int64_t",
+                          "parameter 2 (output y): expected float*, found float const*"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", sorted(SIGNATURES))
+def test_a_kernel_whose_parameters_differ_is_refused_when_compiled(broken_ops, op, tmp_path):
+    name, declared, passed, problems = SIGNATURES[op]
+    dtype = torch.float16 if "__half" in name else torch.float32
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.precompile(f"fixture::{op}", {"x": dtype}, arch="sm_90", cache_dir=tmp_path)
+    assert str(err.value) == (
+        f"fixture::{op}: the run-time kernel {name} (broken_kernels.cu) is declared ({declared}) but is passed "
+        f"({passed}); see Note [Run-time kernels] in opforge/op.h:\n  {problems}"
+    )
+    # verify's NVRTC check reports it too (and a cached binary is checked again: the second arch
+    # compiles anew, the first finds the refused binary in the cache and refuses it again).
+    report = verify.verify_op(f"fixture::{op}", device="cpu", seed=5, dtypes=[str(dtype).split(".")[1]])
+    failed = [r for r in report.failures if r.check == "nvrtc"]
+    assert {r.repro["arch"] for r in failed} == {"sm_90", "sm_80"}
+    assert all(problems.splitlines()[0] in r.message for r in failed)
+
+
+def test_cache_entries_are_keyed_by_what_the_kernel_is_passed(broken_ops, tmp_path):
+    # One source and one kernel name: the same binary only while the arguments are the same.
+    x = {"x": torch.float16}
+    assert opforge.precompile("fixture::cache_like_x", x, arch="sm_90", cache_dir=tmp_path) is False
+    assert opforge.precompile("fixture::cache_like_x_again", x, arch="sm_90", cache_dir=tmp_path) is True
+    # A float32 output (an edited dtype rule) is another entry, not the __half* one.
+    assert opforge.precompile("fixture::cache_float_output", x, arch="sm_90", cache_dir=tmp_path) is False
