@@ -17,15 +17,22 @@ export OPFORGE_BUILD_DIR := $(abspath $(BUILD))
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 
-.PHONY: build demo test test-cpp test-python clean
+# What the demo needs (the adapter, the runner and its op library) is built first, and alone by
+# `make demo`; `make build` builds every example and the C++ unit tests as well.
+DEMO_TARGETS := opforge_torch opforge-runner bias_gelu
+
+.PHONY: build build-demo demo test test-cpp test-python clean
 
 $(BUILD)/build.ninja:
 	$(CMAKE) -S . -B $(BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(NINJA) -DPython3_EXECUTABLE=$$(command -v $(PY))
 
-build: $(BUILD)/build.ninja
+build-demo: $(BUILD)/build.ninja
+	$(CMAKE) --build $(BUILD) --target $(DEMO_TARGETS)
+
+build: build-demo
 	$(CMAKE) --build $(BUILD)
 
-demo: build
+demo: build-demo
 	$(PY) examples/models/minilm_demo.py
 
 test-cpp: build

@@ -2,7 +2,8 @@
 # One op-library binary across torch versions: build the example op libraries once (make build,
 # the checkout's torch), then for each torch version, in a virtual environment of its own,
 # `pip install` opforge (whose adapter is built for that torch on first use) and run
-# `opforge verify --device cpu` on the very same .so files, whose hashes are checked unchanged.
+# `opforge verify --device cpu` on the very same .so files (copied once; their hashes are
+# checked unchanged after each version).
 #
 #   tools/check_torch_versions.sh [VERSION...]   default: 2.10.0 and the newest torch on the index
 #
@@ -13,9 +14,16 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venvs="${OPFORGE_VENV_ROOT:-$HOME/.cache/opforge}"
 make -C "$root" build >/dev/null || { echo "check_torch_versions: make build failed" >&2; exit 1; }
 py="$("$root/tools/bootstrap.sh")"
+# The binaries under test are copied once (with their run-time kernel folders), so a rebuild
+# of the checkout meanwhile cannot change them.
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
 libs=()
 for so in "$root"/build/lib/lib*.so; do
-  case "$(basename "$so")" in libopforge_*) ;; *) libs+=("$so") ;; esac
+  case "$(basename "$so")" in libopforge_*) continue ;; esac
+  cp -p "$so" "$tmp/"
+  [[ -d "${so%.so}.kernels" ]] && cp -rpL "${so%.so}.kernels" "$tmp/"
+  libs+=("$tmp/$(basename "$so")")
 done
 before="$(sha256sum "${libs[@]}")"
 versions=("$@")

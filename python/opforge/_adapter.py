@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,10 +34,16 @@ def _outputs(target: str) -> Path:
 
 
 def build_folder() -> Path:
-    """The folder the adapter and runner for this Python's torch are built in (not created)."""
+    """The folder the adapter and runner for this Python's torch are built in (not created), keyed
+    by torch (version and installation), this opforge, the interpreter and the sources built."""
     import torch
 
-    key_text = "\n".join([torch.__version__, str(Path(torch.__file__).parent), str(_paths.PACKAGE), sys.executable])
+    sources = _paths.PACKAGE / "_src"
+    digest = hashlib.sha256()
+    for path in sorted(p for p in sources.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(sources)).encode() + b"\0" + path.read_bytes())
+    parts = [torch.__version__, str(Path(torch.__file__).parent), str(_paths.PACKAGE), sys.executable]
+    key_text = "\n".join([*parts, digest.hexdigest()])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
     return _cache_dir() / "adapter" / f"torch-{torch.__version__}-{key}"
 
@@ -87,6 +94,8 @@ def ensure_built(target: str = ADAPTER) -> Path:
                 f"-DOPFORGE_CMAKE_DIR={_paths.cmake_dir()}",
                 f"-DPython3_EXECUTABLE={sys.executable}",
             ]
+            if shutil.which("ccache"):
+                configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
             steps.append(configure)
         steps.append([cmake, "--build", str(folder), "--target", target])
         what = "the PyTorch adapter" if target == ADAPTER else "the C++ runner"
@@ -99,7 +108,6 @@ def ensure_built(target: str = ADAPTER) -> Path:
                         f"(remove {folder} to start over):\n{proc.stdout}{proc.stderr}"
                     )
     return folder
-
 
 
 def built_path(target: str) -> Path:

@@ -19,8 +19,15 @@ class BuildError(RuntimeError):
 
 
 def _tool(name: str) -> str:
-    """A build tool from this Python environment if it has one (pip's cmake and ninja), else PATH."""
+    """A build tool from this Python environment if it has one (pip's cmake and ninja: the
+    interpreter's folder, else the package's own, as where a .pth file adds them), else PATH."""
     local = Path(sys.executable).parent / name
+    if not local.exists():
+        try:
+            module = __import__(name)
+            local = Path(getattr(module, "CMAKE_BIN_DIR" if name == "cmake" else "BIN_DIR", "")) / name
+        except ImportError:
+            pass
     found = str(local) if local.exists() else shutil.which(name)
     if found is None:
         raise BuildError(f"opforge.build_library: {name} not found; install it (pip install {name})")

@@ -26,6 +26,7 @@ import torch
 
 from ._adapter import runner_path
 from ._core import OpforgeError
+from ._progress import status
 from ._torch import loaded_libraries, precompile
 
 MANIFEST = "opforge_ops.txt"
@@ -118,7 +119,10 @@ def package(
     package_dir = Path(package_dir)
     package_dir.mkdir(parents=True, exist_ok=True)
     pt2 = package_dir / "model.pt2"
-    torch._inductor.aoti_compile_and_package(program, package_path=str(pt2), inductor_configs=inductor_configs or {})
+    with status(f"opforge: AOTInductor-compiling {pt2} (tens of seconds)"):
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(pt2), inductor_configs=inductor_configs or {}
+        )
     lines, libraries = set(), {}
     for name, lib, _ in _opforge_nodes(program):
         libraries[lib.path] = lib
@@ -132,7 +136,8 @@ def package(
     for arch in _device_archs(program) if archs is None else archs:
         for name, dtypes, params in _instantiations(program):
             lib = next(lib for lib in libraries.values() if name in lib.op_names)
-            precompile(name, dtypes, params, arch=arch, cache_dir=package_dir / lib.kernel_dir.name / "cache")
+            with status(f"opforge: compiling {name}'s run-time kernels for {arch}"):
+                precompile(name, dtypes, params, arch=arch, cache_dir=package_dir / lib.kernel_dir.name / "cache")
     (package_dir / MANIFEST).write_text(
         "# op library for each custom op of model.pt2\n" + "\n".join(sorted(lines)) + "\n"
     )

@@ -12,11 +12,31 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
+#include <utility>
 
 #include "../core/schema.h"
 
 namespace opforge::torch {
 namespace {
+
+/// What holds an autograd node of type N: std::shared_ptr in torch releases whose Node is not
+/// reference-counted in itself (2.10 to 2.14), c10::intrusive_ptr in those where it is (2.15);
+/// set_history and rebase_history take the one their torch uses.
+template <class N>
+using NodePtr =
+    std::conditional_t<std::is_base_of_v<c10::intrusive_ptr_target, N>, c10::intrusive_ptr<N>, std::shared_ptr<N>>;
+
+/// A new node of type N: shared_ptr nodes are freed through deleteNode (found by argument-dependent
+/// lookup in torch::autograd), which releases a long graph without deep recursion.
+template <class N, class... A>
+NodePtr<N> make_node(A&&... args) {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, N>) {
+    return c10::make_intrusive<N>(std::forward<A>(args)...);
+  } else {
+    return std::shared_ptr<N>(new N(std::forward<A>(args)...), [](N* node) { deleteNode(node); });
+  }
+}
 
 // Note [Autograd kernel]
 // An op that names a backward op (Note [Backward ops] in opforge/op.h) gets one boxed kernel at
@@ -137,9 +157,9 @@ class AutogradKernel final : public c10::OperatorKernel {
                                   core::qualified_name(*op_),
                                   ", which does not support it: its backward op gives reverse-mode gradients only");
     }
-    std::shared_ptr<BackwardNode> node;
+    NodePtr<BackwardNode> node;
     if (requires_grad && at::GradMode::is_enabled()) {
-      node = std::shared_ptr<BackwardNode>(new BackwardNode(op_, &plan_, &tensor_slot_), ::torch::autograd::deleteNode);
+      node = make_node<BackwardNode>(op_, &plan_, &tensor_slot_);
       save_inputs(*node, arg);
     }
     {
@@ -223,10 +243,9 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
       written.push_back(v.toTensor());
     }
   }
-  std::shared_ptr<::torch::autograd::NotImplemented> node;
+  NodePtr<::torch::autograd::NotImplemented> node;
   if (any) {
-    node = std::shared_ptr<::torch::autograd::NotImplemented>(new ::torch::autograd::NotImplemented(name),
-                                                              ::torch::autograd::deleteNode);
+    node = make_node<::torch::autograd::NotImplemented>(name);
     std::vector<at::Tensor> edges;
     for (const at::Tensor* t : needs_grad) edges.push_back(*t);
     node->set_next_edges(::torch::autograd::collect_next_edges(edges));

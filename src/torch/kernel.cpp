@@ -5,7 +5,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/native/Resize.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
+#include <dlfcn.h>
 
 #include <cmath>
 #include <string>
@@ -18,6 +18,24 @@
 
 namespace opforge::torch {
 namespace {
+
+/// The current CUDA stream of device `index`, as a cudaStream_t, through AOTInductor's C shim
+/// (`aoti_torch_get_current_cuda_stream` in libtorch_cuda, torch/csrc/inductor/aoti_torch/c/shim.h):
+/// every torch the adapter supports exports it with this signature, while c10::Stream's
+/// native_handle() exists only from torch 2.11, and c10::cuda would tie the adapter to CUDA headers.
+/// Throws c10::Error if libtorch_cuda is not loaded or the shim fails.
+void* current_cuda_stream(c10::DeviceIndex index) {
+  using GetStream = int32_t (*)(int32_t, void**);
+  static const GetStream get_stream = [] {
+    void* lib = dlopen("libtorch_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+    void* sym = lib != nullptr ? dlsym(lib, "aoti_torch_get_current_cuda_stream") : nullptr;
+    TORCH_CHECK(sym != nullptr, "opforge: this torch has no aoti_torch_get_current_cuda_stream in libtorch_cuda.so");
+    return reinterpret_cast<GetStream>(sym);
+  }();
+  void* stream = nullptr;
+  TORCH_CHECK(get_stream(index, &stream) == 0, "opforge: aoti_torch_get_current_cuda_stream failed on cuda:", index);
+  return stream;
+}
 
 /// Arguments of one call converted from the stack, with storage for strings and lists.
 struct CallArgs {
@@ -240,8 +258,7 @@ class OpKernel final : public c10::OperatorKernel {
     ctx.device_index = device_index;
     if (mode_ == Mode::kCuda) {
       guard.reset_device(device);
-      c10::impl::VirtualGuardImpl impl(device.type());
-      ctx.stream = impl.getStream(device).native_handle();
+      ctx.stream = current_cuda_stream(device.index());
     }
     Scratch scratch{at::TensorOptions().dtype(at::kByte).device(device), {}};
     ctx.allocate = &Scratch::allocate;

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from conftest import requires_cuda
 from opforge import verify
+from readme_blocks import command
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "models"))
 import llama_layer  # noqa: E402
@@ -30,6 +32,14 @@ SHAPES = {
     "side_by_side": lambda b: [[b, side_by_side.LENGTH, side_by_side.HIDDEN], [b, side_by_side.CLASSES]],
     "llama_layer": lambda b: [[b, llama_layer.HIDDEN]],
 }
+
+
+def readme_argv(name: str, device: str) -> list[str]:
+    """The model's command line as the README gives it (``python examples/models/<name>.py
+    --device cpu``), its arguments for ``main``, on ``device``."""
+    argv = shlex.split(command(f"python examples/models/{name}.py"))[2:]
+    assert argv[:2] == ["--device", "cpu"], argv
+    return ["--device", device, *argv[2:]]
 
 
 @dataclass
@@ -53,13 +63,14 @@ class MainRun:
     ],
 )
 def main_run(request, tmp_path_factory) -> MainRun:
-    """The model's ``main(["--device", device, "--out", dir])``, run once, its output captured."""
+    """The model's ``main`` with the README's arguments (``--device`` set to the device) and
+    ``--out`` a temporary folder, run once, its output captured."""
     name, device = request.param
     tmp = tmp_path_factory.mktemp(f"{name}-{device}")
     stdout = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
         mp.setenv("OPFORGE_CACHE_DIR", str(tmp / "kernel-cache"))  # never the user's kernel cache
-        code = MODELS[name].main(["--device", device, "--out", str(tmp / "package")])
+        code = MODELS[name].main(readme_argv(name, device) + ["--out", str(tmp / "package")])
     return MainRun(
         name, code, stdout.getvalue(), json.loads((tmp / "package" / "results.json").read_text()), tmp / "package"
     )

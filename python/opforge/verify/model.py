@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import aoti
+from .._progress import status
 
 
 @dataclass
@@ -95,7 +96,7 @@ def verify_model(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.eval()
     package_dir = Path(package_dir or tempfile.mkdtemp(prefix="opforge-verify-"))
-    with torch.no_grad():
+    with torch.no_grad(), status(f"opforge: exporting {type(model).__name__} (torch.export)"):
         program = torch.export.export(
             model.to(device), tuple(t.to(device) for t in example_inputs), dynamic_shapes=dynamic_shapes
         )
