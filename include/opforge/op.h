@@ -44,7 +44,11 @@
 // `{T_<tensor>}` another tensor's, `{<param>}` the value of an opforge::compile_time parameter.
 // The kernel receives the tensors' data pointers (inputs, then outputs), the launch rule's
 // int64 values (elementwise: n; rows: rows, cols; grid: the LaunchConfig's args), then the
-// other parameters with their declared C types (int64_t, double, bool). An opforge::optional
+// other parameters with their declared C types (int64_t, double, bool); a kernel whose parameter
+// list differs (an `int` for an int64_t, a pointer to another element type, a const pointer to an
+// output, a missing parameter) is refused when it is compiled or loaded from the cache, naming
+// each parameter (`void*` takes any tensor; extern "C" kernels carry no types and are not
+// checked). An opforge::optional
 // input keeps its place among the pointers and is a null pointer when the caller left it out,
 // so the kernel tests `mask != nullptr` (an empty tensor that was given may have a null pointer
 // too; pass its size through the grid function's args if that matters); a grid function gets
