@@ -74,7 +74,7 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _run(args: argparse.Namespace, rest: list[str]) -> int:
+def _run(rest: list[str]) -> int:
     import subprocess
 
     import opforge
@@ -164,11 +164,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, rest = parser().parse_known_args(argv)
-    if args.func is _run:
-        return _run(args, argv[argv.index("run") + 1 :])
+    top = parser()
+    args, rest = top.parse_known_args(argv)
+    if args.func is _run:  # everything after `run` is the runner's
+        return _run(argv[argv.index("run") + 1 :])
     if rest:
-        parser().error(f"unrecognized arguments: {' '.join(rest)}")
+        top.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -33,9 +34,11 @@ def _outputs(target: str) -> Path:
     return Path("lib") / "libopforge_torch.so" if target == ADAPTER else Path("bin") / "opforge-runner"
 
 
+@functools.cache
 def build_folder() -> Path:
     """The folder the adapter and runner for this Python's torch are built in (not created), keyed
-    by torch (version and installation), this opforge, the interpreter and the sources built."""
+    by torch (version and installation), this opforge, the interpreter and the sources built
+    (hashed once per process)."""
     import torch
 
     sources = _paths.PACKAGE / "_src"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import shutil
 import subprocess
@@ -18,14 +19,17 @@ class BuildError(RuntimeError):
     """CMake or a compiler failed; the message holds their output."""
 
 
+#: Where the cmake and ninja packages keep their executables (a module attribute of each).
+_PACKAGE_BIN_DIRS = {"cmake": "CMAKE_BIN_DIR", "ninja": "BIN_DIR"}
+
+
 def _tool(name: str) -> str:
     """A build tool from this Python environment if it has one (pip's cmake and ninja: the
     interpreter's folder, else the package's own, as where a .pth file adds them), else PATH."""
     local = Path(sys.executable).parent / name
-    if not local.exists():
+    if not local.exists() and name in _PACKAGE_BIN_DIRS:
         try:
-            module = __import__(name)
-            local = Path(getattr(module, "CMAKE_BIN_DIR" if name == "cmake" else "BIN_DIR", "")) / name
+            local = Path(getattr(importlib.import_module(name), _PACKAGE_BIN_DIRS[name])) / name
         except ImportError:
             pass
     found = str(local) if local.exists() else shutil.which(name)

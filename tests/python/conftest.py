@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import opforge
+from opforge._adapter import runner_path
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
@@ -176,3 +178,9 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):
     assert out.dtype == dtype
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), atol=tol, rtol=tol, equal_nan=True)
+
+
+def run_runner(package, inputs, output, *flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``opforge-runner package --inputs inputs --output output *flags``, its output captured."""
+    cmd = [str(runner_path()), str(package), "--inputs", str(inputs), "--output", str(output), *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import DEVICES, requires_two_gpus
+from conftest import DEVICES, requires_two_gpus, run_runner
 from opforge import OpforgeError, aoti
 from opforge._adapter import runner_path
 
@@ -114,35 +114,14 @@ def test_runner_rejects_bad_command_lines(tmp_path, args, expected):
     any package is loaded."""
     (tmp_path / "model.pt2").write_bytes(b"")
     (tmp_path / "in.pt").write_bytes(b"")
-    cmd = [
-        str(runner_path()),
-        str(tmp_path / "model.pt2"),
-        "--inputs",
-        str(tmp_path / "in.pt"),
-        "--output",
-        str(tmp_path / "out.pt"),
-        *args,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    proc = run_runner(tmp_path / "model.pt2", tmp_path / "in.pt", tmp_path / "out.pt", *args)
     assert proc.returncode != 0
     assert expected in proc.stderr
     assert "no op manifest" not in proc.stderr
 
 
 def test_runner_names_a_missing_package_and_lists_its_flags(tmp_path):
-    proc = subprocess.run(
-        [
-            str(runner_path()),
-            str(tmp_path / "absent.pt2"),
-            "--inputs",
-            str(tmp_path / "in.pt"),
-            "--output",
-            str(tmp_path / "out.pt"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_runner(tmp_path / "absent.pt2", tmp_path / "in.pt", tmp_path / "out.pt")
     assert proc.returncode != 0
     assert f"File does not exist: {tmp_path / 'absent.pt2'}" in proc.stderr
     usage = subprocess.run([str(runner_path()), "--help"], capture_output=True, text=True, timeout=60)

@@ -26,7 +26,7 @@ import opforge
 from readme_blocks import ROOT, blocks, command
 
 KNOWN = {"sh", "cpp", "python", "text"}
-#: Environment for the commands: quiet progress, no checkout on the import path.
+#: Variables the installed commands run without: nothing of the checkout on the import path.
 _DROP = {"PYTHONPATH", "OPFORGE_BUILD_DIR", "VIRTUAL_ENV"}
 
 
