@@ -99,7 +99,14 @@ def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
             ["build", "/nonexistent/op.cpp"],
             "opforge build: opforge.build_library: missing source files: /nonexistent/op.cpp",
         ),
-        (["verify", "/nonexistent/libx.so"], "opforge verify: "),
+        (
+            ["build", "/tmp", "/nonexistent/op.cpp"],
+            "opforge build: give one op folder, or op files (.cpp) and CUDA sources (.cu)",
+        ),
+        (
+            ["verify", "/nonexistent/libx.so"],
+            "opforge verify: opforge: cannot open the op library /nonexistent/libx.so: No such file or directory",
+        ),
         (["stubs", "/nonexistent/libx.so"], "opforge stubs: /nonexistent/libx.so does not exist"),
         (["nonsense"], "invalid choice: 'nonsense'"),
         (["verify"], "the following arguments are required: targets"),
@@ -132,3 +139,13 @@ def test_run_passes_its_arguments_to_the_runner(tmp_path):
     proc = opforge_cli("run", str(tmp_path / "missing.pt2"), "--inputs", "x.pt", "--output", "y.pt")
     assert proc.returncode != 0
     assert "missing.pt2" in proc.stderr
+
+
+def test_run_without_a_built_runner_says_how_to_build_it(tmp_path):
+    env = {**os.environ, "OPFORGE_QUIET": "1", "OPFORGE_BUILD_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "opforge", "run", "--help"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"opforge run: the C++ runner {tmp_path / 'bin' / 'opforge-runner'} is not built; "
+        "run `make build` in the checkout\n"
+    )

@@ -17,8 +17,8 @@ import torch
 
 import opforge
 import opforge.aoti
+from conftest import run_runner
 from opforge import _core
-from opforge._adapter import runner_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,18 +134,7 @@ def test_runner_inputs_that_are_not_tensors(tmp_path, inputs, why):
     (tmp_path / "model.pt2").write_bytes(b"never read: the inputs are checked first")
     (tmp_path / "opforge_ops.txt").write_text("# op library for each custom op of model.pt2\n")
     torch.save(inputs, tmp_path / "in.pt")
-    proc = subprocess.run(
-        [
-            str(runner_path()),
-            str(tmp_path / "model.pt2"),
-            "--inputs",
-            str(tmp_path / "in.pt"),
-            "--output",
-            str(tmp_path / "out.pt"),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    proc = run_runner(tmp_path / "model.pt2", tmp_path / "in.pt", tmp_path / "out.pt")
     assert proc.returncode == 2
     assert proc.stderr == f"opforge-runner: {tmp_path / 'in.pt'}: {why}\n"
 
@@ -177,3 +166,58 @@ def test_a_kernel_name_nvrtc_cannot_find(tmp_path):
         "__nv_name_map(2): error: Name expression cannot form address of a non-__global__ function. "
         'Input name expression was: " helper"',
     ]
+
+
+def test_an_adapter_built_for_another_torch(tmp_path):
+    # The adapter of this checkout, stamped as built for another torch release.
+    (tmp_path / "lib").mkdir()
+    real = opforge.build_dir() / "lib" / "libopforge_torch.so"
+    (tmp_path / "lib" / "libopforge_torch.so").symlink_to(real)
+    (tmp_path / "lib" / "libopforge_torch.torch-version").write_text("9.9.9\n")
+    script = f"import opforge; opforge.load_library({str(opforge.example_library('softshrink'))!r})"
+    env = {**os.environ, "OPFORGE_BUILD_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"opforge._core.OpforgeError: opforge: the torch adapter {tmp_path / 'lib' / 'libopforge_torch.so'} was "
+        f"built for torch 9.9.9, but this is torch {torch.__version__}; rebuild it (`make build`, with this Python "
+        "as OPFORGE_PYTHON)"
+    )
+
+
+def test_an_adapter_build_that_fails(tmp_path, monkeypatch):
+    # An installed opforge (a package folder with a CMake package) whose adapter sources break.
+    from opforge import _adapter, _paths
+
+    package = tmp_path / "opforge"
+    (package / "cmake").mkdir(parents=True)
+    (package / "cmake" / "opforge-config.cmake").write_text("")
+    (package / "_src" / "src" / "torch").mkdir(parents=True)
+    (package / "_src" / "src" / "torch" / "CMakeLists.txt").write_text(
+        'cmake_minimum_required(VERSION 3.28)\nproject(broken NONE)\nmessage(FATAL_ERROR "broken on purpose")\n'
+    )
+    monkeypatch.setattr(_paths, "PACKAGE", package)
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    _adapter.build_folder.cache_clear()
+    try:
+        folder = _adapter.build_folder()
+        with pytest.raises(opforge.BuildError) as err:
+            _adapter.adapter_path()
+    finally:
+        _adapter.build_folder.cache_clear()
+    first, *rest = str(err.value).splitlines()
+    assert first == (
+        f"opforge: building the PyTorch adapter for torch {torch.__version__} failed (remove {folder} to start over):"
+    )
+    assert any("broken on purpose" in line for line in rest)
+
+
+def test_stubs_for_a_namespace_no_module_can_carry(example_ops):
+    from dataclasses import replace
+
+    from opforge.stubs import write_stubs
+
+    lib = example_ops["softshrink"]
+    renamed = replace(lib, ops=(replace(lib.ops[0], name="lambda::softshrink"),))
+    with pytest.raises(ValueError, match=r"^opforge stubs: namespace 'lambda' cannot be a Python module name$"):
+        write_stubs(renamed, "unused")
