@@ -138,6 +138,11 @@ std::string index_text(const OpforgeTensor& t, int64_t flat) {
 
 std::vector<std::string> value_problems(const OpforgeOpSpec& op, const std::vector<OpforgeArg>& args) {
   std::vector<std::string> problems;
+  // Every CPU call asks: an op whose inputs declare no value domain costs no more than this scan.
+  bool any_domain = false;
+  for (int32_t i = 0; i < op.num_args; ++i)
+    any_domain |= op.args[i].kind == OPFORGE_ARG_TENSOR && op.args[i].tensor.has_values;
+  if (!any_domain) return problems;
   std::vector<ArgInfo<int64_t>> info(op.num_args);
   for (int32_t i = 0; i < op.num_args; ++i) {
     info[i].value = args[i].value;
