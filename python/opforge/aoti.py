@@ -18,6 +18,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +120,11 @@ def package(
     package_dir = Path(package_dir)
     package_dir.mkdir(parents=True, exist_ok=True)
     pt2 = package_dir / "model.pt2"
-    with status(f"opforge: AOTInductor-compiling {pt2} (tens of seconds)"):
+    with status(f"opforge: AOTInductor-compiling {pt2} (tens of seconds)"), warnings.catch_warnings():
+        # Inductor deep-copies graphs that hold pytree LeafSpecs, whose isinstance check torch's
+        # own pytree module deprecates (torch 2.11): a warning from torch to torch, printed on
+        # every package, that the caller cannot act on.
+        warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(pt2), inductor_configs=inductor_configs or {}
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import warnings
 
 import pytest
 import torch
@@ -24,6 +25,10 @@ class Pipeline(torch.nn.Module):
         return torch.ops.examples.softshrink(torch.ops.examples.bias_gelu(self.linear(x), self.bias), lambd=0.1)
 
 
+#: The warnings each device's package prints under Python's default filters (packaged fixture).
+PACKAGING_WARNINGS: dict[str, list[str]] = {}
+
+
 @pytest.fixture(scope="module", params=DEVICES)
 def packaged(request, tmp_path_factory):
     device = request.param
@@ -31,8 +36,17 @@ def packaged(request, tmp_path_factory):
     batch = torch.export.Dim("batch", min=1, max=4096)
     program = torch.export.export(model, (torch.randn(3, 24, device=device),), dynamic_shapes=({0: batch},))
     # sm_90 binaries of the run-time kernels go into the package, also for a CPU package.
-    package = aoti.package(program, tmp_path_factory.mktemp(f"pkg-{device}"), archs=["sm_90"])
+    with warnings.catch_warnings(record=True) as caught:  # what Python prints by default
+        warnings.resetwarnings()
+        for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", hidden)
+        package = aoti.package(program, tmp_path_factory.mktemp(f"pkg-{device}"), archs=["sm_90"])
+    PACKAGING_WARNINGS[device] = [str(w.message) for w in caught]
     return model, package, device
+
+
+def test_packaging_warns_of_nothing(packaged):
+    assert PACKAGING_WARNINGS[packaged[2]] == []
 
 
 def test_round_trip_in_cpp_runner(packaged, tmp_path, monkeypatch):

@@ -221,3 +221,14 @@ def test_stubs_for_a_namespace_no_module_can_carry(example_ops):
     renamed = replace(lib, ops=(replace(lib.ops[0], name="lambda::softshrink"),))
     with pytest.raises(ValueError, match=r"^opforge stubs: namespace 'lambda' cannot be a Python module name$"):
         write_stubs(renamed, "unused")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch warns of a missing CUDA runtime only where there is none")
+def test_no_warning_of_a_missing_cuda_runtime():
+    script = "import {} torch.utils.cpp_extension"
+    runs = {
+        first: subprocess.run([sys.executable, "-c", script.format(first)], capture_output=True, text=True)
+        for first in ("opforge, ", "")
+    }
+    assert "No CUDA runtime is found" in runs[""].stderr  # torch's own warning, without opforge
+    assert "No CUDA runtime is found" not in runs["opforge, "].stderr
