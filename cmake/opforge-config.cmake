@@ -24,6 +24,18 @@ endif()
 # entry point, so several op libraries coexist in one process.
 find_package(CUDAToolkit REQUIRED)
 
+# ccache, where installed, for every build that reads this file: the opforge build, op libraries
+# (opforge.build_library) and an installed opforge's adapter. Files compiled with a precompiled
+# header (opforge/op.h for op files, torch's headers for the adapter) are cached only with this
+# sloppiness (ccache manual, "Precompiled headers"); otherwise ccache compiles them every time.
+find_program(OPFORGE_CCACHE ccache)
+if(OPFORGE_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  set(_opforge_launcher "${CMAKE_COMMAND}" -E env
+      "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime" "${OPFORGE_CCACHE}")
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${_opforge_launcher})
+  set(CMAKE_CUDA_COMPILER_LAUNCHER ${_opforge_launcher})
+endif()
+
 # An installed opforge's core library (in the opforge build, the target itself), for code that
 # links it: the PyTorch adapter built per torch version (src/torch/CMakeLists.txt).
 if(NOT TARGET opforge_core AND EXISTS "${OPFORGE_ROOT}/lib/libopforge_core.so")

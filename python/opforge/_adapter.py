@@ -16,7 +16,6 @@ import fcntl
 import functools
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -97,8 +96,6 @@ def ensure_built(target: str = ADAPTER) -> Path:
                 f"-DOPFORGE_CMAKE_DIR={_paths.cmake_dir()}",
                 f"-DPython3_EXECUTABLE={sys.executable}",
             ]
-            if shutil.which("ccache"):
-                configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
             steps.append(configure)
         steps.append([cmake, "--build", str(folder), "--target", target])
         what = "the PyTorch adapter" if target == ADAPTER else "the C++ runner"

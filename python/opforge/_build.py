@@ -128,8 +128,6 @@ def build_library(
     if not (out / "build.ninja").exists() or not target.exists() or target.read_text() != cmakelists:
         target.write_text(cmakelists)
         configure = [cmake, "-S", str(project), "-B", str(out), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
-        if shutil.which("ccache"):
-            configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
         steps.append(("configuring", configure))
     steps.append(("compiling", [cmake, "--build", str(out)]))
     for what, cmd in steps:
