@@ -1,6 +1,7 @@
 """Norm example ops against what a user would run instead, in the same process.
 
-``examples::rms_norm`` against ``F.rms_norm`` and ``torch.compile`` of it, and
+``examples::rms_norm`` against ``F.rms_norm`` and ``torch.compile`` of it (for 16-bit inputs
+also with a float32 weight, against ``F.rms_norm`` of the weight cast to x's dtype), and
 ``examples::add_layer_norm`` against ``F.layer_norm(x + residual)`` in eager and compiled; all
 compared with a device-to-device copy (the bandwidth ceiling), at [32768, 4096] by default.
 
@@ -61,6 +62,22 @@ def main() -> int:
         compiled = torch.compile(lambda t, ww: F.rms_norm(t, (args.cols,), ww, 1e-6))
         compiled(x, w)
         record(group, "torch.compile(F.rms_norm)", median_ms(lambda: compiled(x, w)), 2 * size, copy_gbs)
+        if dtype != torch.float32:  # a float32 weight beside 16-bit activations, as under autocast
+            w32 = w.float()
+            record(
+                group,
+                "opforge examples::rms_norm, float32 weight",
+                median_ms(lambda: torch.ops.examples.rms_norm(x, w32, 1e-6)),
+                2 * size,
+                copy_gbs,
+            )
+            record(
+                group,
+                "torch F.rms_norm(x, w32.to(x.dtype))",
+                median_ms(lambda: F.rms_norm(x, (args.cols,), w32.to(dtype), 1e-6)),
+                2 * size,
+                copy_gbs,
+            )
 
         group = f"add_layer_norm {shape}"
         record(group, "device-to-device copy", copy_ms, 2 * size, copy_gbs)

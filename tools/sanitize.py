@@ -57,6 +57,25 @@ def attention_cases() -> int:
     return failures
 
 
+def mixed_dtype_cases() -> int:
+    """examples::rms_norm with a float32 weight beside 16-bit and float64 inputs (the {T_weight}
+    instantiations), over row lengths on either side of its register path and a misaligned
+    weight (copied by the adapter); returns the number of mismatches."""
+    failures = 0
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        for rows, cols in ((1, 8), (7, 96), (3, 4097), (5, 8192), (0, 64), (33, 255)):
+            for offset in (0, 1):
+                x = torch.randn(rows, cols, dtype=dtype, device="cuda")
+                w = torch.empty(cols + offset, device="cuda")[offset:].normal_()
+                out = torch.ops.examples.rms_norm(x, w)
+                ref = torch.ops.examples.rms_norm(x.cpu(), w.cpu())
+                tol = TOLERANCE[dtype]
+                if not torch.allclose(out.cpu().double(), ref.double(), atol=tol, rtol=tol):
+                    print(f"MISMATCH rms_norm {dtype} x [{rows}, {cols}] with a float32 weight, offset={offset}")
+                    failures += 1
+    return failures
+
+
 def serving_cases() -> int:
     """The serving ops that write their inputs, and silu_and_mul (tests/python/serving.py), over
     sizes that straddle their vectors and blocks, views of a fused qkv projection, partial
@@ -112,6 +131,7 @@ def main() -> int:
                         print(f"MISMATCH {name} {dtype} batch={batch} {label}")
                         failures += 1
     failures += attention_cases()
+    failures += mixed_dtype_cases()
     failures += serving_cases()
     torch.cuda.synchronize()
     print(f"sanitize: {failures} mismatches")

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 4
+#define OPFORGE_ABI_VERSION 5
 
 /* Element types. The numbering is opforge's own and stable across versions. */
 typedef enum OpforgeDtype {
@@ -180,6 +180,13 @@ typedef struct OpforgeTensorSpec {
   int64_t sentinel;
   OpforgeExpr values_low;
   OpforgeExpr values_high;
+  /* With dtype_like: dtypes accepted besides that tensor's, whatever it is (`same_dtype("x") |
+   * kFloat32`: a norm weight kept in float32 under 16-bit activations); 0: none. ABI 5. */
+  uint32_t dtype_alternatives;
+  /* 1: `dims` describe the last num_dims dims, after any number of leading dims (torch's `(*, H)`;
+   * `shape({opforge::leading_dims, ...})`): the rank is at least num_dims, within min_rank and
+   * max_rank. 0: `dims` give the exact rank. ABI 5. */
+  int32_t leading_dims;
 } OpforgeTensorSpec;
 
 /* Default, range and choices of one parameter. */
@@ -213,7 +220,8 @@ typedef struct OpforgeRule {
 } OpforgeRule;
 
 /* One output: its dtype and shape rule. Outputs are freshly allocated (or, through an `out=`
- * overload, the caller's tensors), dense and row-major, and never alias inputs. */
+ * overload, the caller's tensors), dense and row-major, and never alias inputs. An op with an
+ * output that exists only with an optional input (present_with) has no out= overload. */
 typedef struct OpforgeOutputSpec {
   size_t struct_size;
   const char* name;
@@ -223,6 +231,10 @@ typedef struct OpforgeOutputSpec {
   int32_t num_dims;         /* explicit: the rank; like: the number of overridden dims */
   const int32_t* dim_index; /* like: which dim each expression replaces (negative from end) */
   const OpforgeExpr* dims;
+  /* The optional input whose rules this output's rules read (like("key")), or -1: the output
+   * exists only in calls that give that input (schema `Tensor?`, None otherwise), and reaches
+   * kernels absent (see OpforgeTensor) in the others. ABI 5. */
+  int32_t present_with;
 } OpforgeOutputSpec;
 
 /* What a kernel is given besides its arguments. */

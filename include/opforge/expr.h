@@ -42,10 +42,14 @@ class Expr {
 
   /// The "any size" placeholder, allowed only inside an input's `shape({...})`.
   Expr() = default;
+  struct LeadingDimsTag {};
+  /// The opforge::leading_dims marker.
+  constexpr explicit Expr(LeadingDimsTag) : leading_dims_(true) {}
   Expr(int64_t v) : node_(make(OPFORGE_EXPR_CONST, "", v)) {}  // NOLINT: implicit by design
   Expr(int v) : Expr(static_cast<int64_t>(v)) {}               // NOLINT
 
-  bool is_any() const { return node_ == nullptr; }
+  bool is_any() const { return node_ == nullptr && !leading_dims_; }
+  bool is_leading_dims() const { return leading_dims_; }
   const std::shared_ptr<const Node>& node() const { return node_; }
 
   static Expr leaf(OpforgeExprOp op, std::string name, int64_t value) {
@@ -72,6 +76,7 @@ class Expr {
     return n;
   }
   std::shared_ptr<const Node> node_;
+  bool leading_dims_ = false;
 };
 
 /// Dim `d` of tensor input `tensor` (negative `d` counts from the end).
@@ -80,6 +85,12 @@ inline Expr dim(std::string tensor, int64_t d) { return Expr::leaf(OPFORGE_EXPR_
 inline Expr int_param(std::string name) { return Expr::leaf(OPFORGE_EXPR_PARAM, std::move(name), 0); }
 /// Any size (an input shape constraint that leaves one dim free).
 inline const Expr any{};
+/// Any number of leading dims, of any sizes (torch's `(*, H)`): allowed only as the first entry
+/// of an input's shape({...}), whose other entries then rule its last dims, e.g. a norm's
+/// `.input("x", opforge::floating, opforge::shape({opforge::leading_dims, opforge::multiple_of(8)}))`.
+/// A rank bound (opforge::min_rank, opforge::max_rank) may bound the whole rank; without
+/// leading_dims a shape fixes the rank, and a rank constraint beside it is a declaration error.
+inline const Expr leading_dims{Expr::LeadingDimsTag{}};
 /// Any size that is a multiple of `k` (> 0), for kernels that load `k` elements at a time:
 /// `shape({opforge::any, opforge::multiple_of(8)})`. Allowed only as a whole dim of an input's
 /// shape({...}), like opforge::any; opforge verify generates sizes that satisfy it.

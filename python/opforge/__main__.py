@@ -139,7 +139,12 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("targets", nargs="+", help="op library (.so), qualified op name (ns::op), or example op name")
     v.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     v.add_argument("--seed", type=int, default=None, help="seed of the run (printed; default random)")
-    v.add_argument("--dtype", action="append", default=None, help="dtype to check (repeatable; default all declared)")
+    v.add_argument(
+        "--dtype",
+        action="append",
+        default=None,
+        help="check the dtype combinations whose first floating input has this dtype (repeatable; default: all)",
+    )
     v.add_argument("--json", default=None, help="also write the report as JSON to this file")
     v.set_defaults(func=_verify)
 

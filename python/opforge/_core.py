@@ -106,13 +106,14 @@ def precompile_request(
     ]
 
 
-def example_shapes(op: str, lead: int, last: int, params: dict[str, object]) -> dict:
+def example_shapes(op: str, lead: int, last: int, params: dict[str, object], leading: int = 1) -> dict:
     """Input shapes that satisfy ``op``'s shape rules, from two free sizes
     (``opforge::core::example_shapes``: ``lead`` for first dims, ``last`` for last dims,
-    multiples where a dim is declared ``multiple_of``), and the facts a generator needs besides:
+    multiples where a dim is declared ``multiple_of``, ``leading`` leading dims for an input
+    declared ``shape({leading_dims, ...})``), and the facts a generator needs besides:
     ``{"shapes": {tensor: sizes}, "bounds": {input with a value domain: [low, high]},
     "rule_problems": [cross-argument rules these shapes break]}``."""
-    return _request("example_shapes", {"op": op, "lead": lead, "last": last, "params": params})
+    return _request("example_shapes", {"op": op, "lead": lead, "last": last, "leading": leading, "params": params})
 
 
 def output_shapes(op: str, args: dict[str, object]) -> list[dict]:

@@ -52,7 +52,10 @@ class TensorArg:
         name, index: the argument's name and position in the schema.
         dtypes: allowed dtype names ("float32", "bfloat16", ...).
         same_dtype, same_shape: the earlier input whose dtype or shape this one must have.
+        dtype_alternatives: with ``same_dtype``, the dtypes also accepted whatever that input's
+            (``same_dtype("x") | kFloat32``).
         min_rank, max_rank: rank bounds (-1: none).
+        leading_dims: ``shape`` rules the last dims, after any number of leading ones.
         layout: "contiguous" (kernels get a dense, 16-byte aligned view), "strided" (any view),
             or "contiguous_last_dim" (rows of adjacent elements at 16-byte aligned strides).
         optional: the caller may pass None (``Tensor? name=None``).
@@ -68,9 +71,11 @@ class TensorArg:
     index: int
     dtypes: tuple[str, ...]
     same_dtype: str | None
+    dtype_alternatives: tuple[str, ...]
     same_shape: str | None
     min_rank: int
     max_rank: int
+    leading_dims: bool
     layout: str
     optional: bool
     mutated: bool
@@ -120,12 +125,14 @@ Arg = TensorArg | Param
 class Output:
     """An output: its dtype rule (a fixed ``dtype`` or ``dtype_like`` an input) and shape rule
     (``like`` an input with ``with_dims`` replaced, or an explicit ``shape``), as text and as
-    rule trees (``shape_rules``, ``with_dim_rules``)."""
+    rule trees (``shape_rules``, ``with_dim_rules``). ``present_with``: the optional input whose
+    rules its rules read; the output is None in calls that leave that input out."""
 
     name: str
     dtype: str | None
     dtype_like: str | None
     like: str | None
+    present_with: str | None
     shape: tuple[str, ...]
     shape_rules: tuple
     with_dims: dict[int, str]
@@ -156,6 +163,8 @@ class Op:
         rules: the cross-argument rules every call must satisfy.
         args: inputs and parameters in schema order. outputs. devices: "cpu", "cuda".
         runtime_kernels.
+        dtype_combinations: every dtype assignment of the tensor inputs the dtype rules accept
+            ({name: dtype}, optional inputs included), computed by the core.
     """
 
     name: str
@@ -176,6 +185,7 @@ class Op:
     outputs: tuple[Output, ...]
     devices: tuple[str, ...]
     runtime_kernels: tuple[RuntimeKernel, ...]
+    dtype_combinations: tuple[dict[str, str], ...]
 
     @property
     def tensors(self) -> list[TensorArg]:
@@ -239,9 +249,11 @@ def _arg(index: int, a: dict) -> Arg:
             index=index,
             dtypes=tuple(a["dtypes"]),
             same_dtype=a["same_dtype"],
+            dtype_alternatives=tuple(a["dtype_alternatives"]),
             same_shape=a["same_shape"],
             min_rank=a["min_rank"],
             max_rank=a["max_rank"],
+            leading_dims=a["leading_dims"],
             layout=a["layout"],
             optional=a["optional"],
             mutated=a["mutated"],
@@ -287,6 +299,7 @@ def _op(o: dict) -> Op:
                 dtype=x["dtype"],
                 dtype_like=x["dtype_like"],
                 like=x["like"],
+                present_with=x["present_with"],
                 shape=tuple(x["shape"]),
                 shape_rules=tuple(x["shape_rules"]),
                 with_dims={d: t for d, t in x["with_dims"]},
@@ -296,6 +309,7 @@ def _op(o: dict) -> Op:
         ),
         devices=tuple(o["devices"]),
         runtime_kernels=tuple(RuntimeKernel(k["source"], k["name"]) for k in o["runtime_kernels"]),
+        dtype_combinations=tuple(o["dtype_combinations"]),
     )
 
 

@@ -181,8 +181,8 @@ std::string example_shapes_request(const char* text) {
   std::vector<std::string> why;
   Values values(op, request.value("params", json::object()), /*required=*/false, why);
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
-  const auto shapes =
-      example_shapes(op, request.value("lead", int64_t{3}), request.value("last", int64_t{37}), values.get());
+  const auto shapes = example_shapes(op, request.value("lead", int64_t{3}), request.value("last", int64_t{37}),
+                                     values.get(), request.value("leading", int32_t{1}));
   const ExampleFacts facts = example_facts(op, shapes, values.get());
   json out = json::object(), bounds = json::object();
   for (int32_t i = 0; i < op.num_args; ++i) {

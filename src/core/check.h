@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -50,6 +51,8 @@ struct IntOps {
     }
   }
   static std::string str(const Int& a) { return opforge::detail::cat(a); }
+  /// The value of `a` (a symbolic integer specialises on it: used only to report a failed check).
+  static int64_t concrete(const Int& a) { return static_cast<int64_t>(a); }
 };
 
 /// One argument of a call: a tensor's dtype, device and sizes, or a parameter value.
@@ -73,6 +76,9 @@ struct ArgInfo {
   }
   // parameters
   OpforgeValue value{};
+  /// A size parameter (`SymInt`) whose value is symbolic while a framework traces: rules read
+  /// this instead of value.i, and its own range and choices are checked when the call runs.
+  std::optional<Int> symbolic;
 };
 
 template <class Int>
@@ -104,7 +110,7 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
         st.push_back(Int(n.value));
         continue;
       case OPFORGE_EXPR_PARAM:
-        st.push_back(Int(args[n.arg].value.i));
+        st.push_back(args[n.arg].symbolic ? *args[n.arg].symbolic : Int(args[n.arg].value.i));
         continue;
       case OPFORGE_EXPR_DIM: {
         const auto& s = args[n.arg].sizes;
@@ -222,6 +228,30 @@ inline bool dtype_allowed(const OpforgeTensorSpec& s, int32_t dtype) {
 inline std::string expected_dtype(const OpforgeTensorSpec& s, std::string_view label) {
   return "expected dtype " + dtype_set_string(s.dtypes) + ", got " + std::string(label);
 }
+/// Whether `dtype` passes a same_dtype rule whose model tensor has `model_dtype`: equal to it
+/// (and in the input's own set), or one of the rule's alternatives.
+inline bool same_dtype_allowed(const OpforgeTensorSpec& s, int32_t model_dtype, int32_t dtype) {
+  return (dtype == model_dtype && dtype_allowed(s, dtype)) || (dtype >= 0 && ((s.dtype_alternatives >> dtype) & 1u));
+}
+/// Why tensor argument `a` may not have `dtype` (labelled `label` in the message), or "" if it
+/// may: its own set, or its same_dtype rule against the model tensor's `model_dtype` (labelled
+/// `model_label`). "expected dtype bfloat16 (the dtype of x) or float32, got float16".
+inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeArgSpec& a, int32_t dtype,
+                                 std::string_view label, int32_t model_dtype, std::string_view model_label) {
+  const OpforgeTensorSpec& s = a.tensor;
+  if (s.dtype_like < 0) return dtype_allowed(s, dtype) ? std::string() : expected_dtype(s, label);
+  if (same_dtype_allowed(s, model_dtype, dtype)) return {};
+  if (model_dtype == dtype) return expected_dtype(s, label);
+  std::string want =
+      "expected dtype " + std::string(model_label) + " (the dtype of " + op.args[s.dtype_like].name + ")";
+  if (s.dtype_alternatives) want += " or " + dtype_set_string(s.dtype_alternatives);
+  return want + ", got " + std::string(label);
+}
+/// Index into a tensor of rank `rank` of the first dim its shape rule's `dims` describe: 0, or
+/// with opforge::leading_dims, rank - num_dims.
+inline int32_t first_ruled_dim(const OpforgeTensorSpec& s, int32_t rank) {
+  return s.leading_dims ? rank - s.num_dims : 0;
+}
 /// Whether a dim rule is opforge::multiple_of(k) (k in its one node's value).
 inline bool is_multiple_of(const OpforgeExpr& e) {
   return e.num_nodes == 1 && e.nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF;
@@ -272,7 +302,23 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
     if (a.kind != OPFORGE_ARG_TENSOR) {
-      check_param(a, args[i].value, out);
+      if (!args[i].symbolic) {
+        check_param(a, args[i].value, out);
+        continue;
+      }
+      // A symbolic size parameter: its range becomes guards (deferred checks where unbacked);
+      // one that fails, or choices, need its value, which the message reports.
+      const Int& v = *args[i].symbolic;
+      const bool in_range =
+          (!a.param.has_min ||
+           IntOps<Int>::compare(OPFORGE_EXPR_GE, v, Int(static_cast<int64_t>(std::ceil(a.param.min))))) &&
+          (!a.param.has_max ||
+           IntOps<Int>::compare(OPFORGE_EXPR_LE, v, Int(static_cast<int64_t>(std::floor(a.param.max)))));
+      if (!in_range || a.param.num_choices > 0) {
+        OpforgeValue known = args[i].value;
+        known.i = IntOps<Int>::concrete(v);
+        check_param(a, known, out);
+      }
       continue;
     }
     const ArgInfo<Int>& t = args[i];
@@ -285,13 +331,10 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     }
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;
-    if (s.dtype_like < 0) {
-      if (!dtype_allowed(s, t.dtype)) why.push_back(expected_dtype(s, t.dtype_label));
-    } else if (!(bad[s.dtype_like] & kBadDtype)) {  // same_dtype: judged against that tensor's dtype
-      if (args[s.dtype_like].dtype != t.dtype)
-        why.push_back(std::string("expected dtype ") + args[s.dtype_like].dtype_label + " (the dtype of " +
-                      op.args[s.dtype_like].name + "), got " + t.dtype_label);
-      else if (!dtype_allowed(s, t.dtype)) why.push_back(expected_dtype(s, t.dtype_label));
+    if (s.dtype_like < 0 || !(bad[s.dtype_like] & kBadDtype)) {  // same_dtype: judged against that tensor's
+      const ArgInfo<Int>& model = args[s.dtype_like < 0 ? i : s.dtype_like];
+      std::string w = dtype_problem(op, a, t.dtype, t.dtype_label, model.dtype, model.dtype_label);
+      if (!w.empty()) why.push_back(std::move(w));
     }
     if (!why.empty()) bad[i] |= kBadDtype;
     if (first < 0) {
@@ -315,23 +358,24 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
     }
     if (rank_ok && s.num_dims > 0) {
       // Compare first; build the message only for a mismatch (this runs on every call).
+      const int32_t at = first_ruled_dim(s, r);
       bool ok = true, skip = false;
       std::vector<std::optional<Int>> values(s.num_dims);
       bool computed = false;  // some dim has a value to show (not only any / multiple_of)
       for (int32_t d = 0; d < s.num_dims && !skip; ++d) {
         if (s.dims[d].num_nodes == 0) continue;
         if (is_multiple_of(s.dims[d])) {
-          if (!IntOps<Int>::divisible(t.sizes[d], s.dims[d].nodes[0].value)) ok = false;
+          if (!IntOps<Int>::divisible(t.sizes[at + d], s.dims[d].nodes[0].value)) ok = false;
           continue;
         }
         computed = true;
         skip = reads_bad(s.dims[d]);
         if (skip) break;
         values[d] = eval_expr(s.dims[d], args);
-        if (values[d] && !IntOps<Int>::eq(*values[d], t.sizes[d])) ok = false;
+        if (values[d] && !IntOps<Int>::eq(*values[d], t.sizes[at + d])) ok = false;
       }
       if (!ok && !skip) {
-        std::string rule = "[", want = "[";
+        std::string rule = s.leading_dims ? "[*, " : "[", want = rule;
         for (int32_t d = 0; d < s.num_dims; ++d) {
           const bool open = s.dims[d].num_nodes == 0 || is_multiple_of(s.dims[d]);
           rule += (d ? ", " : "") + expr_string(op, s.dims[d]);
@@ -366,15 +410,18 @@ inline std::string invalid_arguments_message(const OpforgeOpSpec& op, const std:
   return m;
 }
 
-/// Shape and dtype of one output for this call.
+/// Shape and dtype of one output for this call; `defined` false for an output that exists only
+/// with an optional input the call left out (OpforgeOutputSpec::present_with).
 template <class Int>
 struct OutputInfo {
-  int32_t dtype;
+  int32_t dtype = -1;
   std::vector<Int> sizes;
+  bool defined = true;
 };
 
-/// Evaluates every output's shape and dtype rule. Returns false and appends lines on failure
-/// (a rule that reads a missing dim, or gives a negative size on concrete input).
+/// Evaluates every output's shape and dtype rule (an output that exists only with an optional
+/// input the call left out is undefined). Returns false and appends lines on failure (a rule
+/// that reads a missing dim, or gives a negative size on concrete input).
 template <class Int>
 bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<OutputInfo<Int>>& outs,
                    std::vector<std::string>& errors) {
@@ -382,6 +429,11 @@ bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
   for (int32_t i = 0; i < op.num_outputs; ++i) {
     const OpforgeOutputSpec& o = op.outputs[i];
     OutputInfo<Int> info;
+    if (o.present_with >= 0 && !args[o.present_with].defined) {
+      info.defined = false;
+      outs.push_back(std::move(info));
+      continue;
+    }
     info.dtype = o.dtype_like >= 0 ? args[o.dtype_like].dtype : o.dtype;
     if (o.shape_like >= 0) info.sizes = args[o.shape_like].sizes;
     const int64_t r = static_cast<int64_t>(info.sizes.size());

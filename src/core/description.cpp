@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backward.h"
+#include "dtypes.h"
 #include "opforge/detail/names.h"
 #include "schema.h"
 #include "sharding.h"
@@ -114,6 +115,11 @@ json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::m
     j["kind"] = "tensor";
     j["dtypes"] = std::move(dtypes);
     j["same_dtype"] = t.dtype_like >= 0 ? json(op.args[t.dtype_like].name) : json(nullptr);
+    json alternatives = json::array();
+    for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d)
+      if ((t.dtype_alternatives >> d) & 1u) alternatives.push_back(dtype_name(d));
+    j["dtype_alternatives"] = std::move(alternatives);
+    j["leading_dims"] = t.leading_dims != 0;
     j["same_shape"] = t.shape_like >= 0 ? json(op.args[t.shape_like].name) : json(nullptr);
     j["min_rank"] = t.min_rank;
     j["max_rank"] = t.max_rank;
@@ -168,6 +174,7 @@ json output_json(const OpforgeOpSpec& op, const OpforgeOutputSpec& o) {
   j["dtype"] = o.dtype_like >= 0 ? json(nullptr) : json(dtype_name(o.dtype));
   j["dtype_like"] = o.dtype_like >= 0 ? json(op.args[o.dtype_like].name) : json(nullptr);
   j["like"] = o.shape_like >= 0 ? json(op.args[o.shape_like].name) : json(nullptr);
+  j["present_with"] = o.present_with >= 0 ? json(op.args[o.present_with].name) : json(nullptr);
   json shape = json::array(), rules = json::array(), with = json::array(), with_rules = json::array();
   for (int32_t d = 0; d < o.num_dims; ++d) {
     if (o.shape_like >= 0) {
@@ -223,6 +230,14 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   json outputs = json::array();
   for (int32_t i = 0; i < op.num_outputs; ++i) outputs.push_back(output_json(op, op.outputs[i]));
   j["outputs"] = std::move(outputs);
+  json combinations = json::array();
+  for (const auto& c : dtype_combinations(op)) {
+    json one = json::object();
+    for (int32_t i = 0; i < op.num_args; ++i)
+      if (c[i] >= 0) one[op.args[i].name] = dtype_name(c[i]);
+    combinations.push_back(std::move(one));
+  }
+  j["dtype_combinations"] = std::move(combinations);
   json devices = json::array(), kernels = json::array();
   for (int32_t i = 0; i < op.num_kernels; ++i) {
     const OpforgeKernel& k = op.kernels[i];

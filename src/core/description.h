@@ -18,10 +18,12 @@ namespace opforge::core {
 ///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "rules": [{"text":
 ///        "a.size(0) <= b.size(1)", "op": "<=", "lhs": rule, "rhs": rule}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],
-///        "runtime_kernels": [{"source", "name"}]}
+///        "runtime_kernels": [{"source", "name"}], "dtype_combinations": [{tensor name: dtype}...]
+///        (dtype_combinations in dtypes.h)}
 ///   tensor arg: {"name", "kind": "tensor", "type": "Tensor", "dtypes": ["float32"...],
-///        "same_dtype": name | null, "same_shape": name | null, "min_rank", "max_rank"
-///        (-1: no bound), "layout": "contiguous" | "strided" | "contiguous_last_dim",
+///        "same_dtype": name | null, "dtype_alternatives": [dtype...] (with same_dtype),
+///        "same_shape": name | null, "min_rank", "max_rank" (-1: no bound), "leading_dims": bool
+///        ("shape" then rules the last dims), "layout": "contiguous" | "strided" | "contiguous_last_dim",
 ///        "optional": bool, "mutated": bool, "values": null | {"low", "high" (text), "low_rule",
 ///        "high_rule", "unique": bool, "sentinel": int | null} (Note [Value domains]), "shape": ["x.size(-1)", "*"...]
 ///        | null, "shape_rules": [rule...] | null, "multiple_of": [[dim, k]...], "follows": [[dim of the first input,
@@ -30,7 +32,8 @@ namespace opforge::core {
 ///        "float[]", "default": typed value (absent: required), "min", "max" (absent: no
 ///        bound), "choices": [typed value...] | null, "compile_time": bool}
 ///   output: {"name", "dtype": "float32" | null (fixed dtype), "dtype_like": name | null,
-///        "like": name | null, "shape": [text...], "shape_rules": [rule...] (explicit shape),
+///        "like": name | null, "present_with": the optional input it exists with | null,
+///        "shape": [text...], "shape_rules": [rule...] (explicit shape),
 ///        "with_dims": [[dim, text]...], "with_dim_rules": [[dim, rule]...] (like: replaced dims)}
 ///   rule (a shape expression, for abstract evaluation): {"const": 3} | {"dim": [name, d]} |
 ///        {"param": name} | {"any": true} | {"multiple_of": k} | {"add" | "sub" | "mul" |

@@ -33,13 +33,10 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
     const size_t before = why.size();
     if (d < 0) {
       if (!is_optional(a)) why.push_back(std::string(a.name) + ": expected a dtype, got none");
-    } else if (like >= 0 && (bad[like] || dtypes[like] < 0)) {
-      // judged against a dtype that is already reported
-    } else if (like >= 0 && dtypes[like] != d) {
-      why.push_back(std::string(a.name) + ": expected dtype " + dtype_name(dtypes[like]) + " (the dtype of " +
-                    op.args[like].name + "), got " + dtype_name(d));
-    } else if (!dtype_allowed(a.tensor, d)) {
-      why.push_back(std::string(a.name) + ": " + expected_dtype(a.tensor, dtype_name(d)));
+    } else if (like < 0 || !(bad[like] || dtypes[like] < 0)) {  // not judged against a dtype already reported
+      const int32_t model = like < 0 ? d : dtypes[like];
+      const std::string w = dtype_problem(op, a, d, dtype_name(d), model, dtype_name(model));
+      if (!w.empty()) why.push_back(std::string(a.name) + ": " + w);
     }
     bad[i] = why.size() > before || d < 0;
   }

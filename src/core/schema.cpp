@@ -125,7 +125,7 @@ void arguments(const OpforgeOpSpec& op, detail::StringBuilder& os, int32_t* alia
       os << " " << a.name << (is_optional(a) ? "=None" : "");
       continue;
     }
-    os << schema_type(a.kind) << " " << a.name;
+    os << (is_size_param(op, i) ? "SymInt" : schema_type(a.kind)) << " " << a.name;
     if (a.param.has_default) os << "=" << format_value(a.param.default_value);
   }
 }
@@ -134,7 +134,8 @@ void arguments(const OpforgeOpSpec& op, detail::StringBuilder& os, int32_t* alia
 /// alias sets from that one on (an out= overload returns its out arguments).
 std::string returns(const OpforgeOpSpec& op, int32_t alias_from) {
   auto one = [&](int32_t i) {
-    return alias_from < 0 ? std::string("Tensor") : "Tensor(" + alias_set(alias_from + i) + "!)";
+    if (alias_from >= 0) return "Tensor(" + alias_set(alias_from + i) + "!)";
+    return std::string(op.outputs[i].present_with >= 0 ? "Tensor?" : "Tensor");
   };
   if (op.num_outputs == 1) return one(0);
   std::string out = "(";
@@ -242,7 +243,37 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e) {
   return stack.size() == 1 ? stack.back().first : "<malformed>";
 }
 
-bool has_out_overload(const OpforgeOpSpec& op) { return op.num_outputs > 0 && !mutates_inputs(op); }
+namespace {
+bool reads_param(const OpforgeExpr& e, int32_t i) {
+  for (int32_t k = 0; k < e.num_nodes; ++k)
+    if (e.nodes[k].op == OPFORGE_EXPR_PARAM && e.nodes[k].arg == i) return true;
+  return false;
+}
+}  // namespace
+
+bool is_size_param(const OpforgeOpSpec& op, int32_t i) {
+  const OpforgeArgSpec& a = op.args[i];
+  if (a.kind != OPFORGE_ARG_INT || a.param.compile_time) return false;
+  for (int32_t j = 0; j < op.num_args; ++j) {
+    const OpforgeTensorSpec& t = op.args[j].tensor;
+    if (op.args[j].kind != OPFORGE_ARG_TENSOR) continue;
+    for (int32_t d = 0; d < t.num_dims; ++d)
+      if (reads_param(t.dims[d], i)) return true;
+    if (t.has_values && (reads_param(t.values_low, i) || reads_param(t.values_high, i))) return true;
+  }
+  for (int32_t k = 0; k < op.num_outputs; ++k)
+    for (int32_t d = 0; d < op.outputs[k].num_dims; ++d)
+      if (reads_param(op.outputs[k].dims[d], i)) return true;
+  for (int32_t k = 0; k < num_rules(op); ++k)
+    if (reads_param(op.rules[k].lhs, i) || reads_param(op.rules[k].rhs, i)) return true;
+  return false;
+}
+
+bool has_out_overload(const OpforgeOpSpec& op) {
+  for (int32_t k = 0; k < op.num_outputs; ++k)
+    if (op.outputs[k].present_with >= 0) return false;
+  return op.num_outputs > 0 && !mutates_inputs(op);
+}
 
 bool mutates_inputs(const OpforgeOpSpec& op) {
   for (int32_t i = 0; i < op.num_args; ++i)

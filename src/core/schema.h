@@ -16,16 +16,16 @@ std::string qualified_name(const OpforgeOpSpec& op);
 std::string declared_at(const OpforgeOpSpec& op);
 
 /// The torch schema without namespace, e.g. "softshrink(Tensor x, float lambd=0.5) -> Tensor".
-/// Types: Tensor (`Tensor? name=None` if optional, `Tensor(a!) name` if mutated), int, float,
-/// bool, str, int[], float[]; returns `Tensor`, a tuple, or `()` for an op that only writes its
-/// inputs;
-/// defaults printed so that torch's schema parser reads back the same value (floats as
+/// Types: Tensor (`Tensor? name=None` if optional, `Tensor(a!) name` if mutated), int (SymInt for
+/// a size parameter, is_size_param), float, bool, str, int[], float[]; returns `Tensor`, a tuple, or `()` for an op
+/// that only writes its inputs; defaults printed so that torch's schema parser reads back the same value (floats as
 /// shortest round-trip decimals, strings quoted with backslash escapes).
 std::string schema(const OpforgeOpSpec& op);
 
-/// Whether the op has an `out=` overload: it has outputs and writes none of its inputs (an op
-/// that does is not functional, and under torch.compile an out= overload is functionalised
-/// through the functional op).
+/// Whether the op has an `out=` overload: it has outputs, each of which every call has (none
+/// exists only with an optional input), and writes none of its inputs (an op that does is not
+/// functional, and under torch.compile an out= overload is functionalised through the
+/// functional op).
 bool has_out_overload(const OpforgeOpSpec& op);
 
 /// The `out=` overload, as ATen writes them: the op's arguments, then its outputs as
@@ -50,6 +50,12 @@ std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule);
 
 /// The op's cross-argument rules (OpforgeOpSpec::rules), 0 for records without the field.
 int32_t num_rules(const OpforgeOpSpec& op);
+
+/// Whether parameter `i` is a size: an int64_t parameter, not compile-time, that a shape rule,
+/// value domain or cross-argument rule reads. Its schema type is `SymInt` (as torch's own size
+/// arguments), so that torch.compile(dynamic=True) and torch.export keep a value derived from a
+/// dynamic dim symbolic instead of specialising (recompiling) on each value.
+bool is_size_param(const OpforgeOpSpec& op, int32_t i);
 
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);

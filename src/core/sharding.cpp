@@ -9,8 +9,9 @@ namespace opforge::core {
 std::map<int32_t, int64_t> multiple_of_dims(const OpforgeArgSpec& a) {
   std::map<int32_t, int64_t> out;
   if (a.kind != OPFORGE_ARG_TENSOR) return out;
+  const int32_t from = a.tensor.leading_dims ? -a.tensor.num_dims : 0;  // leading dims: counted from the end
   for (int32_t d = 0; d < a.tensor.num_dims; ++d)
-    if (is_multiple_of(a.tensor.dims[d])) out[d] = a.tensor.dims[d].nodes[0].value;
+    if (is_multiple_of(a.tensor.dims[d])) out[from + d] = a.tensor.dims[d].nodes[0].value;
   return out;
 }
 
@@ -18,7 +19,7 @@ std::vector<int32_t> unshardable_dims(const OpforgeOpSpec& op) {
   std::vector<int32_t> out;
   for (int32_t i = 0; i < op.num_args; ++i)
     for (const auto& [d, k] : multiple_of_dims(op.args[i])) {
-      const int32_t from_end = d - op.args[i].tensor.num_dims;
+      const int32_t from_end = d < 0 ? d : d - op.args[i].tensor.num_dims;
       bool seen = false;
       for (int32_t e : out) seen = seen || e == from_end;
       if (!seen) out.push_back(from_end);
@@ -46,6 +47,7 @@ std::map<int32_t, std::map<int32_t, int32_t>> follow_dims(const OpforgeOpSpec& o
       map = maps[a.tensor.shape_like];
       continue;
     }
+    if (a.tensor.leading_dims) continue;  // its rank varies: replicated
     for (int32_t j = 0; j < a.tensor.num_dims; ++j) {
       const OpforgeExpr& e = a.tensor.dims[j];
       if (e.num_nodes != 1 || e.nodes[0].op != OPFORGE_EXPR_DIM || e.nodes[0].arg != first) continue;

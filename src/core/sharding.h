@@ -11,7 +11,8 @@
 
 namespace opforge::core {
 
-/// {dim: k} for each dim of tensor argument `a` declared opforge::multiple_of(k).
+/// {dim: k} for each dim of tensor argument `a` declared opforge::multiple_of(k); dims of an input
+/// declared shape({opforge::leading_dims, ...}) are counted from the end (-1 is the last).
 std::map<int32_t, int64_t> multiple_of_dims(const OpforgeArgSpec& a);
 
 /// Dims, counted from the end (-1 is the last), that some tensor input declares

@@ -10,9 +10,10 @@
 namespace opforge::core {
 namespace {
 
-int32_t example_rank(const OpforgeTensorSpec& t) {
-  if (t.num_dims > 0) return t.num_dims;
-  const int32_t rank = std::max(std::max(t.min_rank, 1), 2);
+int32_t example_rank(const OpforgeTensorSpec& t, int32_t leading) {
+  if (t.num_dims > 0 && !t.leading_dims) return t.num_dims;
+  const int32_t rank =
+      t.leading_dims ? std::max(t.min_rank, t.num_dims + leading) : std::max(std::max(t.min_rank, 1), 2);
   return t.max_rank >= 0 ? std::min(rank, t.max_rank) : rank;
 }
 
@@ -36,10 +37,12 @@ std::vector<std::map<int32_t, int64_t>> factors(const OpforgeOpSpec& op) {
 }  // namespace
 
 std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_t lead, int64_t last,
-                                                 const std::vector<OpforgeValue>& values) {
+                                                 const std::vector<OpforgeValue>& values, int32_t leading) {
   const auto factor = factors(op);
-  auto multiple = [&](int32_t i, int32_t d, int64_t size) {
+  // multiple_of_dims counts a leading-dims input's dims from the end (negative).
+  auto multiple = [&](int32_t i, int32_t d, int32_t rank, int64_t size) {
     auto it = factor[i].find(d);
+    if (it == factor[i].end()) it = factor[i].find(d - rank);
     return it == factor[i].end() ? size : round_up(size, it->second);
   };
   std::vector<ArgInfo<int64_t>> info(op.num_args);
@@ -52,7 +55,7 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
     for (int32_t i = 0; i < op.num_args; ++i) {
       if (done[i]) continue;
       const OpforgeTensorSpec& t = op.args[i].tensor;
-      const int32_t rank = example_rank(t);
+      const int32_t rank = example_rank(t, leading);
       std::vector<int64_t> free;
       if (rank >= 2) {
         free.push_back(lead);
@@ -61,7 +64,7 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
       } else {
         free.assign(rank, last);
       }
-      for (int32_t d = 0; d < rank; ++d) free[d] = multiple(i, d, free[d]);
+      for (int32_t d = 0; d < rank; ++d) free[d] = multiple(i, d, rank, free[d]);
       if (t.shape_like >= 0) {
         if (done[t.shape_like]) info[i].sizes = info[t.shape_like].sizes, done[i] = true;
         continue;
@@ -72,8 +75,13 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
       }
       std::vector<int64_t> dims(rank);
       bool complete = true;
+      const int32_t at = first_ruled_dim(t, rank);
       for (int32_t d = 0; d < rank && complete; ++d) {
-        const OpforgeExpr& e = t.dims[d];
+        if (d < at) {  // a leading dim
+          dims[d] = free[d];
+          continue;
+        }
+        const OpforgeExpr& e = t.dims[d - at];
         if (e.num_nodes == 0 || is_multiple_of(e)) {
           dims[d] = free[d];
         } else if (auto v = eval_expr(e, info)) {
@@ -92,8 +100,8 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
       shapes[i] = info[i].sizes;
       continue;
     }
-    const int32_t rank = example_rank(op.args[i].tensor);
-    for (int32_t d = 0; d < rank; ++d) shapes[i].push_back(multiple(i, d, lead));
+    const int32_t rank = example_rank(op.args[i].tensor, leading);
+    for (int32_t d = 0; d < rank; ++d) shapes[i].push_back(multiple(i, d, rank, lead));
   }
   return shapes;
 }

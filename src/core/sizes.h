@@ -18,11 +18,12 @@ namespace opforge::core {
 /// the smallest rank >= 2 the rank bounds allow). Dims a shape rule fixes are evaluated from the
 /// tensors they read and the parameter `values` (per argument, as in a call); `same_shape` copies
 /// its model; a dim declared multiple_of(k), here or on an input that copies this one's shape,
-/// is rounded up to a multiple of k (0 stays 0). Rules that read each other fall back to `lead`
-/// for every dim. A rule may still give a size the op refuses (a negative one): the call's own
-/// checks report it.
+/// is rounded up to a multiple of k (0 stays 0). An input declared shape({leading_dims, ...})
+/// gets `leading` leading dims (within its rank bounds; `lead`, then 5s). Rules that read each
+/// other fall back to `lead` for every dim. A rule may still give a size the op refuses (a
+/// negative one): the call's own checks report it.
 std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_t lead, int64_t last,
-                                                 const std::vector<OpforgeValue>& values);
+                                                 const std::vector<OpforgeValue>& values, int32_t leading = 1);
 
 /// For a call with these shapes (per argument; empty for parameters) and parameter values: the
 /// bounds [low, high) of each input with a value domain (nullopt for others), and the op's

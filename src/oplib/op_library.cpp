@@ -106,13 +106,23 @@ class Resolver {
       error(context, "\"" + name + "\" names no tensor input (tensor inputs: " + inputs_list(true) + ")");
       return -1;
     }
+    if (def_.args[it->second].tensor.optional && gate_ != nullptr && (*gate_ < 0 || *gate_ == it->second)) {
+      *gate_ = it->second;  // an output's rule: the output exists when this input is given
+      return it->second;
+    }
     if (def_.args[it->second].tensor.optional) {
       error(context,
-            "\"" + name + "\" is an opforge::optional input, which may be absent, so nothing else may refer to it");
+            "\"" + name + "\" is an opforge::optional input, which may be absent, so nothing " +
+                (gate_ != nullptr ? "but one output's rules (an output that exists when it is given) " : "else ") +
+                "may refer to it");
       return -1;
     }
     return it->second;
   }
+
+  /// While set, tensor() admits one optional input and records it in `*gate` (the rules of an
+  /// output that exists only when that input is given); nullptr: none is admitted.
+  void admit_optional(int32_t* gate) { gate_ = gate; }
 
   void flatten(const std::shared_ptr<const Expr::Node>& n, std::vector<OpforgeExprNode>& out,
                const std::string& context) {
@@ -155,6 +165,7 @@ class Resolver {
   const OpDef& def_;
   std::vector<std::string>& errors_;
   std::map<std::string, int32_t> index_;
+  int32_t* gate_ = nullptr;
 };
 
 /// Checks run-time kernels: launch rules, kernel-name placeholders, parameter kinds.
@@ -186,7 +197,12 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
     if (rule.kind == LaunchRule::kElementwise || rule.kind == LaunchRule::kRows) {
       rk->rule_tensor = -1;
       for (size_t o = 0; o < outs.size(); ++o)
-        if (outputs[o].name == rule.tensor) rk->rule_tensor = static_cast<int32_t>(args.size() + o);
+        if (outputs[o].name == rule.tensor) {
+          rk->rule_tensor = static_cast<int32_t>(args.size() + o);
+          if (outs[o].present_with >= 0)
+            r.error(ctx, "launch rule: \"" + rule.tensor + "\" exists only when '" + args[outs[o].present_with].name +
+                             "' is given; launch by a tensor every call has");
+        }
       bool is_input = false;
       for (const auto& a : def.args) is_input = is_input || (a.kind == OPFORGE_ARG_TENSOR && a.name == rule.tensor);
       if (rk->rule_tensor < 0 && !is_input) {
@@ -219,7 +235,13 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
       if (key.rfind("T_", 0) == 0) {
         const std::string t = key.substr(2);
         bool is_output = false;
-        for (const auto& o : outputs) is_output = is_output || o.name == t;
+        for (size_t o = 0; o < outputs.size(); ++o) {
+          if (outputs[o].name != t) continue;
+          is_output = true;
+          if (outs[o].present_with >= 0)
+            r.error(ctx, "{" + key + "}: \"" + t + "\" exists only when '" + args[outs[o].present_with].name +
+                             "' is given, so its dtype cannot name an instantiation");
+        }
         if (!is_output) r.tensor(t, ctx + "{" + key + "}: ");
         continue;
       }
@@ -257,7 +279,9 @@ std::vector<std::string> OpDef::finalize() {
     auto& arr = s.exprs.emplace_back();
     for (size_t i = 0; i < es.size(); ++i) {
       auto& nodes = s.nodes.emplace_back();
-      if (es[i].is_any()) {
+      if (es[i].is_leading_dims()) {
+        r.error(context, "opforge::leading_dims is allowed only as the first entry of an input's shape({...})");
+      } else if (es[i].is_any()) {
         if (!allow_any) r.error(context, "opforge::any is allowed only in an input's shape({...})");
       } else if (es[i].node()->op == OPFORGE_EXPR_MULTIPLE_OF) {
         const int64_t k = es[i].node()->value;
@@ -319,6 +343,7 @@ std::vector<std::string> OpDef::finalize() {
       const TensorDecl& t = a.tensor;
       spec.tensor.dtypes = t.dtypes.bits;
       spec.tensor.dtype_like = -1;
+      spec.tensor.dtype_alternatives = t.dtype_alternatives.bits;
       if (!t.dtype_like.empty()) {
         spec.tensor.dtype_like = r.tensor(t.dtype_like, ctx + "same_dtype(): ");
         if (spec.tensor.dtype_like >= static_cast<int32_t>(i))
@@ -333,10 +358,29 @@ std::vector<std::string> OpDef::finalize() {
       spec.tensor.min_rank = t.min_rank;
       spec.tensor.max_rank = t.max_rank;
       if (t.has_shape) {
-        spec.tensor.num_dims = static_cast<int32_t>(t.shape.size());
-        spec.tensor.dims = exprs(t.shape, true, ctx + "shape(): ");
-        spec.tensor.min_rank = spec.tensor.max_rank = spec.tensor.num_dims;
+        const bool leading = !t.shape.empty() && t.shape.front().is_leading_dims();
+        const std::vector<Expr> dims(t.shape.begin() + (leading ? 1 : 0), t.shape.end());
+        const int32_t n = static_cast<int32_t>(dims.size());
+        spec.tensor.num_dims = n;
+        spec.tensor.dims = exprs(dims, true, ctx + "shape(): ");
+        spec.tensor.leading_dims = leading;
+        if (leading) {  // rank bounds bound the whole rank, which is at least the ruled dims'
+          spec.tensor.min_rank = std::max(t.min_rank, n);
+          if (t.max_rank >= 0 && t.max_rank < n)
+            r.error(ctx, "a rank of at most " + std::to_string(t.max_rank) + " is below the " + std::to_string(n) +
+                             " dims its shape({opforge::leading_dims, ...}) rules");
+        } else {
+          if ((t.min_rank >= 0 || t.max_rank >= 0) && !(t.min_rank == n && t.max_rank == n))
+            r.error(ctx, "a rank constraint beside shape({...}) of " + std::to_string(n) +
+                             " dims, which fixes the rank at " + std::to_string(n) +
+                             ": for any number of leading dims, write shape({opforge::leading_dims, ...})");
+          spec.tensor.min_rank = spec.tensor.max_rank = n;
+        }
       }
+      if (!t.has_shape && t.min_rank >= 0 && t.max_rank >= 0 && t.min_rank > t.max_rank)
+        r.error(ctx,
+                "the rank range [" + std::to_string(t.min_rank) + ", " + std::to_string(t.max_rank) + "] is empty");
+
       spec.tensor.layout = t.layout;
       spec.tensor.optional = t.optional;
       spec.tensor.mutated = t.mutated;
@@ -421,12 +465,18 @@ std::vector<std::string> OpDef::finalize() {
     spec.struct_size = sizeof(OpforgeOutputSpec);
     spec.name = cstr(o.name);
     spec.dtype = o.dtype;
+    spec.present_with = -1;
+    r.admit_optional(&spec.present_with);
     spec.shape_like = o.shape_like.empty() ? -1 : r.tensor(o.shape_like, ctx + "like(): ");
     spec.dtype_like = o.dtype_like.empty()           ? -1
                       : o.dtype_like == o.shape_like ? spec.shape_like  // like(): reported once
                                                      : r.tensor(o.dtype_like, ctx + "dtype_of(): ");
     spec.num_dims = static_cast<int32_t>(o.dims.size());
     spec.dims = exprs(o.dims, false, ctx);
+    r.admit_optional(nullptr);
+    if (spec.present_with >= 0 && !backward.empty())
+      r.error(ctx, "exists only when '" + args[spec.present_with].name +
+                       "' is given, and an op with such an output cannot name a backward op");
     if (!o.dim_index.empty()) spec.dim_index = s.ints.emplace_back(o.dim_index).data();
     if (o.dtype_like.empty() && (spec.dtype < 0 || spec.dtype >= OPFORGE_NUM_DTYPES)) r.error(ctx, "no dtype rule");
     s.outputs.push_back(spec);

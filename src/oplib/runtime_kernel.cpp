@@ -237,7 +237,7 @@ std::string sizes_text(const OpforgeTensor& t) {
 std::optional<LaunchConfig> nothing_to_launch(const RuntimeKernel& rk, const OpforgeCallFrame* f,
                                               const std::string& rule) {
   for (int32_t o = 0; o < f->num_outputs; ++o) {
-    if (numel(f->outputs[o]) == 0) continue;
+    if (f->outputs[o].ndim < 0 || numel(f->outputs[o]) == 0) continue;  // absent, or empty
     throw InternalError(rule + " gives no threads, but output '" + rk.def->outputs[o].name + "' of shape " +
                         sizes_text(f->outputs[o]) +
                         " has elements, which would stay unwritten (launch over that output, or with launch_grid)");
@@ -307,8 +307,9 @@ std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const st
     if (def.args[i].kind == OPFORGE_ARG_TENSOR)
       out.push_back({KernelParameter::kPointer, "input " + def.args[i].name, arg_dtypes[i], def.args[i].tensor.mutated,
                      def.args[i].tensor.optional});
-  for (size_t o = 0; o < def.outputs.size(); ++o)
-    out.push_back({KernelParameter::kPointer, "output " + def.outputs[o].name, out_dtypes[o], true});
+  for (size_t o = 0; o < def.outputs.size(); ++o)  // one that exists only with an optional input: as it
+    out.push_back({KernelParameter::kPointer, "output " + def.outputs[o].name, out_dtypes[o], true,
+                   def.spec()->outputs[o].present_with >= 0});
   static const char* const kRows[] = {"rows", "cols"};
   for (int32_t k = 0; k < launch_values; ++k) {
     const std::string name = rk.rule.kind == LaunchRule::kElementwise     ? "n"

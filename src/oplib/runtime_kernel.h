@@ -76,7 +76,8 @@ struct KernelParameter {
   std::string what;       ///< "input x", "output y", "launch value n", "parameter eps"
   int32_t dtype = -1;     ///< kPointer: the tensor's OpforgeDtype; -1: an optional input left out
   bool writes = false;    ///< kPointer: an output or mutated input (the pointee is not const)
-  bool optional = false;  ///< kPointer: an opforge::optional input (null when left out)
+  bool optional = false;  ///< kPointer: an opforge::optional input, or an output that exists only with
+                          ///< one (null when left out)
 };
 
 /// The parameters a kernel instantiation takes, in order, for these dtypes: the tensors'

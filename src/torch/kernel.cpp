@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,8 @@ struct CallArgs {
   std::vector<std::vector<int64_t>> int_lists;
   std::vector<std::vector<double>> float_lists;
   std::vector<OpforgeValue> values;
-  std::vector<at::Tensor> outs;  // an out= call's out tensors
+  std::vector<std::optional<c10::SymInt>> symbolic;  // a size parameter's value while tracing
+  std::vector<at::Tensor> outs;                      // an out= call's out tensors
 };
 
 /// Scratch memory for a kernel: tensors from torch's allocator on the kernel's device, kept
@@ -85,6 +87,7 @@ class OpKernel final : public c10::OperatorKernel {
     c.int_lists.resize(n);
     c.float_lists.resize(n);
     c.values.resize(n);
+    c.symbolic.resize(n);
     for (size_t k = n; k < ivalues.size(); ++k)
       c.outs.push_back(ivalues[k].isNone() ? at::Tensor() : ivalues[k].toTensor());
     for (int32_t i = 0; i < n; ++i) {
@@ -100,7 +103,15 @@ class OpKernel final : public c10::OperatorKernel {
           if (!iv.isNone()) c.tensors[i] = iv.toTensor();
           break;
         case OPFORGE_ARG_INT:
-          v.i = iv.toInt();
+          if (!iv.isSymInt()) {
+            v.i = iv.toInt();
+          } else if (auto known = iv.toSymInt().maybe_as_int()) {
+            v.i = *known;
+          } else if (mode_ == Mode::kMeta) {  // a size parameter (SymInt) while tracing: stays symbolic
+            c.symbolic[i] = iv.toSymInt();
+          } else {  // a kernel needs the value
+            v.i = iv.toSymInt().guard_int(__FILE__, __LINE__);
+          }
           break;
         case OPFORGE_ARG_FLOAT:
           v.f = iv.toDouble();
@@ -161,6 +172,7 @@ class OpKernel final : public c10::OperatorKernel {
         if (device_arg < 0 && call.tensors[i].defined()) device_arg = i;
       }
       info[i].value = call.values[i];
+      if constexpr (std::is_same_v<Int, c10::SymInt>) info[i].symbolic = call.symbolic[i];
     }
     std::vector<core::OutputInfo<Int>> outs;
     std::string problems;
@@ -184,6 +196,10 @@ class OpKernel final : public c10::OperatorKernel {
           at::native::resize_output(call.outs[k], outs[k].sizes);
         }
         outputs.push_back(call.outs[k]);
+        continue;
+      }
+      if (!outs[k].defined) {  // exists only with an optional input the call left out: None
+        outputs.emplace_back();
         continue;
       }
       auto options = at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device);
@@ -212,6 +228,8 @@ class OpKernel final : public c10::OperatorKernel {
     }
     TORCH_CHECK_VALUE(refused.empty(), core::invalid_arguments_message(op_, refused, out_));
 
+    const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
+    const int32_t device_index = device.has_index() ? device.index() : -1;
     std::vector<at::Tensor> targets(outputs);  // what the kernel writes
     const OpforgeTensorSpec dense{};           // the layout every output has
     for (auto& t : targets)
@@ -219,16 +237,16 @@ class OpKernel final : public c10::OperatorKernel {
         t = at::empty(t.sizes(), t.options());
     std::vector<OpforgeTensor> out_views;
     out_views.reserve(targets.size());
-    for (const auto& o : targets) out_views.push_back(view(o));
+    for (const auto& o : targets)
+      out_views.push_back(o.defined() ? view(o) : core::absent_tensor(device_type, device_index));
     if (core::skip_launch(out_views)) return;
     if (core::poison_outputs()) {
       for (const auto& o : targets) {
+        if (!o.defined()) continue;
         if (at::isFloatingType(o.scalar_type())) o.fill_(NAN);
         else o.fill_(o.scalar_type() == at::kBool ? 1 : 123);
       }
     }
-    const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
-    const int32_t device_index = device.has_index() ? device.index() : -1;
     std::vector<OpforgeArg> args(n);
     for (int32_t i = 0; i < n; ++i) {
       args[i].value = call.values[i];

@@ -42,6 +42,7 @@ struct IntOps<c10::SymInt> {
         return a.sym_ge(b).expect_true(__FILE__, __LINE__);
     }
   }
+  static int64_t concrete(const c10::SymInt& a) { return a.guard_int(__FILE__, __LINE__); }
   // Printed through the symbolic node, not iostreams (Note [No iostreams across the torch boundary]).
   static std::string str(const c10::SymInt& a) {
     if (auto v = a.maybe_as_int()) return std::to_string(*v);

@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 4); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 5); }
 
 TEST(AbiLayout, Tensor) {
   EXPECT_EQ(sizeof(OpforgeTensor), 40u);
@@ -52,7 +52,7 @@ TEST(AbiLayout, Expr) {
 }
 
 TEST(AbiLayout, TensorSpec) {
-  EXPECT_EQ(sizeof(OpforgeTensorSpec), 112u);
+  EXPECT_EQ(sizeof(OpforgeTensorSpec), 120u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, dtypes), 8u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, dtype_like), 12u);
@@ -70,6 +70,8 @@ TEST(AbiLayout, TensorSpec) {
   EXPECT_EQ(offsetof(OpforgeTensorSpec, sentinel), 72u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, values_low), 80u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, values_high), 96u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, dtype_alternatives), 112u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, leading_dims), 116u);
 }
 
 TEST(AbiLayout, ParamSpec) {
@@ -87,12 +89,12 @@ TEST(AbiLayout, ParamSpec) {
 }
 
 TEST(AbiLayout, ArgSpec) {
-  EXPECT_EQ(sizeof(OpforgeArgSpec), 256u);
+  EXPECT_EQ(sizeof(OpforgeArgSpec), 264u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, name), 8u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, kind), 16u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, tensor), 24u);
-  EXPECT_EQ(offsetof(OpforgeArgSpec, param), 136u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, param), 144u);
 }
 
 TEST(AbiLayout, Rule) {
@@ -104,7 +106,7 @@ TEST(AbiLayout, Rule) {
 }
 
 TEST(AbiLayout, OutputSpec) {
-  EXPECT_EQ(sizeof(OpforgeOutputSpec), 48u);
+  EXPECT_EQ(sizeof(OpforgeOutputSpec), 56u);
   EXPECT_EQ(offsetof(OpforgeOutputSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOutputSpec, name), 8u);
   EXPECT_EQ(offsetof(OpforgeOutputSpec, dtype_like), 16u);
@@ -113,6 +115,7 @@ TEST(AbiLayout, OutputSpec) {
   EXPECT_EQ(offsetof(OpforgeOutputSpec, num_dims), 28u);
   EXPECT_EQ(offsetof(OpforgeOutputSpec, dim_index), 32u);
   EXPECT_EQ(offsetof(OpforgeOutputSpec, dims), 40u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, present_with), 48u);
 }
 
 TEST(AbiLayout, Context) {

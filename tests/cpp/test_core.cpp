@@ -76,14 +76,16 @@ TEST(Description, DescribesArgumentsOutputsAndKernels) {
   EXPECT_EQ(op["backward"], nullptr);
   EXPECT_EQ(op["is_backward_op"], false);
   EXPECT_EQ(op["args"][0], json::parse(R"({"name": "x", "type": "Tensor", "kind": "tensor",
-      "dtypes": ["float16", "bfloat16"], "same_dtype": null, "same_shape": null, "min_rank": -1, "max_rank": -1,
+      "dtypes": ["float16", "bfloat16"], "same_dtype": null, "dtype_alternatives": [], "same_shape": null,
+      "min_rank": -1, "max_rank": -1, "leading_dims": false,
       "layout": "contiguous_last_dim", "optional": false, "mutated": false, "values": null, "shape": null,
       "shape_rules": null, "multiple_of": [], "follows": []})"));
   EXPECT_EQ(op["args"][1], json::parse(R"({"name": "alpha", "type": "float", "kind": "param", "default": 0.5,
       "min": 0.0, "choices": null, "compile_time": false})"));
   EXPECT_EQ(op["outputs"][0], json::parse(R"({"name": "y", "dtype": null, "dtype_like": "x", "like": "x",
-      "shape": [], "shape_rules": [], "with_dims": [], "with_dim_rules": []})"));
+      "present_with": null, "shape": [], "shape_rules": [], "with_dims": [], "with_dim_rules": []})"));
   EXPECT_EQ(op["devices"], json::parse(R"(["cpu"])"));
+  EXPECT_EQ(op["dtype_combinations"], json::parse(R"([{"x": "float16"}, {"x": "bfloat16"}])"));
   EXPECT_EQ(op["runtime_kernels"], json::array());
 }
 
@@ -416,12 +418,12 @@ TEST(Rules, CrossArgumentRulesAreCheckedWithTheArguments) {
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3, 64}, {9, 32}, 16), outs), "");
   EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3, 60}, {9, 96}, 16), outs),
-            "ns::rot(Tensor x, Tensor cache, int block=4) -> Tensor: invalid arguments\n"
+            "ns::rot(Tensor x, Tensor cache, SymInt block=4) -> Tensor: invalid arguments\n"
             "  expected cache.size(1) <= x.size(-1), got 96 <= 60\n"
             "  expected x.size(-1) % block == 0, got 12 == 0");
   // A rule that reads an argument already reported is not checked again.
   EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3}, {9, 96}, 16), outs),
-            "ns::rot(Tensor x, Tensor cache, int block=4) -> Tensor: invalid arguments\n"
+            "ns::rot(Tensor x, Tensor cache, SymInt block=4) -> Tensor: invalid arguments\n"
             "  x: expected rank 2, got rank 1 (shape [3])");
   const json op = describe({def.get()})["ops"][0];
   EXPECT_EQ(op["rules"][0]["text"], "cache.size(1) <= x.size(-1)");

@@ -4,6 +4,8 @@
 #include <opforge/op.h>
 
 #include "../../src/core/check.h"
+#include "../../src/core/dtypes.h"
+#include "../../src/core/schema.h"
 
 namespace {
 
@@ -89,7 +91,7 @@ TEST(ShapeRules, ShapeMismatchPrintsRuleAndValues) {
   EXPECT_EQ(check(*def->spec(), args),
             (std::vector<std::string>{"w: expected shape [x.size(-1), *] = [64, *], got [32, 3]"}));
   EXPECT_EQ(opforge::core::invalid_arguments_message(*def->spec(), check(*def->spec(), args)),
-            "ns::pool(Tensor x, Tensor w, int n) -> (Tensor, Tensor): invalid arguments\n"
+            "ns::pool(Tensor x, Tensor w, SymInt n) -> (Tensor, Tensor): invalid arguments\n"
             "  w: expected shape [x.size(-1), *] = [64, *], got [32, 3]");
 }
 
@@ -230,4 +232,131 @@ TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
   EXPECT_EQ(errors[3],
             "f.cpp:3: ns::badvec: output 'y': opforge::any stands for a whole dim of an input's "
             "shape({...}); it cannot be part of an expression");  // was a null dereference
+}
+
+namespace {
+
+void norm_ref(Tensor, Tensor, MutableTensor) {}
+void three_ref(Tensor, Tensor, Tensor, MutableTensor) {}
+
+// x: [*, H] (any number of leading dims, H a multiple of 4); weight: [H] in x's dtype or float32.
+std::unique_ptr<opforge::detail::OpDef> norm_op() {
+  auto def = opforge::detail::make_op("ns", "norm", "f.cpp", 5)
+                 .input("x", opforge::floating, opforge::shape({opforge::leading_dims, opforge::multiple_of(4)}))
+                 .input("weight", opforge::same_dtype("x") | opforge::kFloat32, opforge::shape({opforge::dim("x", -1)}))
+                 .output("y", opforge::like("x"))
+                 .reference(norm_ref)
+                 .release();
+  EXPECT_TRUE(def->finalize().empty());
+  return def;
+}
+
+}  // namespace
+
+TEST(LeadingDims, AnyNumberOfLeadingDimsAndTheLastDimsRuled) {
+  auto def = norm_op();
+  for (std::vector<int64_t> x : {std::vector<int64_t>{8}, {2, 8}, {2, 3, 5, 8}, {0, 8}})
+    EXPECT_TRUE(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, x), tensor(OPFORGE_DTYPE_FLOAT32, {8})}).empty())
+        << x.size();
+  EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 6}), tensor(OPFORGE_DTYPE_FLOAT32, {6})}),
+            (std::vector<std::string>{"x: expected shape [*, multiple of 4], got [2, 3, 6]"}));
+  EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}),
+            (std::vector<std::string>{"x: expected rank >= 1, got rank 0 (shape [])"}));
+  std::vector<opforge::core::OutputInfo<int64_t>> outs, none;
+  std::vector<std::string> errors;
+  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(
+      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
+  EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{2, 3, 8}));
+}
+
+TEST(LeadingDims, ARankConstraintBesideAFixedShapeIsADeclarationError) {
+  auto errors = opforge::detail::make_op("ns", "rank1", "f.cpp", 6)
+                    .input("x", opforge::floating, opforge::min_rank(1), opforge::shape({opforge::any}))
+                    .input("w", opforge::floating, opforge::rank_between(0, 1),
+                           opforge::shape({opforge::leading_dims, opforge::any, opforge::any}))
+                    .input("v", opforge::floating, opforge::shape({opforge::any, opforge::leading_dims}))
+                    .output("y", opforge::like("x"))
+                    .reference(three_ref)
+                    .release()
+                    ->finalize();
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:6: ns::rank1: input 'x': a rank constraint beside shape({...}) of 1 dims, which fixes "
+                        "the rank at 1: for any number of leading dims, write shape({opforge::leading_dims, ...})",
+                        "f.cpp:6: ns::rank1: input 'w': a rank of at most 1 is below the 2 dims its "
+                        "shape({opforge::leading_dims, ...}) rules",
+                        "f.cpp:6: ns::rank1: input 'v': shape(): opforge::leading_dims is allowed only as the first "
+                        "entry of an input's shape({...})",
+                    }));
+}
+
+TEST(MixedDtypes, ASameDtypeRuleWithAlternatives) {
+  auto def = norm_op();
+  const std::string bf16_x = "weight: expected dtype bfloat16 (the dtype of x) or float32, got float16";
+  for (int32_t w : {OPFORGE_DTYPE_BFLOAT16, OPFORGE_DTYPE_FLOAT32})
+    EXPECT_TRUE(check(*def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(w, {8})}).empty()) << w;
+  EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT16, {8})}),
+            (std::vector<std::string>{bf16_x}));
+  // x's own dtype must still be allowed: a bad x is reported once, not again by weight's rule.
+  EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_INT32, {2, 8}), tensor(OPFORGE_DTYPE_INT32, {8})}),
+            (std::vector<std::string>{"x: expected dtype one of {float32, float64, float16, bfloat16}, got int32"}));
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  std::vector<std::string> errors;
+  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(
+      *def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
+  EXPECT_EQ(outs[0].dtype, OPFORGE_DTYPE_BFLOAT16);  // like("x"): x's dtype, not the weight's
+}
+
+TEST(MixedDtypes, EveryCombinationTheRulesAccept) {
+  auto def = norm_op();
+  using C = std::vector<int32_t>;
+  constexpr int32_t f32 = OPFORGE_DTYPE_FLOAT32, f64 = OPFORGE_DTYPE_FLOAT64, f16 = OPFORGE_DTYPE_FLOAT16,
+                    bf16 = OPFORGE_DTYPE_BFLOAT16;
+  EXPECT_EQ(opforge::core::dtype_combinations(*def->spec()),
+            (std::vector<C>{{f32, f32}, {f64, f32}, {f64, f64}, {f16, f32}, {f16, f16}, {bf16, f32}, {bf16, bf16}}));
+  EXPECT_EQ(opforge::core::dtype_combinations(*def->spec(), 2).size(), 2u);
+}
+
+namespace {
+void pair_ref(Tensor, Tensor, MutableTensor, MutableTensor) {}
+}  // namespace
+
+TEST(OptionalOutputs, UndefinedWhenTheirInputIsLeftOut) {
+  auto def = opforge::detail::make_op("ns", "pair", "f.cpp", 7)
+                 .input("x", opforge::floating)
+                 .input("key", opforge::optional, opforge::floating, opforge::shape({opforge::any, opforge::any}))
+                 .output("y", opforge::like("x"))
+                 .output("key_out", opforge::like("key").with_dim(-1, opforge::dim("key", -1) * 2))
+                 .reference(pair_ref)
+                 .release();
+  ASSERT_TRUE(def->finalize().empty());
+  Info absent;
+  absent.defined = false;
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  std::vector<std::string> errors;
+  ASSERT_TRUE(
+      opforge::core::output_shapes<int64_t>(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), absent}, outs, errors));
+  ASSERT_EQ(outs.size(), 2u);
+  EXPECT_TRUE(outs[0].defined);
+  EXPECT_FALSE(outs[1].defined);
+  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(
+      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), tensor(OPFORGE_DTYPE_FLOAT16, {3, 5})}, outs, errors));
+  EXPECT_TRUE(outs[1].defined);
+  EXPECT_EQ(outs[1].sizes, (std::vector<int64_t>{3, 10}));
+  EXPECT_EQ(outs[1].dtype, OPFORGE_DTYPE_FLOAT16);
+}
+
+TEST(SizeParams, ParametersThatShapeRulesReadAreSymInt) {
+  auto def = pool_op();  // n gives out's last dim
+  EXPECT_TRUE(opforge::core::is_size_param(*def->spec(), 2));
+  EXPECT_EQ(opforge::core::schema(*def->spec()), "pool(Tensor x, Tensor w, SymInt n) -> (Tensor, Tensor)");
+  // While a framework traces, a symbolic value is read by the rules and its own check waits.
+  std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {2, 6, 4}), tensor(OPFORGE_DTYPE_FLOAT32, {4, 3}),
+                            int_value(-5)};
+  args[2].symbolic = 7;
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), args, outs), "");
+  EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{2, 3, 7}));
+  args[2].symbolic.reset();
+  EXPECT_NE(opforge::core::check_call<int64_t>(*def->spec(), args, outs).find("n: expected a value >= 1, got -5"),
+            std::string::npos);
 }

@@ -61,7 +61,7 @@ def test_a_library_built_for_another_abi(tmp_path):
     with pytest.raises(ValueError) as err:
         opforge.load_library(so)
     assert str(err.value) == (
-        f"opforge: {so} was built for opforge ABI version 2, and this opforge reads version 4: rebuild the op library"
+        f"opforge: {so} was built for opforge ABI version 2, and this opforge reads version 5: rebuild the op library"
     )
 
 

@@ -103,6 +103,23 @@ def test_catches_a_wrong_backward(broken_ops):
     assert verify.verify_op("fixture::wrong_gradient_bwd", device="cpu", seed=5).ok  # its own values are right
 
 
+def test_a_backward_without_float64_is_checked_in_float32(broken_ops):
+    report = verify.verify_op("fixture::wrong_gradient_f32", device="cpu", seed=5)
+    assert [(r.check, r.dtype) for r in report.failures] == [("gradcheck", "float32")]
+    assert "Jacobian mismatch" in report.failures[0].message
+    report = verify.verify_op("fixture::gradient_f32", device="cpu", seed=5)
+    assert report.ok, report.failures
+    assert [r.dtype for r in report.results if r.check == "gradcheck"] == ["float32"]
+
+
+def test_an_op_whose_first_input_is_an_index_is_verified_in_each_of_its_dtypes():
+    opforge.load_library(opforge.example_library("rotary_embedding"))
+    report = verify.verify_op("examples::rotary_embedding", device="cpu", seed=2)
+    assert report.ok, report.failures
+    values = [r for r in report.results if r.check == "values"]
+    assert {r.dtype for r in values} == {"float32", "float16", "bfloat16"}
+
+
 def test_correct_fixture_passes(broken_ops):
     assert verify.verify_op("fixture::correct", device="cpu", seed=5).ok
 

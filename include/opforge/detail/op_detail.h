@@ -32,6 +32,7 @@ namespace opforge::detail {
 struct TensorDecl {
   DtypeSet dtypes{0xffffffffu >> (32 - OPFORGE_NUM_DTYPES)};
   std::string dtype_like;
+  DtypeSet dtype_alternatives;  // with dtype_like: accepted besides that tensor's dtype
   std::string shape_like;
   int32_t min_rank = -1, max_rank = -1;
   bool has_shape = false;
@@ -235,7 +236,14 @@ struct ParamTraits<std::vector<double>> {
 
 struct SameDtype {
   std::string tensor;
+  DtypeSet alternatives;  // accepted besides the dtype of `tensor`
 };
+/// `same_dtype("x") | opforge::kFloat32`: x's dtype, or any of these.
+inline SameDtype operator|(SameDtype s, DtypeSet alternatives) {
+  s.alternatives = s.alternatives | alternatives;
+  return s;
+}
+inline SameDtype operator|(SameDtype s, Dtype alternative) { return std::move(s) | DtypeSet(alternative); }
 struct SameShape {
   std::string tensor;
 };
@@ -280,7 +288,10 @@ struct CompileTime {};
 
 inline void apply(TensorDecl& t, DtypeSet s) { t.dtypes = s; }
 inline void apply(TensorDecl& t, Dtype d) { t.dtypes = DtypeSet(d); }
-inline void apply(TensorDecl& t, const SameDtype& c) { t.dtype_like = c.tensor; }
+inline void apply(TensorDecl& t, const SameDtype& c) {
+  t.dtype_like = c.tensor;
+  t.dtype_alternatives = c.alternatives;
+}
 inline void apply(TensorDecl& t, const SameShape& c) { t.shape_like = c.tensor; }
 inline void apply(TensorDecl& t, const RankRange& r) {
   t.min_rank = r.min;

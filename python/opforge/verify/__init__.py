@@ -1,7 +1,9 @@
 """``opforge verify``: device kernels against the CPU reference, per op and per model.
 
 Op level (:func:`verify_op`): inputs are generated from the op's description (dtype sets, ranks,
-shape rules, parameter ranges): random sizes, sizes that straddle vector and block boundaries,
+shape rules, parameter ranges), in every dtype combination its dtype rules accept (the core
+enumerates them: each dtype of a set, a ``same_dtype`` input's model dtype and alternatives;
+``--dtype`` selects by the first floating input's dtype): random sizes, sizes that straddle vector and block boundaries,
 strided views (permuted, sliced, expanded, storage-offset, and padded or permuted rows that stay
 16-byte aligned), empty tensors and NaN/Inf values. Sizes come from the core, which evaluates
 the shape rules (dims declared ``multiple_of(k)`` get multiples of k).
@@ -9,7 +11,9 @@ Optional tensor inputs (``Tensor? name=None``) are given in every case, and the 
 cases are repeated with all of them left out (None).
 Each case runs the device kernel with its outputs poisoned (NaN) beforehand and compares it
 with the CPU reference run on float64 copies of the inputs where the op accepts float64, with
-tolerances by dtype (:data:`TOLERANCES`). On a machine without a GPU, the CPU reference is
+the tolerances (:data:`TOLERANCES`) of the least precise dtype among the case's tensors.
+Inputs declared ``shape({leading_dims, ...})`` also get cases with none and with three leading
+dims. On a machine without a GPU, the CPU reference is
 compared with the description's ``.equivalent()`` torch expression instead (a reference
 compared with itself proves nothing), and each run-time kernel instantiation the cases would use
 is compiled with NVRTC for sm_90 and sm_80 (check "nvrtc"), so a kernel source that does not
@@ -19,8 +23,9 @@ case draws fresh random data from a seed that the report prints. Each op also ge
 ``torch.library.opcheck``, a ``torch.compile(fullgraph=True, dynamic=True)`` no-recompile check
 over three batch sizes, and a Meta-versus-real check of shape, dtype and strides (with and
 without its optional tensor inputs, if it has any). An op that names a backward op (Note
-[Backward ops]) and accepts float64 also gets ``torch.autograd.gradcheck`` in float64 (check
-"gradcheck"): the gradients its backward op computes against finite differences of the op itself.
+[Backward ops]) also gets ``torch.autograd.gradcheck`` (check "gradcheck"): the gradients its
+backward op computes against finite differences of the op itself, in float64 where the op takes
+it, else in float32 with a wider step and tolerances (``checks.FLOAT32_GRADCHECK``).
 
 Model level (:func:`verify_model`): export, AOTInductor-compile, run the package in the C++
 runner on the device, and compare each output with the model run in eager on the CPU.

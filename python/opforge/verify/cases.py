@@ -28,12 +28,75 @@ def dtype_of(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def tensor_dtype(op: Op, arg: TensorArg, dtype: str) -> str:
-    """dtype of tensor input ``arg`` for a case whose main dtype is ``dtype``: that of its
-    ``same_dtype`` model, else ``dtype`` if allowed, else its first allowed dtype."""
-    if arg.same_dtype is not None:
-        return tensor_dtype(op, op.arg(arg.same_dtype), dtype)
-    return dtype if dtype in arg.dtypes else arg.dtypes[0]
+#: Floating dtypes from the least precise to the most: a case is compared at the tolerance of
+#: the least precise dtype among its tensors.
+_PRECISION_ORDER = ("bfloat16", "float16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class DtypeCase:
+    """One dtype combination an op accepts (one of ``op.dtype_combinations``, which the core
+    enumerates from the dtype rules).
+
+    Attributes:
+        dtypes: dtype name by tensor input name.
+        primary: the dtype of the op's primary input (:func:`primary_input`), which ``--dtype``
+            selects by.
+        label: ``primary``, then the inputs whose dtype differs from it and could be another:
+            "bfloat16 (weight=float32)".
+        tolerance: the least precise floating dtype among the inputs and outputs, whose
+            tolerances the case is compared with (:data:`~opforge.verify.TOLERANCES`); the
+            primary dtype if none is floating.
+    """
+
+    dtypes: dict[str, str]
+    primary: str
+    label: str
+    tolerance: str
+
+
+def primary_input(op: Op) -> TensorArg:
+    """The tensor input whose dtype names a case: the first that takes a floating dtype in some
+    combination (an index input may come first), else the first tensor input."""
+    for a in op.tensors:
+        if any(c[a.name] in _FLOATING for c in op.dtype_combinations):
+            return a
+    return op.tensors[0]
+
+
+def dtype_cases(op: Op, only: list[str] | None = None) -> list[DtypeCase]:
+    """Every dtype combination of ``op`` as a :class:`DtypeCase`, those whose primary dtype is in
+    ``only`` if given.
+
+    Raises:
+        ValueError: ``only`` selects no combination (the message lists the dtypes it may name).
+    """
+    primary = primary_input(op).name
+    varies = {a.name for a in op.tensors if len({c[a.name] for c in op.dtype_combinations}) > 1}
+    out = []
+    for c in op.dtype_combinations:
+        p = c[primary]
+        if only is not None and p not in only:
+            continue
+        others = [f"{k}={v}" for k, v in c.items() if k != primary and v != p and k in varies]
+        outputs = [o.dtype if o.dtype is not None else c[o.dtype_like] for o in op.outputs]
+        floating = [d for d in [*c.values(), *outputs] if d in _FLOATING]
+        tolerance = min(floating, key=_PRECISION_ORDER.index) if floating else p
+        out.append(DtypeCase(dict(c), p, p + (f" ({', '.join(others)})" if others else ""), tolerance))
+    if not out:
+        takes = list(dict.fromkeys(c[primary] for c in op.dtype_combinations))
+        raise ValueError(
+            f"{op.name}: no dtype combination has {primary} in {', '.join(only or [])}; {primary} takes "
+            + ", ".join(takes)
+        )
+    return out
+
+
+def float64_case(op: Op, case: DtypeCase) -> dict[str, str] | None:
+    """``case``'s dtypes with every floating one replaced by float64, if the op accepts that
+    combination (the reference then runs in float64), else None."""
+    wide = {k: "float64" if v in _FLOATING else v for k, v in case.dtypes.items()}
+    return wide if wide in op.dtype_combinations else None
 
 
 def param_sets(op: Op, rng: random.Random) -> list[dict[int, object]]:
@@ -206,25 +269,28 @@ def without_optional(op: Op) -> str:
 _RETRY_LASTS = (8, 16, 32, 64, 128, 256)
 
 
-def example(op: Op, lead: int, last: int, params: dict[str, object]) -> dict | None:
+def example(op: Op, lead: int, last: int, params: dict[str, object], leading: int = 1) -> dict | None:
     """The core's example shapes and facts (:func:`opforge._core.example_shapes`) for sizes near
     (lead, last) that satisfy every cross-argument rule: ``last`` itself, then it rounded up to a
     multiple of 2, 4, ... 128, then :data:`_RETRY_LASTS`; None if none does."""
     tried = [last] + [-(-last // m) * m for m in (2, 4, 8, 16, 32, 64, 128)] + list(_RETRY_LASTS)
     for candidate in dict.fromkeys(tried):
-        facts = _core.example_shapes(op.name, lead, candidate, params)
+        facts = _core.example_shapes(op.name, lead, candidate, params, leading)
         if not facts["rule_problems"]:
             return facts
     return None
 
 
-def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
-    """Every input case for one op and dtype (CPU tensors), each from its own seed. Optional
+def generate_cases(op: Op, dtypes: dict[str, str], seed: int) -> list[Inputs]:
+    """Every input case for one op and dtype combination (``dtypes`` by tensor input name: a
+    :attr:`DtypeCase.dtypes`; CPU tensors), each from its own seed. Optional
     tensor inputs are given, except in the cases labelled with :func:`without_optional`'s suffix
-    (every shape, and empty), where they are None. Sizes satisfy the op's cross-argument rules
-    (:func:`example`), integer inputs with a value domain hold values inside it. A case no input
-    can make (a rule no nearby size meets, more distinct indices than the range holds) is left
-    out, as is a strided view of a mutated input that the op refuses (:func:`refused`)."""
+    (every shape, and empty), where they are None. An op with an input declared
+    ``shape({leading_dims, ...})`` also gets cases with none and with three leading dims. Sizes
+    satisfy the op's cross-argument rules (:func:`example`), integer inputs with a value domain
+    hold values inside it. A case no input can make (a rule no nearby size meets, more distinct
+    indices than the range holds) is left out, as is a strided view of a mutated input that the
+    op refuses (:func:`refused`)."""
     rng = random.Random(seed)
     cases: list[Inputs] = []
     without = without_optional(op)
@@ -236,10 +302,11 @@ def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
         params: dict[int, object],
         transform: Callable[..., torch.Tensor] | None = None,
         omit_optional: bool = False,
+        leading: int = 1,
     ) -> None:
         case_seed = rng.randrange(2**31)
         gen = torch.Generator().manual_seed(case_seed)
-        facts = example(op, lead, last, {op.args[i].name: v for i, v in params.items()})
+        facts = example(op, lead, last, {op.args[i].name: v for i, v in params.items()}, leading)
         if facts is None:
             return
         args = []
@@ -253,7 +320,7 @@ def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
                     continue
                 bounds = facts["bounds"].get(a.name)
                 domain = Domain(bounds[0], bounds[1], a.values.unique, a.values.sentinel) if bounds else None
-                torch_dtype = dtype_of(tensor_dtype(op, a, dtype))
+                torch_dtype = dtype_of(dtypes[a.name])
 
                 def draw(shape, torch_dtype=torch_dtype, domain=domain):
                     return random_tensor(shape, torch_dtype, gen, domain)
@@ -288,10 +355,13 @@ def generate_cases(op: Op, dtype: str, seed: int) -> list[Inputs]:
                 return _view(t, how, gen, draw)
 
             build(f"{how} {a.name}", 4, 40, params[0], transform)
+    if any(a.leading_dims for a in op.tensors):  # shape({leading_dims, ...}): none, and several
+        build("no leading dims", 3, 37, params[0], leading=0)
+        build("3 leading dims", 3, 37, params[0], leading=3)
     build("empty", 0, 37, params[0])
     if without:
         build(f"empty{without}", 0, 37, params[0], omit_optional=True)
-    floating = [a.index for a in op.tensors if tensor_dtype(op, a, dtype) in _FLOATING]
-    if dtype in _FLOATING and floating:
+    floating = [a.index for a in op.tensors if dtypes[a.name] in _FLOATING]
+    if floating:
         build("nan/inf", 3, 37, params[0], lambda arg, t, gen, draw: _special(t) if arg.index == floating[0] else t)
     return cases

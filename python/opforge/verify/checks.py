@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -13,7 +14,18 @@ import torch
 from .._core import set_poison_outputs
 from .._torch import find_op, precompile
 from ..description import Op
-from .cases import _FLOATING, SHAPES, Inputs, dtype_of, generate_cases, param_sets, tensor_dtype, without_optional
+from .cases import (
+    _FLOATING,
+    SHAPES,
+    DtypeCase,
+    Inputs,
+    dtype_cases,
+    dtype_of,
+    float64_case,
+    generate_cases,
+    param_sets,
+    without_optional,
+)
 from .compare import TOLERANCES, compare_outputs
 from .report import CaseResult, Report
 
@@ -92,51 +104,57 @@ def unwritten(op: Op, before: list, after: list) -> str:
     return ""
 
 
-def reference_dtype(op: Op, dtype: str) -> torch.dtype | None:
-    """float64 if every floating tensor input of the case accepts float64, else None (the CPU
-    reference then runs in the case's own dtypes)."""
-    for a in op.tensors:
-        if tensor_dtype(op, a, dtype) in _FLOATING and "float64" not in a.dtypes:
-            return None
-    return torch.float64
+#: Float32 gradcheck, for ops that take no float64: central differences with this step, compared
+#: at these tolerances (float32 rounding of ~1e-7 |f| divided by 2 eps gives ~5e-5 |f| of noise),
+#: over the whole Jacobian: fast mode compares one projection v^T J u of unit vectors, whose value
+#: (~1 / sqrt(numel)) falls under such an atol, so a gradient off by a factor of 2 passed it.
+FLOAT32_GRADCHECK = {"eps": 1e-3, "atol": 1e-3, "rtol": 1e-2, "fast_mode": False}
 
 
-def check_values(op: Op, dtype: str, device: str, seed: int, report: Report) -> None:
-    """Every case of :func:`generate_cases`: the device kernel against the CPU reference (in
-    float64 where the op accepts it), or on the CPU the reference against ``op.equivalent``;
-    outputs and the final values of mutated inputs (:func:`results`; an equivalent expression of
-    an op that writes its inputs gives its outputs, then those values), and no other input
-    written."""
+def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report) -> None:
+    """Every case of :func:`generate_cases` for one dtype combination: the device kernel against
+    the CPU reference (in float64 where the op accepts that combination with float64 for every
+    floating input, else in the case's own dtypes), or on the CPU the reference against
+    ``op.equivalent``; outputs and the final values of mutated inputs (:func:`results`; an
+    equivalent expression of an op that writes its inputs gives its outputs, then those
+    values), and no other input written. Compared at ``case.tolerance``'s tolerances."""
     handle = op_handle(op.name)
-    ref_dtype = reference_dtype(op, dtype)
+    wide = float64_case(op, case)
     names = [a.name for a in op.args]
     if device == "cpu" and not op.equivalent:
         report.results.append(
             CaseResult(
                 op.name,
                 "values",
-                dtype,
+                case.label,
                 "all",
                 "skip",
                 message="no device kernel on cpu and no .equivalent() expression",
             )
         )
         return
-    for case in generate_cases(op, dtype, seed):
+    for inputs in generate_cases(op, case.dtypes, seed):
         result = CaseResult(
-            op.name, "values", dtype, case.label, "pass", tolerance=TOLERANCES.get(dtype), repro=case.repro()
+            op.name,
+            "values",
+            case.label,
+            inputs.label,
+            "pass",
+            tolerance=TOLERANCES.get(case.tolerance),
+            repro=inputs.repro(),
         )
         try:
-            args = [keep_layout(a, device) for a in fresh(case.args)]
+            args = [keep_layout(a, device) for a in fresh(inputs.args)]
             out = results(op, handle, args)
             if device == "cpu":
                 # One namespace, so that lambdas and comprehensions in the expression see the arguments.
-                scope = {"torch": torch, **dict(zip(names, fresh(to(case.args, dtype=torch.float64))))}
+                scope = {"torch": torch, **dict(zip(names, fresh(to(inputs.args, dtype=torch.float64))))}
                 ref = eval(op.equivalent, scope)  # noqa: S307 -- the author's own expression
             else:
-                ref = results(op, handle, fresh(to(case.args, dtype=ref_dtype) if ref_dtype is not None else case.args))
-            ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(out, ref, dtype)
-            why = why or unwritten(op, case.args, args)
+                ref_args = to(inputs.args, dtype=torch.float64) if wide is not None else inputs.args
+                ref = results(op, handle, fresh(ref_args))
+            ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(out, ref, case.tolerance)
+            why = why or unwritten(op, inputs.args, args)
             if why:
                 result.status, result.message = "FAIL", why
         except Exception as e:  # noqa: BLE001 -- reported as a failed case
@@ -144,15 +162,26 @@ def check_values(op: Op, dtype: str, device: str, seed: int, report: Report) -> 
         report.results.append(result)
 
 
-def check_structure(op: Op, dtype: str, device: str, seed: int, report: Report) -> None:
-    """opcheck, compile without recompiles over three batch sizes, and Meta against real; for an
-    op with optional tensor inputs, once with them and once without."""
-    cases = generate_cases(op, dtype, seed)
+def check_structure(op: Op, case: DtypeCase, device: str, seed: int, report: Report) -> None:
+    """opcheck, compile without recompiles over three batch sizes, Meta against real, the out=
+    overload and gradcheck, in one dtype combination; for an op with optional tensor inputs,
+    once with them and once without."""
+    cases = generate_cases(op, case.dtypes, seed)
     for suffix in dict.fromkeys(["", without_optional(op)]):
-        _check_structure_of(op, dtype, device, report, cases, suffix)
+        _check_structure_of(op, case, device, report, cases, suffix)
 
 
-def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: list[Inputs], suffix: str) -> None:
+def _gradcheck_dtype(op: Op, case: DtypeCase) -> tuple[torch.dtype, dict] | None:
+    """The dtype gradcheck runs in and its settings: float64 where the op takes it for every
+    floating input, else float32 with :data:`FLOAT32_GRADCHECK`; None if it takes neither."""
+    if float64_case(op, case) is not None:
+        return torch.float64, {}
+    narrow = {k: "float32" if v in _FLOATING else v for k, v in case.dtypes.items()}
+    return (torch.float32, FLOAT32_GRADCHECK) if narrow in op.dtype_combinations else None
+
+
+def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, cases: list[Inputs], suffix: str) -> None:
+    dtype = case.label
     name = op.name
     handle = op_handle(name)
     base = next(c for c in cases if c.label == "shape 3x37" + suffix)
@@ -185,7 +214,7 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
         fakes = results(op, handle, [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
         reals = real
         for k, (f, r) in enumerate(zip(fakes, reals)):
-            got, want = (f.shape, f.dtype, f.stride()), (r.shape, r.dtype, r.stride())
+            got, want = [None if t is None else (t.shape, t.dtype, t.stride()) for t in (f, r)]
             if got != want:
                 return (f"output {k}: " if len(reals) > 1 else "") + f"meta {got} != real {want}"
         return None
@@ -201,7 +230,7 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
         with torch._dynamo.config.patch(error_on_recompile=True):
             for c in batches[1:]:
                 a = to(c.args, device)
-                ok, _, _, why = compare_outputs(compiled(*fresh(a)), results(op, handle, fresh(a)), dtype)
+                ok, _, _, why = compare_outputs(compiled(*fresh(a)), results(op, handle, fresh(a)), case.tolerance)
                 if not ok:
                     return f"compiled result differs: {why}"
         return None
@@ -216,16 +245,21 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
         returned = returned if isinstance(returned, tuple) else (returned,)
         if any(r is not b for r, b in zip(returned, buffers.values())):
             return "the out= overload did not return its out tensors"
-        ok, _, _, why = compare_outputs(tuple(buffers.values()), outs, dtype)
+        ok, _, _, why = compare_outputs(tuple(buffers.values()), outs, case.tolerance)
         return None if ok else f"out= differs from the op: {why}"
+
+    grad = _gradcheck_dtype(op, case) if op.backward else None
 
     def gradcheck():
         targets = op.backward_targets  # the arguments the backward op returns gradients for
+        grad_dtype, settings = grad
         inputs = [
             a.detach().requires_grad_(i in targets) if isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(to(base.args, device, dtype=torch.float64))
+            for i, a in enumerate(to(base.args, device, dtype=grad_dtype))
         ]
-        torch.autograd.gradcheck(lambda *a: handle(*a), tuple(inputs), fast_mode=True)
+        with warnings.catch_warnings():  # float32 on purpose (FLOAT32_GRADCHECK)
+            warnings.filterwarnings("ignore", message=r"Input #\d+ requires gradient and is not a double precision")
+            torch.autograd.gradcheck(lambda *a: handle(*a), tuple(inputs), **{"fast_mode": True, **settings})
         return None
 
     record("opcheck", opcheck)
@@ -233,45 +267,42 @@ def _check_structure_of(op: Op, dtype: str, device: str, report: Report, cases: 
     record("compile", compile_check)
     if op.out_schema:
         record("out", out_overload)
-    if op.backward and reference_dtype(op, dtype) == torch.float64:
-        record("gradcheck", gradcheck, "float64")
+    if grad is not None:
+        record("gradcheck", gradcheck, str(grad[0]).removeprefix("torch."))
     elif op.backward:
         report.results.append(
             CaseResult(
                 name,
                 "gradcheck",
-                "float64",
+                dtype,
                 base.label,
                 "skip",
-                message="a floating input does not accept float64, which gradcheck needs",
+                message="no floating input takes float64 or float32, which gradcheck needs",
             )
         )
 
 
-def check_kernels_compile(op: Op, dtypes: Sequence[str], seed: int, report: Report) -> None:
-    """Without a GPU the run-time kernels never run, so compile every instantiation (each dtype x
-    each combination of the compile-time parameter values the cases use) with NVRTC for each of
-    :data:`CHECK_ARCHS`: a source that does not compile fails here, with NVRTC's log."""
+def check_kernels_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report: Report) -> None:
+    """Without a GPU the run-time kernels never run, so compile every instantiation (each dtype
+    combination x each combination of the compile-time parameter values the cases use) with
+    NVRTC for each of :data:`CHECK_ARCHS`: a source that does not compile fails here, with
+    NVRTC's log."""
     compile_time = [a for a in op.params if a.compile_time]
     sets = param_sets(op, random.Random(seed))
     choices = [list(dict.fromkeys(p[a.index] for p in sets)) for a in compile_time]
-    for dtype in dtypes:
+    for case in cases:
         for combination in itertools.product(*choices):  # every combination, not one at a time
             values = {a.name: v for a, v in zip(compile_time, combination)}
-            tensors = {a.name: dtype_of(tensor_dtype(op, a, dtype)) for a in op.tensors}
+            tensors = {k: dtype_of(v) for k, v in case.dtypes.items()}
             for arch in CHECK_ARCHS:
                 label = ", ".join([f"{k}={v}" for k, v in values.items()] + [arch])
                 result = CaseResult(
                     op.name,
                     "nvrtc",
-                    dtype,
+                    case.label,
                     label,
                     "pass",
-                    repro={
-                        "dtypes": {k: str(v).removeprefix("torch.") for k, v in tensors.items()},
-                        "params": values,
-                        "arch": arch,
-                    },
+                    repro={"dtypes": dict(case.dtypes), "params": values, "arch": arch},
                 )
                 try:
                     precompile(op.name, tensors, values, arch=arch)
@@ -288,37 +319,39 @@ def verify_op(
     dtypes: Sequence[str] | None = None,
     report: Report | None = None,
 ) -> Report:
-    """Verify one loaded op (see :mod:`opforge.verify`).
+    """Verify one loaded op (see :mod:`opforge.verify`) in every dtype combination its rules
+    accept (``op.dtype_combinations``, from the core).
 
     Args:
         name: qualified op name, e.g. ``"examples::softshrink"`` (its library must be loaded).
         device: ``"cuda"`` (default when a GPU is present) or ``"cpu"``.
         seed: the run's seed (default: random); every case derives its own from it.
-        dtypes: dtypes to check (default: every floating dtype the first input with floating
-            dtypes accepts, or the first input's first dtype).
+        dtypes: check only the combinations whose primary input (the first tensor input that
+            takes a floating dtype, else the first tensor input) has one of these dtypes.
         report: a report to append to.
 
     Returns:
         The :class:`~opforge.verify.Report`; ``report.ok`` is False if any case failed.
 
     Raises:
-        ValueError: no loaded op is called ``name``.
+        ValueError: no loaded op is called ``name``, or ``dtypes`` selects no combination.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     seed = random.randrange(2**31) if seed is None else seed
     report = report or Report(seed=seed, device=device)
     op = find_op(name)
-    # The floating dtypes of the first input that takes any (an index input may come first), else
-    # the first input's first dtype; each other input takes the case's dtype where it allows it.
-    first = next((a for a in op.tensors if any(d in _FLOATING for d in a.dtypes)), op.tensors[0])
-    dtypes = list(dtypes or [d for d in first.dtypes if d in _FLOATING] or first.dtypes[:1])
+    cases = dtype_cases(op, list(dtypes) if dtypes else None)
+    # The structural checks run once, in the first combination of one dtype throughout (float32
+    # if it is one), else the first combination.
+    uniform = [c for c in cases if len({*c.dtypes.values()} & set(_FLOATING)) <= 1]
+    structure = next((c for c in uniform if c.primary == "float32"), (uniform or cases)[0])
     set_poison_outputs(True)
     try:
-        for k, dtype in enumerate(dtypes):
-            check_values(op, dtype, device, seed + k, report)
+        for k, case in enumerate(cases):
+            check_values(op, case, device, seed + k, report)
         if device == "cpu" and op.runtime_kernels:
-            check_kernels_compile(op, dtypes, seed, report)
-        check_structure(op, "float32" if "float32" in dtypes else dtypes[0], device, seed, report)
+            check_kernels_compile(op, cases, seed, report)
+        check_structure(op, structure, device, seed, report)
     finally:
         set_poison_outputs(False)
     return report

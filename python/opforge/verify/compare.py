@@ -52,14 +52,20 @@ def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, flo
 
 
 def compare_outputs(out, ref, dtype: str) -> tuple[bool, float, float, str]:
-    """:func:`compare` over every output of an op (a tensor or a tuple of them); the first
-    mismatch names its output index when there are several."""
+    """:func:`compare` over every output of an op (a tensor or a tuple of them; None, for an output
+    that exists only with an optional input, matches None only); the first mismatch names its
+    output index when there are several."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
     refs = ref if isinstance(ref, (tuple, list)) else (ref,)
     if len(outs) != len(refs):
         return False, math.inf, math.inf, f"{len(outs)} outputs, expected {len(refs)}"
     max_err = worst = 0.0
     for k, (o, r) in enumerate(zip(outs, refs)):
+        if o is None or r is None:  # an output that exists only with an optional input
+            if (o is None) != (r is None):
+                where = f"output {k}: " if len(outs) > 1 else ""
+                return False, math.inf, math.inf, where + ("None" if o is None else "a tensor") + ", expected the other"
+            continue
         ok, err, ratio, why = compare(o, r, dtype)
         max_err, worst = max(max_err, err), max(worst, ratio)
         if not ok:

@@ -1,10 +1,11 @@
 // rms_norm, compiled at run time: one block per row (opforge::rows("x")), accumulation in
-// float (double for double). Rows that fit are read once into registers with 16-byte loads, all
-// issued before the first is used; others take a plain loop that reads the row twice.
+// float (double for double); the weight W is x's type T or float. Rows that fit are read once
+// into registers with 16-byte loads, all issued before the first is used; others take a plain
+// loop that reads the row twice.
 #include <opforge/kernel.cuh>
 
-template <class T>
-__global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ y, int64_t rows,
+template <class T, class W>
+__global__ void rms_norm(const T* __restrict__ x, const W* __restrict__ weight, T* __restrict__ y, int64_t rows,
                          int64_t cols, double eps) {
   using opforge::kernel::to_acc;
   using A = opforge::kernel::acc_t<T>;
@@ -29,7 +30,7 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ weight, 
       if (!Row::has(k, cols)) continue;
       A v[Row::kWidth], w[Row::kWidth];
       opforge::kernel::unpack<T>(row[k], v);
-      Row::load(weight + Row::offset(k), w);
+      opforge::kernel::load_widened(weight + Row::offset(k), w);
 #pragma unroll
       for (int i = 0; i < Row::kWidth; ++i) w[i] *= v[i] * scale;
       Row::store(out + Row::offset(k), w);

@@ -1,0 +1,21 @@
+// The dtype combinations an op's declaration admits, for tools that test every one (opforge
+// verify) without re-implementing the dtype rules.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "opforge/c_api.h"
+
+namespace opforge::core {
+
+/// Every assignment of dtypes to `op`'s tensor arguments that its dtype rules accept: one vector
+/// per combination, with an OpforgeDtype per argument (-1 for parameters), in the order of the
+/// declaration (the first argument's dtypes vary slowest, each in OpforgeDtype order). An input
+/// with a dtype set takes each dtype of it; a same_dtype input takes its model's dtype where its
+/// own set allows it and each of its alternatives (`same_dtype("x") | kFloat32`). An optional
+/// input is counted as given. Stops after `limit` combinations (an op of many independent
+/// inputs has a product of their sets).
+std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, size_t limit = 256);
+
+}  // namespace opforge::core

@@ -1,0 +1,226 @@
+"""Description rules real kernels need, end to end in eager, torch.compile, torch.export and an
+AOTInductor package run by the C++ runner: mixed dtypes (``same_dtype("x") | kFloat32``: the
+rms_norm example's float32 weight under 16-bit activations), any number of leading dims, size
+parameters that are ``SymInt`` in the schema, and an optional input that shapes an optional
+output. Fixtures: fixtures/rule_ops.cpp; verify's dtype combinations and float32 gradcheck in
+test_verify.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+from conftest import DEVICES
+from opforge import aoti, verify
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rule_ops(tmp_path_factory):
+    path = opforge.build_library("rule_ops", [FIXTURES / "rule_ops.cpp"], build_dir=tmp_path_factory.mktemp("rules"))
+    return opforge.load_library(path)
+
+
+def _rms_norm(x, w, eps=1e-6):
+    return torch.nn.functional.rms_norm(x.double(), (x.shape[-1],), w.double(), eps)
+
+
+# ---- mixed dtypes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_takes_a_float32_weight_under_16_bit_inputs(device, dtype):
+    x, w = torch.randn(4, 3, 64, dtype=dtype, device=device), torch.randn(64, device=device)
+    y = torch.ops.examples.rms_norm(x, w)
+    assert y.dtype == dtype and y.shape == x.shape
+    # The weight is applied in float32, not rounded to x's dtype first.
+    torch.testing.assert_close(y.double(), _rms_norm(x, w).to(dtype).double(), atol=2e-2, rtol=2e-2)
+    compiled = torch.compile(lambda a, b: torch.ops.examples.rms_norm(a, b) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), y * 2)
+
+
+def test_a_dtype_outside_the_alternatives_names_both():
+    message = (
+        "examples::rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor: invalid arguments\n"
+        "  weight: expected dtype bfloat16 (the dtype of x) or float32, got float16"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        torch.ops.examples.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.float16))
+    assert opforge.find_op("examples::rms_norm").arg("weight").dtype_alternatives == ("float32",)
+
+
+class Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(64))  # float32, as checkpoints keep norm weights
+
+    def forward(self, x):
+        return torch.ops.examples.rms_norm(x, self.weight)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_dtypes_through_export_and_the_runner(device, tmp_path):
+    model = Norm().to(device).eval()
+    x = torch.randn(3, 64, dtype=torch.bfloat16, device=device)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+    package = aoti.package(program, tmp_path / "pkg", archs=["sm_90"])
+    for rows in (1, 9):
+        x = torch.randn(rows, 64, dtype=torch.bfloat16, device=device)
+        with torch.no_grad():
+            expected = model(x).cpu()
+        result = aoti.run(package, [x], device=device)
+        torch.testing.assert_close(result.outputs[0], expected)
+
+
+# ---- leading dims ---------------------------------------------------------------------------------
+
+
+def test_any_number_of_leading_dims():
+    w = torch.randn(16)
+    for shape in ((16,), (2, 16), (2, 3, 4, 16), (0, 16)):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(torch.ops.examples.rms_norm(x, w), _rms_norm(x, w).float())
+    assert opforge.find_op("examples::rms_norm").arg("x").leading_dims
+    with pytest.raises(ValueError, match=re.escape("x: expected rank >= 1, got rank 0 (shape [])")):
+        torch.ops.examples.rms_norm(torch.randn(()), torch.randn(1))
+
+
+def test_verify_covers_no_and_several_leading_dims():
+    report = verify.verify_op("examples::rms_norm", device="cpu", seed=3, dtypes=["float32"])
+    assert report.ok, report.failures
+    ranks = {r.case: len(r.repro["args"][0]["shape"]) for r in report.results if r.check == "values" and r.repro}
+    assert ranks["no leading dims"] == 1 and ranks["3 leading dims"] == 4
+
+
+# ---- size parameters ------------------------------------------------------------------------------
+
+
+def test_a_size_parameter_is_symint_and_compiles_once():
+    assert "SymInt n" in opforge.find_op("fixture::cycle_rows").schema
+    frames = torch._dynamo.testing.CompileCounter()
+    fn = torch.compile(lambda x: torch.ops.fixture.cycle_rows(x, x.shape[0] + 1), backend=frames, dynamic=True)
+    for rows in (2, 3, 5, 8, 13, 21):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(fn(x), torch.cat([x, x[:1]]))
+    assert frames.frame_count == 1  # an `int n` recompiled for every size
+
+
+def test_a_size_parameter_is_checked_when_the_call_runs():
+    fn = torch.compile(lambda x, n: torch.ops.fixture.cycle_rows(x, n), fullgraph=True, dynamic=True)
+    torch.testing.assert_close(fn(torch.ones(2, 3), 3), torch.ones(3, 3))
+    with pytest.raises(Exception, match=re.escape("n: expected a value >= 0, got -1")):
+        fn(torch.ones(2, 3), -1)
+
+
+class CycleRows(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.fixture.cycle_rows(x, x.shape[0] * 2)
+
+
+def test_a_size_parameter_through_export_and_the_runner(tmp_path):
+    batch = torch.export.Dim("batch", min=1, max=256)
+    program = torch.export.export(CycleRows(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    package = aoti.package(program, tmp_path / "pkg")
+    for rows in (1, 6):
+        x = torch.randn(rows, 4)
+        result = aoti.run(package, [x], device="cpu")
+        torch.testing.assert_close(result.outputs[0], torch.cat([x, x]))
+
+
+# ---- an optional input shaping an optional output -------------------------------------------------
+
+
+def test_an_optional_output_exists_with_its_input():
+    op = opforge.find_op("fixture::scale_pair")
+    assert op.schema.endswith("-> (Tensor, Tensor?)") and op.out_schema is None
+    assert op.outputs[1].present_with == "key"
+    x, key = torch.randn(3, 4), torch.randn(5)
+    y, key_out = torch.ops.fixture.scale_pair(x, key)
+    torch.testing.assert_close((y, key_out), (2 * x, 2 * key))
+    y, key_out = torch.ops.fixture.scale_pair(x)
+    assert key_out is None
+    torch.testing.assert_close(y, 2 * x)
+
+
+def test_an_optional_output_under_compile():
+    def fn(x, key):
+        y, k = torch.ops.fixture.scale_pair(x, key, alpha=3.0)
+        z, none = torch.ops.fixture.scale_pair(x)
+        return y + z, k * 2, none is None
+
+    x, key = torch.randn(3, 4), torch.randn(2, 2)
+    out = torch.compile(fn, fullgraph=True, dynamic=True)(x, key)
+    torch.testing.assert_close(out[:2], (5 * x, 6 * key))
+    assert out[2] is True
+
+
+class ScalePair(torch.nn.Module):
+    def forward(self, x, key):
+        y, k = torch.ops.fixture.scale_pair(x, key)
+        z, _ = torch.ops.fixture.scale_pair(x)  # its key_out is None inside the graph
+        return y + z, k
+
+
+def test_an_optional_output_through_export_and_the_runner(tmp_path):
+    rows = torch.export.Dim("rows", min=1, max=64)
+    program = torch.export.export(
+        ScalePair(), (torch.randn(3, 4), torch.randn(6)), dynamic_shapes=({0: rows}, {0: torch.export.Dim("n")})
+    )
+    package = aoti.package(program, tmp_path / "pkg")
+    x, key = torch.randn(5, 4), torch.randn(2)
+    result = aoti.run(package, [x, key], device="cpu")
+    torch.testing.assert_close(result.outputs[0], 4 * x)
+    torch.testing.assert_close(result.outputs[1], 2 * key)
+
+
+def test_verify_passes_an_op_with_an_optional_output():
+    report = verify.verify_op("fixture::scale_pair", device="cpu", seed=7)
+    assert report.ok, report.failures
+    assert any(r.case.endswith("without key") for r in report.results)
+
+
+# ---- verify: dtype combinations and --dtype with integer inputs -----------------------------------
+
+
+def test_verify_tests_every_dtype_combination():
+    report = verify.verify_op("examples::rms_norm", device="cpu", seed=1)
+    assert report.ok, report.failures
+    assert {r.dtype for r in report.results if r.check == "values"} == {
+        "float32",
+        "float64",
+        "float64 (weight=float32)",
+        "float16",
+        "float16 (weight=float32)",
+        "bfloat16",
+        "bfloat16 (weight=float32)",
+    }
+    # A case is compared at the tolerance of its least precise dtype.
+    tolerances = {r.dtype: r.tolerance for r in report.results if r.check == "values"}
+    assert tolerances["bfloat16 (weight=float32)"] == verify.TOLERANCES["bfloat16"]
+    assert tolerances["float64 (weight=float32)"] == verify.TOLERANCES["float32"]
+
+
+def test_verify_dtype_option_with_an_integer_first_input(tmp_path):
+    out = tmp_path / "report.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "opforge", "verify", "rotary_embedding", "--device", "cpu", "--dtype", "float16"]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert {r["dtype"] for r in json.loads(out.read_text())["results"]} == {"float16"}
+    opforge.load_library(opforge.example_library("rotary_embedding"))
+    with pytest.raises(ValueError, match=re.escape("query takes float32, float16, bfloat16")):
+        verify.verify_op("examples::rotary_embedding", device="cpu", dtypes=["int64"])
