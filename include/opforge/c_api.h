@@ -127,7 +127,10 @@ typedef enum OpforgeExprOp {
   OPFORGE_EXPR_LT = 14,
   OPFORGE_EXPR_LE = 15,
   OPFORGE_EXPR_GT = 16,
-  OPFORGE_EXPR_GE = 17
+  OPFORGE_EXPR_GE = 17,
+  /* opforge::size_of(output, at_most): only in a declaration (the first dim of an output's
+   * shape), never stored in a record; see OpforgeOutputSpec::size_from. */
+  OPFORGE_EXPR_SIZE_OF = 18
 } OpforgeExprOp;
 
 typedef struct OpforgeExprNode {
@@ -235,6 +238,11 @@ typedef struct OpforgeOutputSpec {
    * exists only in calls that give that input (schema `Tensor?`, None otherwise), and reaches
    * kernels absent (see OpforgeTensor) in the others. ABI 5. */
   int32_t present_with;
+  /* The output whose value is this output's first dim, or -1: a data-dependent size (a
+   * compaction's length), known only after the kernel writes it into that output (a 0-dim int64
+   * one). Kernels get this output allocated with dims[0] (the bound) as its first dim; the
+   * adapter reads the size after the kernel and returns the first that many rows. ABI 5. */
+  int32_t size_from;
 } OpforgeOutputSpec;
 
 /* What a kernel is given besides its arguments. */

@@ -57,6 +57,12 @@ class Expr {
     e.node_ = make(op, std::move(name), value);
     return e;
   }
+  /// The expression whose tree is `n` (nullptr: opforge::any).
+  static Expr from_node(std::shared_ptr<const Node> n) {
+    Expr e;
+    e.node_ = std::move(n);
+    return e;
+  }
   static Expr binary(OpforgeExprOp op, const Expr& a, const Expr& b) {
     Expr e;
     auto n = std::make_shared<Node>();
@@ -95,6 +101,22 @@ inline const Expr leading_dims{Expr::LeadingDimsTag{}};
 /// `shape({opforge::any, opforge::multiple_of(8)})`. Allowed only as a whole dim of an input's
 /// shape({...}), like opforge::any; opforge verify generates sizes that satisfy it.
 inline Expr multiple_of(int64_t k) { return Expr::leaf(OPFORGE_EXPR_MULTIPLE_OF, "", k); }
+
+/// A data-dependent size (as torch's nonzero or masked_select have): the value the kernel writes
+/// into `output`, a 0-dim int64 output of the same op, at most `at_most`. Allowed only as the
+/// first dim of an output's shape({...}), e.g. a compaction:
+///   .output("count", opforge::shape({}), opforge::kInt64)
+///   .output("kept", opforge::shape({opforge::size_of("count", opforge::dim("x", 0))}), opforge::dtype_of("x"))
+/// Kernels get `kept` with at_most rows and write `count`; the call returns its first `count` rows.
+/// Under torch.compile and torch.export the size is an unbacked symbol (u0); see Note
+/// [Data-dependent sizes] in opforge/op.h.
+inline Expr size_of(std::string output, const Expr& at_most) {
+  auto n = std::make_shared<Expr::Node>();
+  n->op = OPFORGE_EXPR_SIZE_OF;
+  n->name = std::move(output);
+  n->lhs = at_most.node();
+  return Expr::from_node(std::move(n));
+}
 
 inline Expr operator+(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_ADD, a, b); }
 inline Expr operator-(const Expr& a, const Expr& b) { return Expr::binary(OPFORGE_EXPR_SUB, a, b); }

@@ -116,6 +116,21 @@
 // of a call checks them before the reference runs (on the host the check is cheap, and an
 // out-of-range index would read outside the table); device calls are not checked, as reading
 // the values would cost a synchronisation.
+//
+// Note [Data-dependent sizes]
+// ---------------------------
+// An output whose length only the kernel knows (a compaction, as torch.nonzero and
+// masked_select) declares its first dim `opforge::size_of("count", bound)`: `count` is a 0-dim
+// int64 output of the same op that the kernel writes, `bound` the most it may be. Kernels get the
+// output with `bound` rows; the call reads `count` (on a GPU a synchronisation, as nonzero's),
+// checks it is in [0, bound] (a kernel that reports more raises, naming both outputs) and returns
+// the first `count` rows. Under torch.compile and torch.export the size is an unbacked symbol
+// (u0): the torch adapter registers a fake kernel that creates it and has the core evaluate the
+// op's other rules with it. A rule of any opforge op over an unbacked size (a same_shape, a
+// shape rule, a .require) is not turned into one of torch's deferred assertions, which would
+// fail with only "Runtime assertion failed for expression Eq(u0, s1)": the op's own check runs
+// when the graph runs (eager, compiled, exported, AOTInductor) and names the op and the
+// argument. Such an op has no out= overload and names no backward op.
 #pragma once
 
 #include <initializer_list>

@@ -13,6 +13,7 @@ import torch
 from . import _core
 from ._adapter import adapter_path
 from ._core import OpforgeError
+from ._fake import register_data_dependent_fakes
 from .description import Library, Op, library_from_json
 from .distributed import register_sharding_rules
 
@@ -91,6 +92,7 @@ def load_library(path: str | Path) -> Library:
                         stacklevel=2,
                     )
         register_sharding_rules(lib.ops)
+        register_data_dependent_fakes(lib.ops)
         _libraries[resolved] = lib
         return lib
 

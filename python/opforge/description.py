@@ -126,13 +126,15 @@ class Output:
     """An output: its dtype rule (a fixed ``dtype`` or ``dtype_like`` an input) and shape rule
     (``like`` an input with ``with_dims`` replaced, or an explicit ``shape``), as text and as
     rule trees (``shape_rules``, ``with_dim_rules``). ``present_with``: the optional input whose
-    rules its rules read; the output is None in calls that leave that input out."""
+    rules its rules read; the output is None in calls that leave that input out. ``size_from``:
+    the 0-dim int64 output whose value is this output's first dim (a data-dependent size)."""
 
     name: str
     dtype: str | None
     dtype_like: str | None
     like: str | None
     present_with: str | None
+    size_from: str | None
     shape: tuple[str, ...]
     shape_rules: tuple
     with_dims: dict[int, str]
@@ -300,6 +302,7 @@ def _op(o: dict) -> Op:
                 dtype_like=x["dtype_like"],
                 like=x["like"],
                 present_with=x["present_with"],
+                size_from=x["size_from"],
                 shape=tuple(x["shape"]),
                 shape_rules=tuple(x["shape_rules"]),
                 with_dims={d: t for d, t in x["with_dims"]},

@@ -175,6 +175,7 @@ json output_json(const OpforgeOpSpec& op, const OpforgeOutputSpec& o) {
   j["dtype_like"] = o.dtype_like >= 0 ? json(op.args[o.dtype_like].name) : json(nullptr);
   j["like"] = o.shape_like >= 0 ? json(op.args[o.shape_like].name) : json(nullptr);
   j["present_with"] = o.present_with >= 0 ? json(op.args[o.present_with].name) : json(nullptr);
+  j["size_from"] = o.size_from >= 0 ? json(op.outputs[o.size_from].name) : json(nullptr);
   json shape = json::array(), rules = json::array(), with = json::array(), with_rules = json::array();
   for (int32_t d = 0; d < o.num_dims; ++d) {
     if (o.shape_like >= 0) {

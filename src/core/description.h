@@ -33,6 +33,7 @@ namespace opforge::core {
 ///        bound), "choices": [typed value...] | null, "compile_time": bool}
 ///   output: {"name", "dtype": "float32" | null (fixed dtype), "dtype_like": name | null,
 ///        "like": name | null, "present_with": the optional input it exists with | null,
+///        "size_from": the output whose value is its first dim (data-dependent) | null,
 ///        "shape": [text...], "shape_rules": [rule...] (explicit shape),
 ///        "with_dims": [[dim, text]...], "with_dim_rules": [[dim, rule]...] (like: replaced dims)}
 ///   rule (a shape expression, for abstract evaluation): {"const": 3} | {"dim": [name, d]} |

@@ -166,6 +166,21 @@ std::string out_schema(const OpforgeOpSpec& op) {
   return os.str();
 }
 
+bool has_data_dependent_sizes(const OpforgeOpSpec& op) {
+  for (int32_t k = 0; k < op.num_outputs; ++k)
+    if (op.outputs[k].size_from >= 0) return true;
+  return false;
+}
+
+std::string fake_companion_name(const OpforgeOpSpec& op) { return std::string("_opforge_fake_") + op.name; }
+
+std::string fake_companion_schema(const OpforgeOpSpec& op) {
+  const std::string s = schema(op);
+  const size_t open = s.find('('), close = s.find(") -> ");
+  return fake_companion_name(op) + s.substr(open, close - open) + (op.num_args ? ", " : "") +
+         "*, SymInt[] data_dependent_sizes" + s.substr(close);
+}
+
 std::string qualified_schema(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + schema(op); }
 
 const char* comparison_symbol(int32_t op) {
@@ -271,7 +286,7 @@ bool is_size_param(const OpforgeOpSpec& op, int32_t i) {
 
 bool has_out_overload(const OpforgeOpSpec& op) {
   for (int32_t k = 0; k < op.num_outputs; ++k)
-    if (op.outputs[k].present_with >= 0) return false;
+    if (op.outputs[k].present_with >= 0 || op.outputs[k].size_from >= 0) return false;
   return op.num_outputs > 0 && !mutates_inputs(op);
 }
 

@@ -23,15 +23,25 @@ std::string declared_at(const OpforgeOpSpec& op);
 std::string schema(const OpforgeOpSpec& op);
 
 /// Whether the op has an `out=` overload: it has outputs, each of which every call has (none
-/// exists only with an optional input), and writes none of its inputs (an op that does is not
-/// functional, and under torch.compile an out= overload is functionalised through the
-/// functional op).
+/// exists only with an optional input) at a size known before the kernel runs, and writes none of its inputs (an op
+/// that does is not functional, and under torch.compile an out= overload is functionalised through the functional op).
 bool has_out_overload(const OpforgeOpSpec& op);
 
 /// The `out=` overload, as ATen writes them: the op's arguments, then its outputs as
 /// keyword-only arguments the caller allocates, which are written and returned, e.g.
 /// "softshrink.out(Tensor x, float lambd=0.5, *, Tensor(a!) y) -> Tensor(a!)".
 std::string out_schema(const OpforgeOpSpec& op);
+
+/// Whether an output's first dim is data-dependent (OpforgeOutputSpec::size_from).
+bool has_data_dependent_sizes(const OpforgeOpSpec& op);
+
+/// For an op with data-dependent sizes, its fake companion: the op's schema renamed
+/// "_opforge_fake_<name>" with a keyword-only `SymInt[] data_dependent_sizes` (one per such
+/// output, in order), e.g. "_opforge_fake_compact(Tensor x, float threshold, *, SymInt[]
+/// data_dependent_sizes) -> (Tensor, Tensor)". A tracing framework creates the unbacked sizes
+/// and calls it to evaluate every other rule in C++ (Note [Data-dependent sizes] in opforge/op.h).
+std::string fake_companion_schema(const OpforgeOpSpec& op);
+std::string fake_companion_name(const OpforgeOpSpec& op);
 
 /// The out= overload's schema with namespace, "examples::softshrink.out(...) -> Tensor(a!)".
 std::string qualified_out_schema(const OpforgeOpSpec& op);

@@ -135,6 +135,10 @@ class Resolver {
       case OPFORGE_EXPR_CONST:
         out.push_back({OPFORGE_EXPR_CONST, -1, n->value});
         return;
+      case OPFORGE_EXPR_SIZE_OF:
+        error(context, "opforge::size_of(\"" + n->name + "\", ...) is allowed only as the first dim of an output's " +
+                           "shape({...})");
+        return;
       case OPFORGE_EXPR_MULTIPLE_OF:
         error(context, "opforge::multiple_of(" + std::to_string(n->value) +
                            ") stands for a whole dim of an input's shape({...}); it cannot be part of an expression");
@@ -472,7 +476,24 @@ std::vector<std::string> OpDef::finalize() {
                       : o.dtype_like == o.shape_like ? spec.shape_like  // like(): reported once
                                                      : r.tensor(o.dtype_like, ctx + "dtype_of(): ");
     spec.num_dims = static_cast<int32_t>(o.dims.size());
-    spec.dims = exprs(o.dims, false, ctx);
+    spec.size_from = -1;
+    std::vector<Expr> dims = o.dims;  // a data-dependent first dim: its bound, and the output it reads
+    const auto& first = dims.empty() ? nullptr : dims[0].node();
+    if (first != nullptr && first->op == OPFORGE_EXPR_SIZE_OF) {
+      dims[0] = Expr::from_node(first->lhs);
+      for (size_t k = 0; k < outputs.size(); ++k)
+        if (outputs[k].name == first->name) spec.size_from = static_cast<int32_t>(k);
+      const OutputDecl* count = spec.size_from >= 0 ? &outputs[spec.size_from] : nullptr;
+      if (!o.shape_like.empty())
+        r.error(ctx, "opforge::size_of is allowed only as the first dim of an output's shape({...})");
+      else if (count == nullptr) r.error(ctx, "size_of(\"" + first->name + "\"): names no output of this op");
+      else if (!count->dtype_like.empty() || count->dtype != OPFORGE_DTYPE_INT64 || !count->shape_like.empty() ||
+               !count->dims.empty())
+        r.error(ctx, "size_of(\"" + first->name + "\"): the size must come from a 0-dim int64 output, " +
+                         "opforge::shape({}) with opforge::kInt64");
+      if (!backward.empty()) r.error(ctx, "has a data-dependent size, and an op with one cannot name a backward op");
+    }
+    spec.dims = exprs(dims, false, ctx);
     r.admit_optional(nullptr);
     if (spec.present_with >= 0 && !backward.empty())
       r.error(ctx, "exists only when '" + args[spec.present_with].name +

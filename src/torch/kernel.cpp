@@ -47,6 +47,7 @@ struct CallArgs {
   std::vector<OpforgeValue> values;
   std::vector<std::optional<c10::SymInt>> symbolic;  // a size parameter's value while tracing
   std::vector<at::Tensor> outs;                      // an out= call's out tensors
+  std::vector<c10::SymInt> data_dependent;           // Mode::kFake: one size per such output
 };
 
 /// Scratch memory for a kernel: tensors from torch's allocator on the kernel's device, kept
@@ -71,9 +72,13 @@ class OpKernel final : public c10::OperatorKernel {
       : op_(op), mode_(mode), kernel_(kernel), out_(out) {}
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) {
-    const int32_t n = op_.num_args + (out_ ? op_.num_outputs : 0);
-    CallArgs call = with_torch_errors([&] { return unpack(::torch::jit::last(*stack, n)); });
-    std::vector<at::Tensor> outputs = mode_ == Mode::kMeta ? run<c10::SymInt>(call) : run<int64_t>(call);
+    const bool fake = mode_ == Mode::kFake;
+    const int32_t n = op_.num_args + (out_ ? op_.num_outputs : 0) + (fake ? 1 : 0);
+    const auto ivalues = ::torch::jit::last(*stack, n);
+    CallArgs call = with_torch_errors([&] { return unpack(fake ? ivalues.slice(0, n - 1) : ivalues); });
+    if (fake) call.data_dependent = ivalues.back().toSymIntVector();
+    const bool symbolic = mode_ == Mode::kMeta || fake;
+    std::vector<at::Tensor> outputs = symbolic ? run<c10::SymInt>(call) : run<int64_t>(call);
     ::torch::jit::drop(*stack, n);
     for (auto& t : outputs) ::torch::jit::push(*stack, std::move(t));
   }
@@ -107,7 +112,7 @@ class OpKernel final : public c10::OperatorKernel {
             v.i = iv.toInt();
           } else if (auto known = iv.toSymInt().maybe_as_int()) {
             v.i = *known;
-          } else if (mode_ == Mode::kMeta) {  // a size parameter (SymInt) while tracing: stays symbolic
+          } else if (mode_ == Mode::kMeta || mode_ == Mode::kFake) {  // a size parameter while tracing: symbolic
             c.symbolic[i] = iv.toSymInt();
           } else {  // a kernel needs the value
             v.i = iv.toSymInt().guard_int(__FILE__, __LINE__);
@@ -184,6 +189,12 @@ class OpKernel final : public c10::OperatorKernel {
       problems = core::check_call<Int>(op_, info, outs);
     }
     TORCH_CHECK_VALUE(problems.empty(), problems);
+    if constexpr (std::is_same_v<Int, c10::SymInt>) {  // the fake companion: the unbacked sizes it is given
+      size_t j = 0;
+      for (int32_t k = 0; k < op_.num_outputs && mode_ == Mode::kFake; ++k)
+        if (op_.outputs[k].size_from >= 0 && outs[k].defined && j < call.data_dependent.size())
+          outs[k].sizes[0] = call.data_dependent[j++];
+    }
 
     const at::Device device = call.tensors[device_arg].device();
     std::vector<at::Tensor> outputs;  // what the call returns
@@ -209,8 +220,25 @@ class OpKernel final : public c10::OperatorKernel {
         outputs.push_back(at::empty(outs[k].sizes, options));
       }
     }
-    if constexpr (std::is_same_v<Int, int64_t>) launch(call, outputs, device);
+    if constexpr (std::is_same_v<Int, int64_t>) {
+      launch(call, outputs, device);
+      for (int32_t k = 0; k < op_.num_outputs; ++k)
+        if (op_.outputs[k].size_from >= 0 && outputs[k].defined())
+          outputs[k] = outputs[k].narrow(0, 0, written_size(outputs, k, outs[k].sizes[0]));
+    }
     return outputs;
+  }
+
+  /// The data-dependent first dim of output `k`: the value the kernel wrote into its size output
+  /// (read from the device: a synchronisation, as torch.nonzero's). Throws c10::Error, naming the
+  /// op and both outputs, for a value outside [0, bound].
+  int64_t written_size(const std::vector<at::Tensor>& outputs, int32_t k, int64_t bound) const {
+    const int32_t from = op_.outputs[k].size_from;
+    const int64_t size = outputs[from].item<int64_t>();
+    TORCH_CHECK(size >= 0 && size <= bound, core::qualified_name(op_), ": the kernel wrote ", size, " into '",
+                op_.outputs[from].name, "', the size of '", op_.outputs[k].name, "', which must be in [0, ",
+                core::expr_string(op_, op_.outputs[k].dims[0]), " = ", bound, "]");
+    return size;
   }
 
   /// Runs the kernel into `outputs`. An out= tensor the kernel cannot write as it is (not dense

@@ -8,8 +8,10 @@
 namespace opforge::torch {
 
 /// Which dispatch key a kernel serves: CPU runs the reference, CUDA a device kernel, Meta only
-/// the shape rules (symbolically, over c10::SymInt).
-enum class Mode { kCpu, kCuda, kMeta };
+/// the shape rules (symbolically, over c10::SymInt). kFake is the Meta kernel of an op's fake
+/// companion (core::fake_companion_schema): the shape rules with the data-dependent sizes the
+/// caller gives as its last argument.
+enum class Mode { kCpu, kCuda, kMeta, kFake };
 
 /// A boxed kernel for `op` at one dispatch key (`kernel` is null for kMeta), or with `out` for
 /// its out= overload (core::out_schema: the outputs are the caller's tensors, checked, resized by

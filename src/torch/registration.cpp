@@ -59,9 +59,12 @@ class FunctionalizeOut final : public c10::OperatorKernel {
 };
 
 /// Registers the kernels of one overload of `op`: CPU (the reference), Meta, and CUDA if declared.
+/// An op with data-dependent sizes gets no Meta kernel: its fake kernel, registered from Python,
+/// creates the unbacked sizes and calls the fake companion's (Note [Data-dependent sizes]).
 void register_kernels(::torch::Library& reg, const char* name, const OpforgeOpSpec& op, bool out) {
   reg.impl(name, ::torch::dispatch(c10::DispatchKey::CPU, make_kernel(op, Mode::kCpu, &op.kernels[0], out)));
-  reg.impl(name, ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kMeta, nullptr, out)));
+  if (!core::has_data_dependent_sizes(op))
+    reg.impl(name, ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kMeta, nullptr, out)));
   for (int32_t k = 1; k < op.num_kernels; ++k) {
     if (op.kernels[k].device_type == OPFORGE_DEVICE_CUDA)
       reg.impl(name, ::torch::dispatch(c10::DispatchKey::CUDA, make_kernel(op, Mode::kCuda, &op.kernels[k], out)));
@@ -80,6 +83,11 @@ std::unique_ptr<::torch::Library> register_op(const OpforgeLibrary& lib, const O
                                                 static_cast<uint32_t>(op.line));
   reg->def(::torch::schema(core::schema(op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));
   register_kernels(*reg, op.name, op, /*out=*/false);
+  if (core::has_data_dependent_sizes(op)) {
+    const std::string fake = core::fake_companion_name(op);
+    reg->def(::torch::schema(core::fake_companion_schema(op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));
+    reg->impl(fake.c_str(), ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kFake, nullptr)));
+  }
   if (core::mutates_inputs(op)) {
     register_writer(*reg, op.name);
   } else if (const char* backward = core::backward_name(op)) {  // paired at load (core::check_backward_ops)

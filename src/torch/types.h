@@ -20,13 +20,19 @@ struct IntOps<c10::SymInt> {
   static c10::SymInt floordiv(const c10::SymInt& a, const c10::SymInt& b) { return a / b; }
   static c10::SymInt min(const c10::SymInt& a, const c10::SymInt& b) { return a.min(b); }
   static c10::SymInt max(const c10::SymInt& a, const c10::SymInt& b) { return a.max(b); }
-  // expect_true: a backed size is guarded on as usual; an unbacked (data-dependent) one is
-  // assumed to pass and checked when the graph runs (as TORCH_SYM_CHECK does).
-  static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a.sym_eq(b).expect_true(__FILE__, __LINE__); }
+  // A backed size is guarded on (expect_true). A rule over an unbacked (data-dependent) size is
+  // assumed to hold while tracing and left to the op's own check when the graph runs, which
+  // names the op and the argument (a deferred assertion of torch's would read only "Runtime
+  // assertion failed for expression Eq(u0, s1)"; Note [Data-dependent sizes] in opforge/op.h).
+  static bool unbacked(const c10::SymInt& a, const c10::SymInt& b) { return !a.has_hint() || !b.has_hint(); }
+  static bool eq(const c10::SymInt& a, const c10::SymInt& b) {
+    return unbacked(a, b) || a.sym_eq(b).expect_true(__FILE__, __LINE__);
+  }
   static bool divisible(const c10::SymInt& a, int64_t k) {
-    return (a % c10::SymInt(k)).sym_eq(c10::SymInt(0)).expect_true(__FILE__, __LINE__);
+    return !a.has_hint() || (a % c10::SymInt(k)).sym_eq(c10::SymInt(0)).expect_true(__FILE__, __LINE__);
   }
   static bool compare(int32_t op, const c10::SymInt& a, const c10::SymInt& b) {
+    if (unbacked(a, b)) return true;
     switch (op) {
       case OPFORGE_EXPR_EQ:
         return a.sym_eq(b).expect_true(__FILE__, __LINE__);

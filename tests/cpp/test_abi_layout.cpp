@@ -116,6 +116,7 @@ TEST(AbiLayout, OutputSpec) {
   EXPECT_EQ(offsetof(OpforgeOutputSpec, dim_index), 32u);
   EXPECT_EQ(offsetof(OpforgeOutputSpec, dims), 40u);
   EXPECT_EQ(offsetof(OpforgeOutputSpec, present_with), 48u);
+  EXPECT_EQ(offsetof(OpforgeOutputSpec, size_from), 52u);
 }
 
 TEST(AbiLayout, Context) {

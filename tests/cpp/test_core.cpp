@@ -83,7 +83,7 @@ TEST(Description, DescribesArgumentsOutputsAndKernels) {
   EXPECT_EQ(op["args"][1], json::parse(R"({"name": "alpha", "type": "float", "kind": "param", "default": 0.5,
       "min": 0.0, "choices": null, "compile_time": false})"));
   EXPECT_EQ(op["outputs"][0], json::parse(R"({"name": "y", "dtype": null, "dtype_like": "x", "like": "x",
-      "present_with": null, "shape": [], "shape_rules": [], "with_dims": [], "with_dim_rules": []})"));
+      "present_with": null, "size_from": null, "shape": [], "shape_rules": [], "with_dims": [], "with_dim_rules": []})"));
   EXPECT_EQ(op["devices"], json::parse(R"(["cpu"])"));
   EXPECT_EQ(op["dtype_combinations"], json::parse(R"([{"x": "float16"}, {"x": "bfloat16"}])"));
   EXPECT_EQ(op["runtime_kernels"], json::array());

@@ -517,6 +517,43 @@ TEST(Optional, AnOutputOfAnOptionalInputExistsWithIt) {
             }));
 }
 
+void ref_1_2(opforge::Tensor, opforge::MutableTensor, opforge::MutableTensor) {}
+void ref_1_3(opforge::Tensor, opforge::MutableTensor, opforge::MutableTensor, opforge::MutableTensor) {}
+
+TEST(DataDependent, ASizeFromAZeroDimInt64Output) {
+  auto def =
+      opforge::detail::make_op("unit", "compact", "f.cpp", 12)
+          .input("x", opforge::floating)
+          .output("count", opforge::shape({}), opforge::kInt64)
+          .output("kept", opforge::shape({opforge::size_of("count", opforge::dim("x", 0))}), opforge::dtype_of("x"))
+          .reference(ref_1_2)
+          .release();
+  ASSERT_TRUE(def->finalize().empty());
+  const OpforgeOpSpec& op = *def->spec();
+  EXPECT_EQ(op.outputs[1].size_from, 0);
+  EXPECT_EQ(opforge::core::expr_string(op, op.outputs[1].dims[0]), "x.size(0)");  // the bound
+  EXPECT_TRUE(opforge::core::has_data_dependent_sizes(op));
+  EXPECT_FALSE(opforge::core::has_out_overload(op));
+  EXPECT_EQ(opforge::core::fake_companion_schema(op),
+            "_opforge_fake_compact(Tensor x, *, SymInt[] data_dependent_sizes) -> (Tensor, Tensor)");
+
+  auto bad = opforge::detail::make_op("unit", "bad_compact", "f.cpp", 13)
+                 .input("x", opforge::floating, opforge::shape({opforge::size_of("n", 4)}))
+                 .output("n", opforge::shape({2}), opforge::kInt64)
+                 .output("kept", opforge::shape({opforge::size_of("n", opforge::dim("x", 0))}), opforge::kFloat32)
+                 .output("more", opforge::shape({opforge::size_of("nowhere", 3)}), opforge::kFloat32)
+                 .reference(ref_1_3)
+                 .release();
+  EXPECT_EQ(bad->finalize(),
+            (std::vector<std::string>{
+                "f.cpp:13: unit::bad_compact: input 'x': shape(): opforge::size_of(\"n\", ...) is allowed only as the "
+                "first dim of an output's shape({...})",
+                "f.cpp:13: unit::bad_compact: output 'kept': size_of(\"n\"): the size must come from a 0-dim int64 "
+                "output, opforge::shape({}) with opforge::kInt64",
+                "f.cpp:13: unit::bad_compact: output 'more': size_of(\"nowhere\"): names no output of this op",
+            }));
+}
+
 void ref_3_2p(opforge::Tensor, opforge::Tensor, opforge::Tensor, double, double, opforge::MutableTensor) {}
 
 TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {

@@ -25,7 +25,12 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 @pytest.fixture(scope="module", autouse=True)
 def rule_ops(tmp_path_factory):
-    path = opforge.build_library("rule_ops", [FIXTURES / "rule_ops.cpp"], build_dir=tmp_path_factory.mktemp("rules"))
+    path = opforge.build_library(
+        "rule_ops",
+        [FIXTURES / "rule_ops.cpp"],
+        kernels=[FIXTURES / "kernels" / "rule_kernels.cu"],
+        build_dir=tmp_path_factory.mktemp("rules"),
+    )
     return opforge.load_library(path)
 
 
@@ -187,6 +192,80 @@ def test_verify_passes_an_op_with_an_optional_output():
     report = verify.verify_op("fixture::scale_pair", device="cpu", seed=7)
     assert report.ok, report.failures
     assert any(r.case.endswith("without key") for r in report.results)
+
+
+# ---- data-dependent sizes -------------------------------------------------------------------------
+
+_X = [1.0, -2.0, 3.0, -4.0, 5.0, 0.25, 7.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_data_dependent_size_is_what_the_kernel_wrote(device):
+    x = torch.tensor(_X, device=device)
+    count, kept = torch.ops.fixture.compact(x, 0.5)
+    assert count.item() == 4 and kept.shape == (4,) and kept.is_contiguous()
+    torch.testing.assert_close(kept.cpu(), torch.tensor([1.0, 3.0, 5.0, 7.0]))
+    count, kept = torch.ops.fixture.compact(x, 100.0)
+    assert count.item() == 0 and kept.shape == (0,)
+    assert opforge.find_op("fixture::compact").outputs[1].size_from == "count"
+
+
+def test_a_kernel_that_reports_more_than_the_bound_is_refused():
+    message = (
+        "fixture::compact_overflow: the kernel wrote 4 into 'count', the size of 'kept', which must be in "
+        "[0, x.size(0) = 3]"
+    )
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.ops.fixture.compact_overflow(torch.ones(3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_data_dependent_size_under_compile(device):
+    def fn(x):
+        count, kept = torch.ops.fixture.compact(x, 0.5)
+        return kept * 2 + 1, count
+
+    compiled = torch.compile(fn, fullgraph=True)
+    for values in (_X, [-1.0, 2.0], [-1.0]):
+        x = torch.tensor(values, device=device)
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
+class Compaction(torch.nn.Module):
+    """Keeps x's elements above 0.5, then adds bias with bias_gelu, whose bias must have the kept
+    length: a rule over an unbacked size."""
+
+    def forward(self, x, bias):
+        _, kept = torch.ops.fixture.compact(x, 0.5)
+        return torch.ops.examples.bias_gelu(kept, bias)
+
+
+@pytest.fixture(scope="module")
+def compaction_program():
+    dims = ({0: torch.export.Dim("n", min=2, max=1024)}, {0: torch.export.Dim("k", min=2, max=1024)})
+    return torch.export.export(Compaction(), (torch.tensor(_X), torch.randn(4)), dynamic_shapes=dims)
+
+
+def _gelu_of(kept, bias):
+    return torch.nn.functional.gelu(kept + bias)
+
+
+def test_a_data_dependent_size_through_export(compaction_program):
+    x, bias = torch.tensor(_X), torch.randn(4)
+    torch.testing.assert_close(compaction_program.module()(x, bias), _gelu_of(torch.tensor([1.0, 3.0, 5.0, 7.0]), bias))
+    # A bias of another length: the op's own check, naming it and the argument, not Eq(u0, s1).
+    message = "examples::bias_gelu(Tensor x, Tensor bias) -> Tensor: invalid arguments\n  bias: expected shape"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        compaction_program.module()(x, torch.randn(3))
+
+
+def test_a_data_dependent_size_through_the_runner(compaction_program, tmp_path):
+    package = aoti.package(compaction_program, tmp_path / "pkg")
+    x, bias = torch.tensor(_X + [9.0]), torch.randn(5)
+    result = aoti.run(package, [x, bias], device="cpu")
+    torch.testing.assert_close(result.outputs[0], _gelu_of(torch.tensor([1.0, 3.0, 5.0, 7.0, 9.0]), bias))
+    with pytest.raises(opforge.OpforgeError, match=re.escape("bias: expected shape [x.size(-1)] = [5], got [3]")):
+        aoti.run(package, [x, torch.randn(3)], device="cpu")
 
 
 # ---- verify: dtype combinations and --dtype with integer inputs -----------------------------------
