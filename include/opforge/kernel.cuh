@@ -160,24 +160,23 @@ __device__ __forceinline__ uint4 pack(const acc_t<T> (&in)[16 / sizeof(T)]) {
 
 /// Loads the N elements of W at `p` into accumulator values of type A (a wider or equal type,
 /// e.g. float weights beside 16-bit activations): as 16-byte loads when they fill whole vectors
-/// of W and `p` is 16-byte aligned, else one element at a time.
+/// of W, for which `p` must be 16-byte aligned (no test in the loop, so a caller's unrolled
+/// loop can issue every load at once), else one element at a time.
 template <class W, class A, int N>
 __device__ __forceinline__ void load_widened(const W* p, A (&out)[N]) {
   constexpr int kWidth = 16 / sizeof(W);
   if constexpr (N % kWidth == 0 && is_same<A, acc_t<W>>::value) {
-    if (aligned(p, 16)) {
 #pragma unroll
-      for (int k = 0; k < N / kWidth; ++k) {
-        A part[kWidth];
-        unpack<W>(reinterpret_cast<const uint4*>(p)[k], part);
+    for (int k = 0; k < N / kWidth; ++k) {
+      A part[kWidth];
+      unpack<W>(reinterpret_cast<const uint4*>(p)[k], part);
 #pragma unroll
-        for (int i = 0; i < kWidth; ++i) out[k * kWidth + i] = part[i];
-      }
-      return;
+      for (int i = 0; i < kWidth; ++i) out[k * kWidth + i] = part[i];
     }
-  }
+  } else {
 #pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = static_cast<A>(to_acc(p[i]));
+    for (int i = 0; i < N; ++i) out[i] = static_cast<A>(to_acc(p[i]));
+  }
 }
 
 /// A row of `cols` elements held in registers across a thread block, for row kernels that read

@@ -16,6 +16,15 @@ __global__ void rms_norm(const T* __restrict__ x, const W* __restrict__ weight, 
       opforge::kernel::aligned(y, 16)) {
     uint4 row[Row::kVectors];  // the row as loaded: 16-bit elements two to a register
     Row::load_words(in, cols, row);
+    // A weight wider than x (float beside 16-bit x) is loaded with the row, before the
+    // reduction, so its loads overlap the row's instead of following the block's barrier.
+    constexpr bool kEarly = !opforge::kernel::is_same<T, W>::value;
+    A early[kEarly ? Row::kVectors : 1][Row::kWidth];
+    if constexpr (kEarly) {
+#pragma unroll
+      for (int k = 0; k < Row::kVectors; ++k)
+        if (Row::has(k, cols)) opforge::kernel::load_widened(weight + Row::offset(k), early[k]);
+    }
     A sumsq = 0;
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
@@ -30,7 +39,12 @@ __global__ void rms_norm(const T* __restrict__ x, const W* __restrict__ weight, 
       if (!Row::has(k, cols)) continue;
       A v[Row::kWidth], w[Row::kWidth];
       opforge::kernel::unpack<T>(row[k], v);
-      opforge::kernel::load_widened(weight + Row::offset(k), w);
+      if constexpr (kEarly) {
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) w[i] = early[k][i];
+      } else {
+        Row::load(weight + Row::offset(k), w);
+      }
 #pragma unroll
       for (int i = 0; i < Row::kWidth; ++i) w[i] *= v[i] * scale;
       Row::store(out + Row::offset(k), w);
