@@ -73,14 +73,14 @@ class Norm(torch.nn.Module):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_mixed_dtypes_through_export_and_the_runner(device, tmp_path):
+def test_mixed_dtypes_and_leading_dims_through_export_and_the_runner(device, tmp_path):
     model = Norm().to(device).eval()
-    x = torch.randn(3, 64, dtype=torch.bfloat16, device=device)
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16, device=device)  # two leading dims, both dynamic
+    dims = {0: torch.export.Dim("batch", min=1, max=1024), 1: torch.export.Dim("seq", min=1, max=1024)}
+    program = torch.export.export(model, (x,), dynamic_shapes=(dims,))
     package = aoti.package(program, tmp_path / "pkg", archs=["sm_90"])
-    for rows in (1, 9):
-        x = torch.randn(rows, 64, dtype=torch.bfloat16, device=device)
+    for rows, seq in ((1, 7), (9, 2)):
+        x = torch.randn(rows, seq, 64, dtype=torch.bfloat16, device=device)
         with torch.no_grad():
             expected = model(x).cpu()
         result = aoti.run(package, [x], device=device)
