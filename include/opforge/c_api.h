@@ -274,6 +274,14 @@ typedef enum OpforgeSharding {
                                    * else are replicated */
 } OpforgeSharding;
 
+/* Autocast policies (see opforge::Autocast in opforge/op.h). */
+typedef enum OpforgeAutocast {
+  OPFORGE_AUTOCAST_NONE = 0,            /* runs in the dtypes it is called with */
+  OPFORGE_AUTOCAST_FLOAT32 = 1,         /* floating inputs cast to float32 (norms, reductions) */
+  OPFORGE_AUTOCAST_LOWER_PRECISION = 2, /* floating inputs cast to the autocast dtype (matmul-like) */
+  OPFORGE_AUTOCAST_PROMOTE = 3          /* floating inputs cast to the widest among them */
+} OpforgeAutocast;
+
 /* One call: arguments in declaration order (tensors in `tensor`, parameters in
  * `value` of the same slot; a mutated input's `tensor` is the caller's memory, written by the
  * kernel), then the outputs, already allocated. */
@@ -353,6 +361,8 @@ typedef struct OpforgeOpSpec {
   /* Cross-argument rules, checked with the arguments' own constraints. ABI 4. */
   int32_t num_rules;
   const OpforgeRule* rules;
+  /* How the op runs under automatic mixed precision (torch.autocast): OpforgeAutocast. ABI 5. */
+  int32_t autocast;
 } OpforgeOpSpec;
 
 typedef struct OpforgeLibrary {

@@ -230,6 +230,26 @@ enum class Sharding : int32_t {
 /// replicated otherwise. Dims in [0, 32).
 inline detail::ShardDims shard_dims(std::initializer_list<int32_t> dims) { return {std::vector<int32_t>(dims)}; }
 
+// ---- automatic mixed precision ----------------------------------------------------------------
+
+/// How the op runs under automatic mixed precision (`torch.autocast`), the categories of torch's
+/// own ops (torch.library.register_autocast for Python ops): the framework casts the op's
+/// floating tensor inputs (not opforge::mutated ones, which are written in place, and not those on
+/// another device) before the call, as for its own ops.
+///   kNone: no cast; the op runs in the dtypes it is given (the default).
+///   kFloat32: to float32, for ops that need the range or precision (norms, reductions, softmax).
+///   kLowerPrecision: to the autocast dtype (float16 or bfloat16), for matmul-like ops.
+///   kPromote: to the widest dtype among them (float32 beside bfloat16), for ops that combine
+///     inputs (a bf16 activation with its float32 bias).
+/// Loading refuses a policy the op's dtype rules cannot take (kFloat32 without an all-float32
+/// combination, kLowerPrecision without an all-float16 or all-bfloat16 one).
+enum class Autocast : int32_t {
+  kNone = OPFORGE_AUTOCAST_NONE,
+  kFloat32 = OPFORGE_AUTOCAST_FLOAT32,
+  kLowerPrecision = OPFORGE_AUTOCAST_LOWER_PRECISION,
+  kPromote = OPFORGE_AUTOCAST_PROMOTE,
+};
+
 // ---- launch rules of run-time kernels -------------------------------------------------------
 
 using detail::LaunchConfig;
@@ -327,6 +347,12 @@ class OpBuilder {
   /// sizes: `.require(opforge::dim("cos_sin_cache", 1) <= opforge::dim("query", -1))`.
   OpBuilder require(Condition rule) && {
     def_->add_rule(std::move(rule));
+    return std::move(*this);
+  }
+
+  /// How the op runs under torch.autocast (see opforge::Autocast).
+  OpBuilder autocast(Autocast policy) && {
+    def_->autocast = static_cast<int32_t>(policy);
     return std::move(*this);
   }
 

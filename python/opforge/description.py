@@ -160,6 +160,8 @@ class Op:
         equivalent: the torch expression verify compares the CPU reference with, or None.
         backward: the op that computes its input gradients, or None; backward_targets: the
             argument indices it gives gradients for. is_backward_op: another op names this one.
+        autocast: the policy under torch.autocast: "none", "float32", "lower_precision" or
+            "promote" (opforge::Autocast).
         sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
             input's dims for "dims"; unshardable_dims: dims (from the end) never sharded.
         rules: the cross-argument rules every call must satisfy.
@@ -179,6 +181,7 @@ class Op:
     backward: str | None
     backward_targets: tuple[int, ...]
     is_backward_op: bool
+    autocast: str
     sharding: str
     sharding_dims: tuple[int, ...]
     unshardable_dims: frozenset[int]
@@ -290,6 +293,7 @@ def _op(o: dict) -> Op:
         backward=o["backward"],
         backward_targets=tuple(o["backward_targets"]),
         is_backward_op=o["is_backward_op"],
+        autocast=o["autocast"],
         sharding=o["sharding"],
         sharding_dims=tuple(o["sharding_dims"]),
         unshardable_dims=frozenset(o["unshardable_dims"]),

@@ -14,7 +14,8 @@ namespace opforge::core {
 ///   op: {"name": "ns::op", "schema", "out_schema": the out= overload's | null (none),
 ///        "doc", "file", "line", "equivalent": str | null,
 ///        "backward": "ns::op_backward" | null, "backward_targets": [arg index...],
-///        "is_backward_op": bool, "sharding": "none" | "pointwise" | "rowwise" | "dims",
+///        "is_backward_op": bool, "autocast": "none" | "float32" | "lower_precision" | "promote",
+///        "sharding": "none" | "pointwise" | "rowwise" | "dims",
 ///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "rules": [{"text":
 ///        "a.size(0) <= b.size(1)", "op": "<=", "lhs": rule, "rhs": rule}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],

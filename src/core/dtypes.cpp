@@ -2,6 +2,7 @@
 #include "dtypes.h"
 
 #include "check.h"
+#include "schema.h"
 
 namespace opforge::core {
 namespace {
@@ -35,6 +36,32 @@ std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, si
   std::vector<int32_t> current(op.num_args, -1);
   extend(op, 0, current, limit, out);
   return out;
+}
+
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype) {
+  constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DTYPE_FLOAT64) |
+                                 (1u << OPFORGE_DTYPE_FLOAT16) | (1u << OPFORGE_DTYPE_BFLOAT16);
+  const auto combinations = dtype_combinations(op, size_t{1} << 16);
+  std::vector<bool> floating(op.num_args, false);
+  for (const auto& c : combinations)
+    for (int32_t i = 0; i < op.num_args; ++i) floating[i] = floating[i] || (c[i] >= 0 && ((kFloating >> c[i]) & 1u));
+  for (const auto& c : combinations) {
+    bool all = true;
+    for (int32_t i = 0; i < op.num_args && all; ++i) all = !floating[i] || c[i] == dtype;
+    if (all) return true;
+  }
+  return false;
+}
+
+std::string autocast_problem(const OpforgeOpSpec& op) {
+  const int32_t policy = autocast_policy(op);
+  if (policy == OPFORGE_AUTOCAST_FLOAT32 && !accepts_floating_as(op, OPFORGE_DTYPE_FLOAT32))
+    return declared_at(op) + "autocast(kFloat32) casts every floating input to float32, which its dtype rules refuse";
+  if (policy == OPFORGE_AUTOCAST_LOWER_PRECISION && !accepts_floating_as(op, OPFORGE_DTYPE_FLOAT16) &&
+      !accepts_floating_as(op, OPFORGE_DTYPE_BFLOAT16))
+    return declared_at(op) +
+           "autocast(kLowerPrecision) casts every floating input to float16 or bfloat16, which its dtype rules refuse";
+  return {};
 }
 
 }  // namespace opforge::core

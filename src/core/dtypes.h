@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "opforge/c_api.h"
@@ -17,5 +18,14 @@ namespace opforge::core {
 /// input is counted as given. Stops after `limit` combinations (an op of many independent
 /// inputs has a product of their sets).
 std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, size_t limit = 256);
+
+/// Whether `op` accepts `dtype` for every tensor input that takes a floating dtype in some
+/// combination (the others keep any of theirs): what casting every floating input to `dtype`
+/// (autocast) needs.
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype);
+
+/// The declaration problem of `op`'s autocast policy, "" if none: kFloat32 needs
+/// accepts_floating_as(float32), kLowerPrecision float16 or bfloat16 ("file:line: ns::op: ...").
+std::string autocast_problem(const OpforgeOpSpec& op);
 
 }  // namespace opforge::core

@@ -13,6 +13,7 @@
 
 #include "backward.h"
 #include "description.h"
+#include "dtypes.h"
 #include "opforge/error.h"
 #include "schema.h"
 
@@ -49,6 +50,8 @@ std::vector<std::string> problems_of(const OpforgeLibrary& lib) {
     return problems;  // the records of an invalid declaration are incomplete: check nothing else
   }
   for (auto& p : check_backward_ops(lib)) problems.push_back(std::move(p));
+  for (int32_t i = 0; i < lib.num_ops; ++i)
+    if (std::string p = autocast_problem(*lib.ops[i]); !p.empty()) problems.push_back(std::move(p));
   for (int32_t i = 0; i < lib.num_ops; ++i) {
     const OpforgeOpSpec& op = *lib.ops[i];
     const Library* other = nullptr;

@@ -206,6 +206,24 @@ std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule) {
   return expr_string(op, rule.lhs) + " " + comparison_symbol(rule.op) + " " + expr_string(op, rule.rhs);
 }
 
+int32_t autocast_policy(const OpforgeOpSpec& op) {
+  return op.struct_size >= offsetof(OpforgeOpSpec, autocast) + sizeof(op.autocast) ? op.autocast
+                                                                                   : OPFORGE_AUTOCAST_NONE;
+}
+
+const char* autocast_name(int32_t policy) {
+  switch (policy) {
+    case OPFORGE_AUTOCAST_FLOAT32:
+      return "float32";
+    case OPFORGE_AUTOCAST_LOWER_PRECISION:
+      return "lower_precision";
+    case OPFORGE_AUTOCAST_PROMOTE:
+      return "promote";
+    default:
+      return "none";
+  }
+}
+
 int32_t num_rules(const OpforgeOpSpec& op) {
   return op.struct_size >= offsetof(OpforgeOpSpec, rules) + sizeof(op.rules) ? op.num_rules : 0;
 }

@@ -58,6 +58,11 @@ const char* comparison_symbol(int32_t op);
 /// A rule's text, e.g. "cos_sin_cache.size(1) <= query.size(-1)".
 std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule);
 
+/// The op's autocast policy (OpforgeAutocast; NONE for records without the field), and its name:
+/// "none", "float32", "lower_precision", "promote".
+int32_t autocast_policy(const OpforgeOpSpec& op);
+const char* autocast_name(int32_t policy);
+
 /// The op's cross-argument rules (OpforgeOpSpec::rules), 0 for records without the field.
 int32_t num_rules(const OpforgeOpSpec& op);
 

@@ -530,12 +530,15 @@ std::vector<std::string> OpDef::finalize() {
   spec_.backward = backward.empty() ? nullptr : backward.c_str();
   spec_.num_rules = static_cast<int32_t>(s.rules.size());
   spec_.rules = s.rules.data();
+  spec_.autocast = autocast;
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
   int32_t first_rank = -1;  // the first tensor input's rank, if fixed
   for (const auto& a : args) {
     if (a.kind != OPFORGE_ARG_TENSOR) continue;
-    first_rank = a.tensor.has_shape                       ? static_cast<int32_t>(a.tensor.shape.size())
+    const bool leading = a.tensor.has_shape && !a.tensor.shape.empty() && a.tensor.shape[0].is_leading_dims();
+    first_rank = leading                                  ? -1
+                 : a.tensor.has_shape                     ? static_cast<int32_t>(a.tensor.shape.size())
                  : a.tensor.min_rank == a.tensor.max_rank ? a.tensor.max_rank
                                                           : -1;
     break;

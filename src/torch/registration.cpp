@@ -13,6 +13,7 @@
 #include "../core/backward.h"
 #include "../core/library.h"
 #include "../core/schema.h"
+#include "autocast.h"
 #include "autograd.h"
 #include "kernel.h"
 #include "opforge/torch.h"
@@ -83,6 +84,12 @@ std::unique_ptr<::torch::Library> register_op(const OpforgeLibrary& lib, const O
                                                 static_cast<uint32_t>(op.line));
   reg->def(::torch::schema(core::schema(op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));
   register_kernels(*reg, op.name, op, /*out=*/false);
+  if (core::autocast_policy(op) != OPFORGE_AUTOCAST_NONE) {  // as torch.library.register_autocast
+    reg->impl(op.name,
+              ::torch::dispatch(c10::DispatchKey::AutocastCPU, make_autocast_kernel(op, c10::DeviceType::CPU)));
+    reg->impl(op.name,
+              ::torch::dispatch(c10::DispatchKey::AutocastCUDA, make_autocast_kernel(op, c10::DeviceType::CUDA)));
+  }
   if (core::has_data_dependent_sizes(op)) {
     const std::string fake = core::fake_companion_name(op);
     reg->def(::torch::schema(core::fake_companion_schema(op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));

@@ -171,7 +171,7 @@ TEST(AbiLayout, Kernel) {
 }
 
 TEST(AbiLayout, OpSpec) {
-  EXPECT_EQ(sizeof(OpforgeOpSpec), 128u);
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 136u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
@@ -190,6 +190,7 @@ TEST(AbiLayout, OpSpec) {
   EXPECT_EQ(offsetof(OpforgeOpSpec, backward), 104u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, num_rules), 112u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, rules), 120u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, autocast), 128u);
 }
 
 TEST(AbiLayout, Library) {

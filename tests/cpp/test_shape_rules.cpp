@@ -237,6 +237,7 @@ TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
 namespace {
 
 void norm_ref(Tensor, Tensor, MutableTensor) {}
+void vec_ref_1(Tensor, MutableTensor) {}
 void three_ref(Tensor, Tensor, Tensor, MutableTensor) {}
 
 // x: [*, H] (any number of leading dims, H a multiple of 4); weight: [H] in x's dtype or float32.
@@ -359,4 +360,23 @@ TEST(SizeParams, ParametersThatShapeRulesReadAreSymInt) {
   args[2].symbolic.reset();
   EXPECT_NE(opforge::core::check_call<int64_t>(*def->spec(), args, outs).find("n: expected a value >= 1, got -5"),
             std::string::npos);
+}
+
+TEST(Autocast, APolicyTheDtypeRulesCannotTakeIsADeclarationProblem) {
+  auto half_only = opforge::detail::make_op("ns", "half_only", "f.cpp", 9)
+                       .input("x", opforge::half_precision)
+                       .output("y", opforge::like("x"))
+                       .autocast(opforge::Autocast::kFloat32)
+                       .reference(vec_ref_1)
+                       .release();
+  ASSERT_TRUE(half_only->finalize().empty());
+  EXPECT_EQ(opforge::core::autocast_problem(*half_only->spec()),
+            "f.cpp:9: ns::half_only: autocast(kFloat32) casts every floating input to float32, which its dtype rules "
+            "refuse");
+  auto norm = norm_op();  // weight: x's dtype or float32, so every floating input may be float32 or bfloat16
+  EXPECT_TRUE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_FLOAT32));
+  EXPECT_TRUE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_BFLOAT16));
+  EXPECT_FALSE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_INT32));
+  EXPECT_EQ(opforge::core::autocast_policy(*norm->spec()), OPFORGE_AUTOCAST_NONE);
+  EXPECT_EQ(opforge::core::autocast_problem(*norm->spec()), "");
 }

@@ -268,6 +268,72 @@ def test_a_data_dependent_size_through_the_runner(compaction_program, tmp_path):
         aoti.run(package, [x, torch.randn(3)], device="cpu")
 
 
+# ---- autocast policies ----------------------------------------------------------------------------
+
+
+class LinearGelu(torch.nn.Module):
+    """A Linear (bfloat16 under autocast) into bias_gelu with its float32 bias (autocast kPromote)."""
+
+    def __init__(self, device="cpu"):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 16, device=device)
+        self.bias = torch.nn.Parameter(torch.randn(16, device=device))
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return torch.ops.examples.bias_gelu(self.linear(x), self.bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_promotes_a_16_bit_activation_and_its_float32_bias(device):
+    model, x = LinearGelu(device).requires_grad_(False), torch.randn(4, 8, device=device)
+    assert opforge.find_op("examples::bias_gelu").autocast == "promote"
+    with torch.autocast(device, dtype=torch.bfloat16):
+        h = model.linear(x)
+    assert h.dtype == torch.bfloat16
+    y = model(x)
+    assert y.dtype == torch.float32  # promoted: bf16 activation with the float32 bias
+    torch.testing.assert_close(y, torch.nn.functional.gelu(h.float() + model.bias), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), y)
+
+
+def test_autocast_in_an_exported_model_and_the_runner(tmp_path):
+    model, x = LinearGelu().requires_grad_(False), torch.randn(4, 8)
+    program = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(program.module()(x), expected)
+    result = aoti.run(aoti.package(program, tmp_path / "pkg"), [x], device="cpu")
+    assert result.outputs[0].dtype == torch.float32
+    torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_autocast_float32_and_lower_precision_policies():
+    x, r = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(3, 16, dtype=torch.bfloat16)
+    w, b = torch.randn(16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.ops.examples.add_layer_norm(x, r, w, b)  # kFloat32, as torch's layer_norm
+        z = torch.ops.fixture.scale_lp(torch.ones(4))  # kLowerPrecision: float32 in, bfloat16 out
+    assert y.dtype == torch.float32 and z.dtype == torch.bfloat16
+    ref = torch.nn.functional.layer_norm(x.float() + r.float(), (16,), w.float(), b.float())
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(z, torch.full((4,), 3.0, dtype=torch.bfloat16))
+    assert torch.ops.fixture.scale_lp(torch.ones(4)).dtype == torch.float32  # outside autocast: as called
+
+
+def test_a_policy_the_dtype_rules_cannot_take_is_refused_at_load(tmp_path):
+    src = tmp_path / "bad_autocast.cpp"
+    src.write_text(
+        "#include <opforge/op.h>\n"
+        "static void copy(opforge::Tensor x, opforge::MutableTensor y) {}\n"
+        'OPFORGE_OP(badcast, half_only).input("x", opforge::half_precision).output("y", opforge::like("x"))\n'
+        "    .autocast(opforge::Autocast::kFloat32).reference(copy);\n"
+    )
+    path = opforge.build_library("bad_autocast", [src], build_dir=tmp_path / "build")
+    with pytest.raises(ValueError, match=re.escape("badcast::half_only: autocast(kFloat32) casts every floating")):
+        opforge.load_library(path)
+
+
 # ---- verify: dtype combinations and --dtype with integer inputs -----------------------------------
 
 

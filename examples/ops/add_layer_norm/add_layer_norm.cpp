@@ -31,6 +31,7 @@ OPFORGE_OP(examples, add_layer_norm)
     .param<double>("eps", 1e-5, opforge::at_least(0.0))
     .output("y", opforge::like("x"))
     .equivalent("torch.nn.functional.layer_norm(x + residual, (x.shape[-1],), weight, bias, eps)")
+    .autocast(opforge::Autocast::kFloat32)  // as torch's layer_norm under autocast
     .reference(add_layer_norm_cpu)
     .cuda_source("add_layer_norm.cu", "add_layer_norm<{T}>")
     .launch(opforge::rows("x"));

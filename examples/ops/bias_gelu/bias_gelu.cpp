@@ -30,6 +30,7 @@ OPFORGE_OP(examples, bias_gelu)
     .input("bias", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
     .output("y", opforge::like("x"))
     .equivalent("torch.nn.functional.gelu(x + bias)")
+    .autocast(opforge::Autocast::kPromote)  // a 16-bit activation with its float32 bias: both in float32
     .sharding(opforge::Sharding::kPointwise)
     .reference(bias_gelu_cpu)
     .cuda(bias_gelu_cuda);
