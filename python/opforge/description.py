@@ -164,6 +164,9 @@ class Op:
             "promote" (opforge::Autocast).
         sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
             input's dims for "dims"; unshardable_dims: dims (from the end) never sharded.
+        batchable: the inputs a batching transform may give a leading batch dim for one call
+            (the first tensor input and those same_shape of it; core::batchable_args), empty
+            when it must call the op once per batch element.
         rules: the cross-argument rules every call must satisfy.
         args: inputs and parameters in schema order. outputs. devices: "cpu", "cuda".
         runtime_kernels.
@@ -185,6 +188,7 @@ class Op:
     sharding: str
     sharding_dims: tuple[int, ...]
     unshardable_dims: frozenset[int]
+    batchable: tuple[str, ...]
     rules: tuple[Rule, ...]
     args: tuple[Arg, ...]
     outputs: tuple[Output, ...]
@@ -297,6 +301,7 @@ def _op(o: dict) -> Op:
         sharding=o["sharding"],
         sharding_dims=tuple(o["sharding_dims"]),
         unshardable_dims=frozenset(o["unshardable_dims"]),
+        batchable=tuple(o["batchable"]),
         rules=tuple(Rule(**r) for r in o["rules"]),
         args=tuple(_arg(i, a) for i, a in enumerate(o["args"])),
         outputs=tuple(

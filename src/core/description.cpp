@@ -218,6 +218,9 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
     if (sharding_dims(op) >> d & 1u) dims.push_back(d);
   j["sharding_dims"] = std::move(dims);
   j["unshardable_dims"] = unshardable_dims(op);
+  json batchable = json::array();
+  for (int32_t i : batchable_args(op)) batchable.push_back(op.args[i].name);
+  j["batchable"] = std::move(batchable);
   json rules = json::array();
   for (int32_t k = 0; k < num_rules(op); ++k)
     rules.push_back({{"text", rule_string(op, op.rules[k])},

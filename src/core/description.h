@@ -16,7 +16,8 @@ namespace opforge::core {
 ///        "backward": "ns::op_backward" | null, "backward_targets": [arg index...],
 ///        "is_backward_op": bool, "autocast": "none" | "float32" | "lower_precision" | "promote",
 ///        "sharding": "none" | "pointwise" | "rowwise" | "dims",
-///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "rules": [{"text":
+///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "batchable": [name...]
+///        (batchable_args in sharding.h), "rules": [{"text":
 ///        "a.size(0) <= b.size(1)", "op": "<=", "lhs": rule, "rhs": rule}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],
 ///        "runtime_kernels": [{"source", "name"}], "dtype_combinations": [{tensor name: dtype}...]

@@ -59,4 +59,43 @@ std::map<int32_t, std::map<int32_t, int32_t>> follow_dims(const OpforgeOpSpec& o
   return maps;
 }
 
+namespace {
+/// Whether expression `e` reads a dim of argument `arg` counted from the front (d >= 0).
+bool reads_front_dim(const OpforgeExpr& e, int32_t arg) {
+  for (int32_t k = 0; k < e.num_nodes; ++k)
+    if (e.nodes[k].op == OPFORGE_EXPR_DIM && e.nodes[k].arg == arg && e.nodes[k].value >= 0) return true;
+  return false;
+}
+}  // namespace
+
+std::vector<int32_t> batchable_args(const OpforgeOpSpec& op) {
+  const int32_t kind = sharding(op);
+  if ((kind != OPFORGE_SHARDING_POINTWISE && kind != OPFORGE_SHARDING_ROWWISE) || mutates_inputs(op)) return {};
+  int32_t first = -1;
+  for (int32_t i = 0; i < op.num_args && first < 0; ++i)
+    if (op.args[i].kind == OPFORGE_ARG_TENSOR) first = i;
+  if (first < 0) return {};
+  const OpforgeTensorSpec& f = op.args[first].tensor;
+  if ((f.num_dims > 0 && !f.leading_dims) || f.max_rank >= 0) return {};
+  bool front = false;
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR) continue;
+    const OpforgeTensorSpec& t = op.args[i].tensor;
+    for (int32_t d = 0; d < t.num_dims; ++d) front = front || reads_front_dim(t.dims[d], first);
+    if (t.has_values) front = front || reads_front_dim(t.values_low, first) || reads_front_dim(t.values_high, first);
+  }
+  for (int32_t k = 0; k < num_rules(op); ++k)
+    front = front || reads_front_dim(op.rules[k].lhs, first) || reads_front_dim(op.rules[k].rhs, first);
+  for (int32_t k = 0; k < op.num_outputs; ++k) {
+    const OpforgeOutputSpec& o = op.outputs[k];
+    if (o.shape_like != first || o.size_from >= 0) return {};
+    for (int32_t d = 0; d < o.num_dims; ++d) front = front || o.dim_index[d] >= 0 || reads_front_dim(o.dims[d], first);
+  }
+  if (front || op.num_outputs == 0) return {};
+  std::vector<int32_t> out = {first};
+  for (int32_t i = first + 1; i < op.num_args; ++i)
+    if (op.args[i].kind == OPFORGE_ARG_TENSOR && op.args[i].tensor.shape_like == first) out.push_back(i);
+  return out;
+}
+
 }  // namespace opforge::core

@@ -28,4 +28,15 @@ std::vector<int32_t> unshardable_dims(const OpforgeOpSpec& op);
 /// Empty maps for other sharding kinds.
 std::map<int32_t, std::map<int32_t, int32_t>> follow_dims(const OpforgeOpSpec& op);
 
+/// The tensor arguments a batching transform (torch.func.vmap, jax.vmap) may give one more
+/// leading dim, the batch, so that one call computes every batch element: for a pointwise or
+/// rowwise op whose first tensor input has a free rank (no fixed shape; shape({leading_dims,
+/// ...}) or rank bounds without a maximum), whose outputs are all like() that input with only
+/// last dims replaced (negative with_dim), which writes no input, and whose rules read that input's
+/// dims only from the end: the first tensor input and the inputs declared same_shape of it
+/// (batched alike, or broadcast to the batch). Lower-rank inputs (a bias) are shared by every
+/// batch element and must not be batched. Empty for any other op: batching then calls the op once
+/// per batch element.
+std::vector<int32_t> batchable_args(const OpforgeOpSpec& op);
+
 }  // namespace opforge::core

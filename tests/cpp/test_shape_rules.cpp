@@ -6,6 +6,7 @@
 #include "../../src/core/check.h"
 #include "../../src/core/dtypes.h"
 #include "../../src/core/schema.h"
+#include "../../src/core/sharding.h"
 
 namespace {
 
@@ -379,4 +380,26 @@ TEST(Autocast, APolicyTheDtypeRulesCannotTakeIsADeclarationProblem) {
   EXPECT_FALSE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_INT32));
   EXPECT_EQ(opforge::core::autocast_policy(*norm->spec()), OPFORGE_AUTOCAST_NONE);
   EXPECT_EQ(opforge::core::autocast_problem(*norm->spec()), "");
+}
+
+TEST(Batching, APointwiseOrRowwiseOpOfFreeRankTakesTheBatchAtItsFirstInput) {
+  auto rowwise = opforge::detail::make_op("ns", "rownorm", "f.cpp", 10)
+                     .input("x", opforge::floating, opforge::shape({opforge::leading_dims, opforge::any}))
+                     .input("weight", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
+                     .output("y", opforge::like("x"))
+                     .sharding(opforge::Sharding::kRowwise)
+                     .reference(norm_ref)
+                     .release();
+  ASSERT_TRUE(rowwise->finalize().empty());
+  EXPECT_EQ(opforge::core::batchable_args(*rowwise->spec()), (std::vector<int32_t>{0}));
+  auto front = opforge::detail::make_op("ns", "front", "f.cpp", 11)  // reads x.size(0): a batch would shift it
+                   .input("x", opforge::floating, opforge::min_rank(1))
+                   .input("weight", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", 0)}))
+                   .output("y", opforge::like("x"))
+                   .sharding(opforge::Sharding::kPointwise)
+                   .reference(norm_ref)
+                   .release();
+  ASSERT_TRUE(front->finalize().empty());
+  EXPECT_TRUE(opforge::core::batchable_args(*front->spec()).empty());
+  EXPECT_TRUE(opforge::core::batchable_args(*norm_op()->spec()).empty());  // no sharding kind declared
 }

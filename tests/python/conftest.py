@@ -6,6 +6,7 @@ import os
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,6 +151,20 @@ CASES = {
     ),
     "identity_conv": OpCase("identity_conv", _identity_conv_inputs, lambda x: x.clone(), dtypes=ALL_DTYPES),
 }
+
+
+@pytest.fixture(scope="session")
+def rule_ops(tmp_path_factory):
+    """fixtures/rule_ops.cpp (size parameters, optional and data-dependent outputs, autocast),
+    built and loaded once per session for the files that use it."""
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    path = opforge.build_library(
+        "rule_ops",
+        [fixtures / "rule_ops.cpp"],
+        kernels=[fixtures / "kernels" / "rule_kernels.cu"],
+        build_dir=tmp_path_factory.mktemp("rules"),
+    )
+    return opforge.load_library(path)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,61 @@
+"""torch.func.vmap over opforge ops: one call for pointwise and rowwise ops batched at their
+first input (the core's batchable_args), a call per batch element otherwise, nested vmap, batch
+dims other than 0, and zero-size batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import vmap
+
+import opforge
+
+
+@pytest.fixture(scope="module", autouse=True)
+def examples():
+    for name in ("rms_norm", "softshrink", "bias_gelu", "add_layer_norm"):
+        opforge.load_library(opforge.example_library(name))
+
+
+def test_the_core_says_which_inputs_take_the_batch():
+    batchable = {n: opforge.find_op(f"examples::{n}").batchable for n in ("rms_norm", "bias_gelu", "add_layer_norm")}
+    assert batchable == {"rms_norm": ("x",), "bias_gelu": ("x",), "add_layer_norm": ("x", "residual")}
+
+
+def test_a_batched_first_input_is_one_call():
+    x, w = torch.randn(5, 3, 16), torch.randn(16)
+    torch.testing.assert_close(vmap(lambda a: torch.ops.examples.rms_norm(a, w))(x), torch.ops.examples.rms_norm(x, w))
+    r = torch.randn(3, 16)  # unbatched, same_shape as x: follows the batch
+    b, g = torch.randn(16), torch.randn(16)
+    out = vmap(lambda a: torch.ops.examples.add_layer_norm(a, r, g, b))(x)
+    torch.testing.assert_close(out, torch.ops.examples.add_layer_norm(x, r.expand(5, 3, 16), g, b))
+
+
+def test_a_batched_weight_is_computed_per_element():
+    x, w = torch.randn(5, 3, 16), torch.randn(5, 16)
+    expected = torch.stack([torch.ops.examples.rms_norm(x[i], w[i]) for i in range(5)])
+    torch.testing.assert_close(vmap(torch.ops.examples.rms_norm)(x, w), expected)
+
+
+def test_nested_vmap_and_another_batch_dim():
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(
+        vmap(vmap(lambda a: torch.ops.examples.softshrink(a, 0.5)))(x), torch.nn.functional.softshrink(x, 0.5)
+    )
+    out = vmap(lambda a: torch.ops.examples.softshrink(a, 0.5), in_dims=1)(x)
+    torch.testing.assert_close(out, torch.nn.functional.softshrink(x, 0.5).movedim(1, 0))
+
+
+def test_a_zero_size_batch():
+    w = torch.randn(16)
+    assert vmap(lambda a: torch.ops.examples.rms_norm(a, w))(torch.randn(0, 3, 16)).shape == (0, 3, 16)
+    assert vmap(torch.ops.examples.rms_norm)(torch.randn(0, 3, 16), torch.randn(0, 16)).shape == (0, 3, 16)
+
+
+def test_an_op_of_fixed_rank_falls_back_per_element(rule_ops):
+    assert opforge.find_op("fixture::cycle_rows").batchable == ()
+    x = torch.randn(4, 2, 3)
+    out = vmap(lambda a: torch.ops.fixture.cycle_rows(a, 3))(x)
+    torch.testing.assert_close(out, torch.stack([torch.ops.fixture.cycle_rows(x[i], 3) for i in range(4)]))
+    # scale_pair's key_out is None without key: the rule returns it unbatched (vmap's caller may not)
+    torch.testing.assert_close(vmap(lambda a: torch.ops.fixture.scale_pair(a)[0])(x), 2 * x)
