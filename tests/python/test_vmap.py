@@ -9,6 +9,7 @@ import torch
 from torch.func import vmap
 
 import opforge
+from conftest import DEVICES
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -22,17 +23,19 @@ def test_the_core_says_which_inputs_take_the_batch():
     assert batchable == {"rms_norm": ("x",), "bias_gelu": ("x",), "add_layer_norm": ("x", "residual")}
 
 
-def test_a_batched_first_input_is_one_call():
-    x, w = torch.randn(5, 3, 16), torch.randn(16)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batched_first_input_is_one_call(device):
+    x, w = torch.randn(5, 3, 16, device=device), torch.randn(16, device=device)
     torch.testing.assert_close(vmap(lambda a: torch.ops.examples.rms_norm(a, w))(x), torch.ops.examples.rms_norm(x, w))
-    r = torch.randn(3, 16)  # unbatched, same_shape as x: follows the batch
-    b, g = torch.randn(16), torch.randn(16)
+    r = torch.randn(3, 16, device=device)  # unbatched, same_shape as x: follows the batch
+    b, g = torch.randn(16, device=device), torch.randn(16, device=device)
     out = vmap(lambda a: torch.ops.examples.add_layer_norm(a, r, g, b))(x)
     torch.testing.assert_close(out, torch.ops.examples.add_layer_norm(x, r.expand(5, 3, 16), g, b))
 
 
-def test_a_batched_weight_is_computed_per_element():
-    x, w = torch.randn(5, 3, 16), torch.randn(5, 16)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batched_weight_is_computed_per_element(device):
+    x, w = torch.randn(5, 3, 16, device=device), torch.randn(5, 16, device=device)
     expected = torch.stack([torch.ops.examples.rms_norm(x[i], w[i]) for i in range(5)])
     torch.testing.assert_close(vmap(torch.ops.examples.rms_norm)(x, w), expected)
 
