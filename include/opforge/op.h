@@ -34,6 +34,10 @@
 //   std::vector<int64_t>  std::span<const int64_t>   int[]
 //   std::vector<double>   std::span<const double>    float[]
 //
+// An int64_t parameter that a shape rule, value domain or .require() reads is a size: its schema
+// type is SymInt, so torch.compile and torch.export keep a value derived from a dynamic dim
+// symbolic (see opforge::int_param).
+//
 // Note [Run-time kernels]
 // -----------------------
 // `.cuda_source("softshrink.cu", "softshrink<{T}>").launch(opforge::elementwise("y"))` names a
@@ -148,7 +152,9 @@ namespace opforge {
 
 // ---- input constraints ----------------------------------------------------------------------
 
-/// The input's dtype must equal that of the earlier tensor input `tensor`.
+/// The input's dtype must equal that of the earlier tensor input `tensor`; `| opforge::kFloat32`
+/// (or any dtype set) also accepts those dtypes whatever that input's, e.g. a norm weight kept in
+/// float32 beside 16-bit activations: `opforge::same_dtype("x") | opforge::kFloat32`.
 inline detail::SameDtype same_dtype(std::string tensor) { return {std::move(tensor)}; }
 /// The input's shape must equal that of the earlier tensor input `tensor` (any rank).
 inline detail::SameShape same_shape(std::string tensor) { return {std::move(tensor)}; }
@@ -170,10 +176,11 @@ inline constexpr detail::Strided strided{};
 inline constexpr detail::ContiguousLastDim contiguous_last_dim{};
 /// The caller may leave the input out: the schema says `Tensor? name=None`, and the kernel
 /// then gets an opforge::Tensor whose defined() is false (run-time kernels: a null pointer).
-/// The input's other constraints apply only when it is given. Nothing else may refer to it
-/// (another input's same_dtype/same_shape/shape rule, an output rule, a launch rule, a
-/// `{T_name}` placeholder), the first tensor input cannot be optional, and every input and
-/// parameter declared after it needs a default (is optional, or has a default value).
+/// The input's other constraints apply only when it is given. Nothing but output rules may refer
+/// to it (not another input's same_dtype/same_shape/shape rule, a launch rule or a `{T_name}`
+/// placeholder): an output whose rules read it (`like("key")`) exists only when it is given
+/// (schema `Tensor?`, None otherwise). The first tensor input cannot be optional, and every input
+/// and parameter declared after it needs a default (is optional, or has a default value).
 inline constexpr detail::Optional optional{};
 /// The elements of an integer input index something: each is in [low, high), expressions over
 /// dims and integer parameters, e.g. token positions into a table of `cos_sin_cache.size(0)` rows:
@@ -369,8 +376,10 @@ class OpBuilder {
   }
 
   /// A tensor input. Constraints: a dtype set (`opforge::floating`, `opforge::kFloat16 |
-  /// opforge::kBFloat16`), `same_dtype("x")`, `same_shape("x")`, `rank(n)`, `min_rank(n)`,
-  /// `shape({...})`, `strided`, `contiguous_last_dim`, `optional`, `mutated`, `values_in(lo, hi)`.
+  /// opforge::kBFloat16`), `same_dtype("x")` (`| kFloat32` for alternatives), `same_shape("x")`,
+  /// `rank(n)`, `min_rank(n)`, `shape({...})` (`shape({opforge::leading_dims, ...})` for any
+  /// number of leading dims), `strided`, `contiguous_last_dim`, `optional`, `mutated`,
+  /// `values_in(lo, hi)`.
   template <class... C>
   auto input(std::string name, const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
