@@ -85,9 +85,11 @@
 // kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
 // (double backward; without one, a second derivative raises "derivative for ... is not
 // implemented" when it is taken). Forward-mode AD (jvp, jacfwd) and compiled autograd are not
-// supported. An op that names no
-// backward op is forward only: torch warns if a gradient reaches it (its default for ops
-// without an autograd kernel), and its inputs get none.
+// supported. An op that names no backward op is forward only, as torch's own ops without a
+// derivative formula: a backward that must pass a gradient through it into an input that
+// requires grad raises "derivative for ns::op is not implemented" (eager, and torch.compile of a
+// call that needs it), while calls under no_grad or inference_mode, or whose inputs do not
+// require grad, are free.
 //
 // Note [Mutated inputs]
 // ---------------------

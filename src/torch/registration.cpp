@@ -101,10 +101,14 @@ std::unique_ptr<::torch::Library> register_op(const OpforgeLibrary& lib, const O
     std::vector<std::string> problems;
     core::BackwardPlan plan = core::plan_backward(op, *core::find_op(lib, backward), problems);
     reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::Autograd, make_autograd_kernel(op, std::move(plan))));
-  } else if (core::is_backward_op(lib, op)) {
-    // A backward op without a backward of its own: torch's NotImplemented node, so a second
-    // derivative raises when it is taken (create_graph, torch.func at any level), first
-    // derivatives work, and a dual cotangent (forward over reverse) is refused.
+  } else {
+    // An op without a backward op (a backward op without one of its own included): torch's
+    // NotImplemented node, as for torch's own ops without a derivative formula. A backward that
+    // must pass a gradient through it into an input that requires grad raises "derivative for
+    // ns::op is not implemented" (a Linear before it would otherwise silently never train; for
+    // a backward op, a second derivative: create_graph, torch.func at any level), and so does
+    // torch.compile of a call that needs that gradient; calls under no_grad or inference_mode,
+    // or whose inputs do not require grad, are free.
     reg->impl(op.name,
               ::torch::dispatch(c10::DispatchKey::Autograd, ::torch::autograd::autogradNotImplementedFallback()));
   }

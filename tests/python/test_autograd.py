@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -138,17 +139,33 @@ def test_a_gradient_of_the_wrong_shape_is_refused():
         bw.square(x).sum().backward()
 
 
-@pytest.mark.filterwarnings("ignore:.*an autograd kernel was not registered")  # the compiled call's, asserted below
-def test_an_op_without_a_backward_op_is_forward_only():
-    """torch's default for an op without an autograd kernel: a warning, no gradient, and a model
-    with parameters that require grad still compiles."""
-    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    with pytest.warns(UserWarning, match="bw::forward_only: an autograd kernel was not registered"):
-        (bw.forward_only(x) + x).sum().backward()
-    torch.testing.assert_close(x.grad, torch.ones_like(x))
+@pytest.mark.filterwarnings("ignore:Error detected in torch::autograd::NotImplemented")  # the compiled call's
+def test_an_op_without_a_backward_op_never_drops_a_gradient_silently():
+    """As torch's own ops without a derivative formula: a gradient that must flow through the op
+    into an input that requires grad raises, naming the op (a Linear before it would otherwise
+    never train), eager and compiled; forward-only use is free and warns of nothing."""
+    linear = torch.nn.Linear(4, 4, dtype=torch.float64)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="derivative for bw::forward_only is not implemented"):
+        bw.forward_only(linear(x)).sum().backward()
+    assert linear.weight.grad is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            torch.testing.assert_close(bw.forward_only(linear(x)), linear(x))
+        with torch.inference_mode():
+            bw.forward_only(linear(x))
+        y = bw.forward_only(x)  # no input requires grad
+        assert not y.requires_grad
+        z = linear(x).sum() + bw.forward_only(x).sum()  # a gradient that does not pass through it
+        z.backward()
+    assert linear.weight.grad is not None
     w = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
-    compiled = torch.compile(lambda t: bw.forward_only(t * w), backend="aot_eager")
-    torch.testing.assert_close(compiled(x.detach()), x.detach() * w.detach())
+    with pytest.raises(Exception, match="derivative for bw::forward_only is not implemented"):
+        torch.compile(lambda t: bw.forward_only(t * w), backend="aot_eager")(x)
+    with torch.no_grad():  # compiled for inference
+        compiled = torch.compile(lambda t: bw.forward_only(t * w), backend="aot_eager")
+        torch.testing.assert_close(compiled(x), x * w)
 
 
 def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
