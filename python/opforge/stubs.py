@@ -59,9 +59,9 @@ def _parameters(op: Op, *, out: bool) -> str:
 def _returns(op: Op) -> str:
     if not op.outputs:
         return "None"
-    if len(op.outputs) == 1:
-        return "Tensor"
-    return "tuple[" + ", ".join("Tensor" for _ in op.outputs) + "]"
+    # An output that exists only with an optional input (schema `Tensor?`) may be None.
+    types = ["Tensor | None" if o.present_with is not None else "Tensor" for o in op.outputs]
+    return types[0] if len(types) == 1 else "tuple[" + ", ".join(types) + "]"
 
 
 def _doc(op: Op, schema: str) -> str:

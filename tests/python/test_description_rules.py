@@ -148,6 +148,14 @@ def test_an_optional_output_exists_with_its_input():
     torch.testing.assert_close(y, 2 * x)
 
 
+def test_stubs_type_an_optional_output_as_maybe_none(rule_ops, tmp_path):
+    from opforge.stubs import write_stubs
+
+    stub = next(p for p in write_stubs(rule_ops, tmp_path) if p.suffix == ".pyi").read_text()
+    scale_pair = stub.split("class _scale_pair:")[1].split("\nclass ")[0]
+    assert "-> tuple[Tensor, Tensor | None]:" in scale_pair, scale_pair
+
+
 def test_an_optional_output_under_compile():
     def fn(x, key):
         y, k = torch.ops.fixture.scale_pair(x, key, alpha=3.0)
