@@ -92,11 +92,12 @@ def dtype_cases(op: Op, only: list[str] | None = None) -> list[DtypeCase]:
     return out
 
 
-def float64_case(op: Op, case: DtypeCase) -> dict[str, str] | None:
-    """``case``'s dtypes with every floating one replaced by float64, if the op accepts that
-    combination (the reference then runs in float64), else None."""
-    wide = {k: "float64" if v in _FLOATING else v for k, v in case.dtypes.items()}
-    return wide if wide in op.dtype_combinations else None
+def floating_as(op: Op, case: DtypeCase, dtype: str) -> dict[str, str] | None:
+    """``case``'s dtypes with every floating one replaced by ``dtype``, if the op accepts that
+    combination (float64: the reference runs in it; float32: gradcheck for ops without float64),
+    else None."""
+    same = {k: dtype if v in _FLOATING else v for k, v in case.dtypes.items()}
+    return same if same in op.dtype_combinations else None
 
 
 def param_sets(op: Op, rng: random.Random) -> list[dict[int, object]]:

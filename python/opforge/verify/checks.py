@@ -21,7 +21,7 @@ from .cases import (
     Inputs,
     dtype_cases,
     dtype_of,
-    float64_case,
+    floating_as,
     generate_cases,
     param_sets,
     without_optional,
@@ -119,7 +119,7 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
     equivalent expression of an op that writes its inputs gives its outputs, then those
     values), and no other input written. Compared at ``case.tolerance``'s tolerances."""
     handle = op_handle(op.name)
-    wide = float64_case(op, case)
+    wide = floating_as(op, case, "float64")
     names = [a.name for a in op.args]
     if device == "cpu" and not op.equivalent:
         report.results.append(
@@ -174,10 +174,9 @@ def check_structure(op: Op, case: DtypeCase, device: str, seed: int, report: Rep
 def _gradcheck_dtype(op: Op, case: DtypeCase) -> tuple[torch.dtype, dict] | None:
     """The dtype gradcheck runs in and its settings: float64 where the op takes it for every
     floating input, else float32 with :data:`FLOAT32_GRADCHECK`; None if it takes neither."""
-    if float64_case(op, case) is not None:
+    if floating_as(op, case, "float64") is not None:
         return torch.float64, {}
-    narrow = {k: "float32" if v in _FLOATING else v for k, v in case.dtypes.items()}
-    return (torch.float32, FLOAT32_GRADCHECK) if narrow in op.dtype_combinations else None
+    return (torch.float32, FLOAT32_GRADCHECK) if floating_as(op, case, "float32") is not None else None
 
 
 def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, cases: list[Inputs], suffix: str) -> None:
