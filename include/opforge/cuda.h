@@ -63,6 +63,57 @@ inline unsigned grid_for(int64_t items, int threads, int blocks_per_sm = 8) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{sm_count()} * blocks_per_sm)));
 }
 
+/// Blocks of `threads` threads of `kernel` that fit on the device at once (occupancy times
+/// multiprocessors, by cudaOccupancyMaxActiveBlocksPerMultiprocessor with no dynamic shared
+/// memory), at least 1 and at most `items`: the grid of a kernel whose blocks loop over items
+/// (rows) and keep per-block partial sums, so that there are as few partials as keep every
+/// multiprocessor busy. 0 if `items` is 0.
+template <class Kernel>
+inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
+  if (items <= 0) return 0;
+  int per_sm = 0;
+  OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  const int64_t resident = int64_t{std::max(per_sm, 1)} * sm_count();
+  return static_cast<unsigned>(std::min<int64_t>(items, resident));
+}
+
+namespace detail {
+/// out[c] = sum over p of partial[p * cols + c], a 32-column tile per block: threadIdx.x picks
+/// the column, the 8 rows of threads take every 8th part, shared memory adds the 8 sums.
+template <class A, class W>
+__global__ void __launch_bounds__(256)
+    sum_partials_kernel(const A* __restrict__ partial, int64_t parts, int64_t cols, W* __restrict__ out) {
+  __shared__ A sums[8][33];
+  const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
+  A s = 0;
+  if (c < cols)
+    for (int64_t p = threadIdx.y; p < parts; p += 8) s += partial[p * cols + c];
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+#pragma unroll
+    for (int k = 1; k < 8; ++k) s += sums[k][threadIdx.x];
+    out[c] = static_cast<W>(s);
+  }
+}
+}  // namespace detail
+
+/// Second pass of a reduction over rows: out[c] = sum over p < parts of partial[p * cols + c]
+/// (`partial` row-major [parts, cols] of float or double, one row of partial sums per block
+/// of a first pass; `out` [cols] of W, a float type or CUDA's __half / __nv_bfloat16, written
+/// once, rounded to nearest), launched on `stream`. parts == 0 writes zeros. The scheme of
+/// the weight gradients of Apex's and PyTorch's LayerNorm backward (a per-block partial pass,
+/// then a column sum), which needs no atomics and gives the same bits on every run.
+template <class A, class W>
+void sum_partials(const A* partial, int64_t parts, int64_t cols, W* out, cudaStream_t stream) {
+  if (cols == 0) return;
+  const int64_t blocks = (cols + 31) / 32;
+  OPFORGE_CHECK(blocks <= 0x7fffffff, "sum_partials: ", cols, " columns, more than one launch covers");
+  detail::sum_partials_kernel<A, W>
+      <<<static_cast<unsigned>(blocks), dim3(32, 8), 0, stream>>>(partial, parts, cols, out);
+  check_launch("opforge::cuda::sum_partials");
+}
+
 /// Like opforge::visit_dtype, but hands out CUDA's device types: __half for float16 and
 /// __nv_bfloat16 for bfloat16 (same storage as opforge::Half and opforge::BFloat16).
 template <DtypeSet Allowed, class F>

@@ -103,6 +103,34 @@ __device__ __forceinline__ A block_sum(A v) {
   return v;
 }
 
+/// Sums of each of the N values of `v` (float or double) over the thread block, in place, with
+/// one pair of barriers for all N (a norm's backward needs two or three sums of a row; block_sum
+/// of each would pay a pair apiece). Same conditions as block_sum: blockDim.x a multiple of 32,
+/// at most 1024, called by every thread of the block; uses N * 32 values of shared memory.
+template <class A, int N>
+__device__ __forceinline__ void block_sum(A (&v)[N]) {
+  __shared__ A partial[N][32];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
+  }
+  if (blockDim.x == 32) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial[] may still be read by a previous call
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) partial[i][warp] = v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = lane < static_cast<int>(blockDim.x / 32) ? partial[i][lane] : A(0);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
+  }
+}
+
 /// The 16 / sizeof(T) elements of a 16-byte vector of T, given as the four 32-bit words it was
 /// loaded as (element 0 in the low bits of v.x), widened to the accumulator type. Working on
 /// whole words keeps two 16-bit elements in one register and widens them with one shift or mask
@@ -196,6 +224,14 @@ struct RowRegisters {
 
   __device__ static bool fits(int64_t cols) {
     return cols % kWidth == 0 && cols / kWidth <= int64_t{kMaxVectors} * blockDim.x;
+  }
+  /// The fewest threads, a multiple of 32 and at most `max_threads`, for which a row of `cols`
+  /// elements fits(), for a host choosing a block size; 0 if no such block size exists.
+  __host__ __device__ static int threads_for(int64_t cols, int max_threads) {
+    if (cols % kWidth != 0) return 0;
+    const int64_t per_warp = int64_t{kMaxVectors} * 32;
+    const int64_t threads = (cols / kWidth + per_warp - 1) / per_warp * 32;
+    return threads <= max_threads ? static_cast<int>(threads < 32 ? 32 : threads) : 0;
   }
   /// Whether this thread's k-th vector exists in a row of `cols` elements.
   __device__ static bool has(int k, int64_t cols) { return threadIdx.x + int64_t{k} * blockDim.x < cols / kWidth; }

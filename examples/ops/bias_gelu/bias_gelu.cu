@@ -5,44 +5,9 @@
 #include <climits>
 #include <cstdint>
 
+#include "gelu.cuh"
+
 namespace {
-
-__device__ __forceinline__ float rcp_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-/// gelu(v) = v * Phi(v) for 16-bit outputs, with the normal tail
-/// 1 - Phi(|v|) = erfc(|v| / sqrt 2) / 2 = t * poly(t) * exp(-v^2 / 2), t = 1 / (1 + p |v| / sqrt 2)
-/// (Abramowitz & Stegun, Handbook of Mathematical Functions, 1964, formula 7.1.26:
-/// |error of erfc| <= 1.5e-7; the factor 1/2 is folded into the coefficients). About 17
-/// instructions an element against about 26 with erff, which made the 16-bit kernel bound by
-/// instruction issue (bench/RESULTS.md). Error against the exact GELU, computed in double:
-/// at most 2.2e-7 absolute (|v| * 7.5e-8); relative, below 0.01% for v > -3 but growing in the
-/// far negative tail, where the outputs are tiny: 0.05% at v = -4 (|y| = 1.3e-4), 0.16% at -5
-/// (1.4e-6), 1% at -8 (5e-15). The approximate exp2 flushes results below 2^-126 to zero.
-__device__ __forceinline__ float gelu_16bit(float v) {
-  constexpr float kP = 0.3275911f * 0.70710678118654752f;  // p / sqrt 2
-  constexpr float kExp2 = -0.72134752044448170f;           // -log2(e) / 2: exp(-v^2 / 2) = 2^(kExp2 v^2)
-  const float t = rcp_approx(fmaf(kP, fabsf(v), 1.0f));
-  const float poly =
-      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 0.5307027145f, -0.7265760135f), 0.7107068705f), -0.142248368f), 0.127414796f);
-  const float tail = poly * exp2_approx(v * v * kExp2);  // 1 - Phi(|v|)
-  return v * (v < 0.0f ? tail : 1.0f - tail);
-}
-
-/// gelu(v) = v * Phi(v) in float: erff for float32 outputs, gelu_16bit for 16-bit ones.
-template <class T>
-__device__ __forceinline__ float gelu(float v) {
-  if constexpr (sizeof(T) == 2) return gelu_16bit(v);
-  return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-}
 
 /// Quotients by a divisor fixed for the launch with a multiply-high and a shift instead of a
 /// division (Granlund & Montgomery, "Division by Invariant Integers using Multiplication",
@@ -96,13 +61,13 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = first + int64_t{k} * kThreads;
     if (i >= vec_items) break;
     if constexpr (N == 1) {
-      y[i] = opforge::cuda::from_acc<T>(gelu<T>(opforge::cuda::to_acc(v[k]) + opforge::cuda::to_acc(b[k])));
+      y[i] = opforge::cuda::from_acc<T>(bias_gelu::gelu<T>(opforge::cuda::to_acc(v[k]) + opforge::cuda::to_acc(b[k])));
     } else {
       float xs[N], bs[N];
       opforge::kernel::unpack<T>(v[k], xs);
       opforge::kernel::unpack<T>(b[k], bs);
 #pragma unroll
-      for (int e = 0; e < N; ++e) xs[e] = gelu<T>(xs[e] + bs[e]);
+      for (int e = 0; e < N; ++e) xs[e] = bias_gelu::gelu<T>(xs[e] + bs[e]);
       reinterpret_cast<uint4*>(y)[i] = opforge::kernel::pack<T>(xs);
     }
   }

@@ -1,0 +1,168 @@
+// add_layer_norm's backward on CUDA. With h = x + residual, per row mean m, inv = 1 / sqrt(var +
+// eps), xhat = (h - m) * inv, g = grad_y and dxhat = g * weight:
+//   grad_h = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (= grad_x = grad_residual)
+//   grad_weight = sum over rows of g * xhat,  grad_bias = sum over rows of g
+// (the LayerNorm derivative of Ba, Kiros & Hinton 2016, as torch's native_layer_norm_backward).
+// One pass over the rows, as rms_norm_backward.cu: blocks loop over rows, each thread owns the
+// same columns of every row and keeps its share of grad_weight and grad_bias in registers, one
+// row of per-block partial sums each is written at the end and opforge::cuda::sum_partials adds
+// them up. mean and inv are recomputed from x and residual as the forward computes them (the
+// mean first, then the variance around it).
+#include <opforge/cuda.h>
+
+#include <algorithm>
+
+namespace {
+
+constexpr int kLoopThreads = 256;
+constexpr int kMaxRowThreads = 256;  // the row, two partial sums and grad_y stay under 255 registers
+
+/// kRegisters: the row fits RowRegisters at this block size and every pointer is 16-byte aligned
+/// (the host checks both); h is read once into registers and weight is re-read per row (from L1).
+/// Else plain loops that read each row three times and keep the partial sums in `partial` itself
+/// (each thread its own columns). partial: [2, gridDim.x, cols], grad_weight's then grad_bias's.
+template <class T, bool kRegisters>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    add_layer_norm_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x,
+                                   const T* __restrict__ residual, const T* __restrict__ weight, T* __restrict__ grad_x,
+                                   T* __restrict__ grad_residual, opforge::kernel::acc_t<T>* __restrict__ partial,
+                                   int64_t rows, int64_t cols, double eps) {
+  using A = opforge::kernel::acc_t<T>;
+  using Row = opforge::kernel::RowRegisters<T>;
+  using opforge::kernel::to_acc;
+  const A n = static_cast<A>(cols);
+  A* part_w = partial + int64_t{blockIdx.x} * cols;
+  A* part_b = partial + (int64_t{gridDim.x} + blockIdx.x) * cols;
+  if constexpr (kRegisters) {
+    A gw[Row::kVectors][Row::kWidth], gb[Row::kVectors][Row::kWidth];
+#pragma unroll
+    for (int k = 0; k < Row::kVectors; ++k) {
+#pragma unroll
+      for (int i = 0; i < Row::kWidth; ++i) gw[k][i] = gb[k][i] = 0;
+    }
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+      const int64_t base = r * cols;
+      A h[Row::kVectors][Row::kWidth];
+      uint4 gy[Row::kVectors];
+      {
+        uint4 xw[Row::kVectors], rw[Row::kVectors];  // the three rows' loads in flight before any arithmetic
+        Row::load_words(x + base, cols, xw);
+        Row::load_words(residual + base, cols, rw);
+        Row::load_words(grad_y + base, cols, gy);
+#pragma unroll
+        for (int k = 0; k < Row::kVectors; ++k) {
+          A rv[Row::kWidth];
+          opforge::kernel::unpack<T>(xw[k], h[k]);
+          opforge::kernel::unpack<T>(rw[k], rv);
+#pragma unroll
+          for (int i = 0; i < Row::kWidth; ++i) h[k][i] += rv[i];
+        }
+      }
+      A mean = 0;
+#pragma unroll
+      for (int k = 0; k < Row::kVectors; ++k) {
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) mean += h[k][i];  // zeros past the row's end
+      }
+      mean = opforge::kernel::block_sum(mean) / n;
+      A sums[3] = {0, 0, 0};  // sum of (h - m)^2, of dxhat, of dxhat * (h - m)
+#pragma unroll
+      for (int k = 0; k < Row::kVectors; ++k) {
+        if (!Row::has(k, cols)) continue;
+        A w[Row::kWidth], g[Row::kWidth];
+        Row::load(weight + Row::offset(k), w);
+        opforge::kernel::unpack<T>(gy[k], g);
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) {
+          const A d = h[k][i] - mean, dx = g[i] * w[i];
+          sums[0] += d * d;
+          sums[1] += dx;
+          sums[2] += dx * d;
+        }
+      }
+      opforge::kernel::block_sum(sums);
+      const A inv = A(1) / sqrt(sums[0] / n + static_cast<A>(eps));
+      const A mean_dx = sums[1] / n, mean_dx_xhat = sums[2] * inv / n;
+#pragma unroll
+      for (int k = 0; k < Row::kVectors; ++k) {
+        if (!Row::has(k, cols)) continue;
+        A w[Row::kWidth], g[Row::kWidth];
+        Row::load(weight + Row::offset(k), w);
+        opforge::kernel::unpack<T>(gy[k], g);
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) {
+          const A xhat = (h[k][i] - mean) * inv;
+          gw[k][i] += g[i] * xhat;
+          gb[k][i] += g[i];
+          w[i] = inv * (g[i] * w[i] - mean_dx - xhat * mean_dx_xhat);
+        }
+        Row::store(grad_x + base + Row::offset(k), w);
+        Row::store(grad_residual + base + Row::offset(k), w);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < Row::kVectors; ++k) {
+      if (!Row::has(k, cols)) continue;
+#pragma unroll
+      for (int i = 0; i < Row::kWidth; ++i) {
+        part_w[Row::offset(k) + i] = gw[k][i];
+        part_b[Row::offset(k) + i] = gb[k][i];
+      }
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) part_w[c] = part_b[c] = 0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+      const int64_t base = r * cols;
+      auto h = [&](int64_t c) { return to_acc(x[base + c]) + to_acc(residual[base + c]); };
+      A mean = 0;
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mean += h(c);
+      mean = opforge::kernel::block_sum(mean) / n;
+      A sums[3] = {0, 0, 0};
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const A d = h(c) - mean, dx = to_acc(grad_y[base + c]) * to_acc(weight[c]);
+        sums[0] += d * d;
+        sums[1] += dx;
+        sums[2] += dx * d;
+      }
+      opforge::kernel::block_sum(sums);
+      const A inv = A(1) / sqrt(sums[0] / n + static_cast<A>(eps));
+      const A mean_dx = sums[1] / n, mean_dx_xhat = sums[2] * inv / n;
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const A xhat = (h(c) - mean) * inv, g = to_acc(grad_y[base + c]);
+        part_w[c] += g * xhat;
+        part_b[c] += g;
+        const T out = opforge::kernel::from_acc<T>(inv * (g * to_acc(weight[c]) - mean_dx - xhat * mean_dx_xhat));
+        grad_x[base + c] = out;
+        grad_residual[base + c] = out;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void add_layer_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor x,
+                                  opforge::Tensor residual, opforge::Tensor weight, double eps,
+                                  opforge::MutableTensor grad_x, opforge::MutableTensor grad_residual,
+                                  opforge::MutableTensor grad_weight, opforge::MutableTensor grad_bias) {
+  opforge::cuda::visit_dtype<opforge::floating>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {
+    using A = opforge::cuda::acc_t<T>;
+    using Row = opforge::kernel::RowRegisters<T>;
+    const int64_t cols = weight.numel(), rows = cols ? x.numel() / cols : 0;
+    const T *g = grad_y.data<T>(), *in = x.data<T>(), *res = residual.data<T>(), *w = weight.data<T>();
+    T *gx = grad_x.data<T>(), *gr = grad_residual.data<T>();
+    const int row_threads = Row::threads_for(cols, kMaxRowThreads);
+    const bool registers = row_threads > 0 && opforge::cuda::aligned(16, g, in, res, w, gx, gr);
+    const int threads = registers ? row_threads : kLoopThreads;
+    auto kernel = registers ? add_layer_norm_backward_kernel<T, true> : add_layer_norm_backward_kernel<T, false>;
+    const unsigned grid = opforge::cuda::resident_grid(kernel, threads, rows);
+    auto* partial = static_cast<A*>(ctx.allocate(sizeof(A) * 2 * grid * cols));
+    const cudaStream_t stream = opforge::cuda::stream(ctx);
+    if (grid > 0) {
+      kernel<<<grid, threads, 0, stream>>>(g, in, res, w, gx, gr, partial, rows, cols, eps);
+      opforge::cuda::check_launch("add_layer_norm_backward_kernel");
+    }
+    opforge::cuda::sum_partials(partial, int64_t{grid}, cols, grad_weight.data<T>(), stream);
+    opforge::cuda::sum_partials(partial + int64_t{grid} * cols, int64_t{grid}, cols, grad_bias.data<T>(), stream);
+  });
+}
