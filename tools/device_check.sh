@@ -3,7 +3,8 @@
 # included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
 # with steps from: build test verify sanitize demo bench (default: all), and pytest (the tests
-# named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_serving, bench_minilm, memcheck,
+# named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_backward, bench_training,
+# bench_serving, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
 # racecheck, ncu (issue-slot, DRAM and occupancy figures of bias_gelu and rms_norm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,9 @@ for step in ${steps[*]}; do
     bench_norms) run bench_norms python3 bench/bench_norms.py --json "$OUT/bench_norms.json" ;;
     bench_attention) run bench_attention python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ;;
     bench_autograd) run bench_autograd python3 bench/bench_autograd.py --json "$OUT/bench_autograd.json" ;;
+    bench_backward) run bench_backward python3 bench/bench_backward.py --json "$OUT/bench_backward.json" ;;
+    bench_training) run bench_training python3 bench/bench_training.py --json "$OUT/bench_training.json" ;;
+    train_amp) run train_amp python3 examples/models/train_amp.py --device cuda --out "$OUT/train_amp" ;;
     bench_serving) run bench_serving python3 bench/bench_serving.py --json "$OUT/bench_serving.json" ;;
     ncu) run ncu ncu --kernel-name-base demangled --kernel-name "regex:bias_gelu|rms_norm" --csv --metrics \
       gpu__time_duration.sum,sm__inst_issued.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct \

@@ -104,6 +104,35 @@ def serving_cases() -> int:
     return failures
 
 
+def backward_cases() -> int:
+    """The backward ops of bias_gelu, rms_norm and add_layer_norm called directly (both kernel
+    paths: rows in registers, and the loops for rows not a whole number of vectors or wider than
+    the registers hold; more rows than resident blocks; no rows), against their CPU references."""
+    ex = torch.ops.examples
+    failures = 0
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for rows, cols in ((0, 64), (1, 8), (5, 50), (3, 20000), (700, 64), (33, 4096)):
+
+            def t(*shape, dt=dtype):
+                return torch.randn(*shape, dtype=dt, device="cuda")
+
+            g, x, r, w = t(rows, cols), t(rows, cols), t(rows, cols), t(cols)
+            calls = [("rms_norm_backward", (g, x, w, 1e-6)), ("add_layer_norm_backward", (g, x, r, w, 1e-5))]
+            if dtype != torch.float64:
+                calls.append(("bias_gelu_backward", (g, x, w)))
+            if dtype in (torch.float16, torch.bfloat16):
+                calls.append(("rms_norm_backward", (g, x, w.float(), 1e-6)))
+            for name, args in calls:
+                out = getattr(ex, name)(*args)
+                ref = getattr(ex, name)(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+                for k, (o, e) in enumerate(zip(out, ref)):
+                    tol = TOLERANCE[e.dtype] * (1 if o.dim() == 2 else max(1.0, rows**0.5))
+                    if not torch.allclose(o.cpu().double(), e.double(), atol=tol, rtol=TOLERANCE[e.dtype]):
+                        print(f"MISMATCH {name} {dtype} [{rows}, {cols}] output {k}")
+                        failures += 1
+    return failures
+
+
 def main() -> int:
     for case in CASES.values():
         opforge.load_library(case.library_path)
@@ -133,6 +162,7 @@ def main() -> int:
     failures += attention_cases()
     failures += mixed_dtype_cases()
     failures += serving_cases()
+    failures += backward_cases()
     torch.cuda.synchronize()
     print(f"sanitize: {failures} mismatches")
     return 1 if failures else 0
