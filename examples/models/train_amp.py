@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch._functorch.config
 import torch.nn.functional as F
 
 import opforge
@@ -132,7 +133,9 @@ def train(
     model = DigitsMLP(Ops(use_opforge)).to(device)
     model.load_state_dict(init)
     forward = torch.compile(model, fullgraph=True) if compiled else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    steps_per_epoch = len(xtr) // batch
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
     dtype = getattr(torch, precision)
     scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
     run = Run("opforge" if use_opforge else "torch", precision, "compiled" if compiled else "eager")
@@ -145,11 +148,15 @@ def train(
             idx = perm[i : i + batch]
             t0 = time.perf_counter()
             with torch.autocast(device, dtype=dtype):
-                loss = F.cross_entropy(forward(xtr[idx]), ytr[idx])
+                logits = forward(xtr[idx])
+                loss = F.cross_entropy(logits, ytr[idx])
+            if logits.dtype != dtype:  # the output Linear runs in the autocast dtype
+                raise RuntimeError(f"{run.model} {run.mode}: logits in {logits.dtype} under autocast({precision})")
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
+            schedule.step()
             if device == "cuda":
                 torch.cuda.synchronize()
             if epoch > 0 or epochs == 1:  # the first epoch's steps include compilation
@@ -221,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for lib in ("bias_gelu", "rms_norm", "softshrink"):
         opforge.load_library(opforge.example_library(lib))
+    # torch 2.11 keys its AOTAutograd cache on whether autocast is enabled, not on its dtype
+    # (pytorch/pytorch#181564, fixed after 2.11): a model compiled under bfloat16 autocast can
+    # be served the bfloat16 graph under float16 as well, in this process and in later ones
+    # sharing the on-disk cache. Each precision here compiles the same graph, so the cache is off.
+    torch._functorch.config.enable_autograd_cache = False
     torch.manual_seed(0)
     init = DigitsMLP(Ops(True)).state_dict()
     data = load_digits(args.device)
