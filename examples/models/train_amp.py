@@ -154,9 +154,11 @@ def train(
                 raise RuntimeError(f"{run.model} {run.mode}: logits in {logits.dtype} under autocast({precision})")
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
+            scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
-            schedule.step()
+            if scaler.get_scale() >= scale:  # a step the scaler skipped (inf gradients) leaves the schedule alone
+                schedule.step()
             if device == "cuda":
                 torch.cuda.synchronize()
             if epoch > 0 or epochs == 1:  # the first epoch's steps include compilation
