@@ -15,20 +15,29 @@
 namespace {
 
 constexpr int kLoopThreads = 256;
-constexpr int kMaxRowThreads = 256;  // the row, two partial sums and grad_y stay under 255 registers
+/// 16-byte vectors of a row per thread (RowRegisters) and the largest block for them: 4 vectors
+/// for 16-bit elements at up to 256 threads (h, grad_y and two partial sums in up to 255
+/// registers), 2 for wider ones at up to 512 (128 registers), the faster choice for each at
+/// [32768, 4096] on the H200 (bench/RESULTS.md: bf16 0.871 x copy with 4 against 0.793 with 2;
+/// float32 0.934 with 2 against 0.929 with 4).
+template <class T>
+constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
+template <class T>
+constexpr int kMaxRowThreads = sizeof(T) == 2 ? 256 : 512;
 
 /// kRegisters: the row fits RowRegisters at this block size and every pointer is 16-byte aligned
-/// (the host checks both); h is read once into registers and weight is re-read per row (from L1).
+/// (the host checks both); h is read once into registers and weight is re-read per row (from L1:
+/// kept in registers it costs the 16-bit kernel a resident block, 0.810 against 0.879 x copy).
 /// Else plain loops that read each row three times and keep the partial sums in `partial` itself
 /// (each thread its own columns). partial: [2, gridDim.x, cols], grad_weight's then grad_bias's.
 template <class T, bool kRegisters>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kMaxRowThreads<T>)
     add_layer_norm_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x,
                                    const T* __restrict__ residual, const T* __restrict__ weight, T* __restrict__ grad_x,
                                    T* __restrict__ grad_residual, opforge::kernel::acc_t<T>* __restrict__ partial,
                                    int64_t rows, int64_t cols, double eps) {
   using A = opforge::kernel::acc_t<T>;
-  using Row = opforge::kernel::RowRegisters<T>;
+  using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
   using opforge::kernel::to_acc;
   const A n = static_cast<A>(cols);
   A* part_w = partial + int64_t{blockIdx.x} * cols;
@@ -147,11 +156,11 @@ void add_layer_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor g
                                   opforge::MutableTensor grad_weight, opforge::MutableTensor grad_bias) {
   opforge::cuda::visit_dtype<opforge::floating>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {
     using A = opforge::cuda::acc_t<T>;
-    using Row = opforge::kernel::RowRegisters<T>;
+    using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
     const int64_t cols = weight.numel(), rows = cols ? x.numel() / cols : 0;
     const T *g = grad_y.data<T>(), *in = x.data<T>(), *res = residual.data<T>(), *w = weight.data<T>();
     T *gx = grad_x.data<T>(), *gr = grad_residual.data<T>();
-    const int row_threads = Row::threads_for(cols, kMaxRowThreads);
+    const int row_threads = Row::threads_for(cols, kMaxRowThreads<T>);
     const bool registers = row_threads > 0 && opforge::cuda::aligned(16, g, in, res, w, gx, gr);
     const int threads = registers ? row_threads : kLoopThreads;
     auto kernel = registers ? add_layer_norm_backward_kernel<T, true> : add_layer_norm_backward_kernel<T, false>;

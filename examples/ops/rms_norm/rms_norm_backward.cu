@@ -14,6 +14,11 @@ namespace {
 
 constexpr int kLoopThreads = 256;
 constexpr int kMaxRowThreads = 512;  // with __launch_bounds__, at most 128 registers a thread
+/// 16-byte vectors of a row per thread (RowRegisters): 4 for 16-bit elements, 2 for wider ones,
+/// the faster of the two at [32768, 4096] on the H200 (bench/RESULTS.md: bf16 0.905 x copy with
+/// 4 against 0.870 with 2; float32 0.981 with 2 against 0.889 with 4).
+template <class T>
+constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
 
 /// kRegisters: the row fits RowRegisters at this block size and every pointer is 16-byte
 /// aligned (the host checks both); rows are read once into registers. Else plain loops that
@@ -25,7 +30,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
                              T* __restrict__ grad_x, opforge::kernel::acc_t<T>* __restrict__ partial, int64_t rows,
                              int64_t cols, double eps) {
   using A = opforge::kernel::acc_t<T>;
-  using Row = opforge::kernel::RowRegisters<T>;
+  using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
   using opforge::kernel::to_acc;
   const A n = static_cast<A>(cols);
   A* part = partial + int64_t{blockIdx.x} * cols;
@@ -103,7 +108,7 @@ template <class T, class W>
 void launch(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor x, opforge::Tensor weight, double eps,
             opforge::MutableTensor grad_x, opforge::MutableTensor grad_weight) {
   using A = opforge::cuda::acc_t<T>;
-  using Row = opforge::kernel::RowRegisters<T>;
+  using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
   const int64_t cols = weight.numel(), rows = cols ? x.numel() / cols : 0;
   const T *g = grad_y.data<T>(), *in = x.data<T>();
   const W* w = weight.data<W>();
