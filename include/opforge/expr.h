@@ -94,7 +94,7 @@ inline const Expr any{};
 /// Any number of leading dims, of any sizes (torch's `(*, H)`): allowed only as the first entry
 /// of an input's shape({...}), whose other entries then rule its last dims, e.g. a norm's
 /// `.input("x", opforge::floating, opforge::shape({opforge::leading_dims, opforge::multiple_of(8)}))`.
-/// A rank bound (opforge::min_rank, opforge::max_rank) may bound the whole rank; without
+/// A rank bound (opforge::min_rank, opforge::rank_between) may bound the whole rank; without
 /// leading_dims a shape fixes the rank, and a rank constraint beside it is a declaration error.
 inline const Expr leading_dims{Expr::LeadingDimsTag{}};
 /// Any size that is a multiple of `k` (> 0), for kernels that load `k` elements at a time:

@@ -244,7 +244,10 @@ inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeArgSpec& 
   if (model_dtype == dtype) return expected_dtype(s, label);
   std::string want =
       "expected dtype " + std::string(model_label) + " (the dtype of " + op.args[s.dtype_like].name + ")";
-  if (s.dtype_alternatives) want += " or " + dtype_set_string(s.dtype_alternatives);
+  // The model tensor's own dtype is named once, not again among the alternatives.
+  const auto others = model_dtype >= 0 ? s.dtype_alternatives & ~(decltype(s.dtype_alternatives){1} << model_dtype)
+                                       : s.dtype_alternatives;
+  if (others) want += " or " + dtype_set_string(others);
   return want + ", got " + std::string(label);
 }
 /// Index into a tensor of rank `rank` of the first dim its shape rule's `dims` describe: 0, or

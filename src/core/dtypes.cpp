@@ -29,6 +29,29 @@ void extend(const OpforgeOpSpec& op, int32_t i, std::vector<int32_t>& current, s
   }
 }
 
+/// The dtype a call's floating dtypes `c` (-1 for non-tensors) promote to, or -1 if none is
+/// floating: float64 over float32 over the 16-bit types; float16 with bfloat16 gives float32.
+int32_t widest_floating(const std::vector<int32_t>& c) {
+  bool f64 = false, f32 = false, f16 = false, bf16 = false;
+  for (int32_t d : c) {
+    f64 = f64 || d == OPFORGE_DTYPE_FLOAT64;
+    f32 = f32 || d == OPFORGE_DTYPE_FLOAT32;
+    f16 = f16 || d == OPFORGE_DTYPE_FLOAT16;
+    bf16 = bf16 || d == OPFORGE_DTYPE_BFLOAT16;
+  }
+  if (f64) return OPFORGE_DTYPE_FLOAT64;
+  if (f32 || (f16 && bf16)) return OPFORGE_DTYPE_FLOAT32;
+  return f16 ? OPFORGE_DTYPE_FLOAT16 : bf16 ? OPFORGE_DTYPE_BFLOAT16 : -1;
+}
+
+/// "x=float16, w=float32": the tensor arguments of `op` with their dtypes in `c`.
+std::string combination_string(const OpforgeOpSpec& op, const std::vector<int32_t>& c) {
+  std::string s;
+  for (int32_t i = 0; i < op.num_args; ++i)
+    if (c[i] >= 0) s += (s.empty() ? "" : ", ") + std::string(op.args[i].name) + "=" + dtype_name(c[i]);
+  return s;
+}
+
 }  // namespace
 
 std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, size_t limit) {
@@ -61,6 +84,19 @@ std::string autocast_problem(const OpforgeOpSpec& op) {
       !accepts_floating_as(op, OPFORGE_DTYPE_BFLOAT16))
     return declared_at(op) +
            "autocast(kLowerPrecision) casts every floating input to float16 or bfloat16, which its dtype rules refuse";
+  if (policy == OPFORGE_AUTOCAST_PROMOTE) {
+    // Each call's floating inputs are cast to the widest among them (torch.promote_types:
+    // float16 with bfloat16 gives float32), which the op must then take for all of them.
+    for (const auto& c : dtype_combinations(op, size_t{1} << 16)) {
+      const int32_t widest = widest_floating(c);
+      if (widest >= 0 && !accepts_floating_as(op, widest))
+        return declared_at(op) + "autocast(kPromote) casts every floating input to the widest among them, " +
+               dtype_name(widest) + " for inputs of " + combination_string(op, c) + ", which its dtype rules refuse";
+    }
+  }
+  if (policy < OPFORGE_AUTOCAST_NONE || policy > OPFORGE_AUTOCAST_PROMOTE)
+    return declared_at(op) + "autocast policy " + std::to_string(policy) +
+           " is not one of kNone, kFloat32, kLowerPrecision, kPromote";
   return {};
 }
 

@@ -381,7 +381,7 @@ std::vector<std::string> OpDef::finalize() {
           spec.tensor.min_rank = spec.tensor.max_rank = n;
         }
       }
-      if (!t.has_shape && t.min_rank >= 0 && t.max_rank >= 0 && t.min_rank > t.max_rank)
+      if ((!t.has_shape || spec.tensor.leading_dims) && t.min_rank >= 0 && t.max_rank >= 0 && t.min_rank > t.max_rank)
         r.error(ctx,
                 "the rank range [" + std::to_string(t.min_rank) + ", " + std::to_string(t.max_rank) + "] is empty");
 

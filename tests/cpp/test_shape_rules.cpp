@@ -291,6 +291,17 @@ TEST(LeadingDims, ARankConstraintBesideAFixedShapeIsADeclarationError) {
                     }));
 }
 
+TEST(LeadingDims, AnEmptyRankRangeBesideLeadingDimsIsADeclarationError) {
+  auto errors = opforge::detail::make_op("ns", "rank2", "f.cpp", 7)
+                    .input("x", opforge::floating, opforge::rank_between(3, 1),
+                           opforge::shape({opforge::leading_dims, opforge::any}))
+                    .output("y", opforge::like("x"))
+                    .reference(vec_ref_1)
+                    .release()
+                    ->finalize();
+  EXPECT_EQ(errors, (std::vector<std::string>{"f.cpp:7: ns::rank2: input 'x': the rank range [3, 1] is empty"}));
+}
+
 TEST(MixedDtypes, ASameDtypeRuleWithAlternatives) {
   auto def = norm_op();
   const std::string bf16_x = "weight: expected dtype bfloat16 (the dtype of x) or float32, got float16";
@@ -298,6 +309,9 @@ TEST(MixedDtypes, ASameDtypeRuleWithAlternatives) {
     EXPECT_TRUE(check(*def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(w, {8})}).empty()) << w;
   EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT16, {8})}),
             (std::vector<std::string>{bf16_x}));
+  // With x in float32 the alternative is x's own dtype, named once.
+  EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT16, {8})}),
+            (std::vector<std::string>{"weight: expected dtype float32 (the dtype of x), got float16"}));
   // x's own dtype must still be allowed: a bad x is reported once, not again by weight's rule.
   EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_INT32, {2, 8}), tensor(OPFORGE_DTYPE_INT32, {8})}),
             (std::vector<std::string>{"x: expected dtype one of {float32, float64, float16, bfloat16}, got int32"}));
@@ -380,6 +394,27 @@ TEST(Autocast, APolicyTheDtypeRulesCannotTakeIsADeclarationProblem) {
   EXPECT_FALSE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_INT32));
   EXPECT_EQ(opforge::core::autocast_policy(*norm->spec()), OPFORGE_AUTOCAST_NONE);
   EXPECT_EQ(opforge::core::autocast_problem(*norm->spec()), "");
+  // kPromote: an x of float16 beside a weight that is float32 only would be cast to float32.
+  auto promote = opforge::detail::make_op("ns", "promote", "f.cpp", 11)
+                     .input("x", opforge::half_precision)
+                     .input("w", opforge::kFloat32)
+                     .output("y", opforge::like("x"))
+                     .autocast(opforge::Autocast::kPromote)
+                     .reference(norm_ref)
+                     .release();
+  ASSERT_TRUE(promote->finalize().empty());
+  EXPECT_EQ(opforge::core::autocast_problem(*promote->spec()),
+            "f.cpp:11: ns::promote: autocast(kPromote) casts every floating input to the widest among them, float32 "
+            "for inputs of x=float16, w=float32, which its dtype rules refuse");
+  auto unknown = opforge::detail::make_op("ns", "unknown", "f.cpp", 12)
+                     .input("x", opforge::floating)
+                     .output("y", opforge::like("x"))
+                     .autocast(static_cast<opforge::Autocast>(7))
+                     .reference(vec_ref_1)
+                     .release();
+  ASSERT_TRUE(unknown->finalize().empty());
+  EXPECT_EQ(opforge::core::autocast_problem(*unknown->spec()),
+            "f.cpp:12: ns::unknown: autocast policy 7 is not one of kNone, kFloat32, kLowerPrecision, kPromote");
 }
 
 TEST(Batching, APointwiseOrRowwiseOpOfFreeRankTakesTheBatchAtItsFirstInput) {
