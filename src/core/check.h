@@ -99,9 +99,11 @@ inline std::string dtype_set_string(uint32_t bits) {
 }
 
 /// Value of expression `e` for this call, or nullopt if it reads a dim that does not exist
-/// (the argument's own rank error is reported instead) or divides by zero.
+/// (the argument's own rank error is reported instead), divides by zero, or, over int64,
+/// overflows (then `*overflow`, if given, is set: a size or rule past 2^63 is refused, never
+/// wrapped).
 template <class Int>
-std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int>>& args) {
+std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int>>& args, bool* overflow = nullptr) {
   std::vector<Int> st;
   for (int32_t i = 0; i < e.num_nodes; ++i) {
     const OpforgeExprNode& n = e.nodes[i];
@@ -131,6 +133,18 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int
     if constexpr (std::is_integral_v<Int>) {
       if ((n.op == OPFORGE_EXPR_FLOORDIV || n.op == OPFORGE_EXPR_CEILDIV || n.op == OPFORGE_EXPR_MOD) && b == 0)
         return std::nullopt;
+    }
+    if constexpr (std::is_integral_v<Int>) {
+      Int r{};
+      const bool wrapped = n.op == OPFORGE_EXPR_ADD       ? __builtin_add_overflow(a, b, &r)
+                           : n.op == OPFORGE_EXPR_SUB     ? __builtin_sub_overflow(a, b, &r)
+                           : n.op == OPFORGE_EXPR_MUL     ? __builtin_mul_overflow(a, b, &r)
+                           : n.op == OPFORGE_EXPR_CEILDIV ? __builtin_add_overflow(a, b - Int(1), &r)
+                                                          : false;
+      if (wrapped) {
+        if (overflow) *overflow = true;
+        return std::nullopt;
+      }
     }
     switch (n.op) {
       case OPFORGE_EXPR_ADD:
@@ -278,7 +292,12 @@ void rule_problems(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
     const OpforgeRule& rule = op.rules[k];
     if (skip(rule.lhs) || skip(rule.rhs) || reads_undefined(rule.lhs, args) || reads_undefined(rule.rhs, args))
       continue;
-    const std::optional<Int> lhs = eval_expr(rule.lhs, args), rhs = eval_expr(rule.rhs, args);
+    bool overflow = false;
+    const std::optional<Int> lhs = eval_expr(rule.lhs, args, &overflow), rhs = eval_expr(rule.rhs, args, &overflow);
+    if (overflow) {
+      out.push_back("expected " + rule_string(op, rule) + ", got a side that overflows int64");
+      continue;
+    }
     if (!lhs || !rhs || IntOps<Int>::compare(rule.op, *lhs, *rhs)) continue;
     out.push_back("expected " + rule_string(op, rule) + ", got " + IntOps<Int>::str(*lhs) + " " +
                   comparison_symbol(rule.op) + " " + IntOps<Int>::str(*rhs));
@@ -374,8 +393,9 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
         computed = true;
         skip = reads_bad(s.dims[d]);
         if (skip) break;
-        values[d] = eval_expr(s.dims[d], args);
-        if (values[d] && !IntOps<Int>::eq(*values[d], t.sizes[at + d])) ok = false;
+        bool overflow = false;
+        values[d] = eval_expr(s.dims[d], args, &overflow);
+        if (overflow || (values[d] && !IntOps<Int>::eq(*values[d], t.sizes[at + d]))) ok = false;
       }
       if (!ok && !skip) {
         std::string rule = s.leading_dims ? "[*, " : "[", want = rule;
@@ -441,10 +461,11 @@ bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
     if (o.shape_like >= 0) info.sizes = args[o.shape_like].sizes;
     const int64_t r = static_cast<int64_t>(info.sizes.size());
     for (int32_t d = 0; d < o.num_dims; ++d) {
-      std::optional<Int> v = eval_expr(o.dims[d], args);
+      bool overflow = false;
+      std::optional<Int> v = eval_expr(o.dims[d], args, &overflow);
       if (!v) {
         errors.push_back(std::string("output ") + o.name + ": the shape rule " + expr_string(op, o.dims[d]) +
-                         " cannot be evaluated for these inputs");
+                         (overflow ? " overflows int64 for these inputs" : " cannot be evaluated for these inputs"));
         return false;
       }
       if constexpr (std::is_integral_v<Int>) {
@@ -465,6 +486,15 @@ bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
         return false;
       }
       info.sizes[k] = *v;
+    }
+    if constexpr (std::is_integral_v<Int>) {
+      Int numel = 1;
+      for (const Int& n : info.sizes)
+        if (__builtin_mul_overflow(numel, n, &numel)) {
+          errors.push_back(std::string("output ") + o.name + ": shape " + sizes_string(info.sizes) +
+                           " has more elements than int64 counts");
+          return false;
+        }
     }
     outs.push_back(std::move(info));
   }

@@ -129,6 +129,33 @@ TEST(ShapeRules, NegativeSizeIsAnError) {
   EXPECT_EQ(errors, (std::vector<std::string>{"output y: the shape rule x.size(0) - k gives a negative size -2"}));
 }
 
+TEST(ShapeRules, Int64OverflowIsAnErrorNeverAWrappedSize) {
+  void (*ref)(Tensor, int64_t, MutableTensor) = [](Tensor, int64_t, MutableTensor) {};
+  auto def = opforge::detail::make_op("ns", "tile", "f.cpp", 1)
+                 .input("x", opforge::floating)
+                 .param<int64_t>("k")
+                 .output("y", opforge::shape({opforge::dim("x", 0) * opforge::int_param("k"), opforge::dim("x", 0)}),
+                         opforge::dtype_of("x"))
+                 .require(opforge::dim("x", 0) + opforge::int_param("k") >= opforge::dim("x", 0))
+                 .reference(ref)
+                 .release();
+  ASSERT_TRUE(def->finalize().empty());
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  std::vector<std::string> errors;
+  const int64_t big = int64_t{1} << 62;
+  EXPECT_FALSE(opforge::core::output_shapes<int64_t>(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(big)},
+                                                     outs, errors));
+  EXPECT_EQ(errors,
+            (std::vector<std::string>{"output y: the shape rule x.size(0) * k overflows int64 for these inputs"}));
+  errors.clear();
+  EXPECT_FALSE(opforge::core::output_shapes<int64_t>(
+      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {int64_t{1} << 32}), int_value(1 << 30)}, outs, errors));
+  EXPECT_EQ(errors, (std::vector<std::string>{"output y: shape [4611686018427387904, 4294967296] has more elements "
+                                              "than int64 counts"}));
+  EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(INT64_MAX)}),
+            (std::vector<std::string>{"expected x.size(0) + k >= x.size(0), got a side that overflows int64"}));
+}
+
 void bias_ref(Tensor, Tensor, int64_t, MutableTensor) {}
 
 // x: [B, H]; bias (optional): [H] of x's dtype; y like x.
