@@ -149,7 +149,15 @@ class Resolver {
       case OPFORGE_EXPR_PARAM: {
         auto it = index_.find(n->name);
         int32_t idx = -1;
-        if (it == index_.end() || def_.args[it->second].kind != OPFORGE_ARG_INT) {
+        if (it != index_.end() && def_.args[it->second].kind != OPFORGE_ARG_INT) {
+          static constexpr const char* kKinds[] = {"tensor", "int64_t",   "double",  "bool",
+                                                   "string", "int64_t[]", "double[]"};
+          const int32_t kind = def_.args[it->second].kind;
+          error(context, "int_param(\"" + n->name + "\") names " +
+                             (kind == OPFORGE_ARG_TENSOR ? std::string("a tensor input")
+                                                         : std::string("a ") + kKinds[kind] + " parameter") +
+                             ": shape rules read int64_t parameters only (opforge::dim for a tensor's sizes)");
+        } else if (it == index_.end()) {
           error(context,
                 "int_param(\"" + n->name + "\") names no int64_t parameter (parameters: " + inputs_list(false) + ")");
         } else {

@@ -194,7 +194,27 @@ TEST(Description, RejectsMissingReferenceDuplicateNamesAndFloatInShapeRule) {
   ASSERT_EQ(errors.size(), 3u);
   EXPECT_EQ(errors[0], "f.cpp:9: unit::many: no CPU reference: add .reference(fn)");
   EXPECT_EQ(errors[1], "f.cpp:9: unit::many: param 'x': declared twice");
-  EXPECT_EQ(errors[2], "f.cpp:9: unit::many: output 'y': int_param(\"x\") names no int64_t parameter (parameters: x)");
+  EXPECT_EQ(errors[2],
+            "f.cpp:9: unit::many: output 'y': int_param(\"x\") names a tensor input: shape rules read int64_t "
+            "parameters only (opforge::dim for a tensor's sizes)");
+  void (*ref)(opforge::Tensor, double, opforge::MutableTensor) = [](opforge::Tensor, double, opforge::MutableTensor) {};
+  auto wrong_kind = errors_of(opforge::detail::make_op("unit", "kind", "f.cpp", 10)
+                                  .input("x", opforge::floating)
+                                  .param<double>("eps", 1e-6)
+                                  .output("y", opforge::shape({opforge::int_param("eps")}), opforge::dtype_of("x"))
+                                  .reference(ref)
+                                  .release());
+  EXPECT_EQ(wrong_kind, (std::vector<std::string>{"f.cpp:10: unit::kind: output 'y': int_param(\"eps\") names a double "
+                                                  "parameter: shape rules read int64_t parameters only (opforge::dim "
+                                                  "for a tensor's sizes)"}));
+  auto unknown = errors_of(opforge::detail::make_op("unit", "unknown", "f.cpp", 11)
+                               .input("x", opforge::floating)
+                               .param<double>("eps", 1e-6)
+                               .output("y", opforge::shape({opforge::int_param("n")}), opforge::dtype_of("x"))
+                               .reference(ref)
+                               .release());
+  EXPECT_EQ(unknown, (std::vector<std::string>{"f.cpp:11: unit::unknown: output 'y': int_param(\"n\") names no int64_t "
+                                               "parameter (parameters: eps)"}));
 }
 
 TEST(Description, RejectsNamesTorchCompileCannotTake) {
