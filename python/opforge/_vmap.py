@@ -7,7 +7,8 @@ free rank. When only such inputs are batched, the rule moves each batch dim to t
 broadcasts the unbatched ones among them to the batch, and calls the op once; the outputs are
 batched at dim 0. Any other call (a batched bias, an op of fixed rank, one that writes its
 inputs) falls back to calling the op once per batch element and stacking the results: correct
-for every op, and as slow as a Python loop. A zero-size batch evaluates the output shapes and
+for every op, and as slow as a Python loop. An op with data-dependent output sizes
+(opforge::size_of) is refused, as torch refuses ``nonzero``. A zero-size batch evaluates the output shapes and
 dtypes on the Meta device (the core's rules) and returns empty outputs. Nested vmap applies the
 rule once per level.
 """
@@ -75,7 +76,15 @@ def register_batching_rules(ops: Iterable[Op]) -> None:
         handle = _handle(op)
         names = [a.name for a in op.args]
 
-        def rule(info, in_dims, *args, _op=op, _handle=handle, _names=names, **kwargs):
+        dynamic = [o.name for o in op.outputs if o.size_from]
+
+        def rule(info, in_dims, *args, _op=op, _handle=handle, _names=names, _dynamic=dynamic, **kwargs):
+            if _dynamic:  # as torch's own nonzero: each element's outputs may differ in size
+                raise RuntimeError(
+                    f"vmap: {_op.name} cannot be batched: the sizes of its outputs {', '.join(_dynamic)} depend on "
+                    "the input values (opforge::size_of), so the elements' results cannot be stacked; call it "
+                    "once per element instead"
+                )
             in_dims = tuple(in_dims) + (None,) * (len(args) - len(in_dims))
             batched = {_names[i] for i, d in enumerate(in_dims) if d is not None}
             if batched and batched <= set(_op.batchable):

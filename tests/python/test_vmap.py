@@ -62,3 +62,11 @@ def test_an_op_of_fixed_rank_falls_back_per_element(rule_ops):
     torch.testing.assert_close(out, torch.stack([torch.ops.fixture.cycle_rows(x[i], 3) for i in range(4)]))
     # scale_pair's key_out is None without key: the rule returns it unbatched (vmap's caller may not)
     torch.testing.assert_close(vmap(lambda a: torch.ops.fixture.scale_pair(a)[0])(x), 2 * x)
+
+
+@pytest.mark.parametrize("batch", [3, 0])
+def test_an_op_with_data_dependent_sizes_is_refused_by_name(rule_ops, batch):
+    """As torch refuses nonzero under vmap: each element's kept values may differ in number."""
+    x = torch.randn(batch, 8)
+    with pytest.raises(RuntimeError, match=r"vmap: fixture::compact cannot be batched: .*outputs kept depend"):
+        vmap(lambda a: torch.ops.fixture.compact(a, 0.0))(x)
