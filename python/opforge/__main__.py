@@ -1,4 +1,4 @@
-"""opforge's command line: ``opforge build | verify | run | stubs`` (also ``python -m opforge``).
+"""opforge's command line: ``opforge new | build | verify | run | stubs`` (also ``python -m opforge``).
 
 Exit codes: 0 success; 1 the step ran and failed (a build error, a verify mismatch, a runner
 failure); 2 a usage error (bad arguments, a missing file, a library that does not load).
@@ -89,6 +89,20 @@ def _run(rest: list[str]) -> int:
     return subprocess.run([str(runner), *rest]).returncode
 
 
+def _new(args: argparse.Namespace) -> int:
+    from opforge.scaffold import new_op
+
+    try:
+        written = new_op(args.op, Path(args.dir), args.dtypes.split(","))
+    except ValueError as e:
+        return _fail("new", e)
+    for path in written:
+        print(path)
+    folder = written[0].parent
+    print(f"next: edit {written[0].name} and kernels/{written[1].name}, then `pytest {folder / written[2].name}`")
+    return EXIT_OK
+
+
 def _stubs(args: argparse.Namespace) -> int:
     from opforge import _core
     from opforge.stubs import write_stubs
@@ -111,7 +125,21 @@ def parser() -> argparse.ArgumentParser:
         description="Build, verify and deploy operators described once in C++ (opforge/op.h).",
         epilog="Exit codes: 0 success, 1 the step failed, 2 bad arguments or input.",
     )
-    sub = top.add_subparsers(dest="command", required=True, metavar="{build,verify,run,stubs}")
+    sub = top.add_subparsers(dest="command", required=True, metavar="{new,build,verify,run,stubs}")
+
+    n = sub.add_parser(
+        "new",
+        help="start an op folder (description, CPU reference, run-time kernel, a verify test)",
+        description="Write <dir>/<name>/ for the op ns::name: an op file, kernels/<name>.cu and "
+        "test_<name>.py. It describes the identity y = x, which builds and passes opforge verify as "
+        "written; replace its math with the op's.",
+    )
+    n.add_argument("op", help="the qualified op name, ns::name")
+    n.add_argument("--dir", default=".", help="the folder to create it in (default: .)")
+    n.add_argument(
+        "--dtypes", default="float32,float16,bfloat16", help="comma-separated input dtypes (default: %(default)s)"
+    )
+    n.set_defaults(func=_new)
 
     b = sub.add_parser(
         "build",

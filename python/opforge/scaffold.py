@@ -1,0 +1,127 @@
+"""``opforge new ns::name``: a new op folder that builds, loads and passes ``opforge verify`` as
+written, for the author to turn into their op.
+
+The folder (the layout ``opforge build <dir>`` and ``examples/ops/<op>/`` use)::
+
+    <name>/<name>.cpp          the description, and a CPU reference to replace with the op's math
+    <name>/kernels/<name>.cu   its CUDA kernel, compiled at run time (NVRTC) for the GPU in use
+    <name>/test_<name>.py      builds the folder and runs opforge verify on it (pytest)
+
+The op it describes is the identity, y = x, elementwise over any shape in the given dtypes: the
+smallest op whose every part (dtype dispatch, launch rule, run-time kernel, verify against its
+``.equivalent()`` expression) is real, so each edit can be checked by running the test again.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from pathlib import Path
+
+#: dtype names on the command line -> the opforge/dtype.h constant.
+DTYPES = {
+    "float32": "opforge::kFloat32",
+    "float64": "opforge::kFloat64",
+    "float16": "opforge::kFloat16",
+    "bfloat16": "opforge::kBFloat16",
+}
+
+_OP_FILE = """\
+// {ns}::{name}, made by `opforge new`: the identity y = x as a starting point. Replace the
+// reference's loop and the kernel's body with the op's math, its .doc() and .equivalent() with
+// what it computes, and run `pytest {folder}/test_{name}.py` after each edit.
+#include <opforge/op.h>
+
+// CPU reference, in double: the ground truth opforge verify compares every device kernel with.
+static void {name}_cpu(opforge::Tensor x, opforge::MutableTensor y) {{
+  opforge::visit_dtype<{dtypes}>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {{
+    const T* in = x.data<T>();
+    T* out = y.data<T>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = T(static_cast<double>(in[i]));
+  }});
+}}
+
+OPFORGE_OP({ns}, {name})
+    .doc("y = x (replace with what the op computes)")
+    .input("x", {dtypes})
+    .output("y", opforge::like("x"))
+    .equivalent("x.clone()")  // the torch expression verify checks the reference against
+    .reference({name}_cpu)
+    .cuda_source("{name}.cu", "{name}<{{T}}>")  // kernels/{name}.cu, compiled at run time
+    .launch(opforge::elementwise("y").bytes_per_thread(16));
+"""
+
+_KERNEL = """\
+// {ns}::{name}'s CUDA kernel, compiled at run time by opforge (NVRTC) for the GPU in use; an edit
+// is picked up on the next run (or opforge.reload()). Launched by opforge::elementwise("y") with
+// 16 bytes per thread: thread t handles elements [t * N, t * N + N), N = 16 / sizeof(T).
+#include <opforge/kernel.cuh>
+
+template <class T>
+__global__ void {name}(const T* __restrict__ x, T* __restrict__ y, int64_t n) {{
+  constexpr int N = 16 / sizeof(T);
+  const int64_t first = opforge::kernel::global_index() * N;
+  for (int64_t i = first; i < first + N && i < n; ++i) {{
+    const auto v = opforge::kernel::to_acc(x[i]);  // float (double for double) arithmetic
+    y[i] = opforge::kernel::from_acc<T>(v);
+  }}
+}}
+"""
+
+_TEST = """\
+\"\"\"{ns}::{name}: build the op folder and verify every kernel against the CPU reference (on a
+machine without a GPU, the reference against the description's .equivalent() expression).\"\"\"
+
+from pathlib import Path
+
+import torch
+
+import opforge
+from opforge import verify
+
+FOLDER = Path(__file__).resolve().parent
+
+
+def test_{name}_passes_verify(tmp_path):
+    opforge.load_library(opforge.build_library("{name}", folder=FOLDER, build_dir=tmp_path))
+    report = verify.verify_op("{ns}::{name}", device="cuda" if torch.cuda.is_available() else "cpu", seed=0)
+    verify.print_report(report)
+    assert report.ok, [(r.check, r.case, r.message) for r in report.failures]
+"""
+
+
+def _identifier(part: str, what: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part) or keyword.iskeyword(part):
+        raise ValueError(f"{what} {part!r} must be a C++ and Python identifier (letters, digits, _)")
+    return part
+
+
+def new_op(qualified: str, parent: Path, dtypes: list[str]) -> list[Path]:
+    """Writes the op folder ``parent/<name>/`` for ``qualified`` ("ns::name") taking `dtypes`
+    (names from :data:`DTYPES`); returns the files written.
+
+    Raises:
+        ValueError: `qualified` is not "ns::name" of identifiers, a dtype is unknown or none is
+            given, or ``parent/<name>`` already exists (nothing is overwritten).
+    """
+    if qualified.count("::") != 1:
+        raise ValueError(f"expected a qualified op name ns::name, got {qualified!r}")
+    ns, name = qualified.split("::")
+    _identifier(ns, "namespace")
+    _identifier(name, "op name")
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes:
+        raise ValueError(f"dtypes must be among {', '.join(DTYPES)}; got {', '.join(dtypes) or 'none'}")
+    folder = parent / name
+    if folder.exists():
+        raise ValueError(f"{folder} already exists; pick another name or folder")
+    values = {"ns": ns, "name": name, "folder": folder, "dtypes": " | ".join(DTYPES[d] for d in dtypes)}
+    files = {
+        folder / f"{name}.cpp": _OP_FILE,
+        folder / "kernels" / f"{name}.cu": _KERNEL,
+        folder / f"test_{name}.py": _TEST,
+    }
+    (folder / "kernels").mkdir(parents=True)
+    for path, template in files.items():
+        path.write_text(template.format(**values))
+    return list(files)

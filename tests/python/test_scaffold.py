@@ -1,0 +1,70 @@
+"""``opforge new``: the op folder it writes builds and passes its own verify test as written, that
+test catches a reference that no longer matches the description, and bad names are refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opforge.__main__ import main
+
+
+def run_generated_test(folder: Path) -> subprocess.CompletedProcess:
+    """pytest on the folder's test file, in a fresh interpreter (as the author runs it)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(next(folder.glob("test_*.py")))],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp_path, capsys):
+    assert main(["new", "scaffold_demo::twice", "--dir", str(tmp_path), "--dtypes", "float32,float64"]) == 0
+    folder = tmp_path / "twice"
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        "kernels/twice.cu",
+        "test_twice.py",
+        "twice.cpp",
+    ]
+    assert "opforge::kFloat32 | opforge::kFloat64" in (folder / "twice.cpp").read_text()
+    assert "next: edit twice.cpp" in capsys.readouterr().out
+    ok = run_generated_test(folder)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # The reference doubles x while the description still says x.clone(): verify must fail.
+    op_file = folder / "twice.cpp"
+    op_file.write_text(
+        op_file.read_text().replace("T(static_cast<double>(in[i]))", "T(2 * static_cast<double>(in[i]))")
+    )
+    broken = run_generated_test(folder)
+    assert broken.returncode != 0 and "scaffold_demo::twice" in broken.stdout, broken.stdout + broken.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["new", "twice"], "expected a qualified op name ns::name, got 'twice'"),
+        (["new", "ns::2x"], "op name '2x' must be a C++ and Python identifier"),
+        (["new", "class::x"], "namespace 'class' must be a C++ and Python identifier"),
+        (["new", "ns::x", "--dtypes", "int8"], "dtypes must be among float32, float64, float16, bfloat16; got int8"),
+    ],
+)
+def test_bad_names_and_dtypes_are_refused(tmp_path, capsys, argv, message):
+    assert main([*argv, "--dir", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_folder_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "mine.txt").write_text("keep")
+    assert main(["new", "ns::x", "--dir", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (tmp_path / "x" / "mine.txt").read_text() == "keep"
