@@ -12,17 +12,21 @@ Op libraries are built with :func:`opforge.build_library` (or the CMake function
 
 from ._build import BuildError, build_library
 from ._core import OpforgeError
+from ._doctor import DoctorReport, Finding, doctor
 from ._paths import build_dir, example_library
 from ._torch import find_op, load_library, loaded_libraries, precompile, reload
 from .description import Library, Op
 
 __all__ = [
     "BuildError",
+    "DoctorReport",
+    "Finding",
     "Library",
     "Op",
     "OpforgeError",
     "build_dir",
     "build_library",
+    "doctor",
     "example_library",
     "find_op",
     "load_library",

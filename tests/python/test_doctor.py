@@ -1,0 +1,91 @@
+"""opforge.doctor on the CPU: graph breaks with their module path and source line, custom ops
+missing a Meta/fake kernel or a backward (opforge ops from their description, torch.library
+custom ops from their registrations), a model torch.compile cannot trace reported and not raised.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import torch
+
+import opforge
+
+
+@torch.library.custom_op("doctor_test::host_scale", mutates_args=())
+def host_scale(x: torch.Tensor) -> torch.Tensor:
+    """Computed on the host with NumPy, as research code often is: no fake kernel, no backward."""
+    return torch.from_numpy(x.detach().cpu().numpy() * 2.0)
+
+
+class Breaks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.sum().item() > 1e9:  # a data-dependent branch: dynamo breaks the graph here
+            h = h * 2
+        return torch.ops.examples.softshrink(h, 0.1)
+
+
+class Host(torch.nn.Module):
+    def forward(self, x):
+        return host_scale(x) + 1
+
+
+class Model(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.block = inner
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def line_of(cls, text: str) -> int:
+    lines, first = inspect.getsourcelines(cls.forward)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_a_graph_break_names_its_module_and_line():
+    opforge.load_library(opforge.example_library("softshrink"))
+    report = opforge.doctor(Model(Breaks()), (torch.randn(4, 8),))
+    breaks = [f for f in report.findings if f.kind == "graph_break"]
+    assert len(breaks) == 1, report.findings
+    assert breaks[0].module == "block"
+    assert breaks[0].source == f"{__file__}:{line_of(Breaks, '.item()')}"
+    assert "item()" in breaks[0].message
+    # examples::softshrink has a CUDA kernel, a fake kernel and a backward op: nothing to report
+    assert [f for f in report.findings if f.op is not None] == []
+
+
+def test_a_host_op_without_fake_kernel_or_backward_and_a_model_compile_cannot_trace():
+    report = opforge.doctor(Model(Host()), (torch.randn(4, 8),))
+    kinds = {(f.kind, f.op) for f in report.findings}
+    assert ("missing_fake_kernel", "doctor_test::host_scale") in kinds
+    assert ("missing_backward", "doctor_test::host_scale") in kinds
+    assert ("missing_cuda_kernel", "doctor_test::host_scale") not in kinds  # its one impl serves any device
+    (fake,) = [f for f in report.findings if f.kind == "missing_fake_kernel"]
+    assert fake.module == "block" and fake.source == f"{__file__}:{line_of(Host, 'host_scale(x)')}"
+    (error,) = [f for f in report.findings if f.kind == "compile_error"]
+    assert error.message.startswith("torch.compile cannot trace the model")
+    assert [f.cost_ms for f in report.findings] == sorted((f.cost_ms for f in report.findings), reverse=True)
+    assert json.loads(json.dumps(report.to_json()))["findings"][0]["kind"] == report.findings[0].kind
+
+
+def test_an_opforge_op_without_a_backward_op_is_named(rule_ops):
+    assert opforge.find_op("fixture::cycle_rows").backward is None
+
+    class Cycle(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.fixture.cycle_rows(x, 1)
+
+    report = opforge.doctor(Cycle(), (torch.randn(3, 4),))
+    assert {(f.kind, f.op, f.module) for f in report.findings if f.op} == {
+        ("missing_backward", "fixture::cycle_rows", ""),
+        ("missing_cuda_kernel", "fixture::cycle_rows", ""),  # the fixture has a CPU reference only
+    }
