@@ -57,6 +57,19 @@ class DoctorReport:
     def to_json(self) -> dict:
         return {"step_ms": self.step_ms, "findings": [asdict(f) for f in self.findings]}
 
+    def print_table(self) -> None:
+        """The findings as a rich table on the terminal."""
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"opforge doctor: {len(self.findings)} findings, one eager step {self.step_ms:.2f} ms")
+        for column in ("kind", "cost ms", "module", "source", "finding"):
+            table.add_column(column)
+        for f in self.findings:
+            module = "?" if f.module is None else f.module or "(the model)"
+            table.add_row(f.kind, f"{f.cost_ms:.3f}", module, f.source or "?", f.message)
+        Console().print(table)
+
 
 def _module_locator(model: torch.nn.Module):
     """A function (filename, line) -> module path of the first submodule whose forward's source
@@ -186,16 +199,3 @@ def doctor(model: torch.nn.Module, inputs: Sequence[object]) -> DoctorReport:
     report.findings += _graph_break_findings(model, inputs, step_ms, locate)
     report.findings.sort(key=lambda f: -f.cost_ms)
     return report
-
-
-def print_report(report: DoctorReport) -> None:
-    """The findings as a rich table on the terminal."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"opforge doctor: {len(report.findings)} findings, one eager step {report.step_ms:.2f} ms")
-    for column in ("kind", "cost ms", "module", "source", "finding"):
-        table.add_column(column)
-    for f in report.findings:
-        table.add_row(f.kind, f"{f.cost_ms:.3f}", f.module if f.module is not None else "?", f.source or "?", f.message)
-    Console().print(table)

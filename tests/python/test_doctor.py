@@ -63,7 +63,7 @@ def test_a_graph_break_names_its_module_and_line():
     assert [f for f in report.findings if f.op is not None] == []
 
 
-def test_a_host_op_without_fake_kernel_or_backward_and_a_model_compile_cannot_trace():
+def test_a_host_op_without_fake_kernel_or_backward_and_a_model_compile_cannot_trace(capsys):
     report = opforge.doctor(Model(Host()), (torch.randn(4, 8),))
     kinds = {(f.kind, f.op) for f in report.findings}
     assert ("missing_fake_kernel", "doctor_test::host_scale") in kinds
@@ -75,6 +75,8 @@ def test_a_host_op_without_fake_kernel_or_backward_and_a_model_compile_cannot_tr
     assert error.message.startswith("torch.compile cannot trace the model")
     assert [f.cost_ms for f in report.findings] == sorted((f.cost_ms for f in report.findings), reverse=True)
     assert json.loads(json.dumps(report.to_json()))["findings"][0]["kind"] == report.findings[0].kind
+    report.print_table()
+    assert "missing_fake_kernel" in capsys.readouterr().out
 
 
 def test_an_opforge_op_without_a_backward_op_is_named(rule_ops):
