@@ -22,7 +22,9 @@ are not measured yet.
 from __future__ import annotations
 
 import inspect
+import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -62,13 +64,26 @@ class DoctorReport:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"opforge doctor: {len(self.findings)} findings, one eager step {self.step_ms:.2f} ms")
+        n = len(self.findings)
+        table = Table(title=f"opforge doctor: {n} finding{'s' * (n != 1)}, one eager step {self.step_ms:.2f} ms")
         for column in ("kind", "cost ms", "module", "source", "finding"):
-            table.add_column(column)
+            table.add_column(column, no_wrap=column != "finding", overflow="fold")
         for f in self.findings:
             module = "?" if f.module is None else f.module or "(the model)"
-            table.add_row(f.kind, f"{f.cost_ms:.3f}", module, f.source or "?", f.message)
+            table.add_row(f.kind, f"{f.cost_ms:.3f}", module, _short(f.source), f.message)
         Console().print(table)
+
+
+def _short(source: str | None) -> str:
+    """A source location for the table: relative to the working folder where it lies in it."""
+    if source is None:
+        return "?"
+    path, _, line = source.rpartition(":")
+    try:
+        path = os.path.relpath(path)
+    except ValueError:
+        pass
+    return f"{path}:{line}"
 
 
 def _module_locator(model: torch.nn.Module):
@@ -145,8 +160,10 @@ def _op_findings(model, inputs, locate) -> list[Finding]:
     recorder = _OpRecorder()
     with torch.no_grad(), recorder:
         model(*inputs)
-    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        model(*inputs)
+    with warnings.catch_warnings():  # the profiler's notes on clearing events
+        warnings.simplefilter("ignore")
+        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            model(*inputs)
     cpu_ms = {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
     findings = []
     for name, where in recorder.calls.items():
@@ -173,21 +190,43 @@ def _graph_break_findings(model, inputs, step_ms: float, locate) -> list[Finding
     try:
         explained = torch._dynamo.explain(model)(*inputs)
     except Exception as e:  # noqa: BLE001 -- reported, never raised
-        return [Finding("compile_error", step_ms, "", None, f"torch.compile cannot trace the model: {e}")]
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return [Finding("compile_error", step_ms, "", None, f"torch.compile cannot trace the model: {first}")]
     findings = []
     for reason in explained.break_reasons:
         frame = reason.user_stack[-1] if reason.user_stack else None
         source = f"{frame.filename}:{frame.lineno}" if frame else None
         module = locate(frame.filename, frame.lineno) if frame else None
         findings.append(Finding("graph_break", step_ms, module, source, reason.reason.splitlines()[0]))
+    if not findings and explained.graph_break_count:  # e.g. a print inside a nested submodule
+        n = explained.graph_break_count
+        findings.append(
+            Finding(
+                "graph_break", step_ms, None, None, f"dynamo reports {n} graph break(s) without a reason or location"
+            )
+        )
     return findings
 
 
-def doctor(model: torch.nn.Module, inputs: Sequence[object]) -> DoctorReport:
-    """Runs `model(*inputs)` (eagerly, under a dispatch recorder and ``torch.profiler``, and
+def doctor(model: torch.nn.Module, inputs: Sequence[object] | torch.Tensor) -> DoctorReport:
+    """Runs `model(*inputs)` (`inputs` a tuple or list of positional arguments, or one tensor;
+    the model runs about six times: eagerly, under a dispatch recorder and ``torch.profiler``, and
     once through ``torch._dynamo.explain``) and returns its findings, most costly first (see the
     module docstring). The model's own exceptions in eager mode propagate; a model that
-    torch.compile cannot trace is a ``compile_error`` finding."""
+    torch.compile cannot trace is a ``compile_error`` finding.
+
+    Raises:
+        TypeError: `model` is not an nn.Module, or `inputs` is neither a tensor nor a tuple/list.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"opforge.doctor: model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if not isinstance(inputs, (tuple, list)):
+        raise TypeError(
+            f"opforge.doctor: inputs must be a tensor or a tuple of the model's positional arguments, "
+            f"got {type(inputs).__name__}"
+        )
     locate = _module_locator(model)
     with torch.no_grad():
         model(*inputs)  # warm-up: lazy initialisation, run-time kernel compilation

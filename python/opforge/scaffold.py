@@ -90,9 +90,25 @@ def test_{name}_passes_verify(tmp_path):
 """
 
 
+#: C++ keywords (C++20, [lex.key]) and the names the generated files use themselves.
+_CPP_RESERVED = set(
+    "alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class "
+    "compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype "
+    "default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline "
+    "int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register "
+    "reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template "
+    "this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t "
+    "while xor xor_eq T N opforge".split()
+)
+#: Namespaces torch reserves for its own operators.
+_TORCH_NAMESPACES = {"aten", "prim", "prims", "torch", "_c10d_functional", "c10d", "inductor"}
+
+
 def _identifier(part: str, what: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part) or keyword.iskeyword(part):
         raise ValueError(f"{what} {part!r} must be a C++ and Python identifier (letters, digits, _)")
+    if part in _CPP_RESERVED or "__" in part or re.match(r"_[A-Z]", part):
+        raise ValueError(f"{what} {part!r} is reserved in C++ or used by the generated code; pick another")
     return part
 
 
@@ -101,14 +117,18 @@ def new_op(qualified: str, parent: Path, dtypes: list[str]) -> list[Path]:
     (names from :data:`DTYPES`); returns the files written.
 
     Raises:
-        ValueError: `qualified` is not "ns::name" of identifiers, a dtype is unknown or none is
-            given, or ``parent/<name>`` already exists (nothing is overwritten).
+        ValueError: `qualified` is not "ns::name" of identifiers (C++ keywords, reserved names and
+            torch's namespaces refused), a dtype is unknown or none is given, ``parent/<name>``
+            already exists (nothing is overwritten), or the folder cannot be written.
     """
     if qualified.count("::") != 1:
         raise ValueError(f"expected a qualified op name ns::name, got {qualified!r}")
     ns, name = qualified.split("::")
     _identifier(ns, "namespace")
     _identifier(name, "op name")
+    if ns in _TORCH_NAMESPACES:
+        raise ValueError(f"namespace {ns!r} is torch's own; pick one for your ops")
+    dtypes = list(dict.fromkeys(d.strip() for d in dtypes))  # "float32, float16" as "float32,float16"
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or not dtypes:
         raise ValueError(f"dtypes must be among {', '.join(DTYPES)}; got {', '.join(dtypes) or 'none'}")
@@ -121,7 +141,10 @@ def new_op(qualified: str, parent: Path, dtypes: list[str]) -> list[Path]:
         folder / "kernels" / f"{name}.cu": _KERNEL,
         folder / f"test_{name}.py": _TEST,
     }
-    (folder / "kernels").mkdir(parents=True)
-    for path, template in files.items():
-        path.write_text(template.format(**values))
+    try:
+        (folder / "kernels").mkdir(parents=True)
+        for path, template in files.items():
+            path.write_text(template.format(**values))
+    except OSError as e:
+        raise ValueError(f"cannot write {folder}: {e.strerror or e}") from e
     return list(files)

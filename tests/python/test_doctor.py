@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 
+import pytest
 import torch
 
 import opforge
@@ -91,3 +92,19 @@ def test_an_opforge_op_without_a_backward_op_is_named(rule_ops):
         ("missing_backward", "fixture::cycle_rows", ""),
         ("missing_cuda_kernel", "fixture::cycle_rows", ""),  # the fixture has a CPU reference only
     }
+
+
+class Print(torch.nn.Module):
+    def forward(self, x):
+        print("inside a nested module")  # a graph break dynamo counts without a reason here
+        return x + 1
+
+
+def test_a_break_in_a_nested_module_is_counted_and_bad_arguments_are_refused():
+    model = Model(torch.nn.Sequential(Print(), torch.nn.Linear(8, 8)))
+    report = opforge.doctor(model, torch.randn(4, 8))  # one tensor: the only argument
+    assert [f.kind for f in report.findings].count("graph_break") >= 1
+    with pytest.raises(TypeError, match="inputs must be a tensor or a tuple"):
+        opforge.doctor(model, {"x": torch.randn(4, 8)})
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got function"):
+        opforge.doctor(lambda x: x, (torch.randn(2),))

@@ -54,12 +54,27 @@ def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp
         (["new", "ns::2x"], "op name '2x' must be a C++ and Python identifier"),
         (["new", "class::x"], "namespace 'class' must be a C++ and Python identifier"),
         (["new", "ns::x", "--dtypes", "int8"], "dtypes must be among float32, float64, float16, bfloat16; got int8"),
+        (["new", "ns::new"], "op name 'new' is reserved in C++ or used by the generated code"),
+        (["new", "ns::T"], "op name 'T' is reserved in C++ or used by the generated code"),
+        (["new", "ns::__x"], "op name '__x' is reserved in C++ or used by the generated code"),
+        (["new", "aten::x"], "namespace 'aten' is torch's own"),
     ],
 )
 def test_bad_names_and_dtypes_are_refused(tmp_path, capsys, argv, message):
     assert main([*argv, "--dir", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dtypes_are_read_with_spaces_and_once_each(tmp_path):
+    assert main(["new", "ns::y", "--dir", str(tmp_path), "--dtypes", "float32, float16,float32"]) == 0
+    assert '.input("x", opforge::kFloat32 | opforge::kFloat16)' in (tmp_path / "y" / "y.cpp").read_text()
+
+
+def test_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    assert main(["new", "ns::x", "--dir", str(tmp_path / "afile")]) == 2
+    assert "opforge new: cannot write" in capsys.readouterr().err
 
 
 def test_an_existing_folder_is_never_overwritten(tmp_path, capsys):
