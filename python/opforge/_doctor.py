@@ -7,6 +7,9 @@ Findings (:class:`Finding`, ``kind``):
 - ``graph_break``: where ``torch.compile`` (dynamo, through ``torch._dynamo.explain``) splits
   the model's graph, with dynamo's reason; a model dynamo cannot trace at all is reported as one
   finding of kind ``compile_error`` with the exception, never raised.
+- ``recompile``: a guard of the compiled model that failed when it was called again with the same
+  inputs (Python state the model changes or reads, such as a counter attribute), with the guard
+  and the line it came from (``torch._dynamo.utils.guard_failures``).
 - ``missing_cuda_kernel``, ``missing_fake_kernel``, ``missing_backward``: custom operators (any
   namespace but torch's own) that the model calls and that lack a CUDA kernel, a Meta/fake
   kernel (needed by ``torch.compile`` and ``torch.export``), or a derivative: for opforge ops from
@@ -14,15 +17,16 @@ Findings (:class:`Finding`, ``kind``):
   the dispatcher's kernels.
 
 Cost: for a graph break, the time of one eager call of the model (each break costs a graph
-boundary on every call); for an op, its own CPU time in one eager call under ``torch.profiler``.
-The GPU timeline findings (CPU fallbacks, host-device copies, synchronisations and idle gaps)
-are not measured yet.
+boundary on every call); for a recompile, the slowest compiled call after the first; for an op,
+its own CPU time in one eager call under ``torch.profiler``. The GPU timeline findings (CPU
+fallbacks, host-device copies, synchronisations and idle gaps) are not measured yet.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import re
 import time
 import warnings
 from collections.abc import Sequence
@@ -208,6 +212,37 @@ def _graph_break_findings(model, inputs, step_ms: float, locate) -> list[Finding
     return findings
 
 
+def _recompile_findings(model, inputs, locate, calls: int = 3) -> list[Finding]:
+    """Calls the compiled model `calls` times with the same inputs (backend "eager": dynamo's
+    guards only) and reports each guard that failed, i.e. each recompile, with the guard and the
+    line it came from; cost: the wall time of the slowest call after the first (the recompile)."""
+    from torch._dynamo.utils import guard_failures
+
+    torch._dynamo.reset()
+    guard_failures.clear()
+    compiled = torch.compile(model, backend="eager")
+    times = []
+    try:
+        with torch.no_grad():
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                compiled(*inputs)
+                times.append(1e3 * (time.perf_counter() - t0))
+    except Exception:  # noqa: BLE001 -- a model dynamo cannot trace is _graph_break_findings' compile_error
+        return []
+    cost = max(times[1:], default=0.0)
+    findings = []
+    for failures in guard_failures.values():
+        for failure in failures:
+            guard = failure.splitlines()[0].split("#")[0].strip()
+            where = re.findall(r'File "([^"]+)", line (\d+)', failure)  # the user stack: full paths
+            source = f"{where[-1][0]}:{where[-1][1]}" if where else None
+            module = locate(where[-1][0], int(where[-1][1])) if where else None
+            findings.append(Finding("recompile", cost, module, source, f"recompiled: guard {guard} failed"))
+    torch._dynamo.reset()
+    return findings
+
+
 def doctor(model: torch.nn.Module, inputs: Sequence[object] | torch.Tensor) -> DoctorReport:
     """Runs `model(*inputs)` (`inputs` a tuple or list of positional arguments, or one tensor;
     the model runs about six times: eagerly, under a dispatch recorder and ``torch.profiler``, and
@@ -236,5 +271,6 @@ def doctor(model: torch.nn.Module, inputs: Sequence[object] | torch.Tensor) -> D
     report = DoctorReport(step_ms)
     report.findings += _op_findings(model, inputs, locate)
     report.findings += _graph_break_findings(model, inputs, step_ms, locate)
+    report.findings += _recompile_findings(model, inputs, locate)
     report.findings.sort(key=lambda f: -f.cost_ms)
     return report

@@ -108,3 +108,22 @@ def test_a_break_in_a_nested_module_is_counted_and_bad_arguments_are_refused():
         opforge.doctor(model, {"x": torch.randn(4, 8)})
     with pytest.raises(TypeError, match="model must be a torch.nn.Module, got function"):
         opforge.doctor(lambda x: x, (torch.randn(2),))
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1  # Python state the graph reads: each call fails a guard
+        return x * self.calls
+
+
+def test_a_recompile_names_the_guard_and_its_line():
+    report = opforge.doctor(Counter(), (torch.randn(3),))
+    recompiles = [f for f in report.findings if f.kind == "recompile"]
+    assert recompiles, report.findings
+    assert "self.calls" in recompiles[0].message or "calls" in recompiles[0].message
+    assert recompiles[0].source == f"{__file__}:{line_of(Counter, 'self.calls += 1')}"
+    assert recompiles[0].module == ""
