@@ -1,4 +1,4 @@
-"""opforge's command line: ``opforge new | build | verify | run | stubs`` (also ``python -m opforge``).
+"""opforge's command line: ``opforge new | build | verify | doctor | run | stubs`` (also ``python -m opforge``).
 
 Exit codes: 0 success; 1 the step ran and failed (a build error, a verify mismatch, a runner
 failure); 2 a usage error (bad arguments, a missing file, a library that does not load).
@@ -103,6 +103,46 @@ def _new(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _load_model(spec: str):
+    """(model, inputs) from "file.py:function" or "package.module:function", whose function takes
+    no arguments and returns them."""
+    import importlib
+    import importlib.util
+
+    where, sep, func = spec.rpartition(":")
+    if not sep or not where or not func:
+        raise ValueError(f"expected file.py:function or module:function, got {spec!r}")
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise ValueError(f"{where} does not exist")
+        module_spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    if not callable(getattr(module, func, None)):
+        raise ValueError(f"{where} has no function {func}")
+    made = getattr(module, func)()
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise ValueError(f"{spec} must return (model, inputs), got {type(made).__name__}")
+    return made
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import opforge
+
+    try:
+        model, inputs = _load_model(args.model)
+        report = opforge.doctor(model, inputs)
+    except (ValueError, TypeError, ImportError) as e:
+        return _fail("doctor", e)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    else:
+        report.print_table()
+    return EXIT_OK
+
+
 def _stubs(args: argparse.Namespace) -> int:
     from opforge import _core
     from opforge.stubs import write_stubs
@@ -125,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
         description="Build, verify and deploy operators described once in C++ (opforge/op.h).",
         epilog="Exit codes: 0 success, 1 the step failed, 2 bad arguments or input.",
     )
-    sub = top.add_subparsers(dest="command", required=True, metavar="{new,build,verify,run,stubs}")
+    sub = top.add_subparsers(dest="command", required=True, metavar="{new,build,verify,doctor,run,stubs}")
 
     n = sub.add_parser(
         "new",
@@ -175,6 +215,17 @@ def parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--json", default=None, help="also write the report as JSON to this file")
     v.set_defaults(func=_verify)
+
+    d = sub.add_parser(
+        "doctor",
+        help="report graph breaks, recompiles and incomplete custom ops of a model",
+        description="Run opforge.doctor on the (model, inputs) that FUNCTION returns: graph breaks, recompiles "
+        "and custom ops without a CUDA kernel, fake kernel or backward, most costly first, with module path "
+        "and source line.",
+    )
+    d.add_argument("model", help="file.py:FUNCTION or package.module:FUNCTION returning (model, inputs)")
+    d.add_argument("--json", default=None, help="write the findings as JSON to this file instead of the table")
+    d.set_defaults(func=_doctor)
 
     sub.add_parser(
         "run",

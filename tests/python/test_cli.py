@@ -128,7 +128,7 @@ def test_each_verb_has_help(verb):
 def test_top_level_help_lists_the_verbs_and_exit_codes():
     proc = opforge_cli("--help")
     assert proc.returncode == 0
-    assert "{new,build,verify,run,stubs}" in proc.stdout and "Exit codes: 0 success, 1" in proc.stdout
+    assert "{new,build,verify,doctor,run,stubs}" in proc.stdout and "Exit codes: 0 success, 1" in proc.stdout
 
 
 @pytest.mark.skipif(not runner_path().exists(), reason="the C++ runner is not built (make build)")

@@ -127,3 +127,29 @@ def test_a_recompile_names_the_guard_and_its_line():
     assert "self.calls" in recompiles[0].message or "calls" in recompiles[0].message
     assert recompiles[0].source == f"{__file__}:{line_of(Counter, 'self.calls += 1')}"
     assert recompiles[0].module == ""
+
+
+def test_the_command_line_writes_the_findings_as_json(tmp_path, capsys):
+    from opforge.__main__ import main
+
+    spec = tmp_path / "make.py"
+    spec.write_text(
+        "import torch\n"
+        "class Counter(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.calls = 0\n"
+        "    def forward(self, x):\n"
+        "        self.calls += 1\n"
+        "        return x * self.calls\n"
+        "def make():\n"
+        "    return Counter(), (torch.randn(3),)\n"
+    )
+    out = tmp_path / "report.json"
+    assert main(["doctor", f"{spec}:make", "--json", str(out)]) == 0
+    findings = json.loads(out.read_text())["findings"]
+    assert any(f["kind"] == "recompile" and f["source"] == f"{spec}:7" for f in findings), findings
+    assert main(["doctor", f"{spec}:nothing"]) == 2
+    assert f"{spec} has no function nothing" in capsys.readouterr().err
+    assert main(["doctor", "no_colon"]) == 2
+    assert "expected file.py:function or module:function" in capsys.readouterr().err
