@@ -63,18 +63,23 @@ inline unsigned grid_for(int64_t items, int threads, int blocks_per_sm = 8) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{sm_count()} * blocks_per_sm)));
 }
 
-/// Blocks of `threads` threads of `kernel` that fit on the device at once (occupancy times
-/// multiprocessors, by cudaOccupancyMaxActiveBlocksPerMultiprocessor with no dynamic shared
-/// memory), at least 1 and at most `items`: the grid of a kernel whose blocks loop over items
-/// (rows) and keep per-block partial sums, so that there are as few partials as keep every
-/// multiprocessor busy. 0 if `items` is 0.
+/// Blocks of `threads` threads of `kernel` that fit on the device at once: occupancy (by
+/// cudaOccupancyMaxActiveBlocksPerMultiprocessor, no dynamic shared memory) times
+/// multiprocessors, at least 1.
+template <class Kernel>
+inline int64_t resident_blocks(Kernel kernel, int threads) {
+  int per_sm = 0;
+  OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  return int64_t{std::max(per_sm, 1)} * sm_count();
+}
+
+/// resident_blocks, at most `items` (0 if `items` is 0): the grid of a kernel whose blocks loop
+/// over items (rows) and keep per-block partial sums, so that there are as few partials as keep
+/// every multiprocessor busy.
 template <class Kernel>
 inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
   if (items <= 0) return 0;
-  int per_sm = 0;
-  OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  const int64_t resident = int64_t{std::max(per_sm, 1)} * sm_count();
-  return static_cast<unsigned>(std::min<int64_t>(items, resident));
+  return static_cast<unsigned>(std::min<int64_t>(items, resident_blocks(kernel, threads)));
 }
 
 namespace detail {

@@ -35,8 +35,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-#: Namespaces of torch's own operators; any other is a custom op.
-_TORCH_NAMESPACES = {"aten", "prim", "prims", "_c10d_functional", "c10d", "profiler", "inductor"}
+from ._torch import TORCH_NAMESPACES, find_op
 
 
 @dataclass
@@ -120,7 +119,12 @@ class _OpRecorder(TorchDispatchMode):
         name = func.name()
         if name not in self.calls:
             frame = next(
-                (f for f in inspect.stack()[1:] if "/torch/" not in f.filename and "/opforge/" not in f.filename), None
+                (
+                    f
+                    for f in inspect.stack(context=0)[1:]
+                    if "/torch/" not in f.filename and "/opforge/" not in f.filename
+                ),
+                None,
             )
             self.calls[name] = (frame.filename, frame.lineno) if frame else None
         return func(*args, **(kwargs or {}))
@@ -136,8 +140,6 @@ def _coverage(name: str) -> tuple[bool, bool, bool]:
     kernels exist but raise without ``register_fake`` / ``register_autograd``); else from the
     dispatcher's kernels."""
     from torch._library.custom_ops import OPDEFS
-
-    from ._torch import find_op
 
     try:
         op = find_op(name)
@@ -171,7 +173,7 @@ def _op_findings(model, inputs, locate) -> list[Finding]:
     cpu_ms = {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
     findings = []
     for name, where in recorder.calls.items():
-        if name.split("::")[0] in _TORCH_NAMESPACES:
+        if name.split("::")[0] in TORCH_NAMESPACES:
             continue
         source = f"{where[0]}:{where[1]}" if where else None
         module = locate(*where) if where else None

@@ -18,6 +18,8 @@ import keyword
 import re
 from pathlib import Path
 
+from ._torch import TORCH_NAMESPACES
+
 #: dtype names on the command line -> the opforge/dtype.h constant.
 DTYPES = {
     "float32": "opforge::kFloat32",
@@ -100,8 +102,6 @@ _CPP_RESERVED = set(
     "this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t "
     "while xor xor_eq T N opforge".split()
 )
-#: Namespaces torch reserves for its own operators.
-_TORCH_NAMESPACES = {"aten", "prim", "prims", "torch", "_c10d_functional", "c10d", "inductor"}
 
 
 def _identifier(part: str, what: str) -> str:
@@ -126,7 +126,7 @@ def new_op(qualified: str, parent: Path, dtypes: list[str]) -> list[Path]:
     ns, name = qualified.split("::")
     _identifier(ns, "namespace")
     _identifier(name, "op name")
-    if ns in _TORCH_NAMESPACES:
+    if ns in TORCH_NAMESPACES:
         raise ValueError(f"namespace {ns!r} is torch's own; pick one for your ops")
     dtypes = list(dict.fromkeys(d.strip() for d in dtypes))  # "float32, float16" as "float32,float16"
     unknown = [d for d in dtypes if d not in DTYPES]

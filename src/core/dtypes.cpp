@@ -87,9 +87,13 @@ std::string autocast_problem(const OpforgeOpSpec& op) {
   if (policy == OPFORGE_AUTOCAST_PROMOTE) {
     // Each call's floating inputs are cast to the widest among them (torch.promote_types:
     // float16 with bfloat16 gives float32), which the op must then take for all of them.
+    // accepts_floating_as enumerates the combinations itself: ask it once per widest dtype.
+    std::vector<int32_t> accepted(OPFORGE_NUM_DTYPES, -1);  // -1 not asked yet, 0 refused, 1 taken
     for (const auto& c : dtype_combinations(op, size_t{1} << 16)) {
       const int32_t widest = widest_floating(c);
-      if (widest >= 0 && !accepts_floating_as(op, widest))
+      if (widest < 0) continue;
+      if (accepted[widest] < 0) accepted[widest] = accepts_floating_as(op, widest) ? 1 : 0;
+      if (accepted[widest] == 0)
         return declared_at(op) + "autocast(kPromote) casts every floating input to the widest among them, " +
                dtype_name(widest) + " for inputs of " + combination_string(op, c) + ", which its dtype rules refuse";
     }

@@ -69,7 +69,7 @@ void launch(const opforge::Context& ctx, const T* g, const T* in, const T* b, T*
   OPFORGE_CHECK(col_blocks <= 0x7fffffff, "bias has ", cols, " elements, more than one launch covers");
   auto kernel = bias_gelu_backward_kernel<T, N>;
   // As many row slices as fill the device once the column tiles are counted (grid.y <= 65535).
-  const int64_t resident = opforge::cuda::resident_grid(kernel, kThreads, int64_t{1} << 40);
+  const int64_t resident = opforge::cuda::resident_blocks(kernel, kThreads);
   const int64_t row_blocks = std::clamp<int64_t>(resident / std::max<int64_t>(col_blocks, 1), 1, 65535);
   const unsigned gy = static_cast<unsigned>(std::min(row_blocks, std::max<int64_t>(rows, 1)));
   auto* partial = static_cast<float*>(ctx.allocate(sizeof(float) * gy * cols));
