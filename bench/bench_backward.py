@@ -1,13 +1,15 @@
 """Backward kernels of the example norms and activations against what a user would run instead,
 in the same process, at [32768, 4096] by default.
 
-For each of ``examples::bias_gelu``, ``examples::rms_norm`` and ``examples::add_layer_norm``:
+For each of ``examples::bias_gelu``, ``examples::rms_norm``, ``examples::add_layer_norm`` and the
+in-place ``examples::fused_add_rms_norm``:
 
 - ``opforge <op>_backward``: the backward op called directly (what the op's Autograd kernel runs);
 - ``opforge through autograd``: ``torch.autograd.grad`` of the op's output (the graph built once,
   outside the timing), i.e. the backward op plus autograd's own work;
 - ``torch eager``: ``torch.autograd.grad`` of the torch expression (``F.gelu(x + bias)``,
-  ``F.rms_norm``, ``F.layer_norm(x + residual)``), torch's own backward kernels;
+  ``F.rms_norm``, ``F.layer_norm(x + residual)``, ``F.rms_norm(x + residual)`` and the sum), torch's
+  own backward kernels;
 - ``torch.compile``: the same through the backward graph Inductor generates for the compiled
   expression;
 - a device-to-device copy of x, the bandwidth ceiling.
@@ -15,7 +17,8 @@ For each of ``examples::bias_gelu``, ``examples::rms_norm`` and ``examples::add_
 Bandwidth (``x copy``) counts what the opforge backward op must move, each tensor once: bias_gelu
 reads grad_y and x and writes grad_x (3 x the bytes of x); rms_norm the same (3 x); add_layer_norm
 reads grad_y, x and residual and writes grad_x and grad_residual (5 x; torch's saves x + residual
-in the forward and returns one gradient for both, 3 x). Parameter gradients ([cols]) and the
+in the forward and returns one gradient for both, 3 x); fused_add_rms_norm reads the gradients of x
+and residual after the op and residual, and writes the gradients of both (5 x). Parameter gradients ([cols]) and the
 per-block partial sums are negligible beside them. Times are medians of triton.testing.do_bench.
 
     python3 bench/bench_backward.py [--rows 32768] [--cols 4096] [--dtype bfloat16 ...] [--json out.json]
@@ -35,8 +38,16 @@ import opforge
 ex = torch.ops.examples
 
 
+def fused_add_rms_norm(x, residual, weight):
+    """examples::fused_add_rms_norm on copies of x and residual: (x, residual) after it."""
+    x, residual = x.clone(), residual.clone()
+    ex.fused_add_rms_norm(x, residual, weight, 1e-6)
+    return x, residual
+
+
 def cases(rows: int, cols: int, dtype: torch.dtype):
-    """(op, opforge backward call, opforge forward, torch forward, leaves, grad_y, bytes moved / size of x)."""
+    """(op, opforge backward call, opforge forward, torch forward, leaves, the gradients of the
+    forward's results, bytes moved / size of x)."""
     x = torch.randn(rows, cols, device="cuda", dtype=dtype)
     r = torch.randn_like(x)
     w = torch.rand(cols, device="cuda", dtype=dtype) + 0.5
@@ -69,6 +80,16 @@ def cases(rows: int, cols: int, dtype: torch.dtype):
         g,
         5,
     )
+    g2 = torch.randn_like(x)
+    yield (
+        "fused_add_rms_norm",
+        lambda: ex.fused_add_rms_norm_backward(g, g2, r, w, 1e-6),
+        fused_add_rms_norm,
+        lambda x, r, w: (F.rms_norm(x + r, (cols,), w, 1e-6), x + r),
+        (x, r, w),
+        (g, g2),
+        5,
+    )
 
 
 def backward_ms(forward, leaves, grad_y) -> float:
@@ -85,7 +106,7 @@ def main() -> int:
     parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float16", "float32"])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    for op in ("bias_gelu", "rms_norm", "add_layer_norm"):
+    for op in ("bias_gelu", "rms_norm", "add_layer_norm", "fused_add_rms_norm"):
         opforge.load_library(opforge.example_library(op))
     rows = []
     for dtype in (getattr(torch, d) for d in args.dtype):

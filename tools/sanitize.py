@@ -105,9 +105,10 @@ def serving_cases() -> int:
 
 
 def backward_cases() -> int:
-    """The backward ops of bias_gelu, rms_norm and add_layer_norm called directly (both kernel
-    paths: rows in registers, and the loops for rows not a whole number of vectors or wider than
-    the registers hold; more rows than resident blocks; no rows), against their CPU references."""
+    """The backward ops of bias_gelu, rms_norm, add_layer_norm and fused_add_rms_norm called
+    directly (both kernel paths: rows in registers, and the loops for rows not a whole number of
+    vectors or wider than the registers hold; more rows than resident blocks; no rows), against
+    their CPU references."""
     ex = torch.ops.examples
     failures = 0
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
@@ -117,7 +118,11 @@ def backward_cases() -> int:
                 return torch.randn(*shape, dtype=dt, device="cuda")
 
             g, x, r, w = t(rows, cols), t(rows, cols), t(rows, cols), t(cols)
-            calls = [("rms_norm_backward", (g, x, w, 1e-6)), ("add_layer_norm_backward", (g, x, r, w, 1e-5))]
+            calls = [
+                ("rms_norm_backward", (g, x, w, 1e-6)),
+                ("add_layer_norm_backward", (g, x, r, w, 1e-5)),
+                ("fused_add_rms_norm_backward", (g, r, x, w, 1e-6)),
+            ]
             if dtype != torch.float64:
                 calls.append(("bias_gelu_backward", (g, x, w)))
             if dtype in (torch.float16, torch.bfloat16):

@@ -109,8 +109,13 @@
 // elements at 16-byte aligned strides), and a call that passes another layout is refused
 // before any launch with an error that names the layout it needs. A mutated input whose
 // elements overlap in memory (an expanded view, stride 0) is refused in every layout.
-// Mutated inputs take no part in autograd: an op with one cannot name a backward op, and a
-// call whose inputs require grad raises.
+// An op with mutated inputs may name a backward op (Note [Backward ops]); the backward op sees
+// each mutated input `x` as a result `x_out`, its value after the op: `grad_x_out` is its
+// gradient, `x_out` the value itself (the value before is overwritten, so the backward op
+// cannot name `x`), and its output `grad_x` is the gradient of x as given. As torch's in-place
+// ops: a write into a leaf that requires grad is refused, and a tensor that was saved for a
+// backward and then written makes that backward raise. Without a backward op, a backward
+// through such an op raises "derivative for ns::op is not implemented".
 //
 // Note [Value domains]
 // --------------------

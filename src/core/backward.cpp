@@ -25,23 +25,34 @@ bool is_backward_op(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   return false;
 }
 
+std::vector<std::string> result_names(const OpforgeOpSpec& op) {
+  std::vector<std::string> names;
+  for (int32_t j = 0; j < op.num_outputs; ++j) names.emplace_back(op.outputs[j].name);
+  for (int32_t i = 0; i < op.num_args; ++i)
+    if (is_mutated(op.args[i])) names.push_back(std::string(op.args[i].name) + "_out");
+  return names;
+}
+
 BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::vector<std::string>& problems) {
   static constexpr std::string_view kGrad = "grad_";
+  const std::vector<std::string> results = result_names(fwd);
+  const auto num_results = static_cast<int32_t>(results.size());
   auto index_of = [](auto names, int32_t n, std::string_view name) {
     for (int32_t i = 0; i < n; ++i)
       if (name == names(i)) return i;
     return int32_t{-1};
   };
   auto arg = [&](int32_t i) { return std::string_view(fwd.args[i].name); };
-  auto out = [&](int32_t i) { return std::string_view(fwd.outputs[i].name); };
+  auto out = [&](int32_t i) { return std::string_view(results[static_cast<size_t>(i)]); };
   auto grad_of = [&](std::string_view name) {
     return name.substr(0, kGrad.size()) == kGrad ? name.substr(kGrad.size()) : std::string_view();
   };
   auto type = [](const OpforgeArgSpec& a) { return std::string(schema_type(a.kind)) + (is_optional(a) ? "?" : ""); };
   std::string accepted, differentiable;
-  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += (j ? ", grad_" : "grad_") + std::string(out(j));
-  for (int32_t i = 0; i < fwd.num_args; ++i) accepted += ", " + std::string(arg(i));
-  for (int32_t j = 0; j < fwd.num_outputs; ++j) accepted += ", " + std::string(out(j));
+  for (int32_t j = 0; j < num_results; ++j) accepted += (j ? ", grad_" : "grad_") + std::string(out(j));
+  for (int32_t i = 0; i < fwd.num_args; ++i)
+    if (!is_mutated(fwd.args[i])) accepted += ", " + std::string(arg(i));
+  for (int32_t j = 0; j < num_results; ++j) accepted += ", " + std::string(out(j));
   for (int32_t i = 0; i < fwd.num_args; ++i)
     if (fwd.args[i].kind == OPFORGE_ARG_TENSOR)
       differentiable += (differentiable.empty() ? "grad_" : ", grad_") + std::string(arg(i));
@@ -51,28 +62,40 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
   BackwardPlan plan;
   for (int32_t i = 0; i < fwd.num_args + fwd.num_outputs; ++i) {
     const std::string_view name = i < fwd.num_args ? arg(i) : out(i - fwd.num_args);
-    if (const auto of = grad_of(name); !of.empty() && index_of(out, fwd.num_outputs, of) >= 0)
+    const auto of = grad_of(name);
+    if (const int32_t j = of.empty() ? -1 : index_of(out, num_results, of); j >= 0)
       problems.push_back(site + (i < fwd.num_args ? "input '" : "output '") + std::string(name) +
-                         "' is named like the gradient of its output '" + std::string(of) +
+                         "' is named like the gradient of its " +
+                         (j < fwd.num_outputs ? "output '" : "mutated input's value after the op '") + std::string(of) +
                          "'; rename it (the backward op could not tell the two apart)");
+  }
+  for (int32_t j = fwd.num_outputs; j < num_results; ++j) {  // <input>_out of a mutated input
+    const std::string_view name = out(j);
+    if (index_of(arg, fwd.num_args, name) >= 0 || index_of(out, fwd.num_outputs, name) >= 0)
+      problems.push_back(site + "'" + std::string(name) + "' names an argument or output and also mutated input '" +
+                         std::string(name.substr(0, name.size() - 4)) +
+                         "''s value after the op; rename it (the backward op could not tell the two apart)");
   }
   for (int32_t k = 0; k < bwd.num_args; ++k) {
     const OpforgeArgSpec& c = bwd.args[k];
     const std::string name = c.name;
     const bool tensor = c.kind == OPFORGE_ARG_TENSOR;
     int32_t i;
-    if (const auto of = grad_of(name); !of.empty() && (i = index_of(out, fwd.num_outputs, of)) >= 0) {
+    if (const auto of = grad_of(name); !of.empty() && (i = index_of(out, num_results, of)) >= 0) {
       plan.sources.emplace_back(BackwardPlan::Source::kGrad, i);
       if (!tensor) problem("input '" + name + "' is " + type(c) + ", but a gradient is a Tensor");
     } else if ((i = index_of(arg, fwd.num_args, name)) >= 0) {
       plan.sources.emplace_back(BackwardPlan::Source::kArg, i);
       const OpforgeArgSpec& a = fwd.args[i];
-      if (a.kind != c.kind || (is_optional(a) && !is_optional(c)))
+      if (is_mutated(a))
+        problem("input '" + name + "' names the forward op's mutated input " + name +
+                ", whose value before the op is overwritten: call it " + name + "_out for its value after the op");
+      else if (a.kind != c.kind || (is_optional(a) && !is_optional(c)))
         problem("input '" + name + "' is " + type(c) + ", but the forward op's " + name + " is " + type(a));
-    } else if ((i = index_of(out, fwd.num_outputs, name)) >= 0) {
+    } else if ((i = index_of(out, num_results, name)) >= 0) {
       plan.sources.emplace_back(BackwardPlan::Source::kOutput, i);
       if (!tensor)
-        problem("input '" + name + "' is " + type(c) + ", but the forward op's output " + name + " is a Tensor");
+        problem("input '" + name + "' is " + type(c) + ", but the forward op's result " + name + " is a Tensor");
     } else {
       problem("input '" + name + "' matches nothing of the forward op: expected one of " + accepted);
     }

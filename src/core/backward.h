@@ -14,22 +14,28 @@ namespace opforge::core {
 /// How an op's values reach the backward op it names, matched by argument names.
 struct BackwardPlan {
   enum class Source { kGrad, kArg, kOutput };
-  /// Per argument of the backward op, in schema order: the gradient of forward output `index`
-  /// (kGrad), forward argument `index`, tensor or parameter (kArg), or forward output `index`
-  /// (kOutput).
+  /// Per argument of the backward op, in schema order: the gradient of forward result `index`
+  /// (kGrad), forward argument `index`, tensor or parameter (kArg), or forward result `index`
+  /// (kOutput). An op's results (result_names) are its outputs, then its mutated inputs' values
+  /// after the op, in argument order; autograd sees them in that order.
   std::vector<std::pair<Source, int32_t>> sources;
   /// Per output of the backward op: the index of the forward argument it is the gradient of.
   std::vector<int32_t> targets;
 };
 
+/// The names of `op`'s results as a backward op sees them: its outputs, then `<input>_out` for
+/// each mutated input (its value after the op), in argument order.
+std::vector<std::string> result_names(const OpforgeOpSpec& op);
+
 /// The backward op `op` names ("ns::name"), if it has one and its record carries the field,
 /// else nullptr.
 const char* backward_name(const OpforgeOpSpec& op);
 
-/// Matches `bwd`'s arguments and outputs to `fwd` by name: an argument `grad_<output>` or named
-/// like an argument or output of `fwd`; outputs `grad_<tensor argument>`. Returns the plan, or
-/// appends one line per mismatch to `problems` ("file:line: ns::fwd: backward op ns::bwd: ...",
-/// naming the argument and what it may be called) and returns an empty plan.
+/// Matches `bwd`'s arguments and outputs to `fwd` by name: an argument `grad_<result>` or named
+/// like an argument or result of `fwd` (a mutated input only as `<input>_out`: its value before
+/// the op is overwritten); outputs `grad_<tensor argument>`, the gradient of the argument as given. Returns the plan,
+/// or appends one line per mismatch to `problems` ("file:line: ns::fwd: backward op ns::bwd: ...", naming the argument
+/// and what it may be called) and returns an empty plan.
 BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::vector<std::string>& problems);
 
 /// True if another op of `lib` names `op` as its backward op.

@@ -396,10 +396,6 @@ std::vector<std::string> OpDef::finalize() {
       spec.tensor.layout = t.layout;
       spec.tensor.optional = t.optional;
       spec.tensor.mutated = t.mutated;
-      if (t.mutated && !backward.empty())
-        r.error(ctx,
-                "is opforge::mutated, so the op cannot name a backward op (gradients do not flow through "
-                "in-place writes)");
       if (t.dtypes.bits == 0) r.error(ctx, "the dtype set is empty");
       if (t.has_values) {
         constexpr uint32_t kIntegers = (1u << OPFORGE_DTYPE_INT8) | (1u << OPFORGE_DTYPE_INT16) |

@@ -52,6 +52,20 @@ NodePtr<N> make_node(A&&... args) {
 // backward op gets no Autograd kernel: torch's fallback warns if a gradient reaches it, and
 // models that use it still compile with parameters that require grad. Not supported: compiled
 // autograd (the node has no compiled_args/apply_with_saved).
+//
+// Note [In-place backward]
+// An op with mutated inputs that names a backward op works as torch's in-place ops with a
+// derivative formula (VariableType's add_ and friends): check_inplace refuses a write into a
+// leaf that requires grad or a view of one; the node's next edges are the inputs' histories
+// before the write; the ADInplaceOrView kernel bumps the written tensors' versions; each written
+// tensor's history is rebased onto the node (rebase_history), after the op's fresh outputs, in
+// argument order (core::result_names), and what the backward op reads of it (`<input>_out`) is
+// saved after the write, so a later write into it makes backward refuse with torch's "modified
+// by an inplace operation". A written view gets torch's CopySlices node when the op has one
+// result. torch cannot rebase a view onto a node with more ("Functions which modify views
+// in-place must return a single Variable"), yet a Linear's output on 3-d input is a view: with
+// more than one result, a written view that takes part in autograd is computed in a copy that is
+// then copied into it (copy_, recorded by autograd), as functionalisation writes views back.
 class BackwardNode final : public ::torch::autograd::Node {
  public:
   BackwardNode(const OpforgeOpSpec* op, const core::BackwardPlan* plan, const std::vector<int32_t>* tensor_slot)
@@ -143,6 +157,8 @@ class AutogradKernel final : public c10::OperatorKernel {
       if (source == core::BackwardPlan::Source::kArg) save_arg_.push_back(i);
       if (source == core::BackwardPlan::Source::kOutput) save_output_.push_back(i);
     }
+    for (int32_t i = 0; i < op_->num_args; ++i)
+      if (core::is_mutated(op_->args[i])) written_.push_back(i);
   }
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {
@@ -157,25 +173,58 @@ class AutogradKernel final : public c10::OperatorKernel {
                                   core::qualified_name(*op_),
                                   ", which does not support it: its backward op gives reverse-mode gradients only");
     }
+    const bool record = requires_grad && at::GradMode::is_enabled();
+    std::vector<std::pair<at::Tensor, at::Tensor>> copied_back;  // (a written view, the copy the op writes)
+    for (int32_t i : written_) {                                 // Note [In-place backward]
+      c10::IValue& v = (*stack)[stack->size() - n + i];
+      if (v.isNone()) continue;
+      const at::Tensor t = v.toTensor();
+      ::torch::autograd::check_inplace(t, record);
+      const auto* view = ::torch::autograd::impl::get_view_autograd_meta(t);
+      if (record && op_->num_outputs + written_.size() > 1 && view != nullptr && view->has_bw_view()) {
+        copied_back.emplace_back(t, t.clone());
+        v = copied_back.back().second;
+      }
+    }
     NodePtr<BackwardNode> node;
-    if (requires_grad && at::GradMode::is_enabled()) {
+    if (record) {
       node = make_node<BackwardNode>(op_, &plan_, &tensor_slot_);
       save_inputs(*node, arg);
     }
-    {
+    std::vector<at::Tensor> written;
+    for (int32_t i : written_) written.push_back(arg(i).isNone() ? at::Tensor() : arg(i).toTensor());
+    if (written.empty()) {
       at::AutoDispatchBelowADInplaceOrView guard;
+      handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    } else {  // through the ADInplaceOrView kernel, which bumps the written tensors' versions
+      at::AutoDispatchBelowAutograd guard;
       handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
     }
     if (!node) return;
     const int32_t m = op_->num_outputs;
-    std::vector<at::Tensor> outputs;
-    for (int32_t j = 0; j < m; ++j) outputs.push_back((*stack)[stack->size() - m + j].toTensor());
-    for (const at::Tensor& out : outputs) {
+    std::vector<at::Tensor> results;  // core::result_names' order: outputs, then written inputs
+    for (int32_t j = 0; j < m; ++j) results.push_back((*stack)[stack->size() - m + j].toTensor());
+    for (int32_t j = 0; j < m; ++j) {
+      const at::Tensor& out = results[j];
       node->outputs_.emplace_back(out.sym_sizes().vec(), out.options());
       if (::torch::autograd::isDifferentiableType(out.scalar_type())) ::torch::autograd::set_history(out, node);
       else node->add_input_metadata(::torch::autograd::Node::undefined_input());
     }
-    for (int32_t j : save_output_) node->saved_outputs_.emplace_back(outputs[j], /*is_output=*/true);
+    for (const at::Tensor& t : written) {
+      results.push_back(t);
+      node->outputs_.emplace_back(t.defined() ? t.sym_sizes().vec() : std::vector<c10::SymInt>{},
+                                  t.defined() ? t.options() : at::TensorOptions());
+      if (t.defined() && ::torch::autograd::isDifferentiableType(t.scalar_type())) {
+        const uint32_t nr = node->add_input_metadata(t);
+        ::torch::autograd::impl::rebase_history(t, {node, nr});
+      } else {
+        node->add_input_metadata(::torch::autograd::Node::undefined_input());
+      }
+    }
+    for (int32_t j : save_output_)  // a written view is saved as torch saves `result` of an in-place op on one
+      node->saved_outputs_.emplace_back(results[j], /*is_output=*/true,
+                                        /*is_inplace_on_view=*/j >= m && results[j].is_view());
+    for (auto& [view, copy] : copied_back) view.copy_(copy);  // through autograd: CopySlices of view's base
   }
 
  private:
@@ -207,6 +256,7 @@ class AutogradKernel final : public c10::OperatorKernel {
   core::BackwardPlan plan_;
   std::vector<int32_t> tensor_slot_;  // per argument: its index among the tensor arguments, or -1
   std::vector<int32_t> save_arg_, save_output_;
+  std::vector<int32_t> written_;  // the mutated arguments, in order
   std::once_flag found_;
   std::optional<c10::OperatorHandle> backward_;
 };
@@ -262,8 +312,11 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
     if (v.isTensor() && !is_written && ::torch::autograd::isDifferentiableType(v.toTensor().scalar_type()))
       ::torch::autograd::set_history(v.toTensor(), node);
   }
-  for (const at::Tensor& t : written)
-    if (::torch::autograd::isDifferentiableType(t.scalar_type())) ::torch::autograd::rebase_history(t, node);
+  for (const at::Tensor& t : written) {  // each at its own input of the node
+    if (!::torch::autograd::isDifferentiableType(t.scalar_type())) continue;
+    const uint32_t nr = node->add_input_metadata(t);
+    ::torch::autograd::impl::rebase_history(t, {node, nr});
+  }
 }
 
 void writer_inplace(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {

@@ -95,12 +95,14 @@ std::unique_ptr<::torch::Library> register_op(const OpforgeLibrary& lib, const O
     reg->def(::torch::schema(core::fake_companion_schema(op).c_str(), c10::AliasAnalysisKind::FROM_SCHEMA));
     reg->impl(fake.c_str(), ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kFake, nullptr)));
   }
-  if (core::mutates_inputs(op)) {
-    register_writer(*reg, op.name);
-  } else if (const char* backward = core::backward_name(op)) {  // paired at load (core::check_backward_ops)
+  if (const char* backward = core::backward_name(op)) {  // paired at load (core::check_backward_ops)
     std::vector<std::string> problems;
     core::BackwardPlan plan = core::plan_backward(op, *core::find_op(lib, backward), problems);
+    if (core::mutates_inputs(op))  // the version bump of Note [Writers and autograd]
+      reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::ADInplaceOrView, make_writer_inplace_kernel()));
     reg->impl(op.name, ::torch::dispatch(c10::DispatchKey::Autograd, make_autograd_kernel(op, std::move(plan))));
+  } else if (core::mutates_inputs(op)) {
+    register_writer(*reg, op.name);
   } else {
     // An op without a backward op (a backward op without one of its own included): torch's
     // NotImplemented node, as for torch's own ops without a derivative formula. A backward that

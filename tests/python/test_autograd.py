@@ -187,6 +187,10 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         "library)",
         f"{site}:23: badbw::k: input 'grad_y' is named like the gradient of its output 'y'; rename it (the backward "
         "op could not tell the two apart)",
+        f"{site}:34: badbw::m_: backward op badbw::m__backward: input 'x' names the forward op's mutated input x, "
+        "whose value before the op is overwritten: call it x_out for its value after the op",
+        f"{site}:38: badbw::n_: 'x_out' names an argument or output and also mutated input 'x''s value after the "
+        "op; rename it (the backward op could not tell the two apart)",
     ]
     assert not hasattr(torch.ops.badbw, "f")  # nothing was registered
 

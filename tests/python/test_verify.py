@@ -41,6 +41,7 @@ def broken_ops(tmp_path_factory):
         "examples::rms_norm_backward",
         "examples::add_layer_norm",
         "examples::add_layer_norm_backward",
+        "examples::fused_add_rms_norm_backward",
         "examples::identity_conv",
         "examples::attention",
     ],

@@ -258,7 +258,16 @@ def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, ca
         ]
         with warnings.catch_warnings():  # float32 on purpose (FLOAT32_GRADCHECK)
             warnings.filterwarnings("ignore", message=r"Input #\d+ requires gradient and is not a double precision")
-            torch.autograd.gradcheck(lambda *a: handle(*a), tuple(inputs), **{"fast_mode": True, **settings})
+            # the outputs and the written inputs' final values, the op writing copies of the latter
+            # (an input that requires grad cannot be written in place)
+            mutated = {a.index for a in op.mutated}
+
+            def call(*a):
+                return results(
+                    op, handle, [t.clone() if i in mutated and t is not None else t for i, t in enumerate(a)]
+                )
+
+            torch.autograd.gradcheck(call, tuple(inputs), **{"fast_mode": True, **settings})
         return None
 
     record("opcheck", opcheck)
