@@ -95,7 +95,8 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
     } else if ((i = index_of(out, num_results, name)) >= 0) {
       plan.sources.emplace_back(BackwardPlan::Source::kOutput, i);
       if (!tensor)
-        problem("input '" + name + "' is " + type(c) + ", but the forward op's result " + name + " is a Tensor");
+        problem("input '" + name + "' is " + type(c) + ", but the forward op's " +
+                (i < fwd.num_outputs ? "output " : "mutated input's value after the op ") + name + " is a Tensor");
     } else {
       problem("input '" + name + "' matches nothing of the forward op: expected one of " + accepted);
     }
