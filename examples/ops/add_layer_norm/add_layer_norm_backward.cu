@@ -6,9 +6,8 @@
 // One pass over the rows, as rms_norm_backward.cu: blocks loop over rows, each thread owns the
 // same columns of every row and keeps its share of grad_weight and grad_bias in registers, one
 // row of per-block partial sums each is written at the end and opforge::cuda::sum_partials adds
-// them up. mean and inv are recomputed from x and residual: for 16-bit elements from one block
-// reduction (kOnePass), for wider ones as the forward computes them (the mean first, then the
-// variance around it).
+// them up. mean and inv are recomputed from x and residual as the forward computes them (the
+// mean first, then the variance around it).
 #include <opforge/cuda.h>
 
 #include <algorithm>
@@ -25,11 +24,6 @@ template <class T>
 constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
 template <class T>
 constexpr int kMaxRowThreads = sizeof(T) == 2 ? 256 : 512;
-/// The row statistics from one block reduction (sums of h, h^2, dxhat, dxhat * h; variance as
-/// E[h^2] - m^2) for 16-bit elements, whose rounding dwarfs the float32 cancellation that risks;
-/// two (the mean, then sums around it, as the forward) for wider ones.
-template <class T>
-constexpr bool kOnePass = sizeof(T) == 2;
 
 /// kRegisters: the row fits RowRegisters at this block size and every pointer is 16-byte aligned
 /// (the host checks both); h is read once into registers and weight is re-read per row (from L1:
@@ -73,54 +67,29 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
           for (int i = 0; i < Row::kWidth; ++i) h[k][i] += rv[i];
         }
       }
-      A mean, sums[3];  // sum of (h - m)^2, of dxhat, of dxhat * (h - m)
-      if constexpr (kOnePass<T>) {
-        A all[4] = {0, 0, 0, 0};  // sum of h, h^2, dxhat, dxhat * h: one block reduction a row
+      A mean = 0;
 #pragma unroll
-        for (int k = 0; k < Row::kVectors; ++k) {
-          if (!Row::has(k, cols)) continue;
-          A w[Row::kWidth], g[Row::kWidth];
-          Row::load(weight + Row::offset(k), w);
-          opforge::kernel::unpack<T>(gy[k], g);
+      for (int k = 0; k < Row::kVectors; ++k) {
 #pragma unroll
-          for (int i = 0; i < Row::kWidth; ++i) {
-            const A dx = g[i] * w[i];
-            all[0] += h[k][i];
-            all[1] += h[k][i] * h[k][i];
-            all[2] += dx;
-            all[3] += dx * h[k][i];
-          }
-        }
-        opforge::kernel::block_sum(all);
-        mean = all[0] / n;
-        sums[0] = max(all[1] - all[0] * mean, A(0));
-        sums[1] = all[2];
-        sums[2] = all[3] - mean * all[2];
-      } else {
-        mean = 0;
-#pragma unroll
-        for (int k = 0; k < Row::kVectors; ++k) {
-#pragma unroll
-          for (int i = 0; i < Row::kWidth; ++i) mean += h[k][i];  // zeros past the row's end
-        }
-        mean = opforge::kernel::block_sum(mean) / n;
-        sums[0] = sums[1] = sums[2] = 0;
-#pragma unroll
-        for (int k = 0; k < Row::kVectors; ++k) {
-          if (!Row::has(k, cols)) continue;
-          A w[Row::kWidth], g[Row::kWidth];
-          Row::load(weight + Row::offset(k), w);
-          opforge::kernel::unpack<T>(gy[k], g);
-#pragma unroll
-          for (int i = 0; i < Row::kWidth; ++i) {
-            const A d = h[k][i] - mean, dx = g[i] * w[i];
-            sums[0] += d * d;
-            sums[1] += dx;
-            sums[2] += dx * d;
-          }
-        }
-        opforge::kernel::block_sum(sums);
+        for (int i = 0; i < Row::kWidth; ++i) mean += h[k][i];  // zeros past the row's end
       }
+      mean = opforge::kernel::block_sum(mean) / n;
+      A sums[3] = {0, 0, 0};  // sum of (h - m)^2, of dxhat, of dxhat * (h - m)
+#pragma unroll
+      for (int k = 0; k < Row::kVectors; ++k) {
+        if (!Row::has(k, cols)) continue;
+        A w[Row::kWidth], g[Row::kWidth];
+        Row::load(weight + Row::offset(k), w);
+        opforge::kernel::unpack<T>(gy[k], g);
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) {
+          const A d = h[k][i] - mean, dx = g[i] * w[i];
+          sums[0] += d * d;
+          sums[1] += dx;
+          sums[2] += dx * d;
+        }
+      }
+      opforge::kernel::block_sum(sums);
       const A inv = A(1) / sqrt(sums[0] / n + static_cast<A>(eps));
       const A mean_dx = sums[1] / n, mean_dx_xhat = sums[2] * inv / n;
 #pragma unroll
