@@ -12,7 +12,7 @@ Op libraries are built with :func:`opforge.build_library` (or the CMake function
 
 from ._build import BuildError, build_library
 from ._core import OpforgeError
-from ._doctor import DoctorReport, Finding, doctor
+from ._doctor import DoctorReport, Finding, doctor, plot_timelines
 from ._paths import build_dir, example_library
 from ._torch import find_op, load_library, loaded_libraries, precompile, reload
 from .description import Library, Op
@@ -31,6 +31,7 @@ __all__ = [
     "find_op",
     "load_library",
     "loaded_libraries",
+    "plot_timelines",
     "precompile",
     "reload",
 ]

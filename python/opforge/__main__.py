@@ -93,7 +93,11 @@ def _new(args: argparse.Namespace) -> int:
     from opforge.scaffold import new_op
 
     try:
-        written = new_op(args.op, Path(args.dir), args.dtypes.split(","))
+        try:
+            shape = None if args.shape is None else [int(d) for d in args.shape.split(",") if d.strip()]
+        except ValueError:
+            raise ValueError(f"--shape takes comma-separated sizes such as 64,512; got {args.shape!r}") from None
+        written = new_op(args.op, Path(args.dir), args.dtypes.split(","), shape)
     except ValueError as e:
         return _fail("new", e)
     for path in written:
@@ -133,8 +137,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
     try:
         model, inputs = _load_model(args.model)
-        report = opforge.doctor(model, inputs)
-    except (ValueError, TypeError, ImportError) as e:
+        report = opforge.doctor(model, inputs, trace=args.trace, plot=args.plot)
+    except (ValueError, TypeError, ImportError, OSError) as e:
         return _fail("doctor", e)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
@@ -179,6 +183,12 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument(
         "--dtypes", default="float32,float16,bfloat16", help="comma-separated input dtypes (default: %(default)s)"
     )
+    n.add_argument(
+        "--shape",
+        default=None,
+        help="comma-separated sizes the model calls it with (opforge doctor prints them): the test also runs "
+        "the op at that shape",
+    )
     n.set_defaults(func=_new)
 
     b = sub.add_parser(
@@ -218,13 +228,16 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "doctor",
-        help="report graph breaks, recompiles and incomplete custom ops of a model",
-        description="Run opforge.doctor on the (model, inputs) that FUNCTION returns: graph breaks, recompiles "
-        "and custom ops without a CUDA kernel, fake kernel or backward, most costly first, with module path "
-        "and source line.",
+        help="profile a model: what keeps it off the GPU or out of the compiled graph, and incomplete custom ops",
+        description="Run opforge.doctor on the (model, inputs) that FUNCTION returns: CPU fallbacks, "
+        "host-GPU copies, synchronisations and GPU idle gaps of one step under torch.profiler, graph breaks, "
+        "recompiles and custom ops without a CUDA kernel, fake kernel or backward, most costly first, with "
+        "module path and source line.",
     )
     d.add_argument("model", help="file.py:FUNCTION or package.module:FUNCTION returning (model, inputs)")
     d.add_argument("--json", default=None, help="write the findings as JSON to this file instead of the table")
+    d.add_argument("--trace", default=None, help="write the profiled step as a Chrome/Perfetto trace to this file")
+    d.add_argument("--plot", default=None, help="write the step's GPU timeline as a PNG to this file")
     d.set_defaults(func=_doctor)
 
     sub.add_parser(

@@ -16,10 +16,21 @@ Findings (:class:`Finding`, ``kind``):
   the description, for ``torch.library.custom_op`` ops from their registrations, for others from
   the dispatcher's kernels.
 
+- ``cpu_fallback``: an operator that ran on CPU tensors while the model lives on CUDA (an op
+  with only a CPU kernel, or a layer that moves its input to the host).
+- ``copy``: an operator that copied a tensor between host and GPU (``.cpu()``, ``.numpy()``'s
+  copy, ``.to("cuda")``), from the GPU timeline of one step under ``torch.profiler``.
+- ``sync``: an operator that made the host wait for the GPU without such a copy (``.item()``,
+  ``nonzero``, ``bool(tensor)``).
+- ``gpu_idle``: a span of the step in which the GPU ran nothing, with what the host ran in it:
+  an operator, or Python outside torch operators (NumPy, SciPy) between two of them.
+
 Cost: for a graph break, the time of one eager call of the model (each break costs a graph
-boundary on every call); for a recompile, the slowest compiled call after the first; for an op,
-its own CPU time in one eager call under ``torch.profiler``. The GPU timeline findings (CPU
-fallbacks, host-device copies, synchronisations and idle gaps) are not measured yet.
+boundary on every call); for a recompile, the slowest compiled call after the first; for an op
+without a kernel, its own CPU time in one eager call under ``torch.profiler``; for a fallback, its
+time on the host; for a copy or a synchronisation, the operator's host time (waiting included);
+for an idle gap, the gap. Findings where a layer computes on the host carry an ``opforge new``
+command line (``suggestion``) with the shape and dtype the layer was called with.
 """
 
 from __future__ import annotations
@@ -30,11 +41,21 @@ import re
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
+import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._timeline import (
+    COPY_OPS,
+    Timeline,
+    TimelineFinding,
+    profile_step,
+    timeline_findings,
+    user_source,
+)
+from ._timeline import plot_timelines as _plot
 from ._torch import TORCH_NAMESPACES, find_op
 
 
@@ -42,7 +63,8 @@ from ._torch import TORCH_NAMESPACES, find_op
 class Finding:
     """One problem: ``kind`` (see the module docstring), ``cost_ms`` (milliseconds, the measure
     the module docstring gives), ``module`` (the module path, "" for the model itself, None if
-    unknown), ``source`` ("file:line", or None), ``op`` (the operator, or None) and ``message``."""
+    unknown), ``source`` ("file:line", or None), ``op`` (the operator, or None), ``message``, and
+    ``suggestion`` (the ``opforge new`` command for an op to write, or None)."""
 
     kind: str
     cost_ms: float
@@ -50,14 +72,23 @@ class Finding:
     source: str | None
     message: str
     op: str | None = None
+    suggestion: str | None = None
 
 
 @dataclass
 class DoctorReport:
-    """Findings, most costly first; ``step_ms``: one eager call of the model (wall time)."""
+    """Findings, most costly first; ``step_ms``: one eager call of the model (wall time);
+    ``timeline``: the profiled step (:class:`opforge._timeline.Timeline`) and ``timeline_findings``
+    the findings drawn on it, for :meth:`save_plot`."""
 
     step_ms: float
     findings: list[Finding] = field(default_factory=list)
+    timeline: Timeline | None = None
+    timeline_findings: list[TimelineFinding] = field(default_factory=list)
+
+    def save_plot(self, path, title: str = "opforge doctor"):
+        """Writes the step's GPU timeline as a PNG at `path` (see :func:`plot_timelines`); returns it."""
+        return plot_timelines({title: self}, path)
 
     def to_json(self) -> dict:
         return {"step_ms": self.step_ms, "findings": [asdict(f) for f in self.findings]}
@@ -69,12 +100,22 @@ class DoctorReport:
 
         n = len(self.findings)
         table = Table(title=f"opforge doctor: {n} finding{'s' * (n != 1)}, one eager step {self.step_ms:.2f} ms")
-        for column in ("kind", "cost ms", "module", "source", "finding"):
-            table.add_column(column, no_wrap=column != "finding", overflow="fold")
+        for column in ("kind", "cost ms", "module", "source"):
+            table.add_column(column, overflow="fold")
+        table.add_column("finding", overflow="fold", min_width=48)
         for f in self.findings:
             module = "?" if f.module is None else f.module or "(the model)"
-            table.add_row(f.kind, f"{f.cost_ms:.3f}", module, _short(f.source), f.message)
-        Console().print(table)
+            message = f.message + (f"\nnext: {f.suggestion}" if f.suggestion else "")
+            table.add_row(f.kind, f"{f.cost_ms:.3f}", module, _short(f.source), message)
+        Console(width=max(Console().width, 160)).print(table)  # a pipe or file gets 160 columns, not 80
+
+
+def plot_timelines(reports: dict[str, DoctorReport], path: str | os.PathLike):
+    """Writes the profiled steps of `reports` (title -> report) as one PNG at `path`, one panel
+    under the other on a common millisecond axis: the host's operators (the culprits of copy and
+    sync findings in red), the GPU's kernels (blue) and copies (orange), and its idle gaps shaded
+    and labelled with their source line. Returns the path. Needs matplotlib."""
+    return _plot([(title, r.timeline, r.timeline_findings) for title, r in reports.items()], path)
 
 
 def _short(source: str | None) -> str:
@@ -108,26 +149,43 @@ def _module_locator(model: torch.nn.Module):
     return locate
 
 
+@dataclass
+class _Calls:
+    """What the recorder saw of one operator at one source line: calls, host seconds, whether it
+    returns a view, and its tensors' devices, the first one's sizes and dtype."""
+
+    view: bool = False
+    count: int = 0
+    seconds: float = 0.0
+    devices: set = field(default_factory=set)
+    shape: list | None = None
+    dtype: str | None = None
+
+
 class _OpRecorder(TorchDispatchMode):
-    """Records the name of every operator called, with the user frame (file, line) calling it."""
+    """Records every operator called (name -> the user frame of its first call) and, per
+    (operator, user frame), its calls, host time and tensors' devices, sizes and dtypes."""
 
     def __init__(self):
         super().__init__()
         self.calls: dict[str, tuple[str, int] | None] = {}
+        self.sites: dict[tuple[str, tuple[str, int] | None], _Calls] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.name()
-        if name not in self.calls:
-            frame = next(
-                (
-                    f
-                    for f in inspect.stack(context=0)[1:]
-                    if "/torch/" not in f.filename and "/opforge/" not in f.filename
-                ),
-                None,
-            )
-            self.calls[name] = (frame.filename, frame.lineno) if frame else None
-        return func(*args, **(kwargs or {}))
+        where = user_source()
+        self.calls.setdefault(name, where)
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        elapsed = time.perf_counter() - t0
+        site = self.sites.setdefault((name, where), _Calls(view=any(r.alias_info for r in func._schema.returns)))
+        site.count += 1
+        site.seconds += elapsed
+        tensors = [t for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+        site.devices |= {t.device.type for t in tensors}
+        if site.shape is None and tensors:
+            site.shape, site.dtype = list(tensors[0].shape), str(tensors[0].dtype).removeprefix("torch.")
+        return out
 
 
 def _has_kernel(name: str, *keys: str) -> bool:
@@ -162,15 +220,10 @@ def _coverage(name: str) -> tuple[bool, bool, bool]:
     )
 
 
-def _op_findings(model, inputs, locate) -> list[Finding]:
-    recorder = _OpRecorder()
-    with torch.no_grad(), recorder:
-        model(*inputs)
-    with warnings.catch_warnings():  # the profiler's notes on clearing events
-        warnings.simplefilter("ignore")
-        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            model(*inputs)
-    cpu_ms = {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
+def _op_findings(recorder: _OpRecorder, locate) -> list[Finding]:
+    cpu_ms: dict[str, float] = {}
+    for (name, _), site in recorder.sites.items():
+        cpu_ms[name] = cpu_ms.get(name, 0.0) + 1e3 * site.seconds
     findings = []
     for name, where in recorder.calls.items():
         if name.split("::")[0] in TORCH_NAMESPACES:
@@ -191,6 +244,83 @@ def _op_findings(model, inputs, locate) -> list[Finding]:
     return findings
 
 
+#: Aten operators that move no data of their own (views, metadata, conversions from NumPy).
+_NO_WORK = frozenset({"aten::lift_fresh", "aten::detach", "aten::alias", "aten::empty", "aten::empty_strided"})
+
+
+def _suggestion(module: str | None, shape: list | None, dtype: str | None) -> str | None:
+    """The ``opforge new`` command for an op replacing the layer at `module`, or None."""
+    if not module or shape is None or dtype not in ("float32", "float64", "float16", "bfloat16"):
+        return None
+    name = re.sub(r"\W", "_", module.split(".")[-1]) or "layer"
+    name = f"op_{name}" if name[0].isdigit() else name
+    return f"opforge new my_ops::{name} --dtypes {dtype} --shape {','.join(map(str, shape))}"
+
+
+def _fallback_findings(recorder: _OpRecorder, locate) -> list[Finding]:
+    """Operators whose every tensor (inputs and outputs) was on the CPU, not a view, a copy or a
+    scalar, in a model that lives on CUDA."""
+    findings = []
+    for (name, where), site in recorder.sites.items():
+        if site.devices != {"cpu"} or site.view or name in COPY_OPS or name in _NO_WORK or not site.shape:
+            continue
+        source = f"{where[0]}:{where[1]}" if where else None
+        module = locate(*where) if where else None
+        message = (
+            f"{name} ran on the CPU ({site.count} call{'s' * (site.count != 1)}, {site.shape} {site.dtype}) while "
+            "the model is on CUDA"
+        )
+        findings.append(
+            Finding(
+                "cpu_fallback",
+                1e3 * site.seconds,
+                module,
+                source,
+                message,
+                op=name,
+                suggestion=_suggestion(module, site.shape, site.dtype),
+            )
+        )
+    return findings
+
+
+def _timeline_findings(report: DoctorReport, recorder: _OpRecorder, locate) -> list[Finding]:
+    """Copies, synchronisations and GPU idle gaps of the profiled step, with module paths, and
+    for a copy or a gap, the ``opforge new`` command from the sizes and dtype at its source."""
+    dtypes = {f"{w[0]}:{w[1]}": site for (_, w), site in recorder.sites.items() if w is not None}
+    findings = []
+    for f in report.timeline_findings:
+        module = None
+        if f.source:
+            path, _, line = f.source.rpartition(":")
+            module = locate(path, int(line))
+        site = dtypes.get(f.source) if f.source else None
+        suggestion = _suggestion(module, site.shape, site.dtype) if site and f.kind != "sync" else None
+        findings.append(Finding(f.kind, f.cost_ms, module, f.source, f.message, op=f.op, suggestion=suggestion))
+    return findings
+
+
+#: dynamo's graph-break reasons, as the Python that causes them.
+_BREAK_REASONS = {
+    "generic_jump": "Python branches on a tensor's value (if/while/assert on a tensor), which needs it on the host",
+}
+
+
+def _merged(findings: list[Finding]) -> list[Finding]:
+    """One finding per (kind, source, message, op), "(n times)" added where it occurred more
+    often (a layer repeated in a loop), at the largest cost of its occurrences."""
+    groups: dict[tuple, list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.kind, f.source, f.message, f.op), []).append(f)
+    merged = []
+    for group in groups.values():
+        first = max(group, key=lambda f: f.cost_ms)
+        if len(group) > 1:
+            first = replace(first, message=f"{first.message} ({len(group)} times)")
+        merged.append(first)
+    return merged
+
+
 def _graph_break_findings(model, inputs, step_ms: float, locate) -> list[Finding]:
     torch._dynamo.reset()
     try:
@@ -203,7 +333,11 @@ def _graph_break_findings(model, inputs, step_ms: float, locate) -> list[Finding
         frame = reason.user_stack[-1] if reason.user_stack else None
         source = f"{frame.filename}:{frame.lineno}" if frame else None
         module = locate(frame.filename, frame.lineno) if frame else None
-        findings.append(Finding("graph_break", step_ms, module, source, reason.reason.splitlines()[0]))
+        why = reason.reason.splitlines()[0]
+        for jargon, meaning in _BREAK_REASONS.items():
+            if why.startswith(jargon):
+                why = f"{meaning} (dynamo: {why})"
+        findings.append(Finding("graph_break", step_ms, module, source, why))
     if not findings and explained.graph_break_count:  # e.g. a print inside a nested submodule
         n = explained.graph_break_count
         findings.append(
@@ -245,12 +379,27 @@ def _recompile_findings(model, inputs, locate, calls: int = 3) -> list[Finding]:
     return findings
 
 
-def doctor(model: torch.nn.Module, inputs: Sequence[object] | torch.Tensor) -> DoctorReport:
+def _lives_on_cuda(model: torch.nn.Module, inputs: Sequence[object]) -> bool:
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [t for t in pytree.tree_leaves(list(inputs)) if isinstance(t, torch.Tensor)]
+    return any(t.device.type == "cuda" for t in tensors)
+
+
+def doctor(
+    model: torch.nn.Module,
+    inputs: Sequence[object] | torch.Tensor,
+    *,
+    trace: str | os.PathLike | None = None,
+    plot: str | os.PathLike | None = None,
+    min_gap_us: float = 50.0,
+) -> DoctorReport:
     """Runs `model(*inputs)` (`inputs` a tuple or list of positional arguments, or one tensor;
-    the model runs about six times: eagerly, under a dispatch recorder and ``torch.profiler``, and
-    once through ``torch._dynamo.explain``) and returns its findings, most costly first (see the
-    module docstring). The model's own exceptions in eager mode propagate; a model that
-    torch.compile cannot trace is a ``compile_error`` finding.
+    the model runs about eight times: eagerly, under a dispatch recorder and ``torch.profiler``
+    twice, and through ``torch._dynamo.explain`` and ``torch.compile``) and returns its findings,
+    most costly first (see the module docstring). GPU idle gaps shorter than `min_gap_us`
+    microseconds are not reported. Writes the profiled step as a Chrome/Perfetto trace to
+    `trace` and as a PNG timeline to `plot` when given. The model's own exceptions in eager mode
+    propagate; a model that torch.compile cannot trace is a ``compile_error`` finding.
 
     Raises:
         TypeError: `model` is not an nn.Module, or `inputs` is neither a tensor nor a tuple/list.
@@ -271,8 +420,20 @@ def doctor(model: torch.nn.Module, inputs: Sequence[object] | torch.Tensor) -> D
         model(*inputs)
         step_ms = 1e3 * (time.perf_counter() - t0)
     report = DoctorReport(step_ms)
-    report.findings += _op_findings(model, inputs, locate)
+    recorder = _OpRecorder()
+    with torch.no_grad(), recorder:
+        model(*inputs)
+    with warnings.catch_warnings():  # the profiler's notes on clearing events
+        warnings.simplefilter("ignore")
+        report.timeline = profile_step(model, inputs, trace)
+    report.timeline_findings = timeline_findings(report.timeline, min_gap_us)
+    report.findings += _op_findings(recorder, locate)
+    if _lives_on_cuda(model, inputs):
+        report.findings += _fallback_findings(recorder, locate)
+    report.findings += _timeline_findings(report, recorder, locate)
     report.findings += _graph_break_findings(model, inputs, step_ms, locate)
     report.findings += _recompile_findings(model, inputs, locate)
-    report.findings.sort(key=lambda f: -f.cost_ms)
+    report.findings = sorted(_merged(report.findings), key=lambda f: -f.cost_ms)
+    if plot is not None:
+        report.save_plot(plot)
     return report

@@ -5,7 +5,9 @@ The folder (the layout ``opforge build <dir>`` and ``examples/ops/<op>/`` use)::
 
     <name>/<name>.cpp          the description, and a CPU reference to replace with the op's math
     <name>/kernels/<name>.cu   its CUDA kernel, compiled at run time (NVRTC) for the GPU in use
-    <name>/test_<name>.py      builds the folder and runs opforge verify on it (pytest)
+    <name>/test_<name>.py      builds the folder and runs opforge verify on it (pytest); with a
+                               shape (``--shape``, as opforge doctor suggests it), also compares
+                               the device kernel with the reference at that shape
 
 The op it describes is the identity, y = x, elementwise over any shape in the given dtypes: the
 smallest op whose every part (dtype dispatch, launch rule, run-time kernel, verify against its
@@ -76,6 +78,7 @@ machine without a GPU, the reference against the description's .equivalent() exp
 
 from pathlib import Path
 
+import pytest
 import torch
 
 import opforge
@@ -84,11 +87,28 @@ from opforge import verify
 FOLDER = Path(__file__).resolve().parent
 
 
-def test_{name}_passes_verify(tmp_path):
-    opforge.load_library(opforge.build_library("{name}", folder=FOLDER, build_dir=tmp_path))
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    \"\"\"The folder built and loaded once for the tests below.\"\"\"
+    return opforge.load_library(opforge.build_library("{name}", folder=FOLDER, build_dir=tmp_path_factory.mktemp("b")))
+
+
+def test_{name}_passes_verify(library):
     report = verify.verify_op("{ns}::{name}", device="cuda" if torch.cuda.is_available() else "cpu", seed=0)
     verify.print_report(report)
     assert report.ok, [(r.check, r.case, r.message) for r in report.failures]
+"""
+
+_SHAPE_TEST = """\
+
+
+def test_{name}_at_the_shape_of_the_model(library):
+    \"\"\"The shape and dtype the model calls it with ({shape}, {dtype}): the device's result
+    against the CPU reference.\"\"\"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn({shape}, dtype=torch.{dtype}, device=device)
+    expected = torch.ops.{ns}.{name}(x.cpu())
+    torch.testing.assert_close(torch.ops.{ns}.{name}(x).cpu(), expected)
 """
 
 
@@ -112,14 +132,16 @@ def _identifier(part: str, what: str) -> str:
     return part
 
 
-def new_op(qualified: str, parent: Path, dtypes: list[str]) -> list[Path]:
+def new_op(qualified: str, parent: Path, dtypes: list[str], shape: list[int] | None = None) -> list[Path]:
     """Writes the op folder ``parent/<name>/`` for ``qualified`` ("ns::name") taking `dtypes`
-    (names from :data:`DTYPES`); returns the files written.
+    (names from :data:`DTYPES`); with `shape` (sizes, as ``opforge doctor`` found them), its test
+    also runs the op at that shape in the first dtype. Returns the files written.
 
     Raises:
         ValueError: `qualified` is not "ns::name" of identifiers (C++ keywords, reserved names and
-            torch's namespaces refused), a dtype is unknown or none is given, ``parent/<name>``
-            already exists (nothing is overwritten), or the folder cannot be written.
+            torch's namespaces refused), a dtype is unknown or none is given, a size is negative,
+            ``parent/<name>`` already exists (nothing is overwritten), or the folder cannot be
+            written.
     """
     if qualified.count("::") != 1:
         raise ValueError(f"expected a qualified op name ns::name, got {qualified!r}")
@@ -132,6 +154,8 @@ def new_op(qualified: str, parent: Path, dtypes: list[str]) -> list[Path]:
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or not dtypes:
         raise ValueError(f"dtypes must be among {', '.join(DTYPES)}; got {', '.join(dtypes) or 'none'}")
+    if shape is not None and any(d < 0 for d in shape):
+        raise ValueError(f"sizes of --shape must be at least 0, got {shape}")
     folder = parent / name
     if folder.exists():
         raise ValueError(f"{folder} already exists; pick another name or folder")
@@ -139,8 +163,9 @@ def new_op(qualified: str, parent: Path, dtypes: list[str]) -> list[Path]:
     files = {
         folder / f"{name}.cpp": _OP_FILE,
         folder / "kernels" / f"{name}.cu": _KERNEL,
-        folder / f"test_{name}.py": _TEST,
+        folder / f"test_{name}.py": _TEST + (_SHAPE_TEST if shape is not None else ""),
     }
+    values.update(shape=tuple(shape or ()), dtype=dtypes[0])
     try:
         (folder / "kernels").mkdir(parents=True)
         for path, template in files.items():

@@ -1,17 +1,23 @@
-"""opforge.doctor on the CPU: graph breaks with their module path and source line, custom ops
-missing a Meta/fake kernel or a backward (opforge ops from their description, torch.library
-custom ops from their registrations), a model torch.compile cannot trace reported and not raised.
+"""opforge.doctor: graph breaks with their module path and source line, custom ops missing a
+Meta/fake kernel or a backward (opforge ops from their description, torch.library custom ops
+from their registrations), a model torch.compile cannot trace reported and not raised; the
+profiled step's timeline (source lines, trace, picture) and what it finds (copies,
+synchronisations, GPU idle gaps; on a GPU, CPU fallbacks); the worked example end to end.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import opforge
+from conftest import requires_cuda
+from opforge._timeline import HostOp, Timeline, timeline_findings
 
 
 @torch.library.custom_op("doctor_test::host_scale", mutates_args=())
@@ -153,3 +159,112 @@ def test_the_command_line_writes_the_findings_as_json(tmp_path, capsys):
     assert f"{spec} has no function nothing" in capsys.readouterr().err
     assert main(["doctor", "no_colon"]) == 2
     assert "expected file.py:function or module:function" in capsys.readouterr().err
+
+
+class NumpyAct(torch.nn.Module):
+    """An activation through host memory, as research code writes it."""
+
+    def forward(self, x):
+        y = x.detach().cpu().numpy()
+        y = np.tanh(y) * 2.0
+        return torch.from_numpy(y).to(x.device)
+
+
+class Syncs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.act = NumpyAct()
+
+    def forward(self, x):
+        h = self.act(self.lin(x))
+        scale = h.abs().max().item()  # the host waits for the GPU
+        return host_scale(h / scale).to(x.device)
+
+
+def test_the_timeline_names_each_operator_s_line_and_is_written_as_trace_and_picture(tmp_path):
+    model = Syncs()
+    report = opforge.doctor(model, torch.randn(16, 64), trace=tmp_path / "t.json", plot=tmp_path / "t.png")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::addmm" for e in events)
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sources = {op.name: op.source for op in report.timeline.host}
+    assert sources["aten::linear"] == f"{__file__}:{line_of(Syncs, 'self.act(self.lin(x))')}"
+    assert sources["aten::item"] == f"{__file__}:{line_of(Syncs, '.item()')}"
+    assert report.timeline.cuda == torch.cuda.is_available()
+    if not torch.cuda.is_available():  # no GPU profiled: no copies, gaps or fallbacks to report
+        assert not {"copy", "sync", "gpu_idle", "cpu_fallback"} & {f.kind for f in report.findings}
+
+
+def synthetic(ops, device) -> Timeline:
+    """A timeline of host ops (name, start, end, copies, sync_us) and GPU activity, in microseconds."""
+    host = [
+        HostOp(n, s, e, f"model.py:{i + 1}", [[4, 8]], copies=c, sync_us=w) for i, (n, s, e, c, w) in enumerate(ops)
+    ]
+    return Timeline(0.0, 1000.0, host, device, cuda=True)
+
+
+def test_gaps_copies_and_synchronisations_from_a_timeline():
+    tl = synthetic(
+        [
+            ("aten::to", 100, 150, ["DtoH"], 30.0),  # x.cpu(): a copy that waits for the GPU
+            ("aten::to", 600, 640, ["HtoD"], 0.0),  # .to("cuda") after NumPy ran from 150 to 600
+            ("aten::item", 700, 720, ["DtoH"], 15.0),  # .item(): a synchronisation, not a copy
+            ("aten::sort", 760, 990, [], 0.0),  # a host op that covers the last gap
+        ],
+        [("k1", 0.0, 100.0), ("Memcpy DtoH (Device -> Pageable)", 120, 130), ("k2", 640, 700), ("k3", 720, 750)],
+    )
+    found = timeline_findings(tl, min_gap_us=100.0)
+    kinds = [(f.kind, f.source) for f in found]
+    assert ("copy", "model.py:1") in kinds and ("copy", "model.py:2") in kinds
+    assert ("sync", "model.py:3") in kinds and ("copy", "model.py:3") not in kinds
+    (copy,) = [f for f in found if f.kind == "copy" and f.source == "model.py:1"]
+    assert copy.message == "aten::to copied [4, 8] GPU to host, 0.030 ms of it waiting for the GPU"
+    gaps = [f for f in found if f.kind == "gpu_idle"]
+    assert [g.span_us for g in gaps] == [(130, 640), (750, 1000)]
+    assert gaps[0].cost_ms == pytest.approx(0.51)
+    assert "the host ran Python outside torch operators for 0.450 ms, between aten::to at model.py:1" in gaps[0].message
+    assert gaps[0].source == "model.py:1"
+    assert "the host ran aten::sort for 0.230 ms of it" in gaps[1].message and gaps[1].source == "model.py:4"
+    assert timeline_findings(tl, min_gap_us=600.0) == [f for f in found if f.kind != "gpu_idle"]
+
+
+@requires_cuda
+def test_on_the_gpu_copies_syncs_gaps_and_a_cpu_fallback_are_found(tmp_path):
+    model = Syncs().cuda()
+    report = opforge.doctor(model, torch.randn(2048, 64, device="cuda"), plot=tmp_path / "t.png")
+    by_kind = {}
+    for f in report.findings:
+        by_kind.setdefault(f.kind, []).append(f)
+    act = f"{__file__}:{line_of(NumpyAct, '.cpu().numpy()')}"
+    assert any(f.source == act and f.module == "act" and "GPU to host" in f.message for f in by_kind["copy"])
+    back = f"{__file__}:{line_of(NumpyAct, '.to(x.device)')}"
+    assert any(f.source == back and "host to GPU" in f.message for f in by_kind["copy"])
+    assert any(f.source == f"{__file__}:{line_of(Syncs, '.item()')}" for f in by_kind["sync"]), report.findings
+    assert any(f.source == act for f in by_kind["gpu_idle"]), by_kind.get("gpu_idle")
+    fallback = [f for f in by_kind["cpu_fallback"] if f.op == "doctor_test::host_scale"]
+    assert fallback and fallback[0].suggestion is None  # the model itself, not a submodule, calls it
+    suggested = [f.suggestion for f in by_kind["copy"] if f.source == act]
+    assert suggested == ["opforge new my_ops::act --dtypes float32 --shape 2048,64"]
+
+
+def test_the_demo_finds_the_host_activation_and_the_break_and_the_fix_clears_them(tmp_path):
+    import subprocess
+    import sys
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, str(root / "examples" / "models" / "doctor_demo.py"), "--device", device]
+        + ["--out", str(tmp_path)]
+        + ([] if device == "cuda" else ["--tokens", "64"]),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["problems"] == []
+    assert (tmp_path / "timelines.png").exists() and (tmp_path / "before_trace.json").exists()
+    if device == "cuda":
+        assert results["speedup"] > 1.0

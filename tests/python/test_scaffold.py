@@ -27,7 +27,8 @@ def run_generated_test(folder: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp_path, capsys):
-    assert main(["new", "scaffold_demo::twice", "--dir", str(tmp_path), "--dtypes", "float32,float64"]) == 0
+    argv = ["new", "scaffold_demo::twice", "--dir", str(tmp_path), "--dtypes", "float32,float64", "--shape", "5,7"]
+    assert main(argv) == 0
     folder = tmp_path / "twice"
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
         "kernels/twice.cu",
@@ -37,7 +38,8 @@ def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp
     assert "opforge::kFloat32 | opforge::kFloat64" in (folder / "twice.cpp").read_text()
     assert "next: edit twice.cpp" in capsys.readouterr().out
     ok = run_generated_test(folder)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.returncode == 0 and "2 passed" in ok.stdout, ok.stdout + ok.stderr  # verify, and the shape's test
+    assert "torch.randn((5, 7), dtype=torch.float32" in (folder / "test_twice.py").read_text()
     # The reference doubles x while the description still says x.clone(): verify must fail.
     op_file = folder / "twice.cpp"
     op_file.write_text(
@@ -58,6 +60,8 @@ def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp
         (["new", "ns::T"], "op name 'T' is reserved in C++ or used by the generated code"),
         (["new", "ns::__x"], "op name '__x' is reserved in C++ or used by the generated code"),
         (["new", "aten::x"], "namespace 'aten' is torch's own"),
+        (["new", "ns::x", "--shape", "8,x"], "--shape takes comma-separated sizes such as 64,512; got '8,x'"),
+        (["new", "ns::x", "--shape", "8,-1"], "sizes of --shape must be at least 0, got [8, -1]"),
     ],
 )
 def test_bad_names_and_dtypes_are_refused(tmp_path, capsys, argv, message):

@@ -1,0 +1,312 @@
+"""One step of a model under ``torch.profiler``: the host's operators and the GPU's activity on
+one clock, what keeps the GPU idle, and a picture of it. Used by :func:`opforge.doctor`.
+
+:func:`profile_step` records the step (operators with their input shapes and source lines,
+CUDA runtime calls, kernels and memory copies) and can write it as a Chrome/Perfetto trace;
+:func:`timeline_findings` turns it into findings; :func:`plot_timelines` draws one or more
+steps as a PNG, GPU busy and idle with the culprits labelled.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.profiler import ProfilerActivity, profile, record_function
+
+#: The record_function range the profiled step runs in.
+STEP = "opforge.doctor step"
+#: CUDA runtime calls that block the host until the GPU has caught up.
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
+#: What a person wrote, for operators whose synchronisation is a Python call's.
+SYNC_CALLERS = {
+    "aten::item": ".item()",
+    "aten::_local_scalar_dense": ".item()",
+    "aten::is_nonzero": "bool(tensor)",
+    "aten::nonzero": "nonzero()",
+    "aten::equal": "torch.equal",
+    "aten::tolist": ".tolist()",
+}
+#: Operators that copy between devices (`.cpu()`, `.to()`, `.cuda()`, `copy_`).
+COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu", "aten::cuda"})
+
+
+@dataclass
+class HostOp:
+    """A top-level operator of the step on the host: ``name``, ``start_us``/``end_us`` (profiler
+    microseconds), ``source`` ("file:line" of the user code that called it, or None), ``shapes``
+    (its inputs' sizes), ``copies`` (kinds of memory copy it launched: "DtoH", "HtoD", ...),
+    ``sync_us`` (microseconds it spent blocked in CUDA synchronisations) and ``kernels`` (the
+    number of kernels it launched)."""
+
+    name: str
+    start_us: float
+    end_us: float
+    source: str | None
+    shapes: list
+    copies: list[str] = field(default_factory=list)
+    sync_us: float = 0.0
+    kernels: int = 0
+
+    @property
+    def ms(self) -> float:
+        return (self.end_us - self.start_us) / 1e3
+
+
+@dataclass
+class Timeline:
+    """One profiled step: its window (``start_us``/``end_us``, from the step's start to the end
+    of its last host operator or GPU activity, whichever is later), the top-level ``host``
+    operators in order, and the GPU's ``device`` activity as (name, start_us, end_us), kernels
+    and copies, in order; ``cuda``: whether the GPU was profiled."""
+
+    start_us: float
+    end_us: float
+    host: list[HostOp]
+    device: list[tuple[str, float, float]]
+    cuda: bool
+
+    @property
+    def ms(self) -> float:
+        return (self.end_us - self.start_us) / 1e3
+
+    def idle_gaps(self, min_us: float) -> list[tuple[float, float]]:
+        """The spans of the window at least `min_us` long in which the GPU ran nothing (kernels
+        and copies merged), in order; [] if the GPU was not profiled."""
+        if not self.cuda:
+            return []
+        gaps, cursor = [], self.start_us
+        for _, start, end in sorted(self.device, key=lambda d: d[1]):
+            if start - cursor >= min_us:
+                gaps.append((cursor, start))
+            cursor = max(cursor, end)
+        if self.end_us - cursor >= min_us:
+            gaps.append((cursor, self.end_us))
+        return gaps
+
+
+#: Prefix of the record_function ranges that name the user's source line of each torch call.
+SOURCE = "@"
+
+
+def user_source() -> tuple[str, int] | None:
+    """(file, line) of the innermost Python frame outside torch and opforge, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "/torch/" not in name and "/opforge/" not in name and not name.startswith("<frozen"):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+class _SourceRanges(TorchFunctionMode):
+    """Runs each outermost torch call inside a record_function range named ``@file:line`` of the
+    user code that made it (the profiler's own Python stacks give functions' first lines)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        where = user_source()
+        if where is None:
+            return func(*args, **(kwargs or {}))
+        with record_function(f"{SOURCE}{where[0]}:{where[1]}"):
+            return func(*args, **(kwargs or {}))
+
+
+def profile_step(model: Callable, inputs: Sequence[object], trace: str | Path | None = None) -> Timeline:
+    """Runs ``model(*inputs)`` once under ``torch.profiler`` (CPU, and CUDA when available;
+    input shapes recorded, each torch call in a range named after its source line), the GPU
+    synchronised before and after, and returns its :class:`Timeline`; writes the
+    Chrome/Perfetto trace to `trace` if given (open it in https://ui.perfetto.dev)."""
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities, record_shapes=True) as prof:
+        with torch.no_grad(), record_function(STEP), _SourceRanges():
+            model(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    return _timeline(prof.events(), cuda)
+
+
+def _timeline(events, cuda: bool) -> Timeline:
+    from torch.autograd import DeviceType
+
+    step = next(e for e in events if e.name == STEP)
+
+    def is_op(e) -> bool:
+        return e.device_type == DeviceType.CPU and "::" in e.name and not e.name.startswith(SOURCE)
+
+    def top_level(e) -> bool:
+        parent = e.cpu_parent
+        while parent is not None:
+            if is_op(parent):
+                return False
+            parent = parent.cpu_parent
+        return True
+
+    def source(e) -> str | None:
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith(SOURCE):
+            parent = parent.cpu_parent
+        return parent.name[len(SOURCE) :] if parent is not None else None
+
+    def within_step(e) -> bool:
+        return step.time_range.start <= e.time_range.start <= step.time_range.end
+
+    host = []
+    for e in events:
+        if not (is_op(e) and within_step(e) and top_level(e)):
+            continue
+        op = HostOp(e.name, e.time_range.start, e.time_range.end, source(e), list(e.input_shapes))
+        todo = list(e.cpu_children)
+        while todo:
+            child = todo.pop()
+            todo += child.cpu_children
+            if child.name in SYNC_CALLS:
+                op.sync_us += child.time_range.end - child.time_range.start
+            for k in child.kernels:
+                if k.name.startswith("Memcpy "):
+                    op.copies.append(k.name.split()[1])
+                elif not k.name.startswith("Memset"):
+                    op.kernels += 1
+        host.append(op)
+    host.sort(key=lambda o: o.start_us)
+    device = sorted(
+        (e.name, e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CUDA and e.time_range.start >= step.time_range.start
+    )
+    end = max([step.time_range.end] + [d[2] for d in device])
+    return Timeline(step.time_range.start, end, host, device, cuda)
+
+
+@dataclass
+class TimelineFinding:
+    """What :func:`timeline_findings` found: ``kind`` ("copy", "sync", "gpu_idle"), ``cost_ms``,
+    ``source``, ``message``, ``op`` (the operator, or None), ``span_us`` (where on the timeline),
+    and ``shapes`` (the operator's input sizes, or None)."""
+
+    kind: str
+    cost_ms: float
+    source: str | None
+    message: str
+    op: str | None
+    span_us: tuple[float, float]
+    shapes: list | None = None
+
+
+def timeline_findings(tl: Timeline, min_gap_us: float = 50.0) -> list[TimelineFinding]:
+    """Copies between host and GPU (each operator that launched one; cost: its host time, which
+    includes waiting for the GPU), synchronisations that are not such copies (``.item()``,
+    ``nonzero``; cost: the same), and GPU idle gaps of at least `min_gap_us` microseconds (cost:
+    the gap), each with what the host ran in it: the operator that covered most of it, or the
+    Python between two operators where none did."""
+    found = []
+    for op in tl.host:
+        span = (op.start_us, op.end_us)
+        host_copies = [c for c in op.copies if c in ("DtoH", "HtoD")]
+        if host_copies and op.name not in SYNC_CALLERS:
+            what = " and ".join(dict.fromkeys({"DtoH": "GPU to host", "HtoD": "host to GPU"}[c] for c in host_copies))
+            wait = f", {op.sync_us / 1e3:.3f} ms of it waiting for the GPU" if op.sync_us else ""
+            shape = op.shapes[0] if op.shapes else None
+            message = f"{op.name} copied {list(shape) if shape else 'a tensor'} {what}{wait}"
+            found.append(TimelineFinding("copy", op.ms, op.source, message, op.name, span, op.shapes))
+        elif op.sync_us > 0:
+            caller = SYNC_CALLERS.get(op.name, op.name)
+            message = f"{caller} ({op.name}) made the host wait {op.sync_us / 1e3:.3f} ms for the GPU"
+            found.append(TimelineFinding("sync", op.ms, op.source, message, op.name, span, op.shapes))
+    for g0, g1 in tl.idle_gaps(min_gap_us):
+        found.append(_gap_finding(tl, g0, g1))
+    return found
+
+
+def _gap_finding(tl: Timeline, g0: float, g1: float) -> TimelineFinding:
+    inside = [o for o in tl.host if o.start_us < g1 and o.end_us > g0]
+    overlap = {id(o): min(o.end_us, g1) - max(o.start_us, g0) for o in inside}
+    gap_ms = (g1 - g0) / 1e3
+    head = f"GPU idle {gap_ms:.3f} ms ({100 * (g1 - g0) / max(tl.end_us - tl.start_us, 1e-9):.0f}% of the step)"
+    # the longest stretch of the gap without any host operator: Python (NumPy, SciPy, ...) running
+    cursor, best = g0, (g0, g0)
+    for o in sorted(inside, key=lambda o: o.start_us):
+        if o.start_us - cursor > best[1] - best[0]:
+            best = (cursor, o.start_us)
+        cursor = max(cursor, o.end_us)
+    if g1 - cursor > best[1] - best[0]:
+        best = (cursor, g1)
+    busiest = max(inside, key=lambda o: overlap[id(o)], default=None)
+    if busiest is not None and overlap[id(busiest)] >= best[1] - best[0]:
+        message = f"{head}: the host ran {busiest.name} for {overlap[id(busiest)] / 1e3:.3f} ms of it"
+        return TimelineFinding("gpu_idle", gap_ms, busiest.source, message, busiest.name, (g0, g1), busiest.shapes)
+    before = [o for o in tl.host if o.end_us <= best[0] + 1e-3]
+    after = [o for o in tl.host if o.start_us >= best[1] - 1e-3]
+    prev, nxt = (before[-1] if before else None), (after[0] if after else None)
+
+    def at(o: HostOp | None) -> str:
+        return "the step's start or end" if o is None else f"{o.name} at {o.source or '?'}"
+
+    message = (
+        f"{head}: the host ran Python outside torch operators for {(best[1] - best[0]) / 1e3:.3f} ms, "
+        f"between {at(prev)} and {at(nxt)}"
+    )
+    culprit = prev if prev is not None and prev.source else nxt
+    return TimelineFinding(
+        "gpu_idle",
+        gap_ms,
+        culprit.source if culprit else None,
+        message,
+        None,
+        (g0, g1),
+        prev.shapes if prev is not None else None,
+    )
+
+
+def plot_timelines(steps: Sequence[tuple[str, Timeline, Sequence[TimelineFinding]]], path: str | Path) -> Path:
+    """Draws each (title, timeline, findings) as one panel of a PNG at `path`, one panel under
+    the other on a common millisecond axis: the host's operators (culprits of findings in red),
+    the GPU's kernels and copies, and its idle gaps shaded and labelled with their cause.
+    Returns `path`. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = max((tl.ms for _, tl, _ in steps), default=1.0)
+    fig, axes = plt.subplots(len(steps), 1, figsize=(12, 2.6 * len(steps)), squeeze=False, sharex=True)
+    for ax, (title, tl, findings) in zip(axes[:, 0], steps):
+        culprits = {(f.span_us, f.op) for f in findings if f.kind != "gpu_idle"}
+
+        def ms(t: float, tl=tl) -> float:
+            return (t - tl.start_us) / 1e3
+
+        for o in tl.host:
+            red = ((o.start_us, o.end_us), o.name) in culprits
+            ax.broken_barh([(ms(o.start_us), max(o.ms, width / 2000))], (1.1, 0.8), color="tab:red" if red else "0.6")
+        for name, start, end in tl.device:
+            color = "tab:orange" if name.startswith("Memcpy") else "tab:blue"
+            ax.broken_barh([(ms(start), max((end - start) / 1e3, width / 2000))], (0.1, 0.8), color=color)
+        for f in findings:
+            if f.kind != "gpu_idle":
+                continue
+            g0, g1 = ms(f.span_us[0]), ms(f.span_us[1])
+            ax.axvspan(g0, g1, ymin=0.0, ymax=0.5, color="tab:red", alpha=0.25)
+            where = Path(f.source.rpartition(":")[0]).name + ":" + f.source.rpartition(":")[2] if f.source else "?"
+            ax.text((g0 + g1) / 2, 0.5, f"idle {f.cost_ms:.2f} ms\n{where}", ha="center", va="center", fontsize=8)
+        ax.set_yticks([0.5, 1.5], ["GPU", "host"])
+        ax.set_ylim(0, 2)
+        busy = tl.ms - sum(g1 - g0 for g0, g1 in tl.idle_gaps(0.0)) / 1e3
+        gpu = f", GPU busy {busy:.2f} ms ({100 * busy / max(tl.ms, 1e-9):.0f}%)" if tl.cuda else ", GPU not profiled"
+        ax.set_title(f"{title}: one step {tl.ms:.2f} ms{gpu}", fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("ms since the step's start")
+    axes[-1, 0].set_xlim(0, width)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
