@@ -77,9 +77,11 @@
 //     outputs (zeros when that output did not reach the loss), or has the name (and type) of
 //     one of this op's inputs, parameters or outputs, whose value is saved for it;
 //   - each output of the backward op is `grad_<input>`, the gradient of one of this op's tensor
-//     inputs, with that input's shape and dtype (checked when it runs); optional inputs left out
-//     get none, and an input without one that needs a gradient raises NotImplementedError, as
-//     torch's own ops do ("the derivative ... is not implemented").
+//     inputs, with that input's shape and dtype (checked when it runs), or `grad_<a>_and_<b>`
+//     (any number of `_and_`), one gradient of several inputs that is given to each of them, as
+//     torch's AddBackward does (x and residual of a residual add: the kernel writes it once);
+//     optional inputs left out get none, and an input without one that needs a gradient raises
+//     NotImplementedError, as torch's own ops do ("the derivative ... is not implemented").
 // Loading checks both rules and, on a mismatch, raises naming each argument and what it may be
 // called, and registers nothing. The backward op is an op of its own: CPU reference, device
 // kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn

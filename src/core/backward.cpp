@@ -1,6 +1,7 @@
 // Backward ops: the name-matching rules of Note [Backward ops] (opforge/op.h).
 #include "backward.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <string_view>
 
@@ -101,12 +102,43 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
       problem("input '" + name + "' matches nothing of the forward op: expected one of " + accepted);
     }
   }
+  std::vector<bool> given(static_cast<size_t>(fwd.num_args), false);
   for (int32_t k = 0; k < bwd.num_outputs; ++k) {
     const std::string name = bwd.outputs[k].name;
     const auto of = grad_of(name);
-    const int32_t i = of.empty() ? -1 : index_of(arg, fwd.num_args, of);
-    if (i >= 0 && fwd.args[i].kind == OPFORGE_ARG_TENSOR) plan.targets.push_back(i);
-    else problem("output '" + name + "' is not the gradient of a tensor input: expected one of " + differentiable);
+    auto tensor_arg = [&](std::string_view part) {
+      const int32_t i = index_of(arg, fwd.num_args, part);
+      return i >= 0 && fwd.args[i].kind == OPFORGE_ARG_TENSOR ? i : int32_t{-1};
+    };
+    std::vector<int32_t> targets;
+    if (const int32_t i = of.empty() ? -1 : tensor_arg(of); i >= 0) {
+      targets.push_back(i);
+    } else if (!of.empty()) {  // grad_<a>_and_<b>...: one gradient of several inputs
+      static constexpr std::string_view kAnd = "_and_";
+      for (std::string_view rest = of;;) {
+        const size_t cut = rest.find(kAnd);
+        const int32_t j = tensor_arg(rest.substr(0, cut));
+        if (j < 0 || std::find(targets.begin(), targets.end(), j) != targets.end()) {
+          targets.clear();
+          break;
+        }
+        targets.push_back(j);
+        if (cut == std::string_view::npos) break;
+        rest = rest.substr(cut + kAnd.size());
+      }
+      if (targets.size() < 2) targets.clear();
+    }
+    if (targets.empty()) {
+      problem("output '" + name + "' is not the gradient of a tensor input: expected one of " + differentiable +
+              ", or grad_<a>_and_<b> for one gradient of several");
+      continue;
+    }
+    for (int32_t i : targets) {
+      if (given[static_cast<size_t>(i)])
+        problem("output '" + name + "' gives a second gradient of " + std::string(arg(i)) + "; name each input once");
+      given[static_cast<size_t>(i)] = true;
+    }
+    plan.targets.push_back(std::move(targets));
   }
   return problems.size() == before ? plan : BackwardPlan{};
 }

@@ -19,8 +19,9 @@ struct BackwardPlan {
   /// (kOutput). An op's results (result_names) are its outputs, then its mutated inputs' values
   /// after the op, in argument order; autograd sees them in that order.
   std::vector<std::pair<Source, int32_t>> sources;
-  /// Per output of the backward op: the index of the forward argument it is the gradient of.
-  std::vector<int32_t> targets;
+  /// Per output of the backward op: the indices of the forward arguments it is the gradient of
+  /// (one, or several for `grad_<a>_and_<b>`).
+  std::vector<std::vector<int32_t>> targets;
 };
 
 /// The names of `op`'s results as a backward op sees them: its outputs, then `<input>_out` for
@@ -33,7 +34,8 @@ const char* backward_name(const OpforgeOpSpec& op);
 
 /// Matches `bwd`'s arguments and outputs to `fwd` by name: an argument `grad_<result>` or named
 /// like an argument or result of `fwd` (a mutated input only as `<input>_out`: its value before
-/// the op is overwritten); outputs `grad_<tensor argument>`, the gradient of the argument as given. Returns the plan,
+/// the op is overwritten); outputs `grad_<tensor argument>`, the gradient of the argument as given,
+/// or `grad_<a>_and_<b>...`, the one gradient of several (distinct) tensor arguments. Returns the plan,
 /// or appends one line per mismatch to `problems` ("file:line: ns::fwd: backward op ns::bwd: ...", naming the argument
 /// and what it may be called) and returns an empty plan.
 BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, std::vector<std::string>& problems);

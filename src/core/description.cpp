@@ -207,7 +207,8 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   if (bwd_name != nullptr) {
     std::vector<std::string> problems;  // none: the library was checked before it was described
     if (const OpforgeOpSpec* bwd = find_op(lib, bwd_name))
-      for (int32_t t : plan_backward(op, *bwd, problems).targets) targets.push_back(t);
+      for (const auto& of : plan_backward(op, *bwd, problems).targets)
+        for (int32_t t : of) targets.push_back(t);
   }
   j["backward_targets"] = std::move(targets);
   j["is_backward_op"] = is_backward_op(lib, op);

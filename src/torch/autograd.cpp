@@ -98,16 +98,18 @@ class BackwardNode final : public ::torch::autograd::Node {
     ::torch::autograd::variable_list input_grads(shapes_.size());
     std::vector<bool> given(shapes_.size(), false);
     for (size_t k = 0; k < plan_->targets.size(); ++k) {
-      const int32_t i = plan_->targets[k], slot = tensor_slot_[i];
-      given[slot] = true;
-      if (!given_input(slot) || stack[k].isNone()) continue;  // an optional input that was left out gets none
-      at::Tensor grad = stack[k].toTensor();
-      TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second, backward_name,
-                  " returned grad_", op_->args[i].name, " of shape ", grad.sym_sizes(), " and dtype ",
-                  grad.scalar_type(), " for ", core::qualified_name(*op_), "'s input ", op_->args[i].name, " of shape ",
-                  c10::SymIntArrayRef(shapes_[slot].first), " and dtype ", shapes_[slot].second,
-                  "; a gradient has its input's shape and dtype");
-      input_grads[slot] = std::move(grad);
+      for (const int32_t i : plan_->targets[k]) {  // one gradient may serve several inputs (grad_a_and_b)
+        const int32_t slot = tensor_slot_[i];
+        given[slot] = true;
+        if (!given_input(slot) || stack[k].isNone()) continue;  // an optional input that was left out gets none
+        const at::Tensor& grad = stack[k].toTensor();
+        TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second,
+                    backward_name, " returned grad_", op_->args[i].name, " of shape ", grad.sym_sizes(), " and dtype ",
+                    grad.scalar_type(), " for ", core::qualified_name(*op_), "'s input ", op_->args[i].name,
+                    " of shape ", c10::SymIntArrayRef(shapes_[slot].first), " and dtype ", shapes_[slot].second,
+                    "; a gradient has its input's shape and dtype");
+        input_grads[slot] = grad;
+      }
     }
     for (int32_t i = 0; i < op_->num_args; ++i) {  // as torch's own ops: a needed gradient nobody computes
       const int32_t slot = tensor_slot_[i];

@@ -313,7 +313,7 @@ TEST(BackwardOps, MismatchesAreListedOnePerLineWithTheDeclarationSite) {
                 "f.cpp:3: ns::f: backward op ns::f_backward: input 'alpha' is int, but the forward op's alpha "
                 "is float",
                 "f.cpp:3: ns::f: backward op ns::f_backward: output 'dx' is not the gradient of a tensor input: "
-                "expected one of grad_x"}));
+                "expected one of grad_x, or grad_<a>_and_<b> for one gradient of several"}));
 }
 
 TEST(Loading, FilesThatAreNotOpLibraries) {

@@ -181,7 +181,7 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         f"{site}:13: badbw::f: backward op badbw::f_backward: input 'alpha' is int, but the forward op's alpha is "
         "float",
         f"{site}:13: badbw::f: backward op badbw::f_backward: output 'dx' is not the gradient of a tensor input: "
-        "expected one of grad_x",
+        "expected one of grad_x, or grad_<a>_and_<b> for one gradient of several",
         f"{site}:17: badbw::g: backward op badbw::g_backward: input 'w' is Tensor, but the forward op's w is Tensor?",
         f"{site}:22: badbw::h: backward op badbw::nowhere: not declared in this library (declare both ops in one "
         "library)",
@@ -191,6 +191,10 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         "whose value before the op is overwritten: call it x_out for its value after the op",
         f"{site}:38: badbw::n_: 'x_out' names an argument or output and also mutated input 'x''s value after the "
         "op; rename it (the backward op could not tell the two apart)",
+        f"{site}:50: badbw::s: backward op badbw::s_backward: output 'grad_x_and_z' is not the gradient of a tensor "
+        "input: expected one of grad_x, grad_y, or grad_<a>_and_<b> for one gradient of several",
+        f"{site}:50: badbw::s: backward op badbw::s_backward: output 'grad_y' gives a second gradient of y; name "
+        "each input once",
     ]
     assert not hasattr(torch.ops.badbw, "f")  # nothing was registered
 

@@ -40,12 +40,11 @@ OPFORGE_OP(examples, add_layer_norm)
 
 // CPU reference of the gradients, in double. With h = x + residual, per row mean m,
 // inv = 1 / sqrt(var + eps), xhat = (h - m) * inv and dxhat = grad_y * weight:
-// grad_x = grad_residual = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
+// grad_x = grad_residual = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), one tensor,
 // grad_weight = the sum over rows of grad_y * xhat, grad_bias = the sum over rows of grad_y.
 static void add_layer_norm_backward_cpu(opforge::Tensor grad_y, opforge::Tensor x, opforge::Tensor residual,
-                                        opforge::Tensor weight, double eps, opforge::MutableTensor grad_x,
-                                        opforge::MutableTensor grad_residual, opforge::MutableTensor grad_weight,
-                                        opforge::MutableTensor grad_bias) {
+                                        opforge::Tensor weight, double eps, opforge::MutableTensor grad_x_and_residual,
+                                        opforge::MutableTensor grad_weight, opforge::MutableTensor grad_bias) {
   opforge::visit_dtype<opforge::floating>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {
     const int64_t cols = weight.numel(), rows = cols ? x.numel() / cols : 0;
     std::vector<double> gw(static_cast<size_t>(cols), 0.0), gb(static_cast<size_t>(cols), 0.0);
@@ -68,9 +67,8 @@ static void add_layer_norm_backward_cpu(opforge::Tensor grad_y, opforge::Tensor 
         const double xhat = (h[c] - mean) * inv;
         gw[c] += double(g[c]) * xhat;
         gb[c] += double(g[c]);
-        const T out = T(inv * (double(g[c]) * double(w[c]) - mean_dx - xhat * mean_dx_xhat));
-        grad_x.data<T>()[r * cols + c] = out;
-        grad_residual.data<T>()[r * cols + c] = out;
+        grad_x_and_residual.data<T>()[r * cols + c] =
+            T(inv * (double(g[c]) * double(w[c]) - mean_dx - xhat * mean_dx_xhat));
       }
     }
     for (int64_t c = 0; c < cols; ++c) {
@@ -83,24 +81,24 @@ static void add_layer_norm_backward_cpu(opforge::Tensor grad_y, opforge::Tensor 
 // add_layer_norm_backward.cu
 void add_layer_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor x,
                                   opforge::Tensor residual, opforge::Tensor weight, double eps,
-                                  opforge::MutableTensor grad_x, opforge::MutableTensor grad_residual,
-                                  opforge::MutableTensor grad_weight, opforge::MutableTensor grad_bias);
+                                  opforge::MutableTensor grad_x_and_residual, opforge::MutableTensor grad_weight,
+                                  opforge::MutableTensor grad_bias);
 
 // The gradients of add_layer_norm (Note [Backward ops] in opforge/op.h): grad_y, and x, residual,
-// weight and eps saved from the forward call (bias does not enter them).
+// weight and eps saved from the forward call (bias does not enter them). x and residual enter the
+// op as their sum, so they share one gradient (grad_x_and_residual), given to both.
 OPFORGE_OP(examples, add_layer_norm_backward)
-    .doc("add_layer_norm's gradients: grad_x = grad_residual, grad_weight and grad_bias summed over rows")
+    .doc("add_layer_norm's gradients: of x and residual (one tensor), and grad_weight and grad_bias summed over rows")
     .input("grad_y", opforge::floating, opforge::min_rank(1))
     .input("x", opforge::same_dtype("grad_y"), opforge::same_shape("grad_y"))
     .input("residual", opforge::same_dtype("grad_y"), opforge::same_shape("grad_y"))
     .input("weight", opforge::same_dtype("grad_y"), opforge::shape({opforge::dim("x", -1)}))
     .param<double>("eps", 1e-5, opforge::at_least(0.0))
-    .output("grad_x", opforge::like("x"))
-    .output("grad_residual", opforge::like("x"))
+    .output("grad_x_and_residual", opforge::like("x"))
     .output("grad_weight", opforge::like("weight"))
     .output("grad_bias", opforge::like("weight"))
     .equivalent(
-        "(lambda gx, gw, gb: (gx, gx, gw, gb))(*torch.func.vjp(lambda h, w, b: torch.nn.functional.layer_norm("
-        "h, (h.shape[-1],), w, b, eps), x + residual, weight, torch.zeros_like(weight))[1](grad_y))")
+        "torch.func.vjp(lambda h, w, b: torch.nn.functional.layer_norm(h, (h.shape[-1],), w, b, eps), "
+        "x + residual, weight, torch.zeros_like(weight))[1](grad_y)")
     .reference(add_layer_norm_backward_cpu)
     .cuda(add_layer_norm_backward_cuda);

@@ -1,6 +1,6 @@
 // add_layer_norm's backward on CUDA. With h = x + residual, per row mean m, inv = 1 / sqrt(var +
 // eps), xhat = (h - m) * inv, g = grad_y and dxhat = g * weight:
-//   grad_h = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (= grad_x = grad_residual)
+//   grad_h = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))   (grad_x_and_residual)
 //   grad_weight = sum over rows of g * xhat,  grad_bias = sum over rows of g
 // (the LayerNorm derivative of Ba, Kiros & Hinton 2016, as torch's native_layer_norm_backward).
 // One pass over the rows, as rms_norm_backward.cu: blocks loop over rows, each thread owns the
@@ -33,9 +33,9 @@ constexpr int kMaxRowThreads = sizeof(T) == 2 ? 256 : 512;
 template <class T, bool kRegisters>
 __global__ void __launch_bounds__(kMaxRowThreads<T>)
     add_layer_norm_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x,
-                                   const T* __restrict__ residual, const T* __restrict__ weight, T* __restrict__ grad_x,
-                                   T* __restrict__ grad_residual, opforge::kernel::acc_t<T>* __restrict__ partial,
-                                   int64_t rows, int64_t cols, double eps) {
+                                   const T* __restrict__ residual, const T* __restrict__ weight, T* __restrict__ grad_h,
+                                   opforge::kernel::acc_t<T>* __restrict__ partial, int64_t rows, int64_t cols,
+                                   double eps) {
   using A = opforge::kernel::acc_t<T>;
   using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
   using opforge::kernel::to_acc;
@@ -105,8 +105,7 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
           gb[k][i] += g[i];
           w[i] = inv * (g[i] * w[i] - mean_dx - xhat * mean_dx_xhat);
         }
-        Row::store(grad_x + base + Row::offset(k), w);
-        Row::store(grad_residual + base + Row::offset(k), w);
+        Row::store(grad_h + base + Row::offset(k), w);
       }
     }
 #pragma unroll
@@ -140,9 +139,7 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
         const A xhat = (h(c) - mean) * inv, g = to_acc(grad_y[base + c]);
         part_w[c] += g * xhat;
         part_b[c] += g;
-        const T out = opforge::kernel::from_acc<T>(inv * (g * to_acc(weight[c]) - mean_dx - xhat * mean_dx_xhat));
-        grad_x[base + c] = out;
-        grad_residual[base + c] = out;
+        grad_h[base + c] = opforge::kernel::from_acc<T>(inv * (g * to_acc(weight[c]) - mean_dx - xhat * mean_dx_xhat));
       }
     }
   }
@@ -152,23 +149,23 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
 
 void add_layer_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor x,
                                   opforge::Tensor residual, opforge::Tensor weight, double eps,
-                                  opforge::MutableTensor grad_x, opforge::MutableTensor grad_residual,
-                                  opforge::MutableTensor grad_weight, opforge::MutableTensor grad_bias) {
+                                  opforge::MutableTensor grad_x_and_residual, opforge::MutableTensor grad_weight,
+                                  opforge::MutableTensor grad_bias) {
   opforge::cuda::visit_dtype<opforge::floating>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {
     using A = opforge::cuda::acc_t<T>;
     using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
     const int64_t cols = weight.numel(), rows = cols ? x.numel() / cols : 0;
     const T *g = grad_y.data<T>(), *in = x.data<T>(), *res = residual.data<T>(), *w = weight.data<T>();
-    T *gx = grad_x.data<T>(), *gr = grad_residual.data<T>();
+    T* gh = grad_x_and_residual.data<T>();
     const int row_threads = Row::threads_for(cols, kMaxRowThreads<T>);
-    const bool registers = row_threads > 0 && opforge::cuda::aligned(16, g, in, res, w, gx, gr);
+    const bool registers = row_threads > 0 && opforge::cuda::aligned(16, g, in, res, w, gh);
     const int threads = registers ? row_threads : kLoopThreads;
     auto kernel = registers ? add_layer_norm_backward_kernel<T, true> : add_layer_norm_backward_kernel<T, false>;
     const unsigned grid = opforge::cuda::resident_grid(kernel, threads, rows);
     auto* partial = static_cast<A*>(ctx.allocate(sizeof(A) * 2 * grid * cols));
     const cudaStream_t stream = opforge::cuda::stream(ctx);
     if (grid > 0) {
-      kernel<<<grid, threads, 0, stream>>>(g, in, res, w, gx, gr, partial, rows, cols, eps);
+      kernel<<<grid, threads, 0, stream>>>(g, in, res, w, gh, partial, rows, cols, eps);
       opforge::cuda::check_launch("add_layer_norm_backward_kernel");
     }
     opforge::cuda::sum_partials(partial, int64_t{grid}, cols, grad_weight.data<T>(), stream);

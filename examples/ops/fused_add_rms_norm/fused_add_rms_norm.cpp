@@ -42,10 +42,10 @@ OPFORGE_OP(examples, fused_add_rms_norm)
 // CPU reference of the gradients, in double. With h = residual_out (x + residual, as stored),
 // r = 1 / sqrt(mean(h^2) + eps) per row and g = grad_x_out: rms_norm's gradient of h,
 // r * (g * weight - h * r^2 * mean(g * weight * h)), plus grad_residual_out, is the gradient
-// of both x and residual as given; grad_weight = the sum over rows of g * h * r.
+// of both x and residual as given (one tensor); grad_weight = the sum over rows of g * h * r.
 static void fused_add_rms_norm_backward_cpu(opforge::Tensor grad_x_out, opforge::Tensor grad_residual_out,
                                             opforge::Tensor residual_out, opforge::Tensor weight, double eps,
-                                            opforge::MutableTensor grad_x, opforge::MutableTensor grad_residual,
+                                            opforge::MutableTensor grad_x_and_residual,
                                             opforge::MutableTensor grad_weight) {
   opforge::visit_dtype<opforge::floating>(residual_out.dtype(), [&]<class T>(opforge::type_tag<T>) {
     const int64_t cols = weight.numel(), rows = cols ? residual_out.numel() / cols : 0;
@@ -64,8 +64,8 @@ static void fused_add_rms_norm_backward_cpu(opforge::Tensor grad_x_out, opforge:
       const double k = dot / double(cols) * scale * scale;
       for (int64_t c = 0; c < cols; ++c) {
         gw[c] += double(g[c]) * double(h[c]) * scale;
-        const T dh = T(scale * (double(g[c]) * double(w[c]) - double(h[c]) * k) + double(gr[c]));
-        grad_x.data<T>()[r * cols + c] = grad_residual.data<T>()[r * cols + c] = dh;
+        grad_x_and_residual.data<T>()[r * cols + c] =
+            T(scale * (double(g[c]) * double(w[c]) - double(h[c]) * k) + double(gr[c]));
       }
     }
     for (int64_t c = 0; c < cols; ++c) grad_weight.data<T>()[c] = T(gw[c]);
@@ -75,24 +75,23 @@ static void fused_add_rms_norm_backward_cpu(opforge::Tensor grad_x_out, opforge:
 // fused_add_rms_norm_backward.cu
 void fused_add_rms_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_x_out,
                                       opforge::Tensor grad_residual_out, opforge::Tensor residual_out,
-                                      opforge::Tensor weight, double eps, opforge::MutableTensor grad_x,
-                                      opforge::MutableTensor grad_residual, opforge::MutableTensor grad_weight);
+                                      opforge::Tensor weight, double eps, opforge::MutableTensor grad_x_and_residual,
+                                      opforge::MutableTensor grad_weight);
 
 // The gradients of fused_add_rms_norm (Note [Mutated inputs] in opforge/op.h): of x and residual
-// after the op (grad_x_out, grad_residual_out), with residual's value after the op saved; the
-// gradients of x and residual as given are equal (both feed x + residual).
+// after the op (grad_x_out, grad_residual_out), with residual's value after the op saved; x and
+// residual as given share one gradient (both feed x + residual): grad_x_and_residual.
 OPFORGE_OP(examples, fused_add_rms_norm_backward)
-    .doc("fused_add_rms_norm's gradients: of x and residual as given (equal), and of weight summed over rows")
+    .doc("fused_add_rms_norm's gradients: of x and residual as given (one tensor), and of weight summed over rows")
     .input("grad_x_out", opforge::floating, opforge::min_rank(1))
     .input("grad_residual_out", opforge::same_dtype("grad_x_out"), opforge::same_shape("grad_x_out"))
     .input("residual_out", opforge::same_dtype("grad_x_out"), opforge::same_shape("grad_x_out"))
     .input("weight", opforge::same_dtype("grad_x_out"), opforge::shape({opforge::dim("grad_x_out", -1)}))
     .param<double>("eps", 1e-6, opforge::at_least(0.0))
-    .output("grad_x", opforge::like("residual_out"))
-    .output("grad_residual", opforge::like("residual_out"))
+    .output("grad_x_and_residual", opforge::like("residual_out"))
     .output("grad_weight", opforge::like("weight"))
     .equivalent(
-        "(lambda g: (g[0] + grad_residual_out, g[0] + grad_residual_out, g[1]))(torch.func.vjp(lambda h, w: "
+        "(lambda g: (g[0] + grad_residual_out, g[1]))(torch.func.vjp(lambda h, w: "
         "torch.nn.functional.rms_norm(h, (h.shape[-1],), w, eps), residual_out, weight)[1](grad_x_out))")
     .reference(fused_add_rms_norm_backward_cpu)
     .cuda(fused_add_rms_norm_backward_cuda);

@@ -4,10 +4,10 @@
 
 void fused_add_rms_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_x_out,
                                       opforge::Tensor grad_residual_out, opforge::Tensor residual_out,
-                                      opforge::Tensor weight, double eps, opforge::MutableTensor grad_x,
-                                      opforge::MutableTensor grad_residual, opforge::MutableTensor grad_weight) {
+                                      opforge::Tensor weight, double eps, opforge::MutableTensor grad_x_and_residual,
+                                      opforge::MutableTensor grad_weight) {
   opforge::cuda::visit_dtype<opforge::floating>(residual_out.dtype(), [&]<class T>(opforge::type_tag<T>) {
-    rms_norm_backward::launch<T, T>(ctx, grad_x_out, residual_out, weight, eps, grad_x, grad_weight,
-                                    grad_residual_out.data<T>(), grad_residual.data<T>());
+    rms_norm_backward::launch<T, T>(ctx, grad_x_out, residual_out, weight, eps, grad_x_and_residual, grad_weight,
+                                    grad_residual_out.data<T>());
   });
 }

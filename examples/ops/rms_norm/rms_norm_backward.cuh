@@ -25,12 +25,12 @@ constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
 /// aligned (the host checks both); rows are read once into registers. Else plain loops that
 /// read each row twice and keep the partial sums in `partial` itself (each thread its own
 /// columns, so no two threads touch one element). kAdd: grad_add (same shape as grad_y) is added
-/// to grad_x, which is also written to grad_x2 (the two inputs of a residual add share it).
+/// to grad_x (the gradient that reached a residual sum beside the norm's).
 template <class T, class W, bool kRegisters, bool kAdd>
 __global__ void __launch_bounds__(kMaxRowThreads)
     kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const W* __restrict__ weight,
-           const T* __restrict__ grad_add, T* __restrict__ grad_x, T* __restrict__ grad_x2,
-           opforge::kernel::acc_t<T>* __restrict__ partial, int64_t rows, int64_t cols, double eps) {
+           const T* __restrict__ grad_add, T* __restrict__ grad_x, opforge::kernel::acc_t<T>* __restrict__ partial,
+           int64_t rows, int64_t cols, double eps) {
   using A = opforge::kernel::acc_t<T>;
   using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
   using opforge::kernel::to_acc;
@@ -80,7 +80,6 @@ __global__ void __launch_bounds__(kMaxRowThreads)
           opforge::kernel::unpack<T>(ga[k], av);
 #pragma unroll
           for (int i = 0; i < Row::kWidth; ++i) gv[i] += av[i];
-          Row::store(grad_x2 + r * cols + Row::offset(k), gv);
         }
         Row::store(grad_x + r * cols + Row::offset(k), gv);
       }
@@ -109,10 +108,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         const A xv = to_acc(xr[c]), gv = to_acc(gr[c]);
         part[c] += gv * xv * scale;
         A g = scale * (gv * static_cast<A>(to_acc(weight[c])) - xv * k);
-        if constexpr (kAdd) {
-          g += to_acc(grad_add[r * cols + c]);
-          grad_x2[r * cols + c] = opforge::kernel::from_acc<T>(g);
-        }
+        if constexpr (kAdd) g += to_acc(grad_add[r * cols + c]);
         grad_x[r * cols + c] = opforge::kernel::from_acc<T>(g);
       }
     }
@@ -121,11 +117,10 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 
 /// Launches the backward on ctx's stream: grad_y, x [rows, cols] in T, weight [cols] in W;
 /// writes grad_x and grad_weight (in W, summed over rows in acc_t<T>); with grad_add (same
-/// shape as x), grad_x = rms_norm's gradient + grad_add, written to grad_x and to *grad_x2.
+/// shape as x), grad_x = rms_norm's gradient + grad_add.
 template <class T, class W>
 void launch(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor x, opforge::Tensor weight, double eps,
-            opforge::MutableTensor grad_x, opforge::MutableTensor grad_weight, const T* grad_add = nullptr,
-            T* grad_x2 = nullptr) {
+            opforge::MutableTensor grad_x, opforge::MutableTensor grad_weight, const T* grad_add = nullptr) {
   using A = opforge::cuda::acc_t<T>;
   using Row = opforge::kernel::RowRegisters<T, kRowVectors<T>>;
   const int64_t cols = weight.numel(), rows = cols ? x.numel() / cols : 0;
@@ -134,8 +129,8 @@ void launch(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor
   T* out = grad_x.data<T>();
   const int row_threads = Row::threads_for(cols, kMaxRowThreads);
   const bool add = grad_add != nullptr;
-  const bool registers = row_threads > 0 && opforge::cuda::aligned(16, g, in, w, out) &&
-                         (!add || opforge::cuda::aligned(16, grad_add, grad_x2));
+  const bool registers =
+      row_threads > 0 && opforge::cuda::aligned(16, g, in, w, out) && (!add || opforge::cuda::aligned(16, grad_add));
   const int threads = registers ? row_threads : kLoopThreads;
   auto k = registers ? (add ? kernel<T, W, true, true> : kernel<T, W, true, false>)
                      : (add ? kernel<T, W, false, true> : kernel<T, W, false, false>);
@@ -143,7 +138,7 @@ void launch(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor
   auto* partial = static_cast<A*>(ctx.allocate(sizeof(A) * grid * cols));
   const cudaStream_t stream = opforge::cuda::stream(ctx);
   if (grid > 0) {
-    k<<<grid, threads, 0, stream>>>(g, in, w, grad_add, out, grad_x2, partial, rows, cols, eps);
+    k<<<grid, threads, 0, stream>>>(g, in, w, grad_add, out, partial, rows, cols, eps);
     opforge::cuda::check_launch("rms_norm_backward kernel");
   }
   opforge::cuda::sum_partials(partial, int64_t{grid}, cols, grad_weight.data<W>(), stream);
