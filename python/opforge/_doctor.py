@@ -49,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._timeline import (
     COPY_OPS,
+    ModuleStack,
     Timeline,
     TimelineFinding,
     profile_step,
@@ -164,12 +165,14 @@ class _Calls:
 
 class _OpRecorder(TorchDispatchMode):
     """Records every operator called (name -> the user frame of its first call) and, per
-    (operator, user frame), its calls, host time and tensors' devices, sizes and dtypes."""
+    (operator, user frame, submodule path), its calls, host time and tensors' devices, sizes
+    and dtypes."""
 
-    def __init__(self):
+    def __init__(self, modules: ModuleStack):
         super().__init__()
+        self.modules = modules
         self.calls: dict[str, tuple[str, int] | None] = {}
-        self.sites: dict[tuple[str, tuple[str, int] | None], _Calls] = {}
+        self.sites: dict[tuple[str, tuple[str, int] | None, str | None], _Calls] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.name()
@@ -178,7 +181,8 @@ class _OpRecorder(TorchDispatchMode):
         t0 = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         elapsed = time.perf_counter() - t0
-        site = self.sites.setdefault((name, where), _Calls(view=any(r.alias_info for r in func._schema.returns)))
+        key = (name, where, self.modules.current())
+        site = self.sites.setdefault(key, _Calls(view=any(r.alias_info for r in func._schema.returns)))
         site.count += 1
         site.seconds += elapsed
         tensors = [t for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
@@ -222,7 +226,7 @@ def _coverage(name: str) -> tuple[bool, bool, bool]:
 
 def _op_findings(recorder: _OpRecorder, locate) -> list[Finding]:
     cpu_ms: dict[str, float] = {}
-    for (name, _), site in recorder.sites.items():
+    for (name, _, _), site in recorder.sites.items():
         cpu_ms[name] = cpu_ms.get(name, 0.0) + 1e3 * site.seconds
     findings = []
     for name, where in recorder.calls.items():
@@ -248,55 +252,45 @@ def _op_findings(recorder: _OpRecorder, locate) -> list[Finding]:
 _NO_WORK = frozenset({"aten::lift_fresh", "aten::detach", "aten::alias", "aten::empty", "aten::empty_strided"})
 
 
-def _suggestion(module: str | None, shape: list | None, dtype: str | None) -> str | None:
-    """The ``opforge new`` command for an op replacing the layer at `module`, or None."""
+def _suggestion(model: torch.nn.Module, module: str | None, shape: list | None, dtype: str | None) -> str | None:
+    """The ``opforge new`` command for an op replacing the submodule at path `module` (named
+    after its attribute, or its class where the attribute is an index), or None for the model
+    itself or without a floating shape."""
     if not module or shape is None or dtype not in ("float32", "float64", "float16", "bfloat16"):
         return None
-    name = re.sub(r"\W", "_", module.split(".")[-1]) or "layer"
-    name = f"op_{name}" if name[0].isdigit() else name
+    name = module.split(".")[-1]
+    if not name.isidentifier():
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", type(model.get_submodule(module)).__name__).lower()
     return f"opforge new my_ops::{name} --dtypes {dtype} --shape {','.join(map(str, shape))}"
 
 
-def _fallback_findings(recorder: _OpRecorder, locate) -> list[Finding]:
+def _fallback_findings(model, recorder: _OpRecorder) -> list[Finding]:
     """Operators whose every tensor (inputs and outputs) was on the CPU, not a view, a copy or a
     scalar, in a model that lives on CUDA."""
     findings = []
-    for (name, where), site in recorder.sites.items():
+    for (name, where, module), site in recorder.sites.items():
         if site.devices != {"cpu"} or site.view or name in COPY_OPS or name in _NO_WORK or not site.shape:
             continue
         source = f"{where[0]}:{where[1]}" if where else None
-        module = locate(*where) if where else None
         message = (
             f"{name} ran on the CPU ({site.count} call{'s' * (site.count != 1)}, {site.shape} {site.dtype}) while "
             "the model is on CUDA"
         )
-        findings.append(
-            Finding(
-                "cpu_fallback",
-                1e3 * site.seconds,
-                module,
-                source,
-                message,
-                op=name,
-                suggestion=_suggestion(module, site.shape, site.dtype),
-            )
-        )
+        suggestion = _suggestion(model, module, site.shape, site.dtype)
+        findings.append(Finding("cpu_fallback", 1e3 * site.seconds, module, source, message, name, suggestion))
     return findings
 
 
-def _timeline_findings(report: DoctorReport, recorder: _OpRecorder, locate) -> list[Finding]:
-    """Copies, synchronisations and GPU idle gaps of the profiled step, with module paths, and
-    for a copy or a gap, the ``opforge new`` command from the sizes and dtype at its source."""
-    dtypes = {f"{w[0]}:{w[1]}": site for (_, w), site in recorder.sites.items() if w is not None}
+def _timeline_findings(model, report: DoctorReport, recorder: _OpRecorder) -> list[Finding]:
+    """Copies, synchronisations and GPU idle gaps of the profiled step; for a copy, and a gap in
+    which the host ran Python, the ``opforge new`` command from the sizes and dtype at its source."""
+    sites = {(f"{w[0]}:{w[1]}", m): site for (_, w, m), site in recorder.sites.items() if w is not None}
     findings = []
     for f in report.timeline_findings:
-        module = None
-        if f.source:
-            path, _, line = f.source.rpartition(":")
-            module = locate(path, int(line))
-        site = dtypes.get(f.source) if f.source else None
-        suggestion = _suggestion(module, site.shape, site.dtype) if site and f.kind != "sync" else None
-        findings.append(Finding(f.kind, f.cost_ms, module, f.source, f.message, op=f.op, suggestion=suggestion))
+        site = sites.get((f.source, f.module))
+        host_layer = f.kind == "copy" or (f.kind == "gpu_idle" and f.op is None)
+        suggestion = _suggestion(model, f.module, site.shape, site.dtype) if site and host_layer else None
+        findings.append(Finding(f.kind, f.cost_ms, f.module, f.source, f.message, f.op, suggestion))
     return findings
 
 
@@ -307,16 +301,25 @@ _BREAK_REASONS = {
 
 
 def _merged(findings: list[Finding]) -> list[Finding]:
-    """One finding per (kind, source, message, op), "(n times)" added where it occurred more
-    often (a layer repeated in a loop), at the largest cost of its occurrences."""
+    """One finding per (kind, source, op): a layer repeated in a loop or a list of blocks gives
+    one line, its module paths joined with * where they differ ("blocks.*.act"), its cost the
+    sum of its occurrences' and its message the costliest one's with "(n times, t ms in all)"."""
     groups: dict[tuple, list[Finding]] = {}
     for f in findings:
-        groups.setdefault((f.kind, f.source, f.message, f.op), []).append(f)
+        groups.setdefault((f.kind, f.source, f.op), []).append(f)
     merged = []
     for group in groups.values():
         first = max(group, key=lambda f: f.cost_ms)
         if len(group) > 1:
-            first = replace(first, message=f"{first.message} ({len(group)} times)")
+            total = sum(f.cost_ms for f in group)
+            modules = {f.module for f in group}
+            module = first.module
+            if len(modules) > 1 and None not in modules:
+                parts = [m.split(".") for m in modules]
+                same = len({len(p) for p in parts}) == 1
+                module = ".".join(p[0] if len(set(p)) == 1 else "*" for p in zip(*parts)) if same else None
+            message = f"{first.message} ({len(group)} times, {total:.3f} ms in all)"
+            first = replace(first, cost_ms=total, module=module, message=message)
         merged.append(first)
     return merged
 
@@ -420,17 +423,17 @@ def doctor(
         model(*inputs)
         step_ms = 1e3 * (time.perf_counter() - t0)
     report = DoctorReport(step_ms)
-    recorder = _OpRecorder()
-    with torch.no_grad(), recorder:
+    with ModuleStack(model) as modules, torch.no_grad(), _OpRecorder(modules) as recorder:
         model(*inputs)
+    on_cuda = _lives_on_cuda(model, inputs)
     with warnings.catch_warnings():  # the profiler's notes on clearing events
         warnings.simplefilter("ignore")
-        report.timeline = profile_step(model, inputs, trace)
+        report.timeline = profile_step(model, inputs, trace, cuda=on_cuda)
     report.timeline_findings = timeline_findings(report.timeline, min_gap_us)
     report.findings += _op_findings(recorder, locate)
-    if _lives_on_cuda(model, inputs):
-        report.findings += _fallback_findings(recorder, locate)
-    report.findings += _timeline_findings(report, recorder, locate)
+    if on_cuda:
+        report.findings += _fallback_findings(model, recorder)
+    report.findings += _timeline_findings(model, report, recorder)
     report.findings += _graph_break_findings(model, inputs, step_ms, locate)
     report.findings += _recompile_findings(model, inputs, locate)
     report.findings = sorted(_merged(report.findings), key=lambda f: -f.cost_ms)

@@ -10,7 +10,7 @@ steps as a PNG, GPU busy and idle with the culprits labelled.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +41,8 @@ class HostOp:
     microseconds), ``source`` ("file:line" of the user code that called it, or None), ``shapes``
     (its inputs' sizes), ``copies`` (kinds of memory copy it launched: "DtoH", "HtoD", ...),
     ``sync_us`` (microseconds it spent blocked in CUDA synchronisations) and ``kernels`` (the
-    number of kernels it launched)."""
+    number of kernels it launched) and ``module`` (the path of the submodule whose forward called
+    it, "" for the model itself, or None)."""
 
     name: str
     start_us: float
@@ -51,6 +52,7 @@ class HostOp:
     copies: list[str] = field(default_factory=list)
     sync_us: float = 0.0
     kernels: int = 0
+    module: str | None = None
 
     @property
     def ms(self) -> float:
@@ -104,29 +106,71 @@ def user_source() -> tuple[str, int] | None:
     return None
 
 
+class ModuleStack:
+    """While entered, ``current()`` is the path of the innermost submodule of `model` whose
+    forward is running ("" for the model itself, None outside it), kept by global module
+    forward hooks (torch.nn.modules.module.register_module_forward_pre_hook)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.names = {id(m): path for path, m in model.named_modules()}
+        self.stack: list[str] = []
+
+    def current(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
+    def __enter__(self) -> ModuleStack:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        def enter(module, args):
+            if id(module) in self.names:
+                self.stack.append(self.names[id(module)])
+
+        def leave(module, args, output):
+            if id(module) in self.names and self.stack:
+                self.stack.pop()
+
+        self.handles = [
+            register_module_forward_pre_hook(enter),
+            register_module_forward_hook(leave, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 class _SourceRanges(TorchFunctionMode):
-    """Runs each outermost torch call inside a record_function range named ``@file:line`` of the
-    user code that made it (the profiler's own Python stacks give functions' first lines)."""
+    """Runs each outermost torch call inside a record_function range named ``@module|file:line``
+    after the module and the user code that made it (the profiler's own Python stacks give
+    functions' first lines)."""
+
+    def __init__(self, modules: ModuleStack):
+        super().__init__()
+        self.modules = modules
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         where = user_source()
         if where is None:
             return func(*args, **(kwargs or {}))
-        with record_function(f"{SOURCE}{where[0]}:{where[1]}"):
+        module = self.modules.current()
+        with record_function(f"{SOURCE}{'' if module is None else module}|{where[0]}:{where[1]}"):
             return func(*args, **(kwargs or {}))
 
 
-def profile_step(model: Callable, inputs: Sequence[object], trace: str | Path | None = None) -> Timeline:
-    """Runs ``model(*inputs)`` once under ``torch.profiler`` (CPU, and CUDA when available;
-    input shapes recorded, each torch call in a range named after its source line), the GPU
-    synchronised before and after, and returns its :class:`Timeline`; writes the
-    Chrome/Perfetto trace to `trace` if given (open it in https://ui.perfetto.dev)."""
-    cuda = torch.cuda.is_available()
+def profile_step(
+    model: torch.nn.Module, inputs: Sequence[object], trace: str | Path | None = None, cuda: bool = True
+) -> Timeline:
+    """Runs ``model(*inputs)`` once under ``torch.profiler`` (CPU, and CUDA when `cuda` and a GPU
+    is available; input shapes recorded, each torch call in a range named after its module and
+    source line), the GPU synchronised before and after, and returns its :class:`Timeline`;
+    writes the Chrome/Perfetto trace to `trace` if given (open it in https://ui.perfetto.dev)."""
+    cuda = cuda and torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
     with profile(activities=activities, record_shapes=True) as prof:
-        with torch.no_grad(), record_function(STEP), _SourceRanges():
+        with torch.no_grad(), record_function(STEP), ModuleStack(model) as modules, _SourceRanges(modules):
             model(*inputs)
         if cuda:
             torch.cuda.synchronize()
@@ -151,11 +195,14 @@ def _timeline(events, cuda: bool) -> Timeline:
             parent = parent.cpu_parent
         return True
 
-    def source(e) -> str | None:
+    def module_and_source(e) -> tuple[str | None, str | None]:
         parent = e.cpu_parent
         while parent is not None and not parent.name.startswith(SOURCE):
             parent = parent.cpu_parent
-        return parent.name[len(SOURCE) :] if parent is not None else None
+        if parent is None:
+            return None, None
+        module, _, source = parent.name[len(SOURCE) :].partition("|")
+        return module, source
 
     def within_step(e) -> bool:
         return step.time_range.start <= e.time_range.start <= step.time_range.end
@@ -164,7 +211,8 @@ def _timeline(events, cuda: bool) -> Timeline:
     for e in events:
         if not (is_op(e) and within_step(e) and top_level(e)):
             continue
-        op = HostOp(e.name, e.time_range.start, e.time_range.end, source(e), list(e.input_shapes))
+        module, source = module_and_source(e)
+        op = HostOp(e.name, e.time_range.start, e.time_range.end, source, list(e.input_shapes), module=module)
         todo = list(e.cpu_children)
         while todo:
             child = todo.pop()
@@ -190,8 +238,9 @@ def _timeline(events, cuda: bool) -> Timeline:
 @dataclass
 class TimelineFinding:
     """What :func:`timeline_findings` found: ``kind`` ("copy", "sync", "gpu_idle"), ``cost_ms``,
-    ``source``, ``message``, ``op`` (the operator, or None), ``span_us`` (where on the timeline),
-    and ``shapes`` (the operator's input sizes, or None)."""
+    ``source``, ``message``, ``op`` (the operator, or None: Python outside torch operators),
+    ``span_us`` (where on the timeline), ``shapes`` (the operator's input sizes, or None) and
+    ``module`` (the submodule's path, or None)."""
 
     kind: str
     cost_ms: float
@@ -200,6 +249,7 @@ class TimelineFinding:
     op: str | None
     span_us: tuple[float, float]
     shapes: list | None = None
+    module: str | None = None
 
 
 def timeline_findings(tl: Timeline, min_gap_us: float = 50.0) -> list[TimelineFinding]:
@@ -217,11 +267,11 @@ def timeline_findings(tl: Timeline, min_gap_us: float = 50.0) -> list[TimelineFi
             wait = f", {op.sync_us / 1e3:.3f} ms of it waiting for the GPU" if op.sync_us else ""
             shape = op.shapes[0] if op.shapes else None
             message = f"{op.name} copied {list(shape) if shape else 'a tensor'} {what}{wait}"
-            found.append(TimelineFinding("copy", op.ms, op.source, message, op.name, span, op.shapes))
+            found.append(TimelineFinding("copy", op.ms, op.source, message, op.name, span, op.shapes, op.module))
         elif op.sync_us > 0:
             caller = SYNC_CALLERS.get(op.name, op.name)
             message = f"{caller} ({op.name}) made the host wait {op.sync_us / 1e3:.3f} ms for the GPU"
-            found.append(TimelineFinding("sync", op.ms, op.source, message, op.name, span, op.shapes))
+            found.append(TimelineFinding("sync", op.ms, op.source, message, op.name, span, op.shapes, op.module))
     for g0, g1 in tl.idle_gaps(min_gap_us):
         found.append(_gap_finding(tl, g0, g1))
     return found
@@ -243,13 +293,15 @@ def _gap_finding(tl: Timeline, g0: float, g1: float) -> TimelineFinding:
     busiest = max(inside, key=lambda o: overlap[id(o)], default=None)
     if busiest is not None and overlap[id(busiest)] >= best[1] - best[0]:
         message = f"{head}: the host ran {busiest.name} for {overlap[id(busiest)] / 1e3:.3f} ms of it"
-        return TimelineFinding("gpu_idle", gap_ms, busiest.source, message, busiest.name, (g0, g1), busiest.shapes)
+        return TimelineFinding(
+            "gpu_idle", gap_ms, busiest.source, message, busiest.name, (g0, g1), busiest.shapes, busiest.module
+        )
     before = [o for o in tl.host if o.end_us <= best[0] + 1e-3]
     after = [o for o in tl.host if o.start_us >= best[1] - 1e-3]
     prev, nxt = (before[-1] if before else None), (after[0] if after else None)
 
     def at(o: HostOp | None) -> str:
-        return "the step's start or end" if o is None else f"{o.name} at {o.source or '?'}"
+        return "the step's start or end" if o is None else o.name + (f" at {o.source}" if o.source else "")
 
     message = (
         f"{head}: the host ran Python outside torch operators for {(best[1] - best[0]) / 1e3:.3f} ms, "
@@ -263,7 +315,8 @@ def _gap_finding(tl: Timeline, g0: float, g1: float) -> TimelineFinding:
         message,
         None,
         (g0, g1),
-        prev.shapes if prev is not None else None,
+        culprit.shapes if culprit is not None else None,
+        culprit.module if culprit is not None else None,
     )
 
 

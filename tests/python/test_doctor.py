@@ -178,7 +178,7 @@ class Syncs(torch.nn.Module):
     def forward(self, x):
         h = self.act(self.lin(x))
         scale = h.abs().max().item()  # the host waits for the GPU
-        return host_scale(h / scale).to(x.device)
+        return torch.special.erf(h.cpu() / scale).to(x.device)  # computed on the CPU
 
 
 def test_the_timeline_names_each_operator_s_line_and_is_written_as_trace_and_picture(tmp_path):
@@ -241,10 +241,31 @@ def test_on_the_gpu_copies_syncs_gaps_and_a_cpu_fallback_are_found(tmp_path):
     assert any(f.source == back and "host to GPU" in f.message for f in by_kind["copy"])
     assert any(f.source == f"{__file__}:{line_of(Syncs, '.item()')}" for f in by_kind["sync"]), report.findings
     assert any(f.source == act for f in by_kind["gpu_idle"]), by_kind.get("gpu_idle")
-    fallback = [f for f in by_kind["cpu_fallback"] if f.op == "doctor_test::host_scale"]
-    assert fallback and fallback[0].suggestion is None  # the model itself, not a submodule, calls it
+    erf = f"{__file__}:{line_of(Syncs, 'special.erf')}"
+    fallback = [f for f in by_kind["cpu_fallback"] if f.source == erf and f.op == "aten::erf"]
+    assert fallback and fallback[0].module == "" and fallback[0].suggestion is None  # the model, not a layer
     suggested = [f.suggestion for f in by_kind["copy"] if f.source == act]
     assert suggested == ["opforge new my_ops::act --dtypes float32 --shape 2048,64"]
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(NumpyAct() for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@requires_cuda
+def test_a_layer_repeated_in_a_list_is_one_finding_with_each_module_path():
+    report = opforge.doctor(Blocks().cuda(), torch.randn(256, 64, device="cuda"))
+    act = f"{__file__}:{line_of(NumpyAct, '.cpu().numpy()')}"
+    (copy,) = [f for f in report.findings if f.kind == "copy" and f.source == act]
+    assert copy.module == "layers.*" and "(3 times," in copy.message
+    assert copy.suggestion == "opforge new my_ops::numpy_act --dtypes float32 --shape 256,64"
 
 
 def test_the_demo_finds_the_host_activation_and_the_break_and_the_fix_clears_them(tmp_path):
