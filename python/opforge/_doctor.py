@@ -303,15 +303,16 @@ _BREAK_REASONS = {
 def _merged(findings: list[Finding]) -> list[Finding]:
     """One finding per (kind, source, op): a layer repeated in a loop or a list of blocks gives
     one line, its module paths joined with * where they differ ("blocks.*.act"), its cost the
-    sum of its occurrences' and its message the costliest one's with "(n times, t ms in all)"."""
+    sum of its occurrences' (for a graph break or recompile, the largest) and its message the
+    costliest one's with "(n times, t ms in all)"."""
     groups: dict[tuple, list[Finding]] = {}
     for f in findings:
         groups.setdefault((f.kind, f.source, f.op), []).append(f)
     merged = []
     for group in groups.values():
         first = max(group, key=lambda f: f.cost_ms)
-        if len(group) > 1:
-            total = sum(f.cost_ms for f in group)
+        if len(group) > 1:  # a graph break's or recompile's cost is one step's: not summed
+            total = first.cost_ms if first.kind in ("graph_break", "recompile") else sum(f.cost_ms for f in group)
             modules = {f.module for f in group}
             module = first.module
             if len(modules) > 1 and None not in modules:
