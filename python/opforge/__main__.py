@@ -94,7 +94,7 @@ def _new(args: argparse.Namespace) -> int:
 
     try:
         try:
-            shape = None if args.shape is None else [int(d) for d in args.shape.split(",") if d.strip()]
+            shape = None if args.shape is None else [int(d) for d in args.shape.split(",")]
         except ValueError:
             raise ValueError(f"--shape takes comma-separated sizes such as 64,512; got {args.shape!r}") from None
         written = new_op(args.op, Path(args.dir), args.dtypes.split(","), shape)
@@ -134,12 +134,15 @@ def _load_model(spec: str):
 
 def _doctor(args: argparse.Namespace) -> int:
     import opforge
+    from opforge._doctor import writable_file
 
     try:
+        if args.json:
+            writable_file(args.json, "json report")
         model, inputs = _load_model(args.model)
         report = opforge.doctor(model, inputs, trace=args.trace, plot=args.plot)
     except (ValueError, TypeError, ImportError, OSError) as e:
-        return _fail("doctor", e)
+        return _fail("doctor", str(e).removeprefix("opforge.doctor: "))
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
     else:

@@ -42,6 +42,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
@@ -233,7 +234,7 @@ def _op_findings(recorder: _OpRecorder, locate) -> list[Finding]:
         if name.split("::")[0] in TORCH_NAMESPACES:
             continue
         source = f"{where[0]}:{where[1]}" if where else None
-        module = locate(*where) if where else None
+        module = _module_pattern({m for (n, _, m), _ in recorder.sites.items() if n == name})
         cost = cpu_ms.get(name, 0.0)
         cuda, fake, backward = _coverage(name)
         checks = [
@@ -300,6 +301,19 @@ _BREAK_REASONS = {
 }
 
 
+def _module_pattern(modules: set) -> str | None:
+    """One path for a set of submodule paths: the path if one, the paths with * where they differ
+    if they have the same depth ("blocks.*.act"), else None (unknown)."""
+    if None in modules or not modules:
+        return None
+    if len(modules) == 1:
+        return next(iter(modules))
+    parts = [m.split(".") for m in modules]
+    if len({len(p) for p in parts}) != 1:
+        return None
+    return ".".join(p[0] if len(set(p)) == 1 else "*" for p in zip(*parts))
+
+
 def _merged(findings: list[Finding]) -> list[Finding]:
     """One finding per (kind, source, op): a layer repeated in a loop or a list of blocks gives
     one line, its module paths joined with * where they differ ("blocks.*.act"), its cost the
@@ -313,42 +327,59 @@ def _merged(findings: list[Finding]) -> list[Finding]:
         first = max(group, key=lambda f: f.cost_ms)
         if len(group) > 1:  # a graph break's or recompile's cost is one step's: not summed
             total = first.cost_ms if first.kind in ("graph_break", "recompile") else sum(f.cost_ms for f in group)
-            modules = {f.module for f in group}
-            module = first.module
-            if len(modules) > 1 and None not in modules:
-                parts = [m.split(".") for m in modules]
-                same = len({len(p) for p in parts}) == 1
-                module = ".".join(p[0] if len(set(p)) == 1 else "*" for p in zip(*parts)) if same else None
+            module = _module_pattern({f.module for f in group})
             message = f"{first.message} ({len(group)} times, {total:.3f} ms in all)"
             first = replace(first, cost_ms=total, module=module, message=message)
         merged.append(first)
     return merged
 
 
+def _summary(text: str) -> str:
+    """dynamo's message in one line: its first line, and its "Explanation:" where it gives one
+    (torch 2.6 and later), or its second line (the fake-kernel and user-code details)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
+    detail = explanation.removeprefix("Explanation:").strip() if explanation else (lines[1] if len(lines) > 1 else "")
+    return f"{lines[0]}: {detail}" if detail and detail not in lines[0] else lines[0]
+
+
 def _graph_break_findings(model, inputs, step_ms: float, locate) -> list[Finding]:
+    """`locate(file, line)`: the submodule path that ran that line (see doctor)."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     try:
-        explained = torch._dynamo.explain(model)(*inputs)
+        with torch.no_grad():  # as the eager runs: a failure here is torch.compile's, not the model's
+            explained = torch._dynamo.explain(model)(*inputs)
     except Exception as e:  # noqa: BLE001 -- reported, never raised
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return [Finding("compile_error", step_ms, "", None, f"torch.compile cannot trace the model: {first}")]
+        why = _summary(str(e)) or type(e).__name__
+        return [Finding("compile_error", step_ms, "", None, f"torch.compile cannot trace the model: {why}")]
     findings = []
     for reason in explained.break_reasons:
         frame = reason.user_stack[-1] if reason.user_stack else None
         source = f"{frame.filename}:{frame.lineno}" if frame else None
         module = locate(frame.filename, frame.lineno) if frame else None
-        why = reason.reason.splitlines()[0]
+        why = _summary(reason.reason)
         for jargon, meaning in _BREAK_REASONS.items():
             if why.startswith(jargon):
                 why = f"{meaning} (dynamo: {why})"
         findings.append(Finding("graph_break", step_ms, module, source, why))
-    if not findings and explained.graph_break_count:  # e.g. a print inside a nested submodule
-        n = explained.graph_break_count
-        findings.append(
-            Finding(
-                "graph_break", step_ms, None, None, f"dynamo reports {n} graph break(s) without a reason or location"
-            )
-        )
+    if not findings and explained.graph_break_count:
+        # dynamo gave up on a whole frame (a break inside a loop, a skipped function): it runs
+        # eagerly, and explain counts -1 breaks; the reasons are in its "unimplemented" counters
+        reasons = list(dict.fromkeys(_summary(r) for r in counters["unimplemented"]))
+        if not reasons and explained.graph_count == 0:
+            return []  # a forward without torch operators: nothing to compile
+        reasons = reasons or ["dynamo gives no reason"]
+        where = re.findall(r"\(([^()]+) line (\d+)\)", " ".join(counters["unimplemented"]))
+        source = f"{where[0][0]}:{where[0][1]}" if where else None
+        module = locate(where[0][0], int(where[0][1])) if where else None
+        skipped = explained.graph_break_count < 0 or explained.graph_count == 0
+        head = "torch.compile runs this forward eagerly" if skipped else "dynamo breaks the graph without a location"
+        findings.append(Finding("graph_break", step_ms, module, source, f"{head}: {'; '.join(reasons)}"))
     return findings
 
 
@@ -383,6 +414,25 @@ def _recompile_findings(model, inputs, locate, calls: int = 3) -> list[Finding]:
     return findings
 
 
+def writable_file(path: str | os.PathLike, what: str, suffix: str | None = None) -> Path:
+    """`path` as a Path, checked before any work: not a folder, in a folder that exists and can
+    be written, ending in `suffix` if given.
+
+    Raises:
+        ValueError: naming `what` ("trace", "plot", ...) and the path.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"opforge.doctor: {what} {path} is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"opforge.doctor: cannot write the {what} {path}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"opforge.doctor: cannot write the {what} {path}: the folder {path.parent} is not writable")
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise ValueError(f"opforge.doctor: the {what} must be a {suffix} file, got {path}")
+    return path
+
+
 def _lives_on_cuda(model: torch.nn.Module, inputs: Sequence[object]) -> bool:
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [t for t in pytree.tree_leaves(list(inputs)) if isinstance(t, torch.Tensor)]
@@ -407,7 +457,10 @@ def doctor(
 
     Raises:
         TypeError: `model` is not an nn.Module, or `inputs` is neither a tensor nor a tuple/list.
+        ValueError: `trace` or `plot` cannot be written (checked first), or `plot` is not a .png.
     """
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):  # torch.compile(model): its model
+        model = model._orig_mod
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"opforge.doctor: model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(inputs, torch.Tensor):
@@ -417,7 +470,9 @@ def doctor(
             f"opforge.doctor: inputs must be a tensor or a tuple of the model's positional arguments, "
             f"got {type(inputs).__name__}"
         )
-    locate = _module_locator(model)
+    trace = None if trace is None else writable_file(trace, "trace")
+    plot = None if plot is None else writable_file(plot, "plot", ".png")
+    by_source = _module_locator(model)
     with torch.no_grad():
         model(*inputs)  # warm-up: lazy initialisation, run-time kernel compilation
         t0 = time.perf_counter()
@@ -431,6 +486,11 @@ def doctor(
         warnings.simplefilter("ignore")
         report.timeline = profile_step(model, inputs, trace, cuda=on_cuda)
     report.timeline_findings = timeline_findings(report.timeline, min_gap_us)
+
+    def locate(filename: str, line: int) -> str | None:  # the submodules whose ops ran there, else by source
+        ran = {m for (_, w, m), _ in recorder.sites.items() if w == (filename, line)}
+        return _module_pattern(ran) if ran else by_source(filename, line)
+
     report.findings += _op_findings(recorder, locate)
     if on_cuda:
         report.findings += _fallback_findings(model, recorder)

@@ -17,6 +17,7 @@ smallest op whose every part (dtype dispatch, launch rule, run-time kernel, veri
 from __future__ import annotations
 
 import keyword
+import math
 import re
 from pathlib import Path
 
@@ -156,6 +157,10 @@ def new_op(qualified: str, parent: Path, dtypes: list[str], shape: list[int] | N
         raise ValueError(f"dtypes must be among {', '.join(DTYPES)}; got {', '.join(dtypes) or 'none'}")
     if shape is not None and any(d < 0 for d in shape):
         raise ValueError(f"sizes of --shape must be at least 0, got {shape}")
+    if shape is not None and math.prod(shape) > 2**31:
+        raise ValueError(
+            f"--shape {shape} has {math.prod(shape)} elements; its test allocates it, so keep it at 2^31 or fewer"
+        )
     folder = parent / name
     if folder.exists():
         raise ValueError(f"{folder} already exists; pick another name or folder")

@@ -82,6 +82,30 @@ Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_
   return overlaps(view) || by_layout == Admission::kDenseCopy ? Admission::kRefuse : Admission::kAsIs;
 }
 
+std::vector<std::string> overlap_refusals(const OpforgeOpSpec& op, const std::vector<OpforgeTensor>& views) {
+  auto span = [&](int32_t i) -> std::optional<std::pair<uintptr_t, uintptr_t>> {
+    const OpforgeTensor& t = views[static_cast<size_t>(i)];
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || t.data == nullptr || numel(t) == 0 || !dense(t)) return std::nullopt;
+    const auto begin = reinterpret_cast<uintptr_t>(t.data);
+    return std::make_pair(begin, begin + static_cast<uintptr_t>(numel(t) * int64_t(dtype_size(t.dtype))));
+  };
+  std::vector<std::string> lines;
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    if (!is_mutated(op.args[i])) continue;
+    const auto mine = span(i);
+    if (!mine) continue;
+    for (int32_t j = 0; j < op.num_args; ++j) {
+      if (j < i && is_mutated(op.args[j])) continue;  // that pair has its line already
+      const auto theirs = j == i ? std::nullopt : span(j);
+      if (!theirs || mine->second <= theirs->first || theirs->second <= mine->first) continue;
+      lines.push_back(std::string(op.args[i].name) + ": expected memory of its own (it is written in place), got " +
+                      "memory shared with " + op.args[j].name + "; pass " + op.args[i].name + ".clone()");
+      break;
+    }
+  }
+  return lines;
+}
+
 std::string refusal(const OpforgeArgSpec& a, const OpforgeTensor& view, int64_t item_size) {
   const std::string got =
       "got shape " + list_text(view.sizes, view.ndim) + " with strides " + list_text(view.strides, view.ndim);

@@ -39,6 +39,14 @@ Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_
 /// with strides [...]" (and the data pointer's offset from 16 bytes where that is the fault).
 std::string refusal(const OpforgeArgSpec& a, const OpforgeTensor& view, int64_t item_size);
 
+/// One line per mutated input whose memory overlaps another tensor argument's ("residual:
+/// shares memory with x; ..."), as ATen's assert_no_overlap: both views dense and their byte
+/// ranges intersecting (two views that interleave without sharing an element are not dense and
+/// pass; an in-place write into memory another argument reads would give a result that depends
+/// on the kernel's order). `views[i]` is argument i's view (ignored for non-tensors; data null
+/// or no elements: left out).
+std::vector<std::string> overlap_refusals(const OpforgeOpSpec& op, const std::vector<OpforgeTensor>& views);
+
 /// The elements of integer inputs with a declared domain (Note [Value domains] in opforge/op.h)
 /// that lie outside it, one line per input: "positions: expected values in [0,
 /// cos_sin_cache.size(0)) = [0, 64), got 70 at [3]" (", or -1" for a marker; "distinct values"

@@ -168,7 +168,7 @@ class AutogradKernel final : public c10::OperatorKernel {
     auto arg = [&](int32_t i) -> const c10::IValue& { return (*stack)[stack->size() - n + i]; };
     bool requires_grad = false;
     for (int32_t i = 0; i < n; ++i) {
-      if (op_->args[i].kind != OPFORGE_ARG_TENSOR || arg(i).isNone()) continue;
+      if (op_->args[i].kind != OPFORGE_ARG_TENSOR || arg(i).isNone() || !arg(i).toTensor().defined()) continue;
       const at::Tensor& t = arg(i).toTensor();
       requires_grad |= t.requires_grad();
       TORCH_CHECK_NOT_IMPLEMENTED(!t._fw_grad(/*level=*/0).defined(), "Trying to use forward AD with ",
@@ -179,7 +179,7 @@ class AutogradKernel final : public c10::OperatorKernel {
     std::vector<std::pair<at::Tensor, at::Tensor>> copied_back;  // (a written view, the copy the op writes)
     for (int32_t i : written_) {                                 // Note [In-place backward]
       c10::IValue& v = (*stack)[stack->size() - n + i];
-      if (v.isNone()) continue;
+      if (v.isNone() || !v.toTensor().defined()) continue;  // None: the op's own check names it
       const at::Tensor t = v.toTensor();
       ::torch::autograd::check_inplace(t, record);
       const auto* view = ::torch::autograd::impl::get_view_autograd_meta(t);
@@ -280,7 +280,7 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
   std::vector<const at::Tensor*> needs_grad;
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = (*stack)[start + i];
-    if (!v.isTensor()) continue;
+    if (!v.isTensor() || !v.toTensor().defined()) continue;  // None for a Tensor: the op's own check names it
     const at::Tensor& t = v.toTensor();
     TORCH_CHECK_NOT_IMPLEMENTED(!t._fw_grad(/*level=*/0).defined(), "Trying to use forward AD with ", name,
                                 ", which does not support it");
@@ -290,7 +290,7 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
   std::vector<at::Tensor> written;
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = (*stack)[start + i];
-    if (v.isTensor() && args[i].alias_info() && args[i].alias_info()->isWrite()) {
+    if (v.isTensor() && v.toTensor().defined() && args[i].alias_info() && args[i].alias_info()->isWrite()) {
       ::torch::autograd::check_inplace(v.toTensor(), any);
       written.push_back(v.toTensor());
     }
@@ -327,7 +327,8 @@ void writer_inplace(const c10::OperatorHandle& handle, c10::DispatchKeySet keys,
   std::vector<at::Tensor> written;
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = (*stack)[start + i];
-    if (v.isTensor() && args[i].alias_info() && args[i].alias_info()->isWrite()) written.push_back(v.toTensor());
+    if (v.isTensor() && v.toTensor().defined() && args[i].alias_info() && args[i].alias_info()->isWrite())
+      written.push_back(v.toTensor());
   }
   {
     at::AutoDispatchBelowADInplaceOrView guard;

@@ -247,13 +247,15 @@ class OpKernel final : public c10::OperatorKernel {
     const int32_t n = op_.num_args;
     // Mutated inputs are never copied (Note [Mutated inputs]): refuse a layout that would need it.
     std::vector<std::string> refused;
+    std::vector<OpforgeTensor> views(n);
     for (int32_t i = 0; i < n; ++i) {
       const at::Tensor& t = call.tensors[i];
+      if (op_.args[i].kind == OPFORGE_ARG_TENSOR && t.defined()) views[i] = view(t);
       if (!core::is_mutated(op_.args[i]) || !t.defined()) continue;
-      const OpforgeTensor v = view(t);
-      if (core::admit(op_.args[i].tensor, v, t.element_size()) == core::Admission::kRefuse)
-        refused.push_back(core::refusal(op_.args[i], v, t.element_size()));
+      if (core::admit(op_.args[i].tensor, views[i], t.element_size()) == core::Admission::kRefuse)
+        refused.push_back(core::refusal(op_.args[i], views[i], t.element_size()));
     }
+    if (refused.empty()) refused = core::overlap_refusals(op_, views);
     TORCH_CHECK_VALUE(refused.empty(), core::invalid_arguments_message(op_, refused, out_));
 
     const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;

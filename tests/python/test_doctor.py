@@ -292,3 +292,69 @@ def test_the_demo_finds_the_host_activation_and_the_break_and_the_fix_clears_the
     assert (tmp_path / "timelines.png").exists() and (tmp_path / "before_trace.json").exists()
     if torch.cuda.is_available():
         assert results["device"] == "cuda" and results["speedup"] > 1.0
+
+
+class Checked(torch.nn.Module):
+    def __init__(self, check: bool):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.check = check
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.check:
+            print("checking", h.mean().item())  # only the instance that checks breaks the graph
+        return torch.relu(h)
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Checked(False) for _ in range(3))
+        self.final = Checked(True)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.final(x)
+
+
+class PrintInLoop(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+            print(x.shape)  # a break inside a loop: dynamo runs the whole forward eagerly
+        return x
+
+
+class Identity(torch.nn.Module):
+    def forward(self, x, scale=1.0):
+        return x
+
+
+def test_breaks_name_the_instance_that_ran_them_and_a_skipped_forward_says_why(tmp_path, capsys):
+    from opforge.__main__ import main
+
+    report = opforge.doctor(Outer(), torch.randn(2, 8))
+    (brk,) = [f for f in report.findings if f.kind == "graph_break"]
+    assert brk.module == "final" and brk.source == f"{__file__}:{line_of(Checked, '.item()')}"
+    assert "item()" in brk.message and ":" in brk.message  # dynamo's first line and its explanation
+    (eager,) = [f for f in opforge.doctor(PrintInLoop(), torch.randn(2, 8)).findings if f.kind == "graph_break"]
+    assert eager.message.startswith("torch.compile runs this forward eagerly: ") and "print" in eager.message
+    assert opforge.doctor(Identity(), (torch.randn(2, 8), 2.0)).findings == []  # nothing to compile
+    assert opforge.doctor(torch.compile(Outer()), torch.randn(2, 8)).findings[0].module == "final"
+    for kwargs, message in [
+        ({"trace": tmp_path / "missing" / "t.json"}, f"the folder {tmp_path / 'missing'} does not exist"),
+        ({"trace": tmp_path}, f"trace {tmp_path} is a folder; give a file name"),
+        ({"plot": tmp_path / "t.svg"}, "the plot must be a .png file"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            opforge.doctor(Identity(), torch.randn(2), **kwargs)
+    spec = tmp_path / "make.py"
+    spec.write_text("import torch\ndef make():\n    return torch.nn.Identity(), (torch.randn(3),)\n")
+    assert main(["doctor", f"{spec}:make", "--json", str(tmp_path / "no" / "r.json")]) == 2
+    assert f"opforge doctor: cannot write the json report {tmp_path / 'no' / 'r.json'}" in capsys.readouterr().err

@@ -62,6 +62,9 @@ def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp
         (["new", "aten::x"], "namespace 'aten' is torch's own"),
         (["new", "ns::x", "--shape", "8,x"], "--shape takes comma-separated sizes such as 64,512; got '8,x'"),
         (["new", "ns::x", "--shape", "8,-1"], "sizes of --shape must be at least 0, got [8, -1]"),
+        (["new", "ns::x", "--shape", ""], "--shape takes comma-separated sizes such as 64,512; got ''"),
+        (["new", "ns::x", "--shape", "4,,5"], "--shape takes comma-separated sizes such as 64,512; got '4,,5'"),
+        (["new", "ns::x", "--shape", "100000,100000"], "has 10000000000 elements; its test allocates it"),
     ],
 )
 def test_bad_names_and_dtypes_are_refused(tmp_path, capsys, argv, message):

@@ -164,3 +164,22 @@ def test_compile_without_recompiles(device):
 def test_verify(device, name):
     report = verify.verify_op(f"examples::{name}", device=device, seed=11)
     assert report.ok, [(r.check, r.dtype, r.case, r.message) for r in report.failures]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_written_inputs_sharing_memory_or_left_out_are_refused_before_any_launch(device):
+    op, w = torch.ops.examples.fused_add_rms_norm, torch.randn(8, device=device)
+    head = "examples::fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps=1e-06) -> ()"
+    shared = "x: expected memory of its own (it is written in place), got memory shared with residual; pass x.clone()"
+    x = torch.randn(4, 8, device=device)
+    before = x.clone()
+    for args in ((x, x), (x[0:2], x[1:3])):  # the same tensor; rows that overlap
+        with pytest.raises(ValueError) as err:
+            op(*args, w, 1e-6)
+        assert str(err.value) == f"{head}: invalid arguments\n  {shared}"
+    torch.testing.assert_close(x, before)  # nothing was written
+    op(x[0:2], x[2:4], w, 1e-6)  # disjoint rows of one tensor are fine
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad), pytest.raises(ValueError) as err:
+            op(torch.randn(4, 8, device=device), None, w, 1e-6)
+        assert str(err.value) == f"{head}: invalid arguments\n  residual: expected a tensor, got None"
