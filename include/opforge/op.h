@@ -110,7 +110,10 @@
 // asks for (dense and 16-byte aligned, or with opforge::contiguous_last_dim rows of adjacent
 // elements at 16-byte aligned strides), and a call that passes another layout is refused
 // before any launch with an error that names the layout it needs. A mutated input whose
-// elements overlap in memory (an expanded view, stride 0) is refused in every layout.
+// elements overlap in memory (an expanded view, stride 0) is refused in every layout, and so is
+// one that shares memory with another tensor argument (the same tensor twice, overlapping
+// slices of one: as ATen's assert_no_overlap, for dense views), whose result would depend on
+// the kernel's order of reads and writes.
 // An op with mutated inputs may name a backward op (Note [Backward ops]); the backward op sees
 // each mutated input `x` as a result `x_out`, its value after the op: `grad_x_out` is its
 // gradient, `x_out` the value itself (the value before is overwritten, so the backward op
