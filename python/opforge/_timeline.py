@@ -344,11 +344,12 @@ def plot_timelines(steps: Sequence[tuple[str, Timeline, Sequence[TimelineFinding
         for name, start, end in tl.device:
             color = "tab:orange" if name.startswith("Memcpy") else "tab:blue"
             ax.broken_barh([(ms(start), max((end - start) / 1e3, width / 2000))], (0.1, 0.8), color=color)
-        for f in findings:
-            if f.kind != "gpu_idle":
-                continue
+        gaps = sorted((f for f in findings if f.kind == "gpu_idle"), key=lambda f: -f.cost_ms)
+        for rank, f in enumerate(gaps):
             g0, g1 = ms(f.span_us[0]), ms(f.span_us[1])
             ax.axvspan(g0, g1, ymin=0.0, ymax=0.5, color="tab:red", alpha=0.25)
+            if rank >= 6 or g1 - g0 < width / 30:  # the largest gaps get a label; the rest stay shaded
+                continue
             where = Path(f.source.rpartition(":")[0]).name + ":" + f.source.rpartition(":")[2] if f.source else "?"
             ax.text((g0 + g1) / 2, 0.5, f"idle {f.cost_ms:.2f} ms\n{where}", ha="center", va="center", fontsize=8)
         ax.set_yticks([0.5, 1.5], ["GPU", "host"])
