@@ -9,6 +9,7 @@ steps as a PNG, GPU busy and idle with the culprits labelled.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -166,6 +167,8 @@ def profile_step(
     source line), the GPU synchronised before and after, and returns its :class:`Timeline`;
     writes the Chrome/Perfetto trace to `trace` if given (open it in https://ui.perfetto.dev)."""
     cuda = cuda and torch.cuda.is_available()
+    if not torch.cuda.is_available():  # kineto logs "gpuGetDeviceCount failed" on a machine without a GPU
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # read when the profiler first starts in a process
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
