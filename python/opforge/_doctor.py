@@ -448,8 +448,9 @@ def doctor(
     min_gap_us: float = 50.0,
 ) -> DoctorReport:
     """Runs `model(*inputs)` (`inputs` a tuple or list of positional arguments, or one tensor;
-    the model runs about eight times: eagerly, under a dispatch recorder and ``torch.profiler``
-    twice, and through ``torch._dynamo.explain`` and ``torch.compile``) and returns its findings,
+    the model runs about nine times: eagerly twice, under a dispatch recorder, under
+    ``torch.profiler`` twice (a warm-up step, then the one reported), through
+    ``torch._dynamo.explain`` and three times under ``torch.compile``) and returns its findings,
     most costly first (see the module docstring). GPU idle gaps shorter than `min_gap_us`
     microseconds are not reported. Writes the profiled step as a Chrome/Perfetto trace to
     `trace` and as a PNG timeline to `plot` when given. The model's own exceptions in eager mode

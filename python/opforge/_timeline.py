@@ -162,9 +162,10 @@ class _SourceRanges(TorchFunctionMode):
 def profile_step(
     model: torch.nn.Module, inputs: Sequence[object], trace: str | Path | None = None, cuda: bool = True
 ) -> Timeline:
-    """Runs ``model(*inputs)`` once under ``torch.profiler`` (CPU, and CUDA when `cuda` and a GPU
-    is available; input shapes recorded, each torch call in a range named after its module and
-    source line), the GPU synchronised before and after, and returns its :class:`Timeline`;
+    """Runs ``model(*inputs)`` twice under ``torch.profiler`` (CPU, and CUDA when `cuda` and a
+    GPU is available; input shapes recorded, each torch call in a range named after its module
+    and source line), the GPU synchronised before and after each, and returns the :class:`Timeline`
+    of the second (the first warms the profiler up);
     writes the Chrome/Perfetto trace to `trace` if given (open it in https://ui.perfetto.dev)."""
     cuda = cuda and torch.cuda.is_available()
     if not torch.cuda.is_available():  # kineto logs "gpuGetDeviceCount failed" on a machine without a GPU
@@ -172,14 +173,24 @@ def profile_step(
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
-    with profile(activities=activities, record_shapes=True) as prof:
-        with torch.no_grad(), record_function(STEP), ModuleStack(model) as modules, _SourceRanges(modules):
-            model(*inputs)
-        if cuda:
-            torch.cuda.synchronize()
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))
-    return _timeline(prof.events(), cuda)
+    recorded = []
+
+    def ready(prof) -> None:  # the active step's events, and its trace
+        recorded.append(prof.events())
+        if trace is not None:
+            prof.export_chrome_trace(str(trace))
+
+    # One warm-up step under the profiler first (torch.profiler.schedule), so that the profiler's
+    # own start-up (CUPTI's first kernel records) is not counted in the step it reports.
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
+    with profile(activities=activities, record_shapes=True, schedule=schedule, on_trace_ready=ready) as prof:
+        for _ in range(2):
+            with torch.no_grad(), record_function(STEP), ModuleStack(model) as modules, _SourceRanges(modules):
+                model(*inputs)
+            if cuda:
+                torch.cuda.synchronize()
+            prof.step()
+    return _timeline(recorded[-1], cuda)
 
 
 def _timeline(events, cuda: bool) -> Timeline:
