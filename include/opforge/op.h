@@ -79,11 +79,13 @@
 //   - each output of the backward op is `grad_<input>`, the gradient of one of this op's tensor
 //     inputs, with that input's shape and dtype (checked when it runs), or `grad_<a>_and_<b>`
 //     (any number of `_and_`), one gradient of several inputs that is given to each of them, as
-//     torch's AddBackward does (x and residual of a residual add: the kernel writes it once);
+//     torch's AddBackward does (x and residual of a residual add: the kernel writes it once;
+//     a name that reads two ways, as with inputs a, b and a_and_b, is refused at load);
 //     optional inputs left out get none, and an input without one that needs a gradient raises
 //     NotImplementedError, as torch's own ops do ("the derivative ... is not implemented").
-// Loading checks both rules and, on a mismatch, raises naming each argument and what it may be
-// called, and registers nothing. The backward op is an op of its own: CPU reference, device
+// A backward op writes none of its inputs (no opforge::mutated: they are the forward call's saved
+// values and the caller's gradients). Loading checks these rules and, on a mismatch, raises
+// naming each argument and what it may be called, and registers nothing. The backward op is an op of its own: CPU reference, device
 // kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
 // (double backward; without one, a second derivative raises "derivative for ... is not
 // implemented" when it is taken). Forward-mode AD (jvp, jacfwd) and compiled autograd are not

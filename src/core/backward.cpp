@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <string_view>
 
 #include "schema.h"
@@ -61,6 +62,11 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
   const size_t before = problems.size();
   auto problem = [&](const std::string& what) { problems.push_back(site + "backward op " + b + ": " + what); };
   BackwardPlan plan;
+  for (int32_t k = 0; k < bwd.num_args; ++k)
+    if (is_mutated(bwd.args[k]))
+      problem("input '" + std::string(bwd.args[k].name) +
+              "' is opforge::mutated, but a backward op may not write its inputs (the forward call's saved values "
+              "and the caller's gradients)");
   for (int32_t i = 0; i < fwd.num_args + fwd.num_outputs; ++i) {
     const std::string_view name = i < fwd.num_args ? arg(i) : out(i - fwd.num_args);
     const auto of = grad_of(name);
@@ -110,35 +116,53 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
       const int32_t i = index_of(arg, fwd.num_args, part);
       return i >= 0 && fwd.args[i].kind == OPFORGE_ARG_TENSOR ? i : int32_t{-1};
     };
-    std::vector<int32_t> targets;
-    if (const int32_t i = of.empty() ? -1 : tensor_arg(of); i >= 0) {
-      targets.push_back(i);
-    } else if (!of.empty()) {  // grad_<a>_and_<b>...: one gradient of several inputs
-      static constexpr std::string_view kAnd = "_and_";
-      for (std::string_view rest = of;;) {
-        const size_t cut = rest.find(kAnd);
+    // Every reading of <of> as tensor inputs joined by "_and_" (an input's own name may hold one).
+    static constexpr std::string_view kAnd = "_and_";
+    std::function<std::vector<std::vector<int32_t>>(std::string_view)> readings = [&](std::string_view rest) {
+      std::vector<std::vector<int32_t>> found;
+      if (const int32_t j = tensor_arg(rest); j >= 0) found.push_back({j});
+      for (size_t cut = rest.find(kAnd); cut != std::string_view::npos; cut = rest.find(kAnd, cut + 1)) {
         const int32_t j = tensor_arg(rest.substr(0, cut));
-        if (j < 0 || std::find(targets.begin(), targets.end(), j) != targets.end()) {
-          targets.clear();
-          break;
+        if (j < 0) continue;
+        for (auto& tail : readings(rest.substr(cut + kAnd.size()))) {
+          tail.insert(tail.begin(), j);
+          found.push_back(std::move(tail));
         }
-        targets.push_back(j);
-        if (cut == std::string_view::npos) break;
-        rest = rest.substr(cut + kAnd.size());
       }
-      if (targets.size() < 2) targets.clear();
+      return found;
+    };
+    std::vector<std::vector<int32_t>> valid;
+    bool repeats = false;
+    for (auto& r : of.empty() ? std::vector<std::vector<int32_t>>{} : readings(of)) {
+      std::vector<int32_t> sorted = r;
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) repeats = true;
+      else valid.push_back(std::move(r));
     }
-    if (targets.empty()) {
-      problem("output '" + name + "' is not the gradient of a tensor input: expected one of " + differentiable +
-              ", or grad_<a>_and_<b> for one gradient of several");
+    if (valid.size() > 1) {
+      std::string options;
+      for (const auto& r : valid) {
+        std::string names;
+        for (int32_t i : r) names += (names.empty() ? "" : " and ") + std::string(arg(i));
+        options += (options.empty() ? "" : ", or ") + names;
+      }
+      problem("output '" + name + "' reads as the gradient of " + options +
+              "; rename an input so that it reads one way");
       continue;
     }
+    if (valid.empty()) {
+      problem("output '" + name + "' is not the gradient of a tensor input: expected one of " + differentiable +
+              ", or grad_<a>_and_<b> for one gradient of several" + (repeats ? " (each input named once)" : ""));
+      continue;
+    }
+    std::vector<int32_t> targets = std::move(valid.front());
     for (int32_t i : targets) {
       if (given[static_cast<size_t>(i)])
         problem("output '" + name + "' gives a second gradient of " + std::string(arg(i)) + "; name each input once");
       given[static_cast<size_t>(i)] = true;
     }
     plan.targets.push_back(std::move(targets));
+    plan.output_names.push_back(name);
   }
   return problems.size() == before ? plan : BackwardPlan{};
 }

@@ -22,6 +22,8 @@ struct BackwardPlan {
   /// Per output of the backward op: the indices of the forward arguments it is the gradient of
   /// (one, or several for `grad_<a>_and_<b>`).
   std::vector<std::vector<int32_t>> targets;
+  /// Per output of the backward op: its name, for messages.
+  std::vector<std::string> output_names;
 };
 
 /// The names of `op`'s results as a backward op sees them: its outputs, then `<input>_out` for

@@ -62,9 +62,11 @@ NodePtr<N> make_node(A&&... args) {
 // argument order (core::result_names), and what the backward op reads of it (`<input>_out`) is
 // saved after the write, so a later write into it makes backward refuse with torch's "modified
 // by an inplace operation". A written view gets torch's CopySlices node when the op has one
-// result. torch cannot rebase a view onto a node with more ("Functions which modify views
-// in-place must return a single Variable"), yet a Linear's output on 3-d input is a view: with
-// more than one result, a written view that takes part in autograd is computed in a copy that is
+// result and the view is its first tensor argument: CopySlices takes the node's first input
+// gradient for the view's slice of the base, as for torch's in-place ops, whose self comes
+// first. torch cannot rebase a view onto a node with more results ("Functions which modify
+// views in-place must return a single Variable"), yet a Linear's output on 3-d input is a view:
+// in every other case a written view that takes part in autograd is computed in a copy that is
 // then copied into it (copy_, recorded by autograd), as functionalisation writes views back.
 class BackwardNode final : public ::torch::autograd::Node {
  public:
@@ -82,7 +84,9 @@ class BackwardNode final : public ::torch::autograd::Node {
     for (const auto& [source, i] : plan_->sources) {
       switch (source) {
         case core::BackwardPlan::Source::kGrad:  // zeros for an output that did not reach the loss
-          stack.emplace_back(grads[i].defined() ? grads[i] : at::zeros_symint(outputs_[i].first, outputs_[i].second));
+          if (absent_[i]) stack.emplace_back();  // an optional written input that was left out: None
+          else
+            stack.emplace_back(grads[i].defined() ? grads[i] : at::zeros_symint(outputs_[i].first, outputs_[i].second));
           break;
         case core::BackwardPlan::Source::kArg:
           if (op_->args[i].kind != OPFORGE_ARG_TENSOR) stack.push_back(params_[i]);
@@ -90,7 +94,12 @@ class BackwardNode final : public ::torch::autograd::Node {
           else stack.emplace_back();  // an optional input that was left out
           break;
         case core::BackwardPlan::Source::kOutput:
-          stack.emplace_back(saved_outputs_[saved_output++].unpack(getptr()));
+          if (absent_[i]) {
+            stack.emplace_back();
+            ++saved_output;
+          } else {
+            stack.emplace_back(saved_outputs_[saved_output++].unpack(getptr()));
+          }
           break;
       }
     }
@@ -104,7 +113,7 @@ class BackwardNode final : public ::torch::autograd::Node {
         if (!given_input(slot) || stack[k].isNone()) continue;  // an optional input that was left out gets none
         const at::Tensor& grad = stack[k].toTensor();
         TORCH_CHECK(grad.sym_sizes() == shapes_[slot].first && grad.scalar_type() == shapes_[slot].second,
-                    backward_name, " returned grad_", op_->args[i].name, " of shape ", grad.sym_sizes(), " and dtype ",
+                    backward_name, " returned ", plan_->output_names[k], " of shape ", grad.sym_sizes(), " and dtype ",
                     grad.scalar_type(), " for ", core::qualified_name(*op_), "'s input ", op_->args[i].name,
                     " of shape ", c10::SymIntArrayRef(shapes_[slot].first), " and dtype ", shapes_[slot].second,
                     "; a gradient has its input's shape and dtype");
@@ -146,7 +155,8 @@ class BackwardNode final : public ::torch::autograd::Node {
   std::vector<std::optional<::torch::autograd::SavedVariable>> saved_args_;  // per argument, if saved
   std::vector<c10::IValue> params_;                                          // per argument, if a parameter
   std::vector<::torch::autograd::SavedVariable> saved_outputs_;              // the plan's kOutput sources, in order
-  std::vector<std::pair<std::vector<c10::SymInt>, at::TensorOptions>> outputs_;  // per output: zeros for it
+  std::vector<std::pair<std::vector<c10::SymInt>, at::TensorOptions>> outputs_;  // per result: zeros for it
+  std::vector<bool> absent_;  // per result: an optional written input that was left out
 };
 
 class AutogradKernel final : public c10::OperatorKernel {
@@ -183,7 +193,8 @@ class AutogradKernel final : public c10::OperatorKernel {
       const at::Tensor t = v.toTensor();
       ::torch::autograd::check_inplace(t, record);
       const auto* view = ::torch::autograd::impl::get_view_autograd_meta(t);
-      if (record && op_->num_outputs + written_.size() > 1 && view != nullptr && view->has_bw_view()) {
+      const bool rebase_ok = op_->num_outputs + written_.size() == 1 && tensor_slot_[i] == 0;
+      if (record && !rebase_ok && view != nullptr && view->has_bw_view()) {
         copied_back.emplace_back(t, t.clone());
         v = copied_back.back().second;
       }
@@ -209,6 +220,7 @@ class AutogradKernel final : public c10::OperatorKernel {
     for (int32_t j = 0; j < m; ++j) {
       const at::Tensor& out = results[j];
       node->outputs_.emplace_back(out.sym_sizes().vec(), out.options());
+      node->absent_.push_back(false);
       if (::torch::autograd::isDifferentiableType(out.scalar_type())) ::torch::autograd::set_history(out, node);
       else node->add_input_metadata(::torch::autograd::Node::undefined_input());
     }
@@ -216,6 +228,7 @@ class AutogradKernel final : public c10::OperatorKernel {
       results.push_back(t);
       node->outputs_.emplace_back(t.defined() ? t.sym_sizes().vec() : std::vector<c10::SymInt>{},
                                   t.defined() ? t.options() : at::TensorOptions());
+      node->absent_.push_back(!t.defined());
       if (t.defined() && ::torch::autograd::isDifferentiableType(t.scalar_type())) {
         const uint32_t nr = node->add_input_metadata(t);
         ::torch::autograd::impl::rebase_history(t, {node, nr});

@@ -191,10 +191,17 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         "whose value before the op is overwritten: call it x_out for its value after the op",
         f"{site}:38: badbw::n_: 'x_out' names an argument or output and also mutated input 'x''s value after the "
         "op; rename it (the backward op could not tell the two apart)",
-        f"{site}:50: badbw::s: backward op badbw::s_backward: output 'grad_x_and_z' is not the gradient of a tensor "
+        f"{site}:55: badbw::s: backward op badbw::s_backward: output 'grad_x_and_z' is not the gradient of a tensor "
         "input: expected one of grad_x, grad_y, or grad_<a>_and_<b> for one gradient of several",
-        f"{site}:50: badbw::s: backward op badbw::s_backward: output 'grad_y' gives a second gradient of y; name "
+        f"{site}:55: badbw::s: backward op badbw::s_backward: output 'grad_y' gives a second gradient of y; name "
         "each input once",
+        f"{site}:60: badbw::t: backward op badbw::t_backward: input 'grad_y' is opforge::mutated, but a backward op "
+        "may not write its inputs (the forward call's saved values and the caller's gradients)",
+        f"{site}:60: badbw::t: backward op badbw::t_backward: output 'grad_a_and_b' reads as the gradient of a_and_b, "
+        "or a and b; rename an input so that it reads one way",
+        f"{site}:60: badbw::t: backward op badbw::t_backward: output 'grad_b_and_b' is not the gradient of a tensor "
+        "input: expected one of grad_a, grad_b, grad_a_and_b, or grad_<a>_and_<b> for one gradient of several "
+        "(each input named once)",
     ]
     assert not hasattr(torch.ops.badbw, "f")  # nothing was registered
 
@@ -211,3 +218,33 @@ def test_verify_checks_every_output_of_multi_output_ops():
     out = (torch.zeros(2), torch.ones(2))
     ok, _, _, why = verify.compare.compare_outputs(out, (torch.zeros(2), torch.zeros(2)), "float32")
     assert not ok and why.startswith("output 1: 2 of 2 elements differ")
+
+
+def test_a_written_view_that_is_not_the_first_argument_and_an_optional_written_input_left_out():
+    bw = torch.ops.bw
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    b0 = torch.randn(8, dtype=torch.float64, requires_grad=True)
+
+    def on_a_slice(w, b0):
+        base = b0 * 1
+        bw.addw_(w, base[2:6])
+        return base * torch.arange(8.0, dtype=torch.float64)
+
+    def torch_slice(w, b0):
+        base = b0 * 1
+        base[2:6] += w * w
+        return base * torch.arange(8.0, dtype=torch.float64)
+
+    got = torch.autograd.grad(on_a_slice(w, b0).sum(), (w, b0))
+    ref = torch.autograd.grad(torch_slice(w, b0).sum(), (w, b0))
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(on_a_slice, (w, b0))
+    x0 = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    x = x0 * 1
+    bw.scale_both_(x, None)  # the backward op gets None for the left-out input's gradient
+    (g,) = torch.autograd.grad(x.sum(), x0)
+    torch.testing.assert_close(g, torch.full_like(g, 2.0))
+    assert torch.autograd.gradcheck(
+        lambda x, r: (x := x * 1, r := r * 1, bw.scale_both_(x, r), (x, r))[3], (x0, b0[:3])
+    )
