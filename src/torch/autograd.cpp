@@ -285,7 +285,8 @@ class AutogradKernel final : public c10::OperatorKernel {
 // ns::op is not implemented" while forward-only use stays free. It redispatches to the
 // ADInplaceOrView kernel, which bumps the version counter of every written tensor, so autograd
 // refuses to use a tensor saved before the write. (torch's own boxed fallbacks bump only written
-// tensors that are also returned, which an opforge op's mutated inputs are not.)
+// tensors that are also returned, which an opforge op's mutated inputs are not.) Written views
+// are handled as in Note [In-place backward].
 void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {
   const auto& args = handle.schema().arguments();
   const size_t n = args.size(), start = stack->size() - n;
@@ -315,12 +316,35 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
     for (const at::Tensor* t : needs_grad) edges.push_back(*t);
     node->set_next_edges(::torch::autograd::collect_next_edges(edges));
   }
+  // A written view is rebased by torch's CopySlices only onto a node with one input, its first
+  // (Note [In-place backward]); otherwise the op writes a copy that is then copied into the view
+  // through autograd, so a backward reaches the NotImplemented node and raises as it should. Not
+  // for out= overloads, which return the tensor they write.
+  const auto& returns = handle.schema().returns();
+  const bool out_overload = std::any_of(returns.begin(), returns.end(), [](const c10::Argument& r) {
+    return r.alias_info() && r.alias_info()->isWrite();
+  });
+  std::vector<std::pair<at::Tensor, at::Tensor>> copied_back;  // (a written view, the copy the op writes)
+  if (node && !out_overload && returns.size() + written.size() > 1) {
+    for (size_t i = 0, w = 0; i < n; ++i) {
+      c10::IValue& v = (*stack)[start + i];
+      if (!(v.isTensor() && v.toTensor().defined() && args[i].alias_info() && args[i].alias_info()->isWrite()))
+        continue;
+      const at::Tensor view = v.toTensor();
+      const auto* meta = ::torch::autograd::impl::get_view_autograd_meta(view);
+      if (meta != nullptr && meta->has_bw_view()) {
+        copied_back.emplace_back(view, view.clone());
+        v = copied_back.back().second;
+        written[w] = copied_back.back().second;
+      }
+      ++w;
+    }
+  }
   {
     at::AutoDispatchBelowAutograd guard;
     handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
   }
   if (!node) return;
-  const auto& returns = handle.schema().returns();
   for (size_t k = 0; k < returns.size(); ++k) {
     const c10::IValue& v = (*stack)[stack->size() - returns.size() + k];
     const bool is_written = returns[k].alias_info() && returns[k].alias_info()->isWrite();  // an out= tensor
@@ -332,6 +356,7 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
     const uint32_t nr = node->add_input_metadata(t);
     ::torch::autograd::impl::rebase_history(t, {node, nr});
   }
+  for (auto& [view, copy] : copied_back) view.copy_(copy);  // through autograd: CopySlices of view's base
 }
 
 void writer_inplace(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {

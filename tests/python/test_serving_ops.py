@@ -183,3 +183,25 @@ def test_written_inputs_sharing_memory_or_left_out_are_refused_before_any_launch
         with torch.set_grad_enabled(grad), pytest.raises(ValueError) as err:
             op(torch.randn(4, 8, device=device), None, w, 1e-6)
         assert str(err.value) == f"{head}: invalid arguments\n  residual: expected a tensor, got None"
+
+
+def test_writing_views_that_take_part_in_autograd_writes_them_and_a_backward_raises():
+    """Query and key as slices of one projection that requires grad (as a decoder splits qkv):
+    the op writes both slices as without autograd, and a backward through it raises as for any
+    op without a backward op (not torch's internal assert on rebasing views)."""
+    tokens, heads, dim = 5, 2, 8
+    proj = torch.nn.Linear(16, 2 * heads * dim)
+    x, cache, pos = torch.randn(tokens, 16), torch.randn(32, dim), torch.arange(5)
+
+    def rotated(grad: bool) -> torch.Tensor:
+        with torch.set_grad_enabled(grad):
+            qkv = proj(x)
+            q = qkv[:, : heads * dim].view(tokens, heads, dim)
+            k = qkv[:, heads * dim :].view(tokens, heads, dim)
+            torch.ops.examples.rotary_embedding(pos, q, cache, k, True)
+            return qkv
+
+    written = rotated(True)
+    torch.testing.assert_close(written, rotated(False))
+    with pytest.raises(RuntimeError, match="^derivative for examples::rotary_embedding is not implemented$"):
+        written.sum().backward()
