@@ -83,8 +83,8 @@
 //     a name that reads two ways, as with inputs a, b and a_and_b, is refused at load);
 //     optional inputs left out get none, and an input without one that needs a gradient raises
 //     NotImplementedError, as torch's own ops do ("the derivative ... is not implemented").
-// A backward op writes none of its inputs (no opforge::mutated: they are the forward call's saved
-// values and the caller's gradients). Loading checks these rules and, on a mismatch, raises
+// A backward op takes at least one gradient and writes none of its inputs (no opforge::mutated:
+// they are the forward call's saved values and the caller's gradients). Loading checks these rules and, on a mismatch, raises
 // naming each argument and what it may be called, and registers nothing. The backward op is an op of its own: CPU reference, device
 // kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
 // (double backward; without one, a second derivative raises "derivative for ... is not

@@ -108,6 +108,11 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
       problem("input '" + name + "' matches nothing of the forward op: expected one of " + accepted);
     }
   }
+  if (problems.size() == before &&  // its inputs all matched, none a gradient
+      std::none_of(plan.sources.begin(), plan.sources.end(),
+                   [](const auto& s) { return s.first == BackwardPlan::Source::kGrad; }))
+    problem("takes no gradient (no input grad_" + std::string(num_results ? out(0) : "<result>") +
+            " or the like), so its results cannot depend on the loss; take the gradients it needs");
   std::vector<bool> given(static_cast<size_t>(fwd.num_args), false);
   for (int32_t k = 0; k < bwd.num_outputs; ++k) {
     const std::string name = bwd.outputs[k].name;

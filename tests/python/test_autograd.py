@@ -202,6 +202,8 @@ def test_mismatched_backward_ops_fail_to_load_and_register_nothing(tmp_path):
         f"{site}:60: badbw::t: backward op badbw::t_backward: output 'grad_b_and_b' is not the gradient of a tensor "
         "input: expected one of grad_a, grad_b, grad_a_and_b, or grad_<a>_and_<b> for one gradient of several "
         "(each input named once)",
+        f"{site}:66: badbw::u: backward op badbw::u_backward: takes no gradient (no input grad_y or the like), so "
+        "its results cannot depend on the loss; take the gradients it needs",
     ]
     assert not hasattr(torch.ops.badbw, "f")  # nothing was registered
 
