@@ -310,6 +310,10 @@ std::vector<std::string> OpDef::finalize() {
   auto cstr = [&](const std::string& str) { return s.strings.emplace_back(str).c_str(); };
 
   if (!is_identifier(ns) || !is_identifier(name)) r.error("", "namespace and op name must be identifiers");
+  else if (ns.rfind("__", 0) == 0 || name.rfind("__", 0) == 0)
+    r.error("",
+            "namespace and op name must not start with \"__\": C++ reserves such names, and Python mangles them "
+            "inside classes (torch.ops.ns.__op in a method is looked up as _Class__op)");
   if (!has_reference) r.error("", "no CPU reference: add .reference(fn)");
   if (output_after_kernel)
     r.error("",

@@ -762,3 +762,24 @@ TEST(Description, EveryDeclarationRuleHasItsMessage) {
                                       pre("outputs") + "output '2y': the name must be an identifier",
                                       pre("outputs") + "output '2y': no dtype rule"}));
 }
+
+TEST(Description, RejectsNamesStartingWithTwoUnderscores) {
+  for (const auto& [ns, name] : {std::pair<const char*, const char*>{"unit", "__hidden"}, {"__unit", "op"}}) {
+    auto errors = errors_of(opforge::detail::make_op(ns, name, "f.cpp", 2)
+                                .input("x", opforge::floating)
+                                .output("y", opforge::like("x"))
+                                .reference(+[](opforge::Tensor, opforge::MutableTensor) {})
+                                .release());
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_EQ(errors[0], std::string("f.cpp:2: ") + ns + "::" + name +
+                             ": namespace and op name must not start with \"__\": C++ reserves such names, and "
+                             "Python mangles them inside classes (torch.ops.ns.__op in a method is looked up as "
+                             "_Class__op)");
+  }
+  auto fine = errors_of(opforge::detail::make_op("unit", "a__b", "f.cpp", 3)
+                            .input("x", opforge::floating)
+                            .output("y", opforge::like("x"))
+                            .reference(+[](opforge::Tensor, opforge::MutableTensor) {})
+                            .release());
+  EXPECT_TRUE(fine.empty()) << fine.front();
+}
