@@ -38,6 +38,25 @@ NodePtr<N> make_node(A&&... args) {
   }
 }
 
+/// (a written view, the copy the op writes instead): see Note [In-place backward].
+using CopiedBack = std::vector<std::pair<at::Tensor, at::Tensor>>;
+
+/// If `v` holds a view that takes part in autograd, puts a copy of it in its place on the stack
+/// for the op to write and remembers both in `copied_back`; copy_back() then copies it into the
+/// view through autograd (CopySlices of the view's base). Returns the tensor the op will write.
+at::Tensor write_a_copy_of_a_view(c10::IValue& v, CopiedBack& copied_back) {
+  const at::Tensor t = v.toTensor();
+  const auto* meta = ::torch::autograd::impl::get_view_autograd_meta(t);
+  if (meta == nullptr || !meta->has_bw_view()) return t;
+  copied_back.emplace_back(t, t.clone());
+  v = copied_back.back().second;
+  return copied_back.back().second;
+}
+
+void copy_back(CopiedBack& copied_back) {
+  for (auto& [view, copy] : copied_back) view.copy_(copy);
+}
+
 // Note [Autograd kernel]
 // An op that names a backward op (Note [Backward ops] in opforge/op.h) gets one boxed kernel at
 // the Autograd key. When grad mode is on and a tensor input requires grad, it saves what the
@@ -186,18 +205,13 @@ class AutogradKernel final : public c10::OperatorKernel {
                                   ", which does not support it: its backward op gives reverse-mode gradients only");
     }
     const bool record = requires_grad && at::GradMode::is_enabled();
-    std::vector<std::pair<at::Tensor, at::Tensor>> copied_back;  // (a written view, the copy the op writes)
-    for (int32_t i : written_) {                                 // Note [In-place backward]
+    CopiedBack copied_back;
+    for (int32_t i : written_) {  // Note [In-place backward]
       c10::IValue& v = (*stack)[stack->size() - n + i];
       if (v.isNone() || !v.toTensor().defined()) continue;  // None: the op's own check names it
-      const at::Tensor t = v.toTensor();
-      ::torch::autograd::check_inplace(t, record);
-      const auto* view = ::torch::autograd::impl::get_view_autograd_meta(t);
+      ::torch::autograd::check_inplace(v.toTensor(), record);
       const bool rebase_ok = op_->num_outputs + written_.size() == 1 && tensor_slot_[i] == 0;
-      if (record && !rebase_ok && view != nullptr && view->has_bw_view()) {
-        copied_back.emplace_back(t, t.clone());
-        v = copied_back.back().second;
-      }
+      if (record && !rebase_ok) write_a_copy_of_a_view(v, copied_back);
     }
     NodePtr<BackwardNode> node;
     if (record) {
@@ -239,7 +253,7 @@ class AutogradKernel final : public c10::OperatorKernel {
     for (int32_t j : save_output_)  // a written view is saved as torch saves `result` of an in-place op on one
       node->saved_outputs_.emplace_back(results[j], /*is_output=*/true,
                                         /*is_inplace_on_view=*/j >= m && results[j].is_view());
-    for (auto& [view, copy] : copied_back) view.copy_(copy);  // through autograd: CopySlices of view's base
+    copy_back(copied_back);
   }
 
  private:
@@ -301,12 +315,12 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
     if (at::GradMode::is_enabled() && t.requires_grad()) needs_grad.push_back(&t);
   }
   const bool any = !needs_grad.empty();
-  std::vector<at::Tensor> written;
+  std::vector<size_t> written_at;  // the written arguments, in order
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = (*stack)[start + i];
     if (v.isTensor() && v.toTensor().defined() && args[i].alias_info() && args[i].alias_info()->isWrite()) {
       ::torch::autograd::check_inplace(v.toTensor(), any);
-      written.push_back(v.toTensor());
+      written_at.push_back(i);
     }
   }
   NodePtr<::torch::autograd::NotImplemented> node;
@@ -324,21 +338,12 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
   const bool out_overload = std::any_of(returns.begin(), returns.end(), [](const c10::Argument& r) {
     return r.alias_info() && r.alias_info()->isWrite();
   });
-  std::vector<std::pair<at::Tensor, at::Tensor>> copied_back;  // (a written view, the copy the op writes)
-  if (node && !out_overload && returns.size() + written.size() > 1) {
-    for (size_t i = 0, w = 0; i < n; ++i) {
-      c10::IValue& v = (*stack)[start + i];
-      if (!(v.isTensor() && v.toTensor().defined() && args[i].alias_info() && args[i].alias_info()->isWrite()))
-        continue;
-      const at::Tensor view = v.toTensor();
-      const auto* meta = ::torch::autograd::impl::get_view_autograd_meta(view);
-      if (meta != nullptr && meta->has_bw_view()) {
-        copied_back.emplace_back(view, view.clone());
-        v = copied_back.back().second;
-        written[w] = copied_back.back().second;
-      }
-      ++w;
-    }
+  const bool copy_views = node && !out_overload && returns.size() + written_at.size() > 1;
+  CopiedBack copied_back;
+  std::vector<at::Tensor> written;
+  for (size_t i : written_at) {
+    c10::IValue& v = (*stack)[start + i];
+    written.push_back(copy_views ? write_a_copy_of_a_view(v, copied_back) : v.toTensor());
   }
   {
     at::AutoDispatchBelowAutograd guard;
@@ -356,7 +361,7 @@ void writer_autograd(const c10::OperatorHandle& handle, c10::DispatchKeySet keys
     const uint32_t nr = node->add_input_metadata(t);
     ::torch::autograd::impl::rebase_history(t, {node, nr});
   }
-  for (auto& [view, copy] : copied_back) view.copy_(copy);  // through autograd: CopySlices of view's base
+  copy_back(copied_back);
 }
 
 void writer_inplace(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, ::torch::jit::Stack* stack) {

@@ -69,7 +69,7 @@ struct Scratch {
 class OpKernel final : public c10::OperatorKernel {
  public:
   OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out)
-      : op_(op), mode_(mode), kernel_(kernel), out_(out) {}
+      : op_(op), mode_(mode), kernel_(kernel), out_(out), writes_(core::mutates_inputs(op)) {}
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) {
     const bool fake = mode_ == Mode::kFake;
@@ -245,18 +245,21 @@ class OpKernel final : public c10::OperatorKernel {
   /// and 16-byte aligned) gets the kernel's result through a dense temporary and copy_.
   void launch(CallArgs& call, const std::vector<at::Tensor>& outputs, const at::Device& device) const {
     const int32_t n = op_.num_args;
-    // Mutated inputs are never copied (Note [Mutated inputs]): refuse a layout that would need it.
-    std::vector<std::string> refused;
-    std::vector<OpforgeTensor> views(n);
-    for (int32_t i = 0; i < n; ++i) {
-      const at::Tensor& t = call.tensors[i];
-      if (op_.args[i].kind == OPFORGE_ARG_TENSOR && t.defined()) views[i] = view(t);
-      if (!core::is_mutated(op_.args[i]) || !t.defined()) continue;
-      if (core::admit(op_.args[i].tensor, views[i], t.element_size()) == core::Admission::kRefuse)
-        refused.push_back(core::refusal(op_.args[i], views[i], t.element_size()));
+    // Mutated inputs are never copied and own their memory (Note [Mutated inputs]): refuse a layout
+    // that would need a copy, and memory shared with another argument. Ops that write no input skip it.
+    if (writes_) {
+      std::vector<std::string> refused;
+      std::vector<OpforgeTensor> views(n);
+      for (int32_t i = 0; i < n; ++i) {
+        const at::Tensor& t = call.tensors[i];
+        if (op_.args[i].kind == OPFORGE_ARG_TENSOR && t.defined()) views[i] = view(t);
+        if (!core::is_mutated(op_.args[i]) || !t.defined()) continue;
+        if (core::admit(op_.args[i].tensor, views[i], t.element_size()) == core::Admission::kRefuse)
+          refused.push_back(core::refusal(op_.args[i], views[i], t.element_size()));
+      }
+      if (refused.empty()) refused = core::overlap_refusals(op_, views);
+      TORCH_CHECK_VALUE(refused.empty(), core::invalid_arguments_message(op_, refused, out_));
     }
-    if (refused.empty()) refused = core::overlap_refusals(op_, views);
-    TORCH_CHECK_VALUE(refused.empty(), core::invalid_arguments_message(op_, refused, out_));
 
     const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
     const int32_t device_index = device.has_index() ? device.index() : -1;
@@ -319,7 +322,8 @@ class OpKernel final : public c10::OperatorKernel {
   const OpforgeOpSpec& op_;
   Mode mode_;
   const OpforgeKernel* kernel_;
-  bool out_;  // the op's out= overload: the outputs are the caller's tensors, after the arguments
+  bool out_;     // the op's out= overload: the outputs are the caller's tensors, after the arguments
+  bool writes_;  // the op has mutated inputs, whose layout and memory are checked before a launch
 };
 
 }  // namespace
