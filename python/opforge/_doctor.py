@@ -284,12 +284,13 @@ def _fallback_findings(model, recorder: _OpRecorder) -> list[Finding]:
 
 def _timeline_findings(model, report: DoctorReport, recorder: _OpRecorder) -> list[Finding]:
     """Copies, synchronisations and GPU idle gaps of the profiled step; for a copy, and a gap in
-    which the host ran Python, the ``opforge new`` command from the sizes and dtype at its source."""
+    which the host ran Python between two of the model's operators, the ``opforge new`` command
+    from the sizes and dtype at its source."""
     sites = {(f"{w[0]}:{w[1]}", m): site for (_, w, m), site in recorder.sites.items() if w is not None}
     findings = []
     for f in report.timeline_findings:
         site = sites.get((f.source, f.module))
-        host_layer = f.kind == "copy" or (f.kind == "gpu_idle" and f.op is None)
+        host_layer = f.kind == "copy" or (f.kind == "gpu_idle" and f.op is None and not f.at_edge)
         suggestion = _suggestion(model, f.module, site.shape, site.dtype) if site and host_layer else None
         findings.append(Finding(f.kind, f.cost_ms, f.module, f.source, f.message, f.op, suggestion))
     return findings

@@ -254,7 +254,8 @@ class TimelineFinding:
     """What :func:`timeline_findings` found: ``kind`` ("copy", "sync", "gpu_idle"), ``cost_ms``,
     ``source``, ``message``, ``op`` (the operator, or None: Python outside torch operators),
     ``span_us`` (where on the timeline), ``shapes`` (the operator's input sizes, or None) and
-    ``module`` (the submodule's path, or None)."""
+    ``module`` (the submodule's path, or None); ``at_edge``: a gap whose Python ran at the step's
+    start or end, where the caller's and the profiler's own work run too."""
 
     kind: str
     cost_ms: float
@@ -264,6 +265,7 @@ class TimelineFinding:
     span_us: tuple[float, float]
     shapes: list | None = None
     module: str | None = None
+    at_edge: bool = False
 
 
 def timeline_findings(tl: Timeline, min_gap_us: float = 50.0) -> list[TimelineFinding]:
@@ -331,6 +333,7 @@ def _gap_finding(tl: Timeline, g0: float, g1: float) -> TimelineFinding:
         (g0, g1),
         culprit.shapes if culprit is not None else None,
         culprit.module if culprit is not None else None,
+        prev is None or nxt is None,
     )
 
 

@@ -190,8 +190,8 @@ def test_the_timeline_names_each_operator_s_line_and_is_written_as_trace_and_pic
     sources = {op.name: op.source for op in report.timeline.host}
     assert sources["aten::linear"] == f"{__file__}:{line_of(Syncs, 'self.act(self.lin(x))')}"
     assert sources["aten::item"] == f"{__file__}:{line_of(Syncs, '.item()')}"
-    assert report.timeline.cuda == torch.cuda.is_available()
-    if not torch.cuda.is_available():  # no GPU profiled: no copies, gaps or fallbacks to report
+    assert not report.timeline.cuda  # a model on the CPU: the GPU is not profiled, even where there is one
+    if not torch.cuda.is_available():  # no GPU at all: no copies, gaps or fallbacks to report
         assert not {"copy", "sync", "gpu_idle", "cpu_fallback"} & {f.kind for f in report.findings}
 
 
@@ -223,9 +223,16 @@ def test_gaps_copies_and_synchronisations_from_a_timeline():
     assert [g.span_us for g in gaps] == [(130, 640), (750, 1000)]
     assert gaps[0].cost_ms == pytest.approx(0.51)
     assert "the host ran Python outside torch operators for 0.450 ms, between aten::to at model.py:1" in gaps[0].message
-    assert gaps[0].source == "model.py:1"
+    assert gaps[0].source == "model.py:1" and not gaps[0].at_edge
     assert "the host ran aten::sort for 0.230 ms of it" in gaps[1].message and gaps[1].source == "model.py:4"
     assert timeline_findings(tl, min_gap_us=600.0) == [f for f in found if f.kind != "gpu_idle"]
+
+
+def test_python_at_the_step_s_start_is_a_gap_at_the_edge_not_a_layer_to_rewrite():
+    tl = synthetic([("aten::linear", 300, 320, [], 0.0)], [("k1", 320, 1000)])
+    (gap,) = timeline_findings(tl, min_gap_us=100.0)
+    assert gap.span_us == (0.0, 320) and gap.at_edge
+    assert "between the step's start or end and aten::linear at model.py:1" in gap.message
 
 
 @requires_cuda
