@@ -13,6 +13,7 @@
 // {"device": ..., "outputs": N, "iters": N, "latency_ms": {"median": ..., "min": ..., "max": ...}}.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/custom_class.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 
@@ -88,7 +89,9 @@ std::vector<char> read_file(const std::string& path) {
 }
 
 /// Loads the op libraries listed in the manifest beside the package, then checks that every
-/// listed op is registered. Manifest lines: "<ns>::<op> <library file>".
+/// listed op and custom class is registered. Manifest lines: "<ns>::<op> <library file>", and
+/// "class <ns>::<Class> <library file>" for a class whose objects the package holds (they are
+/// unpickled when the package loads, which needs the class registered first).
 void load_ops(const fs::path& package) {
   const fs::path dir = package.parent_path().empty() ? fs::path(".") : package.parent_path();
   const fs::path manifest = dir / "opforge_ops.txt";
@@ -102,8 +105,11 @@ void load_ops(const fs::path& package) {
   while (std::getline(in, line)) {
     std::istringstream ls(line);
     std::string op, lib;
-    if (!(ls >> op >> lib) || op[0] == '#') continue;
-    ops_by_library[lib].push_back(op);
+    if (!(ls >> op) || op[0] == '#') continue;
+    if (op == "class" && !(ls >> op)) continue;
+    if (!(ls >> lib)) continue;
+    const bool is_class = line.rfind("class ", 0) == 0;
+    ops_by_library[lib].push_back(is_class ? "class " + op : op);
   }
   std::vector<std::string> missing;
   for (const auto& [lib, ops] : ops_by_library) {
@@ -114,12 +120,18 @@ void load_ops(const fs::path& package) {
     }
     opforge::torch::load_library(path.string());
     for (const auto& op : ops) {
-      if (!c10::Dispatcher::singleton().findSchema({op, ""}).has_value())
+      if (op.rfind("class ", 0) == 0) {  // "class ns::Class": torch's name is __torch__.torch.classes.ns.Class
+        std::string name = op.substr(6);
+        if (const size_t sep = name.find("::"); sep != std::string::npos) name.replace(sep, 2, ".");
+        if (!::torch::getCustomClass("__torch__.torch.classes." + name))
+          missing.push_back(op + " (" + lib + " loaded but does not declare it)");
+      } else if (!c10::Dispatcher::singleton().findSchema({op, ""}).has_value()) {
         missing.push_back(op + " (" + lib + " loaded but does not declare it)");
+      }
     }
   }
   if (!missing.empty()) {
-    std::string m = package.string() + " needs ops that are not available:";
+    std::string m = package.string() + " needs ops or classes that are not available:";
     for (const auto& s : missing) m += "\n  " + s;
     fail(m);
   }

@@ -138,6 +138,38 @@ def backward_cases() -> int:
     return failures
 
 
+def class_cases() -> int:
+    """The custom classes' ops: int8_linear_pack and int8_linear (through Int8Linear, built on
+    the GPU, against the CPU reference of an object built on the CPU) over rows on both sides of
+    the small-M kernel's 16-row tiles and its 64-row limit, output channels not a multiple of the
+    128-wide tile, with and without bias; IdentityConvClass.forward on a permuted view."""
+    for lib in ("int8_linear", "identity_conv"):
+        opforge.load_library(opforge.example_library(lib))
+    classes = torch.classes.examples
+    failures = 0
+    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True)):
+        w = torch.randn(n, k)
+        b = torch.randn(n) if bias else None
+        cpu, gpu = classes.Int8Linear(w, b), classes.Int8Linear(w.cuda(), None if b is None else b.cuda())
+        if not (torch.equal(gpu.qweight.cpu(), cpu.qweight) and torch.equal(gpu.scales.cpu(), cpu.scales)):
+            print(f"MISMATCH int8_linear_pack [{n}, {k}]")
+            failures += 1
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for rows in (0, 1, 15, 17, 64, 65, 300):
+                x = torch.randn(rows, k, dtype=dtype)
+                out, ref = gpu.forward(x.cuda()), cpu.forward(x)
+                tol = 4 * TOLERANCE[dtype]
+                if not torch.allclose(out.cpu().double(), ref.double(), atol=tol, rtol=tol):
+                    print(f"MISMATCH int8_linear {dtype} [{rows}, {k}] x [{n}, {k}]")
+                    failures += 1
+    conv = classes.IdentityConvClass(5)
+    x = torch.randn(2, 7, 5, device="cuda").transpose(1, 2)
+    if not torch.equal(conv.forward(x), x):
+        print("MISMATCH IdentityConvClass.forward on a transposed view")
+        failures += 1
+    return failures
+
+
 def main() -> int:
     for case in CASES.values():
         opforge.load_library(case.library_path)
@@ -168,6 +200,7 @@ def main() -> int:
     failures += mixed_dtype_cases()
     failures += serving_cases()
     failures += backward_cases()
+    failures += class_cases()
     torch.cuda.synchronize()
     print(f"sanitize: {failures} mismatches")
     return 1 if failures else 0

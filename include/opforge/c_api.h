@@ -365,6 +365,34 @@ typedef struct OpforgeOpSpec {
   int32_t autocast;
 } OpforgeOpSpec;
 
+/* One method of a custom class (Note [Custom classes] in opforge/op.h): calling it runs `op`, an
+ * op of the same namespace, with the object's fields as the op's arguments of the same names and
+ * the caller's arguments as the op's other ones, in order. */
+typedef struct OpforgeMethodSpec {
+  size_t struct_size;
+  const char* name; /* the method's name, e.g. "forward" */
+  const char* op;   /* "ns::name" */
+} OpforgeMethodSpec;
+
+/* A custom class (`torch.classes.<ns>.<name>`): state kept between calls, constructed once. With
+ * a constructor op, the class's __init__ takes that op's arguments and the object keeps its
+ * outputs, then those of its arguments that a method takes; without one, __init__ takes the
+ * declared fields, which the object keeps as given. ABI 5, read past OpforgeLibrary::struct_size. */
+typedef struct OpforgeClassSpec {
+  size_t struct_size;
+  const char* ns;
+  const char* name;
+  const char* doc;
+  const char* file; /* where the class was declared */
+  int32_t line;
+  int32_t num_fields; /* declared fields: parameters kept as given (OpforgeArgKind, never TENSOR) */
+  const char* const* field_names;
+  const int32_t* field_kinds;
+  const char* constructor; /* the constructor op, "ns::name", or NULL */
+  int32_t num_methods;
+  const OpforgeMethodSpec* methods;
+} OpforgeClassSpec;
+
 typedef struct OpforgeLibrary {
   size_t struct_size;
   int32_t abi_version; /* OPFORGE_ABI_VERSION of the headers the library was built with */
@@ -378,6 +406,10 @@ typedef struct OpforgeLibrary {
   /* Forget compiled run-time kernels, so the next call re-reads and recompiles (or finds in
    * the on-disk cache) each source. Modules already loaded stay valid for work in flight. */
   void (*reload)(void);
+  /* Custom classes declared with OPFORGE_CLASS, in declaration order. Appended in ABI 5: read
+   * only past struct_size (core::library_classes). */
+  int32_t num_classes;
+  const OpforgeClassSpec* const* classes;
 } OpforgeLibrary;
 
 /* The one symbol an op library exports (defined by opforge's op-library support code). */

@@ -14,6 +14,7 @@ from . import _core
 from ._adapter import adapter_path
 from ._core import OpforgeError
 from ._fake import register_data_dependent_fakes
+from ._classes import register_fake_classes
 from ._vmap import register_batching_rules
 from .description import Library, Op, library_from_json
 from .distributed import register_sharding_rules
@@ -95,6 +96,7 @@ def load_library(path: str | Path) -> Library:
         register_sharding_rules(lib.ops)
         register_data_dependent_fakes(lib.ops)
         register_batching_rules(lib.ops)
+        register_fake_classes(lib.classes)
         _libraries[resolved] = lib
         return lib
 

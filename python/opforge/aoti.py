@@ -3,9 +3,11 @@
 An AOTInductor package (``.pt2``) records the names of the custom ops it calls, not their code.
 :func:`package` compiles an exported program and places beside the ``model.pt2`` every op
 library it needs plus a manifest, ``opforge_ops.txt`` (one ``<ns>::<op> <library file>`` per
-line). The C++ runner (``opforge-runner``) reads the manifest, loads the libraries, checks that
-every op is registered, and only then loads the model; a package without its libraries fails
-with the names of the missing ops and libraries.
+line, and ``class <ns>::<Class> <library file>`` for each custom class whose objects the model
+holds: AOTInductor pickles them into the package). The C++ runner (``opforge-runner``) reads the
+manifest, loads the libraries, checks that every op and class is registered, and only then loads
+the model; a package without its libraries fails with the names of the missing ops, classes and
+libraries.
 
 Packages are run in a separate process, in C++: loading them in Python with
 ``torch._inductor.aoti_load_package`` crashed on the GPU machine (see DESIGN.md), and the
@@ -57,6 +59,19 @@ def custom_ops(program: torch.export.ExportedProgram) -> dict[str, Path]:
         ``{"ns::op": library path}`` for every opforge op in the graph (and its submodules).
     """
     return {name: lib.path for name, lib, _ in _opforge_nodes(program)}
+
+
+def custom_classes(program: torch.export.ExportedProgram) -> dict[str, Path]:
+    """The opforge custom classes whose objects a program holds (its torchbind constants), each
+    mapped to the loaded library that declares it: ``{"ns::Class": library path}``."""
+    owners = {c.qualified_name: lib for lib in loaded_libraries() for c in lib.classes}
+    found = {}
+    for value in program.constants.values():
+        if isinstance(value, torch.ScriptObject):
+            ns, name = value._type().qualified_name().removeprefix("__torch__.torch.classes.").split(".", 1)
+            if f"{ns}::{name}" in owners:
+                found[f"{ns}::{name}"] = owners[f"{ns}::{name}"].path
+    return found
 
 
 def _instantiations(program: torch.export.ExportedProgram):
@@ -132,6 +147,9 @@ def package(
     for name, lib, _ in _opforge_nodes(program):
         libraries[lib.path] = lib
         lines.add(f"{name} {lib.path.name}")
+    for name, path in custom_classes(program).items():
+        libraries[path] = next(lib for lib in loaded_libraries() if lib.path == path)
+        lines.add(f"class {name} {path.name}")
     for lib in libraries.values():
         shutil.copy2(lib.path, package_dir / lib.path.name)
         if lib.kernel_dir is not None and lib.kernel_dir.is_dir():

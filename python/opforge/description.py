@@ -220,6 +220,42 @@ class Op:
 
 
 @dataclass(frozen=True)
+class Field:
+    """One field of a custom class's objects: ``kind`` is "Tensor" or a parameter's schema type
+    ("int", "float", "bool", "str", "int[]", "float[]"); ``optional``: a tensor that may be None."""
+
+    name: str
+    kind: str
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of a custom class: it runs ``op`` ("ns::name") with ``bound[i]`` (a field's
+    name) as the op's argument i, or the caller's next argument where ``bound[i]`` is None."""
+
+    name: str
+    op: str
+    bound: tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class CustomClass:
+    """A custom class (Note [Custom classes] in ``opforge/op.h``), ``torch.classes.<ns>.<Name>``
+    once loaded: the object's ``fields``, its ``methods``, and the ``constructor`` op its
+    ``__init__`` runs (or None: ``__init__`` takes the fields)."""
+
+    name: str
+    qualified_name: str
+    doc: str | None
+    file: str
+    line: int
+    constructor: str | None
+    fields: tuple[Field, ...]
+    methods: tuple[Method, ...]
+
+
+@dataclass(frozen=True)
 class Library:
     """A loaded op library.
 
@@ -228,11 +264,13 @@ class Library:
         kernel_dir: the folder its run-time kernel sources are read from
             (``lib<name>.kernels/`` beside the shared object), or None.
         ops: its ops' declarations.
+        classes: its custom classes' declarations.
     """
 
     path: Path
     ops: tuple[Op, ...]
     kernel_dir: Path | None = None
+    classes: tuple[CustomClass, ...] = ()
 
     @property
     def op_names(self) -> list[str]:
@@ -328,6 +366,22 @@ def _op(o: dict) -> Op:
 def library_from_json(path: Path, description: dict) -> Library:
     """The :class:`Library` at ``path`` from its JSON description (``src/core/description.h``)."""
     kernel_dir = description["kernel_dir"]
+    classes = tuple(
+        CustomClass(
+            name=c["name"],
+            qualified_name=c["qualified_name"],
+            doc=c["doc"],
+            file=c["file"],
+            line=c["line"],
+            constructor=c["constructor"],
+            fields=tuple(Field(f["name"], f["kind"], f["optional"]) for f in c["fields"]),
+            methods=tuple(Method(m["name"], m["op"], tuple(m["bound"])) for m in c["methods"]),
+        )
+        for c in description.get("classes", ())
+    )
     return Library(
-        path=path, ops=tuple(_op(o) for o in description["ops"]), kernel_dir=Path(kernel_dir) if kernel_dir else None
+        path=path,
+        ops=tuple(_op(o) for o in description["ops"]),
+        kernel_dir=Path(kernel_dir) if kernel_dir else None,
+        classes=classes,
     )

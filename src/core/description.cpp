@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backward.h"
+#include "classes.h"
 #include "dtypes.h"
 #include "opforge/detail/names.h"
 #include "schema.h"
@@ -264,6 +265,30 @@ std::string description_json(const OpforgeLibrary& lib) {
   json ops = json::array();
   for (int32_t k = 0; k < lib.num_ops; ++k) ops.push_back(op_json(lib, *lib.ops[k]));
   j["ops"] = std::move(ops);
+  json classes = json::array();
+  for (const OpforgeClassSpec* c : library_classes(lib)) {
+    std::vector<std::string> problems;
+    const ClassPlan plan = plan_class(lib, *c, problems);
+    json fields = json::array(), methods = json::array(), init = json::array();
+    for (const ClassField& f : plan.fields)
+      fields.push_back({{"name", f.name},
+                        {"kind", f.kind == OPFORGE_ARG_TENSOR ? "Tensor" : schema_type(f.kind)},
+                        {"optional", f.optional}});
+    for (const MethodPlan& m : plan.methods) {
+      json bound = json::array();
+      for (int32_t f : m.bound) bound.push_back(f < 0 ? json(nullptr) : json(plan.fields[f].name));
+      methods.push_back({{"name", m.name}, {"op", qualified_name(*m.op)}, {"bound", std::move(bound)}});
+    }
+    classes.push_back({{"name", c->name},
+                       {"qualified_name", qualified_name(*c)},
+                       {"doc", text_or_null(c->doc)},
+                       {"file", c->file},
+                       {"line", c->line},
+                       {"constructor", plan.constructor ? json(qualified_name(*plan.constructor)) : json(nullptr)},
+                       {"fields", std::move(fields)},
+                       {"methods", std::move(methods)}});
+  }
+  j["classes"] = std::move(classes);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

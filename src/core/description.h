@@ -10,7 +10,7 @@ namespace opforge::core {
 
 /// The description of `lib`'s ops, as JSON text:
 ///
-///   {"abi_version": 3, "kernel_dir": "/abs/libx.kernels" | null, "ops": [op...]}
+///   {"abi_version": 3, "kernel_dir": "/abs/libx.kernels" | null, "ops": [op...], "classes": [class...]}
 ///   op: {"name": "ns::op", "schema", "out_schema": the out= overload's | null (none),
 ///        "doc", "file", "line", "equivalent": str | null,
 ///        "backward": "ns::op_backward" | null, "backward_targets": [arg index...],
@@ -38,6 +38,10 @@ namespace opforge::core {
 ///        "size_from": the output whose value is its first dim (data-dependent) | null,
 ///        "shape": [text...], "shape_rules": [rule...] (explicit shape),
 ///        "with_dims": [[dim, text]...], "with_dim_rules": [[dim, rule]...] (like: replaced dims)}
+///   class (Note [Custom classes], classes.h): {"name": "Class", "qualified_name": "ns::Class", "doc",
+///        "file", "line", "constructor": "ns::op" | null, "fields": [{"name", "kind": "Tensor" |
+///        "int" | ..., "optional": bool}...], "methods": [{"name", "op": "ns::op", "bound": [field
+///        name | null (the caller's argument), one per argument of the op]}...]}
 ///   rule (a shape expression, for abstract evaluation): {"const": 3} | {"dim": [name, d]} |
 ///        {"param": name} | {"any": true} | {"multiple_of": k} | {"add" | "sub" | "mul" |
 ///        "floordiv" | "ceildiv" | "min" | "max" | "mod": [rule, rule]}

@@ -12,8 +12,10 @@
 #include <mutex>
 
 #include "backward.h"
+#include "classes.h"
 #include "description.h"
 #include "dtypes.h"
+#include "opforge/detail/names.h"
 #include "opforge/error.h"
 #include "schema.h"
 
@@ -36,6 +38,18 @@ const OpforgeOpSpec* find_locked(const std::string& qualified, const Library** o
   return nullptr;
 }
 
+const OpforgeClassSpec* find_class_locked(const std::string& qualified, const Library** owner) {
+  for (const Library& l : libraries()) {
+    for (const OpforgeClassSpec* c : library_classes(*l.lib)) {
+      if (qualified_name(*c) == qualified) {
+        if (owner) *owner = &l;
+        return c;
+      }
+    }
+  }
+  return nullptr;
+}
+
 /// Every problem that keeps `lib` from loading, one line each: its declarations, its backward
 /// ops, and ops that a library loaded earlier declares.
 std::vector<std::string> problems_of(const OpforgeLibrary& lib) {
@@ -50,6 +64,13 @@ std::vector<std::string> problems_of(const OpforgeLibrary& lib) {
     return problems;  // the records of an invalid declaration are incomplete: check nothing else
   }
   for (auto& p : check_backward_ops(lib)) problems.push_back(std::move(p));
+  for (auto& p : check_classes(lib)) problems.push_back(std::move(p));
+  for (const OpforgeClassSpec* c : library_classes(lib)) {
+    const Library* other = nullptr;
+    if (const OpforgeClassSpec* first = find_class_locked(qualified_name(*c), &other))
+      problems.push_back(opforge::detail::declared_at(c->file, c->line, qualified_name(*c)) + "already loaded from " +
+                         other->path + " (declared at " + first->file + ":" + std::to_string(first->line) + ")");
+  }
   for (int32_t i = 0; i < lib.num_ops; ++i)
     if (std::string p = autocast_problem(*lib.ops[i]); !p.empty()) problems.push_back(std::move(p));
   for (int32_t i = 0; i < lib.num_ops; ++i) {
@@ -109,6 +130,11 @@ std::vector<const Library*> loaded_libraries() {
 const OpforgeOpSpec* find_loaded_op(const std::string& qualified, const Library** owner) {
   std::lock_guard<std::mutex> lock(g_mutex);
   return find_locked(qualified, owner);
+}
+
+const OpforgeClassSpec* find_loaded_class(const std::string& qualified, const Library** owner) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return find_class_locked(qualified, owner);
 }
 
 void reload_kernels() {

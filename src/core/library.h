@@ -34,8 +34,8 @@ struct Library {
 /// Loads the op library at `path` and validates it; loading the same file again returns the
 /// same Library. A library is added only if every check passes: it exports
 /// `opforge_library_v1`, was built for this OPFORGE_ABI_VERSION, its declarations are valid, its
-/// backward ops pair up (Note [Backward ops]), and none of its ops is declared by a library
-/// loaded earlier. Thread-safe.
+/// backward ops pair up (Note [Backward ops]), its classes' constructor and method ops match
+/// (Note [Custom classes]), and none of its ops or classes is declared by a library loaded earlier. Thread-safe.
 ///
 /// Throws opforge::InvalidArgument for a file that is not a valid op library (every problem on
 /// its own line, "file:line: ns::op: ..."), opforge::InternalError if it cannot be opened or
@@ -47,6 +47,9 @@ std::vector<const Library*> loaded_libraries();
 
 /// The loaded op `qualified` ("ns::name") and the library declaring it; nullptr if none.
 const OpforgeOpSpec* find_loaded_op(const std::string& qualified, const Library** owner = nullptr);
+
+/// The loaded class `qualified` ("ns::Name") and the library declaring it; nullptr if none.
+const OpforgeClassSpec* find_loaded_class(const std::string& qualified, const Library** owner = nullptr);
 
 /// Forgets every compiled run-time kernel of every loaded library (OpforgeLibrary::reload), so
 /// the next call of each op re-reads its kernel source.

@@ -638,8 +638,72 @@ void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like
   o.dtype = dtype;
 }
 
+ClassDef::ClassDef(const char* ns_, const char* name_, const char* file_, int line_)
+    : ns(ns_), name(name_), file(file_), line(line_) {}
+
+std::vector<std::string> ClassDef::finalize() {
+  std::vector<std::string> problems;
+  const std::string at = declared_at(file, line, ns + "::" + name);
+  auto problem = [&](const std::string& what) { problems.push_back(at + what); };
+  if (!is_identifier(name) || name.rfind("__", 0) == 0)
+    problem("a class name must be an identifier that does not start with \"__\"");
+  if (!constructor.empty() && !field_names.empty())
+    problem(".field() and .constructor() together: with a constructor op, the object's fields are its outputs and "
+            "the arguments a method takes");
+  if (methods.empty()) problem("no .method(): a class is used through its methods");
+  std::set<std::string> seen;
+  for (const auto& f : field_names) {
+    if (!is_identifier(f) || f.rfind("__", 0) == 0)
+      problem("field \"" + f + "\": expected an identifier that does not start with \"__\"");
+    else if (std::string why = reserved(f, {}); !why.empty())
+      problem("field " + why);
+    else if (!seen.insert(f).second)
+      problem("field \"" + f + "\" declared twice");
+  }
+  std::set<std::string> method_names;
+  for (const auto& [m, op] : methods) {
+    if (!is_identifier(m) || m.rfind("__", 0) == 0)
+      problem("method \"" + m + "\": expected an identifier that does not start with \"__\" (torch reserves "
+              "__init__, __getstate__, __setstate__ and __obj_flatten__ for what opforge derives)");
+    else if (!method_names.insert(m).second)
+      problem("method \"" + m + "\" declared twice");
+    else if (seen.count(m))
+      problem("method \"" + m + "\" has the name of a field (both are attributes of the object)");
+  }
+  field_name_ptrs_.clear();
+  for (const auto& f : field_names) field_name_ptrs_.push_back(f.c_str());
+  method_specs_.clear();
+  auto qualify = [&](std::string& op) {
+    if (!op.empty() && op.find("::") == std::string::npos) op = ns + "::" + op;
+  };
+  qualify(constructor);
+  for (auto& [m, op] : methods) {
+    qualify(op);
+    method_specs_.push_back({sizeof(OpforgeMethodSpec), m.c_str(), op.c_str()});
+  }
+  spec_ = OpforgeClassSpec{};
+  spec_.struct_size = sizeof(OpforgeClassSpec);
+  spec_.ns = ns.c_str();
+  spec_.name = name.c_str();
+  spec_.doc = doc.c_str();
+  spec_.file = file.c_str();
+  spec_.line = line;
+  spec_.num_fields = static_cast<int32_t>(field_names.size());
+  spec_.field_names = field_name_ptrs_.data();
+  spec_.field_kinds = field_kinds.data();
+  spec_.constructor = constructor.empty() ? nullptr : constructor.c_str();
+  spec_.num_methods = static_cast<int32_t>(method_specs_.size());
+  spec_.methods = method_specs_.data();
+  return problems;
+}
+
 void Registry::add(std::unique_ptr<OpDef> def) {
   defs_.push_back(std::move(def));
+  built_ = false;
+}
+
+void Registry::add(std::unique_ptr<ClassDef> def) {
+  class_defs_.push_back(std::move(def));
   built_ = false;
 }
 
@@ -658,7 +722,20 @@ const OpforgeLibrary* Registry::library() {
       }
       specs_.push_back(d->spec());
     }
+    class_specs_.clear();
+    std::map<std::string, const ClassDef*> class_names;
+    for (auto& c : class_defs_) {
+      for (const auto& e : c->finalize()) errors_ += e + "\n";
+      const std::string qualified = c->ns + "::" + c->name;
+      auto [it, fresh] = class_names.emplace(qualified, c.get());
+      if (!fresh)
+        errors_ += declared_at(c->file, c->line, qualified) + "declared twice (first at " + it->second->file + ":" +
+                   std::to_string(it->second->line) + ")\n";
+      class_specs_.push_back(c->spec());
+    }
     lib_.struct_size = sizeof(OpforgeLibrary);
+    lib_.num_classes = static_cast<int32_t>(class_specs_.size());
+    lib_.classes = class_specs_.data();
     lib_.abi_version = OPFORGE_ABI_VERSION;
     lib_.num_ops = static_cast<int32_t>(specs_.size());
     lib_.ops = specs_.data();

@@ -3,6 +3,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <map>
@@ -11,10 +12,12 @@
 #include <optional>
 
 #include "../core/backward.h"
+#include "../core/classes.h"
 #include "../core/library.h"
 #include "../core/schema.h"
 #include "autocast.h"
 #include "autograd.h"
+#include "classes.h"
 #include "kernel.h"
 #include "opforge/torch.h"
 #include "types.h"
@@ -139,9 +142,14 @@ std::string load_library(const std::string& path) {
       if (c10::Dispatcher::singleton().findSchema({core::qualified_name(op), ""}).has_value())
         conflicts += "\n" + core::declared_at(op) + "already registered with torch by other code";
     }
+    for (const OpforgeClassSpec* c : core::library_classes(*l.lib))
+      if (::torch::getCustomClass(std::string("__torch__.torch.classes.") + c->ns + "." + c->name))
+        conflicts += "\n" + opforge::detail::declared_at(c->file, c->line, core::qualified_name(*c)) +
+                     "already registered with torch by other code";
     if (!conflicts.empty()) throw InvalidArgument("opforge: " + path + " cannot be registered with torch:" + conflicts);
     auto& regs = registered()[l.path];
     for (int32_t i = 0; i < l.lib->num_ops; ++i) regs.push_back(register_op(*l.lib, *l.lib->ops[i]));
+    register_classes(*l.lib);  // after the ops: methods call them through the dispatcher
     return l.json;
   });
 }

@@ -105,7 +105,7 @@ def test_runner_names_missing_ops_and_libraries(packaged, tmp_path):
     with pytest.raises(OpforgeError) as err:
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
     assert str(err.value).splitlines()[-2:] == [
-        f"opforge-runner: {tmp_path / 'model.pt2'} needs ops that are not available:",
+        f"opforge-runner: {tmp_path / 'model.pt2'} needs ops or classes that are not available:",
         f"  examples::softshrink (from libsoftshrink.so, not found in {tmp_path})",
     ]
 

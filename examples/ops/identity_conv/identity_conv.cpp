@@ -1,6 +1,9 @@
 // identity_conv: y = x, a stateless op whose CPU kernel is a copy and whose CUDA kernel
 // honours the input's shape, dtype and strides. The input is declared strided, so permuted,
 // sliced, expanded and storage-offset views arrive as they are; y is dense and row-major.
+//
+// IdentityConvClass: the same copy as the method of a custom class whose one field is its
+// `channels` (Note [Custom classes] in opforge/op.h): `forward(x)` takes x of [N, channels, ...].
 #include <opforge/op.h>
 
 #include <cstring>
@@ -32,3 +35,27 @@ OPFORGE_OP(examples, identity_conv)
     .sharding(opforge::Sharding::kPointwise)
     .reference(identity_conv_cpu)
     .cuda(identity_conv_cuda);
+
+static void identity_conv_forward_cpu(opforge::Tensor x, int64_t, opforge::MutableTensor y) {
+  identity_conv_cpu(x, y);
+}
+
+static void identity_conv_forward_cuda(const opforge::Context& ctx, opforge::Tensor x, int64_t,
+                                       opforge::MutableTensor y) {
+  identity_conv_cuda(ctx, x, y);
+}
+
+OPFORGE_OP(examples, identity_conv_forward)
+    .doc("IdentityConvClass.forward: y = x for x of [N, channels, ...], as a dense row-major copy")
+    .input("x", opforge::floating | opforge::integral | opforge::kBool, opforge::strided, opforge::rank_between(2, 16))
+    .param<int64_t>("channels", opforge::at_least(1))
+    .output("y", opforge::like("x"))
+    .require(opforge::dim("x", 1) == opforge::int_param("channels"))
+    .equivalent("x.clone()")
+    .reference(identity_conv_forward_cpu)
+    .cuda(identity_conv_forward_cuda);
+
+OPFORGE_CLASS(examples, IdentityConvClass)
+    .doc("An identity convolution over `channels` channels: forward(x) returns a copy of x")
+    .field<int64_t>("channels")
+    .method("forward", "identity_conv_forward");

@@ -168,10 +168,31 @@ struct OpDef {
   OpforgeOpSpec spec_{};
 };
 
+/// Everything one OPFORGE_CLASS declaration says, plus the C ABI view built from it.
+struct ClassDef {
+  std::string ns, name, doc, file, constructor;
+  int32_t line = 0;
+  std::vector<std::string> field_names;
+  std::vector<int32_t> field_kinds;
+  std::vector<std::pair<std::string, std::string>> methods;  // (method, op)
+
+  ClassDef(const char* ns, const char* name, const char* file, int line);
+  /// Checks names, builds the C ABI struct, and returns problems found (each one line, with
+  /// this declaration's file:line). Defined in src/oplib/op_library.cpp.
+  std::vector<std::string> finalize();
+  const OpforgeClassSpec* spec() const { return &spec_; }
+
+ private:
+  std::vector<const char*> field_name_ptrs_;
+  std::vector<OpforgeMethodSpec> method_specs_;
+  OpforgeClassSpec spec_{};
+};
+
 /// The op library's own list of ops (hidden visibility: one per shared object).
 class OPFORGE_HIDDEN Registry {
  public:
   void add(std::unique_ptr<OpDef> def);
+  void add(std::unique_ptr<ClassDef> def);
   const OpforgeLibrary* library();
   /// The library's OpforgeLibrary::reload, set by the first run-time kernel declared (so a
   /// library without one never references the run-time compiler).
@@ -181,6 +202,8 @@ class OPFORGE_HIDDEN Registry {
   void (*reload_)() = nullptr;
   std::vector<std::unique_ptr<OpDef>> defs_;
   std::vector<const OpforgeOpSpec*> specs_;
+  std::vector<std::unique_ptr<ClassDef>> class_defs_;
+  std::vector<const OpforgeClassSpec*> class_specs_;
   std::string errors_;
   OpforgeLibrary lib_{};
   bool built_ = false;

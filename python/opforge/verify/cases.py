@@ -273,12 +273,17 @@ _RETRY_LASTS = (8, 16, 32, 64, 128, 256)
 def example(op: Op, lead: int, last: int, params: dict[str, object], leading: int = 1) -> dict | None:
     """The core's example shapes and facts (:func:`opforge._core.example_shapes`) for sizes near
     (lead, last) that satisfy every cross-argument rule: ``last`` itself, then it rounded up to a
-    multiple of 2, 4, ... 128, then :data:`_RETRY_LASTS`; None if none does."""
-    tried = [last] + [-(-last // m) * m for m in (2, 4, 8, 16, 32, 64, 128)] + list(_RETRY_LASTS)
-    for candidate in dict.fromkeys(tried):
-        facts = _core.example_shapes(op.name, lead, candidate, params, leading)
-        if not facts["rule_problems"]:
-            return facts
+    multiple of 2, 4, ... 128, then :data:`_RETRY_LASTS`, then the integer parameters' values (a
+    rule such as ``x.size(1) == channels``); with ``lead`` itself first, then it rounded up the
+    same way (``weight.size(0) % 8 == 0``). None if none does."""
+    multiples = (2, 4, 8, 16, 32, 64, 128)
+    sizes = [v for v in params.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    lasts = dict.fromkeys([last] + [-(-last // m) * m for m in multiples] + list(_RETRY_LASTS) + sizes)
+    for candidate_lead in dict.fromkeys([lead] + [-(-lead // m) * m for m in multiples]):
+        for candidate in lasts:
+            facts = _core.example_shapes(op.name, candidate_lead, candidate, params, leading)
+            if not facts["rule_problems"]:
+                return facts
     return None
 
 

@@ -1,0 +1,34 @@
+// int8_linear's packed weight layout, shared by the CPU reference (int8_linear.cpp) and the CUDA
+// kernels (int8_linear.cu).
+//
+// qweight has the weight's shape [N, K] but its elements in the order the tensor-core kernels
+// load them: per strip of 8 output channels and chunk of 64 input channels, 32 lanes x 16 bytes,
+// where lane l's 16 bytes are its B fragments of mma.m16n8k16 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16", .f16/.bf16 B operand) for the chunk's four k16 tiles: W[n][k] with
+// n = 8 * strip + l / 4 and k = 64 * chunk + 16 * tile + 2 * (l % 4) + {0, 1, 8, 9}. One 16-byte
+// load per lane then feeds four mma's. Needs N % 8 == 0 and K % 64 == 0 (the op's rules).
+#pragma once
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define INT8_LINEAR_HD __host__ __device__
+#else
+#define INT8_LINEAR_HD
+#endif
+
+namespace int8_linear {
+
+inline constexpr int64_t kStrip = 8;   // output channels per strip (mma's n)
+inline constexpr int64_t kChunk = 64;  // input channels per chunk (four mma k16 tiles)
+
+/// Offset in the packed qweight of W[n][k], for a weight of K input channels.
+INT8_LINEAR_HD inline int64_t packed_offset(int64_t n, int64_t k, int64_t K) {
+  const int64_t strip = n / kStrip, chunk = k / kChunk, kk = k % kChunk;
+  const int64_t tile = kk / 16, w = kk % 16;
+  const int64_t lane = (n % kStrip) * 4 + (w % 8) / 2;
+  const int64_t byte = tile * 4 + (w / 8) * 2 + w % 2;
+  return ((strip * (K / kChunk) + chunk) * 32 + lane) * 16 + byte;
+}
+
+}  // namespace int8_linear
