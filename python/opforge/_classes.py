@@ -24,9 +24,7 @@ def _method(cls: CustomClass, method: Method):
 
     def call(self, *args):
         if len(args) != len(callers):
-            raise TypeError(
-                f"{cls.qualified_name}.{method.name}: expected {len(callers)} arguments, got {len(args)}"
-            )
+            raise TypeError(f"{cls.qualified_name}.{method.name}: expected {len(callers)} arguments, got {len(args)}")
         given = dict(zip(callers, args, strict=True))
         values = [given[i] if b is None else getattr(self, b) for i, b in enumerate(method.bound)]
         return getattr(getattr(torch.ops, namespace), name)(*values)

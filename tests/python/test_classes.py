@@ -157,7 +157,7 @@ def test_class_declarations_that_do_not_match_their_ops_fail_to_load(tmp_path):
         opforge.load_library(path)
     site = str(FIXTURES / "bad_classes.cpp")
     assert str(err.value).splitlines()[1:] == [
-        f"{site}:23: badcls::Dunder: method \"__call__\": expected an identifier that does not start with \"__\" "
+        f'{site}:23: badcls::Dunder: method "__call__": expected an identifier that does not start with "__" '
         "(torch reserves __init__, __getstate__, __setstate__ and __obj_flatten__ for what opforge derives)",
         f"{site}:24: badcls::Both: .field() and .constructor() together: with a constructor op, the object's fields "
         "are its outputs and the arguments a method takes",

@@ -192,7 +192,9 @@ def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, ca
     base = next((c for c in shaped if c.label == "shape 3x37" + suffix), shaped[0] if shaped else None)
     if base is None:
         report.results.append(
-            CaseResult(name, "structure", dtype, "shape" + suffix, "FAIL", message="no input shape meets the op's rules")
+            CaseResult(
+                name, "structure", dtype, "shape" + suffix, "FAIL", message="no input shape meets the op's rules"
+            )
         )
         return
     args = to(base.args, device)
