@@ -12,9 +12,9 @@ import torch
 
 from . import _core
 from ._adapter import adapter_path
+from ._classes import register_fake_classes
 from ._core import OpforgeError
 from ._fake import register_data_dependent_fakes
-from ._classes import register_fake_classes
 from ._vmap import register_batching_rules
 from .description import Library, Op, library_from_json
 from .distributed import register_sharding_rules

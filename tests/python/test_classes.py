@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEVICES, TOLERANCE, requires_cuda
 
 import opforge
+from conftest import DEVICES, TOLERANCE, requires_cuda
 from opforge import aoti
 from opforge._core import OpforgeError
 
