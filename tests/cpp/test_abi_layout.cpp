@@ -194,7 +194,7 @@ TEST(AbiLayout, OpSpec) {
 }
 
 TEST(AbiLayout, Library) {
-  EXPECT_EQ(sizeof(OpforgeLibrary), 48u);
+  EXPECT_EQ(sizeof(OpforgeLibrary), 64u);
   EXPECT_EQ(offsetof(OpforgeLibrary, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeLibrary, abi_version), 8u);
   EXPECT_EQ(offsetof(OpforgeLibrary, num_ops), 12u);
@@ -202,6 +202,31 @@ TEST(AbiLayout, Library) {
   EXPECT_EQ(offsetof(OpforgeLibrary, error), 24u);
   EXPECT_EQ(offsetof(OpforgeLibrary, kernel_dir), 32u);
   EXPECT_EQ(offsetof(OpforgeLibrary, reload), 40u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, num_classes), 48u);
+  EXPECT_EQ(offsetof(OpforgeLibrary, classes), 56u);
+}
+
+TEST(AbiLayout, MethodSpec) {
+  EXPECT_EQ(sizeof(OpforgeMethodSpec), 24u);
+  EXPECT_EQ(offsetof(OpforgeMethodSpec, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeMethodSpec, name), 8u);
+  EXPECT_EQ(offsetof(OpforgeMethodSpec, op), 16u);
+}
+
+TEST(AbiLayout, ClassSpec) {
+  EXPECT_EQ(sizeof(OpforgeClassSpec), 88u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, ns), 8u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, name), 16u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, doc), 24u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, file), 32u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, line), 40u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, num_fields), 44u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, field_names), 48u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, field_kinds), 56u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, constructor), 64u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, num_methods), 72u);
+  EXPECT_EQ(offsetof(OpforgeClassSpec, methods), 80u);
 }
 
 }  // namespace
