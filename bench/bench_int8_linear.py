@@ -2,13 +2,14 @@
 user would run instead, in the same process: ``F.linear`` in float16 (cuBLAS) with the float
 weight, and a device-to-device copy of the int8 weight's bytes (the bandwidth ceiling).
 
-    python3 bench/bench_int8_linear.py [--rows 1 4 16 4096] [--json out.json]
+    python3 bench/bench_int8_linear.py [--rows 1 2 4 8 16 4096] [--json out.json]
 
 Weights [N, K] of 4096 x 4096, 14336 x 4096 (an MLP's up projection) and 4096 x 14336 (its down
 projection), x [M, K] in float16. Bytes moved count the int8 weight, the scales, x and y once each;
 the copy moves the same number of bytes. Accuracy against F.linear in float32 with the float
 weight: max abs error and max error relative to the output's largest magnitude, for the int8
-path and for float16 cuBLAS. Times are medians of triton.testing.do_bench (CUDA events).
+path and for float16 cuBLAS. TFLOP/s count 2 M N K. Times are medians of triton.testing.do_bench
+(CUDA events; it clears the L2 cache before each run, so weights come from device memory).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import opforge
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 4096])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 4096])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("int8_linear"))
@@ -56,6 +57,7 @@ def main() -> int:
                     "group": group,
                     "impl": "F.linear float16 (cuBLAS)",
                     "ms": cublas_ms,
+                    "TFLOP/s": 2 * m * n * k / cublas_ms / 1e9,
                     "max_abs_err": err16,
                     "max_rel_err": err16 / scale,
                 }
@@ -65,6 +67,7 @@ def main() -> int:
                     "group": group,
                     "impl": "opforge Int8Linear.forward",
                     "ms": int8_ms,
+                    "TFLOP/s": 2 * m * n * k / int8_ms / 1e9,
                     "GB/s": nbytes / int8_ms / 1e6,
                     "vs_copy": copy_ms / int8_ms,
                     "speedup_vs_cublas": cublas_ms / int8_ms,
@@ -77,6 +80,8 @@ def main() -> int:
         text = f"{r['impl']:<36} {r['ms']:8.4f} ms"
         if "GB/s" in r:
             text += f"  {r['GB/s']:7.0f} GB/s"
+        if "TFLOP/s" in r:
+            text += f"  {r['TFLOP/s']:6.1f} TFLOP/s"
         if "vs_copy" in r:
             text += f"  {r['vs_copy']:.2f} x copy bandwidth  {r['speedup_vs_cublas']:.2f} x cuBLAS"
         if "max_abs_err" in r:

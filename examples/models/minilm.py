@@ -193,3 +193,42 @@ def with_opforge_ops(model: SentenceEmbedder, dtype: torch.dtype = torch.float16
     model = copy.deepcopy(model).to(dtype)
     model.bert = OpforgeBert(model.bert)
     return model
+
+
+class Int8Linear(torch.nn.Module):
+    """``torch.nn.Linear`` with int8 weights per output channel: an ``examples::Int8Linear``
+    object (a custom class), whose constructor quantises and packs the linear's weight once, on
+    the linear's device; the bias stays float32.
+
+    Input: [*, in_features] in float16, bfloat16 or float32; output: [*, out_features], same dtype.
+    """
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.packed = torch.classes.examples.Int8Linear(linear.weight.detach(), bias)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed.forward(x)
+
+
+def with_int8_linears(model: SentenceEmbedder, device: str | torch.device, dtype: torch.dtype) -> SentenceEmbedder:
+    """A copy of ``model`` on ``device`` in ``dtype`` whose every encoder linear layer (query, key,
+    value, attention output, intermediate, output: 36 in all-MiniLM-L6-v2) is an :class:`Int8Linear`
+    quantised from the float32 weights; embeddings, LayerNorms, attention and pooling stay torch's.
+
+    Loads the ``int8_linear`` example library if it is not loaded yet. The int8 objects live on
+    ``device``: ``.to()`` moves parameters and buffers, not custom-class objects.
+
+    Raises:
+        ValueError: a linear layer's shape is one Int8Linear cannot pack (out_features % 8 or
+            in_features % 64 not 0), from the class's constructor.
+    """
+    opforge.load_library(opforge.example_library("int8_linear"))
+    model = copy.deepcopy(model).to(device)
+    for module in list(model.bert.encoder.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, Int8Linear(child))
+    return model.to(dtype)

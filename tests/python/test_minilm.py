@@ -1,6 +1,7 @@
 """The demo model: the reference is the real sentence-transformers model, swapping in
-bias_gelu keeps its embeddings, and the mixed model (attention, add_layer_norm and bias_gelu
-in every layer) matches it through the C++ runner."""
+bias_gelu keeps its embeddings, the mixed model (attention, add_layer_norm and bias_gelu in
+every layer) matches it through the C++ runner, and so does the model whose linear layers hold
+int8 weights (examples::Int8Linear objects carried by the package)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,36 @@ def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp
     assert all(r.ok and r.outputs[0].cosine > 0.99999 for r in reports), [r.outputs for r in reports]
     program_ops = (tmp_path / "opforge_ops.txt").read_text()
     assert all(f"examples::{op}" in program_ops for op in ("attention", "add_layer_norm", "bias_gelu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_linears_in_the_cpp_runner(model, device, tmp_path):
+    """Every encoder linear layer an Int8Linear object (float16 activations on CUDA, float32 on the
+    CPU), exported with dynamic batch and sequence, AOTInductor-compiled, run by the C++ runner:
+    embeddings within cosine 0.999 of the float32 model in eager on the CPU."""
+    reference, tokenizer = model
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    quantised = minilm.with_int8_linears(reference, device, dtype)
+    assert sum(isinstance(m, minilm.Int8Linear) for m in quantised.modules()) == 36
+    assert not any(isinstance(m, torch.nn.Linear) for m in quantised.bert.encoder.modules())
+    batches = [tokenizer(s, padding=True, return_tensors="pt") for s in (minilm.SENTENCES, minilm.SENTENCES[5:7])]
+    inputs = [[b["input_ids"], b["attention_mask"]] for b in batches]
+    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    reports = verify.verify_model(
+        quantised,
+        inputs[0],
+        device=device,
+        dynamic_shapes={"input_ids": auto, "attention_mask": auto},
+        check_inputs=inputs,
+        reference=reference,
+        package_dir=tmp_path,
+        atol=1e-2,
+        min_cosine=0.999,
+        iters=1,
+    )
+    assert [r.outputs[0].shape for r in reports] == [[8, 384], [2, 384]]
+    assert all(r.ok and r.outputs[0].cosine >= 0.999 for r in reports), [r.outputs for r in reports]
+    assert "class examples::Int8Linear libint8_linear.so" in (tmp_path / "opforge_ops.txt").read_text()
 
 
 def test_with_opforge_ops_refuses_float32(model):
