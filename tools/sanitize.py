@@ -158,7 +158,7 @@ def class_cases() -> int:
             for rows in (0, 1, 15, 17, 64, 65, 300):
                 x = torch.randn(rows, k, dtype=dtype)
                 out, ref = gpu.forward(x.cuda()), cpu.forward(x)
-                tol = 4 * TOLERANCE[dtype]
+                tol = TOLERANCE[dtype] * k**0.5  # float32 sums of k products, in any order
                 if not torch.allclose(out.cpu().double(), ref.double(), atol=tol, rtol=tol):
                     print(f"MISMATCH int8_linear {dtype} [{rows}, {k}] x [{n}, {k}]")
                     failures += 1

@@ -59,7 +59,7 @@ def test_identity_conv_class_keeps_its_field_and_checks_arguments(classes):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 16, 200])  # the CUDA kernel's small-M path, its edge, its tiles
+@pytest.mark.parametrize("rows", [1, 16, 200])  # the CUDA small-M kernel, its edge, the cuBLAS path
 def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype, rows):
     linear = torch.nn.Linear(192, 72)  # 72 = 9 strips of 8 output channels: a partial tile
     weight = linear.weight.detach().to(device)
@@ -70,7 +70,7 @@ def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype,
     x = torch.randn(rows, 192, device=device).to(dtype)
     y = q8.forward(x)
     ref = torch.nn.functional.linear(x.double().cpu(), (q * scales[:, None]).double(), linear.bias.double())
-    tol = 4 * TOLERANCE[dtype]  # float32 accumulation over 192 products
+    tol = TOLERANCE[dtype] * 192**0.5  # float32 sums of 192 products, in any order
     torch.testing.assert_close(y.double().cpu(), ref, atol=tol, rtol=tol)
     assert y.dtype == dtype and y.device == x.device
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "int8_linear.h"
 
@@ -58,20 +59,22 @@ OPFORGE_OP(examples, int8_linear_pack)
     .cuda(int8_linear_pack_cuda);
 
 // CPU reference, accumulated in double: y[m, n] = sum_k x[m, k] * q[n, k] * scales[n] + bias[n].
+// Each weight row is unpacked once, then used for every row of x.
 static void int8_linear_cpu(opforge::Tensor x, opforge::Tensor qweight, opforge::Tensor scales,
                             opforge::Tensor bias_fp32, opforge::MutableTensor y) {
   const int64_t N = qweight.size(0), K = qweight.size(1), M = K ? x.numel() / K : 0;
   const int8_t* q = qweight.data<int8_t>();
+  std::vector<double> row_q(K);
   constexpr auto kActivations = opforge::kFloat16 | opforge::kBFloat16 | opforge::kFloat32;
   opforge::visit_dtype<kActivations>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {
-    for (int64_t m = 0; m < M; ++m) {
-      const T* row = x.data<T>() + m * K;
-      for (int64_t n = 0; n < N; ++n) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) row_q[k] = q[int8_linear::packed_offset(n, k, K)];
+      const double scale = scales.data<float>()[n], bias = bias_fp32.defined() ? bias_fp32.data<float>()[n] : 0.0;
+      for (int64_t m = 0; m < M; ++m) {
+        const T* row = x.data<T>() + m * K;
         double acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += double(row[k]) * double(q[int8_linear::packed_offset(n, k, K)]);
-        acc *= double(scales.data<float>()[n]);
-        if (bias_fp32.defined()) acc += double(bias_fp32.data<float>()[n]);
-        y.data<T>()[m * N + n] = T(acc);
+        for (int64_t k = 0; k < K; ++k) acc += double(row[k]) * row_q[k];
+        y.data<T>()[m * N + n] = T(acc * scale + bias);
       }
     }
   });

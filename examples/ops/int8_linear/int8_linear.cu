@@ -1,20 +1,29 @@
-// int8_linear CUDA kernels: the pack (quantise, one block per output channel) and the forward,
-// which loads int8 weights in the packed layout of int8_linear.h, converts them to x's 16-bit type
-// in registers (exact: |q| <= 127) and multiplies on tensor cores (mma.m16n8k16, float32
-// accumulators; PTX ISA "Warp-level matrix multiply-accumulate instructions"); scales and bias are
-// applied once per output. Two shapes of the work:
-//   - M <= 64 rows (decode, small batches): memory-bound on the weights. A block of 8 warps owns
-//     two strips (16 output channels) and 16 rows; its warps split K and sum their accumulators
-//     through shared memory, so there are enough blocks (N / 16 per 16 rows) to keep every SM's
-//     loads in flight. x (a few KiB) is read from L1/L2 straight into A fragments.
-//   - larger M: a 128 x 128 tile per block (8 warps of 64 x 32), x staged through shared memory in
-//     64-column steps and read with ldmatrix, weights loaded from L2 per warp.
+// int8_linear CUDA kernels: the pack (quantise, one block per output channel) and the forward.
+// Two shapes of the work:
+//   - M <= 64 rows (decode, small batches): memory-bound on the weights. The kernel loads int8
+//     weights in the packed layout of int8_linear.h, converts them to x's 16-bit type in
+//     registers (exact: |q| <= 127) and multiplies on tensor cores (mma.m16n8k16, float32
+//     accumulators; PTX ISA "Warp-level matrix multiply-accumulate instructions"); scales and bias
+//     are applied once per output. A block of 8 warps owns two strips (16 output channels) and 16
+//     rows; its warps split K, each with the weights of kUnroll chunks in flight, and sum their
+//     accumulators through shared memory, so there are enough blocks (N / 16 per 16 rows) and
+//     bytes in flight to keep HBM busy. x (a few KiB) is read from L1/L2 straight into A fragments.
+//   - larger M: compute-bound. The weight is dequantised (q * scale, rounded once to x's type)
+//     into scratch memory and multiplied by cuBLAS (cublasGemmEx, float32 accumulation), with y
+//     pre-filled with the bias and beta = 1: the weight-only-quantisation scheme of serving stacks
+//     at large batch (vLLM's AWQ path dequantises then calls the dense GEMM). The dequantisation
+//     moves N * K * (1 + 2) bytes, a few percent of the GEMM's time at M >= 1024.
 // float32 x takes a plain CUDA-core loop (float32 accumulation, one output per thread): it has no
 // 16-bit tensor-core path.
 #include <opforge/cuda.h>
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cstring>
+#include <string>
+#include <type_traits>
 
 #include "int8_linear.h"
 
@@ -52,36 +61,30 @@ __global__ void to_float_kernel(const T* __restrict__ in, float* __restrict__ ou
 
 // ---- tensor-core helpers ---------------------------------------------------------------------
 
+// D += A * B for one m16n8k16 tile, A and B of type `ab` ("f16" or "bf16", two per 32-bit register).
+#define INT8_LINEAR_MMA(ab)                                                                                        \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ab "." ab                                                 \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                     \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                    \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
 template <class T>
-struct Mma;  // D += A * B for one m16n8k16 tile, A and B in T (two per 32-bit register)
+__device__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>)
+    INT8_LINEAR_MMA("f16");
+  else
+    INT8_LINEAR_MMA("bf16");
+}
+#undef INT8_LINEAR_MMA
 
-template <>
-struct Mma<__half> {
-  static __device__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ uint32_t pair(int8_t lo, int8_t hi) {
-    __half2 h = __halves2half2(__int2half_rn(lo), __int2half_rn(hi));
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-
-template <>
-struct Mma<__nv_bfloat16> {
-  static __device__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ uint32_t pair(int8_t lo, int8_t hi) {
-    __nv_bfloat162 h = __halves2bfloat162(__int2bfloat16_rn(lo), __int2bfloat16_rn(hi));
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
+/// Two int8 values as two T's in one register (lo in the low half), exact for |q| <= 127.
+template <class T>
+__device__ uint32_t pair(int8_t lo, int8_t hi) {
+  const T v[2] = {T(static_cast<float>(lo)), T(static_cast<float>(hi))};
+  uint32_t r;
+  memcpy(&r, v, sizeof r);
+  return r;
+}
 
 /// The B fragments of k16 tile `tile` (0..3) in one lane's 16 packed bytes.
 template <class T>
@@ -89,23 +92,24 @@ __device__ void b_fragments(const int4& packed, int tile, uint32_t& b0, uint32_t
   const int word = tile == 0 ? packed.x : tile == 1 ? packed.y : tile == 2 ? packed.z : packed.w;
   const int8_t v0 = static_cast<int8_t>(word & 0xff), v1 = static_cast<int8_t>((word >> 8) & 0xff);
   const int8_t v2 = static_cast<int8_t>((word >> 16) & 0xff), v3 = static_cast<int8_t>((word >> 24) & 0xff);
-  b0 = Mma<T>::pair(v0, v1);
-  b1 = Mma<T>::pair(v2, v3);
-}
-
-/// y[m][n], y[m][n + 1] = acc * scale + bias (rows and columns checked by the caller).
-template <class T>
-__device__ void store_pair(T* y, int64_t N, int64_t m, int64_t n, float a0, float a1, const float* scales,
-                           const float* bias) {
-  float v0 = a0 * scales[n], v1 = a1 * scales[n + 1];
-  if (bias != nullptr) v0 += bias[n], v1 += bias[n + 1];
-  y[m * N + n] = static_cast<T>(v0);
-  y[m * N + n + 1] = static_cast<T>(v1);
+  b0 = pair<T>(v0, v1);
+  b1 = pair<T>(v2, v3);
 }
 
 // ---- M <= 64: split K across the warps of a block ----------------------------------------------
 
 constexpr int kSmallStrips = 2;  // strips of 8 output channels per block
+constexpr int kUnroll = 4;       // chunks whose weights a warp has in flight at once
+constexpr int kWarps = kThreads / 32;
+
+/// 16 bytes of weights, read once: through the non-coherent path, not kept in L1.
+__device__ int4 load_streamed(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -118,28 +122,38 @@ __global__ void __launch_bounds__(kThreads)
   const T* x_lo = x + (m0 + g) * K + 2 * t;
   const T* x_hi = x_lo + 8 * K;
   float acc[kSmallStrips][4] = {};
-  for (int64_t c = warp; c < chunks; c += kThreads / 32) {
-    int4 b[kSmallStrips];
+  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * kUnroll) {
+    int4 b[kUnroll][kSmallStrips];
 #pragma unroll
-    for (int s = 0; s < kSmallStrips; ++s)
-      b[s] = strip0 + s < strips ? qw[((strip0 + s) * chunks + c) * 32 + lane] : int4{0, 0, 0, 0};
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kWarps;
 #pragma unroll
-    for (int tile = 0; tile < 4; ++tile) {
-      const int64_t k = c * int8_linear::kChunk + tile * 16;
-      uint32_t a[4];
-      a[0] = row_lo ? *reinterpret_cast<const uint32_t*>(x_lo + k) : 0u;
-      a[1] = row_hi ? *reinterpret_cast<const uint32_t*>(x_hi + k) : 0u;
-      a[2] = row_lo ? *reinterpret_cast<const uint32_t*>(x_lo + k + 8) : 0u;
-      a[3] = row_hi ? *reinterpret_cast<const uint32_t*>(x_hi + k + 8) : 0u;
+      for (int s = 0; s < kSmallStrips; ++s)
+        b[u][s] = c < chunks && strip0 + s < strips ? load_streamed(qw + ((strip0 + s) * chunks + c) * 32 + lane)
+                                                    : int4{0, 0, 0, 0};
+    }
 #pragma unroll
-      for (int s = 0; s < kSmallStrips; ++s) {
-        uint32_t b0, b1;
-        b_fragments<T>(b[s], tile, b0, b1);
-        Mma<T>::run(acc[s], a, b0, b1);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kWarps;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int tile = 0; tile < 4; ++tile) {
+        const int64_t k = c * int8_linear::kChunk + tile * 16;
+        uint32_t a[4];
+        a[0] = row_lo ? *reinterpret_cast<const uint32_t*>(x_lo + k) : 0u;
+        a[1] = row_hi ? *reinterpret_cast<const uint32_t*>(x_hi + k) : 0u;
+        a[2] = row_lo ? *reinterpret_cast<const uint32_t*>(x_lo + k + 8) : 0u;
+        a[3] = row_hi ? *reinterpret_cast<const uint32_t*>(x_hi + k + 8) : 0u;
+#pragma unroll
+        for (int s = 0; s < kSmallStrips; ++s) {
+          uint32_t b0, b1;
+          b_fragments<T>(b[u][s], tile, b0, b1);
+          mma<T>(acc[s], a, b0, b1);
+        }
       }
     }
   }
-  __shared__ float partial[kThreads / 32][kSmallStrips * 4][32];
+  __shared__ float partial[kWarps][kSmallStrips * 4][32];
 #pragma unroll
   for (int s = 0; s < kSmallStrips; ++s)
 #pragma unroll
@@ -149,7 +163,7 @@ __global__ void __launch_bounds__(kThreads)
   const int e = threadIdx.x, s = e / 128, r = (e / 32) % 4, l = e % 32;
   float sum = 0;
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) sum += partial[w][s * 4 + r][l];
+  for (int w = 0; w < kWarps; ++w) sum += partial[w][s * 4 + r][l];
   const int64_t m = m0 + l / 4 + (r >= 2 ? 8 : 0), n = (strip0 + s) * 8 + 2 * (l % 4) + (r & 1);
   if (m < M && strip0 + s < strips) {
     float v = sum * scales[n] + (bias != nullptr ? bias[n] : 0.0f);
@@ -158,82 +172,87 @@ __global__ void __launch_bounds__(kThreads)
 }
 static_assert(kSmallStrips * 4 * 32 == kThreads, "small_m_kernel's reduction gives each thread one entry");
 
-// ---- larger M: 128 x 128 tiles ------------------------------------------------------------------
+// ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
 
-constexpr int kTileM = 128, kTileN = 128, kTileK = 64, kPitch = kTileK + 8;  // +8: ldmatrix without bank conflicts
-
+/// w[n][k] = q[n][k] * scales[n] in T, row-major [N, K]: one packed 16-byte vector per thread
+/// (a lane's 16 weights of one strip and chunk), written as 16 scattered 2-byte stores that
+/// neighbouring lanes complete into whole sectors.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
-    tiled_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
-                 const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K) {
-  __shared__ __align__(16) T xs[2][kTileM][kPitch];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int wm = warp / 4, wn = warp % 4;  // a warp's 64 x 32 part of the tile
-  const int64_t m0 = int64_t{blockIdx.y} * kTileM, n0 = int64_t{blockIdx.x} * kTileN;
-  const int64_t chunks = K / kTileK, strips = N / 8, strip0 = (n0 + wn * 32) / 8;
-  float acc[4][4][4] = {};
-
-  // x tile: 128 rows x 64 columns = 1024 16-byte vectors, 4 per thread
-  auto load_x = [&](int64_t c, int4 (&v)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int idx = threadIdx.x + i * kThreads, row = idx / 8, col = (idx % 8) * 8;
-      v[i] = m0 + row < M ? *reinterpret_cast<const int4*>(x + (m0 + row) * K + c * kTileK + col) : int4{0, 0, 0, 0};
-    }
-  };
-  auto store_x = [&](int stage, const int4 (&v)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int idx = threadIdx.x + i * kThreads, row = idx / 8, col = (idx % 8) * 8;
-      *reinterpret_cast<int4*>(&xs[stage][row][col]) = v[i];
-    }
-  };
-  int4 next[4];
-  load_x(0, next);
-  store_x(0, next);
-  __syncthreads();
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int stage = c % 2;
-    if (c + 1 < chunks) load_x(c + 1, next);
-    int4 b[4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-      b[s] = strip0 + s < strips ? qw[((strip0 + s) * chunks + c) * 32 + lane] : int4{0, 0, 0, 0};
+__global__ void dequantize_kernel(const int4* __restrict__ qw, const float* __restrict__ scales, T* __restrict__ w,
+                                  int64_t N, int64_t K) {
+  const int64_t vectors = N * K / 16, chunks = K / int8_linear::kChunk;
+  for (int64_t i = opforge::kernel::global_index(); i < vectors; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t lane = i % 32, chunk = (i / 32) % chunks, strip = i / 32 / chunks;
+    const int64_t n = strip * 8 + lane / 4, k0 = chunk * int8_linear::kChunk + 2 * (lane % 4);
+    const int4 v = load_streamed(qw + i);
+    const float scale = scales[n];
+    const int words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int tile = 0; tile < 4; ++tile) {
-      uint32_t a[4][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const T* p = &xs[stage][wm * 64 + i * 16 + lane % 16][tile * 16 + (lane / 16) * 8];
-        const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(a[i][0]), "=r"(a[i][1]), "=r"(a[i][2]), "=r"(a[i][3])
-                     : "r"(addr));
-      }
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t b0, b1;
-        b_fragments<T>(b[s], tile, b0, b1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) Mma<T>::run(acc[i][s], a[i], b0, b1);
+      for (int byte = 0; byte < 4; ++byte) {
+        const float q = static_cast<float>(static_cast<int8_t>((words[tile] >> (8 * byte)) & 0xff));
+        w[n * K + k0 + tile * 16 + (byte / 2) * 8 + byte % 2] = static_cast<T>(q * scale);
       }
     }
-    if (c + 1 < chunks) {
-      store_x(1 - stage, next);  // the other stage: last read an iteration ago, before the barrier
-      __syncthreads();
-    }
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t m = m0 + wm * 64 + i * 16 + g;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int64_t n = n0 + wn * 32 + s * 8 + 2 * t;
-      if (n >= N) continue;
-      if (m < M) store_pair(y, N, m, n, acc[i][s][0], acc[i][s][1], scales, bias);
-      if (m + 8 < M) store_pair(y, N, m + 8, n, acc[i][s][2], acc[i][s][3], scales, bias);
-    }
+}
+
+/// y[m][n] = bias[n], so that the GEMM adds onto it (beta = 1).
+template <class T>
+__global__ void fill_bias_kernel(const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N) {
+  for (int64_t i = opforge::kernel::global_index(); i < M * N; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = static_cast<T>(bias[i % N]);
+}
+
+/// The calling thread's cuBLAS handle for the current device, created on first use (cuBLAS's
+/// advice: one handle per thread and device, set to the stream of each call). Handles are never
+/// destroyed: at exit the CUDA context may be gone before a thread_local destructor runs (ATen
+/// leaks its cuDNN handles for the same reason, aten/src/ATen/cudnn/Handle.cpp).
+cublasHandle_t cublas_handle() {
+  constexpr int kMaxDevices = 64;
+  thread_local cublasHandle_t per_device[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices)
+    throw opforge::InternalError("int8_linear: no current CUDA device");
+  cublasHandle_t& h = per_device[device];
+  if (h == nullptr && cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    h = nullptr;
+    throw opforge::InternalError("int8_linear: cublasCreate failed");
   }
+  return h;
+}
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw opforge::InternalError(std::string("int8_linear: ") + call + " failed: " + cublasGetStatusString(status));
+}
+
+/// y [M, N] = x [M, K] (w [N, K] dequantised)^T + bias, for 16-bit T.
+template <class T>
+void dequantize_and_gemm(const opforge::Context& ctx, const T* x, const int4* qw, const float* scales,
+                         const float* bias, T* y, int64_t M, int64_t N, int64_t K) {
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+    throw opforge::InvalidArgument("int8_linear: sizes beyond cuBLAS's 32-bit int (M, N and K must each be < 2^31)");
+  const cudaStream_t stream = opforge::cuda::stream(ctx);
+  T* w = static_cast<T*>(ctx.allocate(static_cast<size_t>(N * K) * sizeof(T)));
+  dequantize_kernel<T><<<opforge::cuda::grid_for(N * K / 16, kThreads), kThreads, 0, stream>>>(qw, scales, w, N, K);
+  if (bias != nullptr)
+    fill_bias_kernel<T><<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(bias, y, M, N);
+  opforge::cuda::check_launch("int8_linear");
+  constexpr cudaDataType_t type = std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
+  const float alpha = 1.0f, beta = bias != nullptr ? 1.0f : 0.0f;
+  cublasHandle_t handle = cublas_handle();
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  // cuBLAS's workspace from the framework's allocator, so that nothing is cudaMalloc'ed during a
+  // call (CUDA-graph capture; torch does the same): 32 MiB, cuBLAS's default on Hopper.
+  constexpr size_t kWorkspace = size_t{32} << 20;
+  check_cublas(cublasSetWorkspace(handle, ctx.allocate(kWorkspace), kWorkspace), "cublasSetWorkspace");
+  // Column-major, as cuBLAS sees row-major buffers: y^T [N, M] = w [N, K] (from w^T, ld K) * x^T [K, M].
+  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
+                            static_cast<int>(K), &alpha, w, type, static_cast<int>(K), x, type, static_cast<int>(K),
+                            &beta, y, type, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
 }
 
 // ---- float32 x -----------------------------------------------------------------------------------
@@ -285,8 +304,7 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
                       static_cast<unsigned>((M + 15) / 16));
       small_m_kernel<T><<<grid, kThreads, 0, stream>>>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
     } else {
-      const dim3 grid(static_cast<unsigned>((N + kTileN - 1) / kTileN), static_cast<unsigned>((M + kTileM - 1) / kTileM));
-      tiled_kernel<T><<<grid, kThreads, 0, stream>>>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
+      dequantize_and_gemm<T>(ctx, x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
     }
   });
   opforge::cuda::check_launch("int8_linear");
