@@ -75,6 +75,16 @@ def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype,
     assert y.dtype == dtype and y.device == x.device
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [3, 200])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_int8_linear_without_input_channels_gives_the_bias(classes, device, rows, dtype):
+    bias = torch.randn(16, device=device)
+    q8 = classes.Int8Linear(torch.randn(16, 0, device=device), bias)
+    y = q8.forward(torch.randn(rows, 0, device=device, dtype=dtype))
+    assert torch.equal(y, bias.to(dtype).expand(rows, 16))
+
+
 def test_int8_linear_refuses_shapes_its_packing_cannot_hold(classes):
     with pytest.raises(ValueError, match=r"Int8Linear.__init__: .*\n  expected weight.size\(0\) % 8 == 0"):
         classes.Int8Linear(torch.randn(10, 64))

@@ -6,7 +6,8 @@
 - ``sh`` and ``python`` blocks run: the first block's commands (``make test`` is what
   ``.ci/run`` runs; ``make demo`` runs here), the install block, the Python example and
   ``opforge verify`` in a virtual environment of their own that ``pip install .`` fills, with no
-  PYTHONPATH; the example models' commands in test_models.py.
+  PYTHONPATH; the custom-class example in a fresh process of this environment; the example
+  models' commands in test_models.py.
 """
 
 from __future__ import annotations
@@ -116,6 +117,16 @@ def test_the_error_message_block_is_what_opforge_says():
     with pytest.raises(ValueError) as err:
         torch.ops.examples.bias_gelu(torch.randn(2, 3, 8, dtype=torch.bfloat16), torch.randn(4))
     assert f"ValueError: {err.value}\n" == block.text
+
+
+def test_the_custom_class_block_runs_in_a_fresh_process(tmp_path):
+    block = _block("python", "# A module holding an IdentityConvClass")
+    proc = subprocess.run(
+        [sys.executable, "-c", block.text], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip().splitlines()[-1] == "torch.Size([5, 3, 8])"
+    assert (tmp_path / "out" / "conv_class" / "libidentity_conv.so").exists()
 
 
 def test_the_first_block_is_what_ci_and_the_makefile_run():

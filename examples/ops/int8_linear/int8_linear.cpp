@@ -62,7 +62,7 @@ OPFORGE_OP(examples, int8_linear_pack)
 // Each weight row is unpacked once, then used for every row of x.
 static void int8_linear_cpu(opforge::Tensor x, opforge::Tensor qweight, opforge::Tensor scales,
                             opforge::Tensor bias_fp32, opforge::MutableTensor y) {
-  const int64_t N = qweight.size(0), K = qweight.size(1), M = K ? x.numel() / K : 0;
+  const int64_t N = qweight.size(0), K = qweight.size(1), M = N ? y.numel() / N : 0;  // K == 0: y = bias
   const int8_t* q = qweight.data<int8_t>();
   std::vector<double> row_q(K);
   constexpr auto kActivations = opforge::kFloat16 | opforge::kBFloat16 | opforge::kFloat32;

@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -240,6 +241,7 @@ void dequantize_and_gemm(const opforge::Context& ctx, const T* x, const int4* qw
   if (bias != nullptr)
     fill_bias_kernel<T><<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(bias, y, M, N);
   opforge::cuda::check_launch("int8_linear");
+  const int ld = static_cast<int>(std::max<int64_t>(K, 1));  // cuBLAS wants leading dims >= 1, also for K == 0
   constexpr cudaDataType_t type = std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
   const float alpha = 1.0f, beta = bias != nullptr ? 1.0f : 0.0f;
   cublasHandle_t handle = cublas_handle();
@@ -250,7 +252,7 @@ void dequantize_and_gemm(const opforge::Context& ctx, const T* x, const int4* qw
   check_cublas(cublasSetWorkspace(handle, ctx.allocate(kWorkspace), kWorkspace), "cublasSetWorkspace");
   // Column-major, as cuBLAS sees row-major buffers: y^T [N, M] = w [N, K] (from w^T, ld K) * x^T [K, M].
   check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                            static_cast<int>(K), &alpha, w, type, static_cast<int>(K), x, type, static_cast<int>(K),
+                            static_cast<int>(K), &alpha, w, type, ld, x, type, ld,
                             &beta, y, type, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
 }
@@ -289,7 +291,8 @@ void int8_linear_pack_cuda(const opforge::Context& ctx, opforge::Tensor weight, 
 
 void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::Tensor qweight, opforge::Tensor scales,
                       opforge::Tensor bias_fp32, opforge::MutableTensor y) {
-  const int64_t N = qweight.size(0), K = qweight.size(1), M = K ? x.numel() / K : 0;
+  // Rows from y: with K == 0 (x [M, 0]) every output is its bias.
+  const int64_t N = qweight.size(0), K = qweight.size(1), M = N ? y.numel() / N : 0;
   const float* bias = bias_fp32.defined() ? bias_fp32.data<float>() : nullptr;
   const auto* qw = static_cast<const int4*>(qweight.raw_data());
   const cudaStream_t stream = opforge::cuda::stream(ctx);
