@@ -121,9 +121,7 @@ def test_the_error_message_block_is_what_opforge_says():
 
 def test_the_custom_class_block_runs_in_a_fresh_process(tmp_path):
     block = _block("python", "# A module holding an IdentityConvClass")
-    proc = subprocess.run(
-        [sys.executable, "-c", block.text], cwd=tmp_path, capture_output=True, text=True, timeout=900
-    )
+    proc = subprocess.run([sys.executable, "-c", block.text], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == "torch.Size([5, 3, 8])"
     assert (tmp_path / "out" / "conv_class" / "libidentity_conv.so").exists()
