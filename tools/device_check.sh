@@ -25,8 +25,8 @@ run() {  # run <name> <command...>: log to $OUT/<name>.log, print the tail, reme
   echo "=== $name: exit $rc in $((SECONDS - t0)) s"
   [ $rc -eq 0 ] || status=1
 }
-sanitizer() {  # sanitizer <memcheck|racecheck>: compute-sanitizer over every example kernel
-  run "$1" compute-sanitizer --tool "$1" --error-exitcode 9 python3 tools/sanitize.py
+sanitizer() {  # sanitizer <memcheck|racecheck>: compute-sanitizer over the example kernels ($SANITIZE_GROUPS, default all)
+  run "$1" compute-sanitizer --tool "$1" --error-exitcode 9 python3 tools/sanitize.py ${SANITIZE_GROUPS:-}
 }
 for step in ${steps[*]}; do
   case $step in

@@ -1,7 +1,9 @@
 """Drive every example op's CUDA kernel through the shapes that stress indexing, for
 compute-sanitizer:
 
-    compute-sanitizer --tool memcheck python3 tools/sanitize.py
+    compute-sanitizer --tool memcheck python3 tools/sanitize.py [group...]
+
+(groups: ops attention mixed_dtypes serving backward classes; default all).
 
 Sizes straddle the vector width and the block size, and inputs include storage offsets that
 defeat 16-byte alignment (the adapter copies them into aligned memory unless the op declares
@@ -141,13 +143,14 @@ def backward_cases() -> int:
 def class_cases() -> int:
     """The custom classes' ops: int8_linear_pack and int8_linear (through Int8Linear, built on
     the GPU, against the CPU reference of an object built on the CPU) over rows on both sides of
-    the small-M kernel's 16-row tiles and its 64-row limit, output channels not a multiple of the
-    128-wide tile, with and without bias; IdentityConvClass.forward on a permuted view."""
+    the small-M kernel's 16-row tiles and its 64-row limit (larger: the cuBLAS path), output
+    channels in odd strips, with and without bias, and no input channels (y = bias);
+    IdentityConvClass.forward on a permuted view."""
     for lib in ("int8_linear", "identity_conv"):
         opforge.load_library(opforge.example_library(lib))
     classes = torch.classes.examples
     failures = 0
-    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True)):
+    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True), (16, 0, True)):
         w = torch.randn(n, k)
         b = torch.randn(n) if bias else None
         cpu, gpu = classes.Int8Linear(w, b), classes.Int8Linear(w.cuda(), None if b is None else b.cuda())
@@ -170,9 +173,9 @@ def class_cases() -> int:
     return failures
 
 
-def main() -> int:
-    for case in CASES.values():
-        opforge.load_library(case.library_path)
+def op_cases() -> int:
+    """Every op of tests/python/conftest.py's CASES over batches 0, 1, 3 and 257, misaligned and
+    strided views of the first input; returns the number of mismatches."""
     failures = 0
     for name, case in CASES.items():
         for dtype in case.dtypes:
@@ -196,15 +199,32 @@ def main() -> int:
                     if not torch.allclose(out.cpu().double(), ref.double(), atol=tol, rtol=tol, equal_nan=True):
                         print(f"MISMATCH {name} {dtype} batch={batch} {label}")
                         failures += 1
-    failures += attention_cases()
-    failures += mixed_dtype_cases()
-    failures += serving_cases()
-    failures += backward_cases()
-    failures += class_cases()
+    return failures
+
+
+GROUPS = {
+    "ops": op_cases,
+    "attention": attention_cases,
+    "mixed_dtypes": mixed_dtype_cases,
+    "serving": serving_cases,
+    "backward": backward_cases,
+    "classes": class_cases,
+}
+
+
+def main(argv: list[str]) -> int:
+    """Runs the groups named in ``argv`` (default: all of GROUPS)."""
+    unknown = [g for g in argv if g not in GROUPS]
+    if unknown:
+        print(f"sanitize.py: unknown group {', '.join(unknown)}; groups: {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    for case in CASES.values():  # the groups call these ops too
+        opforge.load_library(case.library_path)
+    failures = sum(GROUPS[g]() for g in argv or GROUPS)
     torch.cuda.synchronize()
     print(f"sanitize: {failures} mismatches")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
