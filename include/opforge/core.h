@@ -41,7 +41,8 @@ OpforgeStatus opforge_core_example_shapes(const char* request, char** out);
 /* Checks a call and evaluates its output rules, as a call's own check does (the same messages).
  * Request: {"op": "ns::op", "args": {tensor name: {"dtype": "float32", "shape": [2, 3],
  * "device": "cpu"} | null, param name: value}}; parameters left out take their defaults.
- * Response: {"outputs": [{"name": "y", "dtype": "float32", "shape": [2, 3]}, ...]}. */
+ * Response: {"outputs": [{"name": "y", "dtype": "float32", "shape": [2, 3]} | null (an output that exists
+ * only with an optional input the call left out), ...]}. */
 OpforgeStatus opforge_core_output_shapes(const char* request, char** out);
 
 /* How a view reaches the kernel for one tensor input (opforge::core::admit: the layout rule,

@@ -1,21 +1,51 @@
 """opforge: describe an operator once in C++, use it from every framework.
 
-``import opforge`` loads the PyTorch adapter. Then::
+From PyTorch::
 
     lib = opforge.load_library("build/lib/libsoftshrink.so")
     y = torch.ops.examples.softshrink(x, lambd=0.5)
 
+From JAX (:mod:`opforge.jax`, which imports no torch)::
+
+    ops = opforge.jax.load_library("build/lib/libsoftshrink.so")
+    y = ops.examples.softshrink(x, lambd=0.5)
+
 Op libraries are built with :func:`opforge.build_library` (or the CMake function
 ``opforge_add_library``); AOTInductor packages that carry their op libraries are written by
-:func:`opforge.aoti.package` and run by the C++ runner with :func:`opforge.aoti.run`.
+:func:`opforge.aoti.package` and run by the C++ runner with :func:`opforge.aoti.run`. The
+PyTorch names below are imported on first use, so ``import opforge.jax`` does not import torch.
 """
+
+from __future__ import annotations
+
+import importlib
 
 from ._build import BuildError, build_library
 from ._core import OpforgeError
-from ._doctor import DoctorReport, Finding, doctor, plot_timelines
 from ._paths import build_dir, example_library
-from ._torch import find_op, load_library, loaded_libraries, precompile, reload
 from .description import Library, Op
+
+#: Names of the PyTorch side, each from its module, imported when first used.
+_TORCH = {
+    "DoctorReport": "._doctor",
+    "Finding": "._doctor",
+    "doctor": "._doctor",
+    "plot_timelines": "._doctor",
+    "find_op": "._torch",
+    "load_library": "._torch",
+    "loaded_libraries": "._torch",
+    "precompile": "._torch",
+    "reload": "._torch",
+}
+
+
+def __getattr__(name: str):
+    if name in _TORCH:
+        value = getattr(importlib.import_module(_TORCH[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'opforge' has no attribute {name!r}")
+
 
 __all__ = [
     "BuildError",

@@ -34,19 +34,29 @@ def _outputs(target: str) -> Path:
 
 
 @functools.cache
-def build_folder() -> Path:
-    """The folder the adapter and runner for this Python's torch are built in (not created), keyed
-    by torch (version and installation), this opforge, the interpreter and the sources built
-    (hashed once per process)."""
-    import torch
-
+def sources_digest() -> str:
+    """The SHA-256 of an installed opforge's adapter and runner sources (``opforge/_src``),
+    hashed once per process."""
     sources = _paths.PACKAGE / "_src"
     digest = hashlib.sha256()
     for path in sorted(p for p in sources.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(sources)).encode() + b"\0" + path.read_bytes())
-    parts = [torch.__version__, str(Path(torch.__file__).parent), str(_paths.PACKAGE), sys.executable]
-    key_text = "\n".join([*parts, digest.hexdigest()])
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
+    return digest.hexdigest()
+
+
+def cache_key(*parts: str) -> str:
+    """12 hex digits that change with any of ``parts``, this opforge or its sources."""
+    text = "\n".join([*parts, str(_paths.PACKAGE), sources_digest()])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@functools.cache
+def build_folder() -> Path:
+    """The folder the adapter and runner for this Python's torch are built in (not created), keyed
+    by torch (version and installation), this opforge, the interpreter and the sources built."""
+    import torch
+
+    key = cache_key(torch.__version__, str(Path(torch.__file__).parent), sys.executable)
     return _cache_dir() / "adapter" / f"torch-{torch.__version__}-{key}"
 
 
@@ -62,6 +72,47 @@ def _locked(folder: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def cmake_build(source: Path, folder: Path, target: str, output: Path, defines: list[str], what: str) -> Path:
+    """Configure (once) the CMake project ``source`` in ``folder`` and build ``target`` unless
+    ``folder / output`` exists, one builder at a time per folder; returns ``folder``.
+
+    Raises:
+        BuildError: CMake or the compiler failed (the message holds their output and the
+            folder to remove to try again).
+    """
+    if (folder / output).exists():
+        return folder
+    with _locked(folder):
+        if (folder / output).exists():  # built by another process meanwhile
+            return folder
+        cmake = _tool("cmake")
+        steps = []
+        if not (folder / "build.ninja").exists():
+            steps.append(
+                [
+                    cmake,
+                    "-S",
+                    str(source),
+                    "-B",
+                    str(folder),
+                    "-G",
+                    "Ninja",
+                    f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+                    f"-DOPFORGE_CMAKE_DIR={_paths.cmake_dir()}",
+                    *defines,
+                ]
+            )
+        steps.append([cmake, "--build", str(folder), "--target", target])
+        with status(f"opforge: building {what} (once)"):
+            for cmd in steps:
+                proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CLICOLOR_FORCE": "0"})
+                if proc.returncode != 0:
+                    raise BuildError(
+                        f"opforge: building {what} failed (remove {folder} to start over):\n{proc.stdout}{proc.stderr}"
+                    )
+    return folder
+
+
 def ensure_built(target: str = ADAPTER) -> Path:
     """Build ``target`` (:data:`ADAPTER` or :data:`RUNNER`) for this torch unless it is built.
 
@@ -70,44 +121,19 @@ def ensure_built(target: str = ADAPTER) -> Path:
         ``bin/opforge-runner``).
 
     Raises:
-        BuildError: CMake or the compiler failed (the message holds their output and the
-            folder to remove to try again).
+        BuildError: CMake or the compiler failed (see :func:`cmake_build`).
     """
-    folder = build_folder()
-    if (folder / _outputs(target)).exists():
-        return folder
     import torch
 
-    with _locked(folder):
-        if (folder / _outputs(target)).exists():  # built by another process meanwhile
-            return folder
-        cmake = _tool("cmake")
-        steps = []
-        if not (folder / "build.ninja").exists():
-            configure = [
-                cmake,
-                "-S",
-                str(_paths.PACKAGE / "_src" / "src" / "torch"),
-                "-B",
-                str(folder),
-                "-G",
-                "Ninja",
-                f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
-                f"-DOPFORGE_CMAKE_DIR={_paths.cmake_dir()}",
-                f"-DPython3_EXECUTABLE={sys.executable}",
-            ]
-            steps.append(configure)
-        steps.append([cmake, "--build", str(folder), "--target", target])
-        what = "the PyTorch adapter" if target == ADAPTER else "the C++ runner"
-        with status(f"opforge: building {what} for torch {torch.__version__} (once)"):
-            for cmd in steps:
-                proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CLICOLOR_FORCE": "0"})
-                if proc.returncode != 0:
-                    raise BuildError(
-                        f"opforge: building {what} for torch {torch.__version__} failed "
-                        f"(remove {folder} to start over):\n{proc.stdout}{proc.stderr}"
-                    )
-    return folder
+    what = "the PyTorch adapter" if target == ADAPTER else "the C++ runner"
+    return cmake_build(
+        _paths.PACKAGE / "_src" / "src" / "torch",
+        build_folder(),
+        target,
+        _outputs(target),
+        [f"-DPython3_EXECUTABLE={sys.executable}"],
+        f"{what} for torch {torch.__version__}",
+    )
 
 
 def built_path(target: str) -> Path:

@@ -160,6 +160,11 @@ class Op:
         equivalent: the torch expression verify compares the CPU reference with, or None.
         backward: the op that computes its input gradients, or None; backward_targets: the
             argument indices it gives gradients for. is_backward_op: another op names this one.
+        backward_sources: per argument of the backward op, where its value comes from (the
+            core's BackwardPlan): ("grad", k) the gradient of result k, ("arg", i) argument i,
+            ("result", k) result k, where the results are the outputs, then the values after
+            the op of the mutated inputs. backward_gradients: per output of the backward op, the
+            argument indices it is the gradient of (several for ``grad_<a>_and_<b>``).
         autocast: the policy under torch.autocast: "none", "float32", "lower_precision" or
             "promote" (opforge::Autocast).
         sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
@@ -183,6 +188,8 @@ class Op:
     equivalent: str | None
     backward: str | None
     backward_targets: tuple[int, ...]
+    backward_sources: tuple[tuple[str, int], ...]
+    backward_gradients: tuple[tuple[int, ...], ...]
     is_backward_op: bool
     autocast: str
     sharding: str
@@ -334,6 +341,8 @@ def _op(o: dict) -> Op:
         equivalent=o["equivalent"],
         backward=o["backward"],
         backward_targets=tuple(o["backward_targets"]),
+        backward_sources=tuple((kind, index) for kind, index in o["backward_sources"]),
+        backward_gradients=tuple(tuple(g) for g in o["backward_gradients"]),
         is_backward_op=o["is_backward_op"],
         autocast=o["autocast"],
         sharding=o["sharding"],

@@ -225,7 +225,10 @@ std::string output_shapes_request(const char* text) {
   if (!message.empty()) throw InvalidArgument(message);
   json outputs = json::array();
   for (int32_t k = 0; k < op.num_outputs; ++k)
-    outputs.push_back({{"name", op.outputs[k].name}, {"dtype", dtype_name(outs[k].dtype)}, {"shape", outs[k].sizes}});
+    outputs.push_back(outs[k].defined ? json{{"name", op.outputs[k].name},
+                                             {"dtype", dtype_name(outs[k].dtype)},
+                                             {"shape", outs[k].sizes}}
+                                      : json(nullptr));
   return json{{"outputs", outputs}}.dump();
 }
 

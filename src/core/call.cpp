@@ -1,7 +1,9 @@
 // The call protocol (see call.h).
 #include "call.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -221,6 +223,47 @@ bool skip_launch(const std::vector<OpforgeTensor>& outputs) {
 
 bool poison_outputs() { return g_poison.load(std::memory_order_relaxed); }
 void set_poison_outputs(bool enabled) { g_poison.store(enabled, std::memory_order_relaxed); }
+
+double poison_value(int32_t dtype) {
+  switch (dtype) {
+    case OPFORGE_DTYPE_FLOAT32:
+    case OPFORGE_DTYPE_FLOAT64:
+    case OPFORGE_DTYPE_FLOAT16:
+    case OPFORGE_DTYPE_BFLOAT16:
+      return NAN;
+    case OPFORGE_DTYPE_BOOL:
+      return 1;
+    default:
+      return 123;
+  }
+}
+
+namespace {
+template <class T>
+void fill(void* data, int64_t n, T value) {
+  std::fill_n(static_cast<T*>(data), n, value);
+}
+}  // namespace
+
+void poison_host(const std::vector<OpforgeTensor>& outputs) {
+  for (const OpforgeTensor& o : outputs) {
+    if (o.ndim < 0 || o.data == nullptr) continue;
+    const int64_t n = numel(o);
+    switch (o.dtype) {
+      case OPFORGE_DTYPE_FLOAT32: fill<float>(o.data, n, NAN); break;
+      case OPFORGE_DTYPE_FLOAT64: fill<double>(o.data, n, NAN); break;
+      case OPFORGE_DTYPE_FLOAT16: fill<uint16_t>(o.data, n, 0x7e00); break;  // a quiet NaN's bits
+      case OPFORGE_DTYPE_BFLOAT16: fill<uint16_t>(o.data, n, 0x7fc0); break;
+      case OPFORGE_DTYPE_INT8: fill<int8_t>(o.data, n, 123); break;
+      case OPFORGE_DTYPE_INT16: fill<int16_t>(o.data, n, 123); break;
+      case OPFORGE_DTYPE_INT32: fill<int32_t>(o.data, n, 123); break;
+      case OPFORGE_DTYPE_INT64: fill<int64_t>(o.data, n, 123); break;
+      case OPFORGE_DTYPE_UINT8: fill<uint8_t>(o.data, n, 123); break;
+      case OPFORGE_DTYPE_BOOL: fill<uint8_t>(o.data, n, 1); break;
+      default: break;
+    }
+  }
+}
 
 const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg) {
   const OpforgeArgSpec& a = op.args[arg];

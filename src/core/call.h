@@ -67,6 +67,14 @@ bool skip_launch(const std::vector<OpforgeTensor>& outputs);
 bool poison_outputs();
 void set_poison_outputs(bool enabled);
 
+/// The poison an output of `dtype` (OpforgeDtype) is filled with: NaN for floating types, 123
+/// for integers, 1 (true) for bool.
+double poison_value(int32_t dtype);
+
+/// Fills each dense host tensor of `outputs` with its poison_value (absent ones are skipped):
+/// for adapters whose framework has no fill of its own on the host.
+void poison_host(const std::vector<OpforgeTensor>& outputs);
+
 /// The value of parameter `arg` when a framework passes none for it. AOTInductor's proxy
 /// executor delivers an omitted empty list default (`int[] pads=[]`) as None; the declared
 /// default applies. Throws opforge::InvalidArgument (invalid_arguments_message, "pads: expected

@@ -14,6 +14,11 @@ namespace opforge::core {
 ///   op: {"name": "ns::op", "schema", "out_schema": the out= overload's | null (none),
 ///        "doc", "file", "line", "equivalent": str | null,
 ///        "backward": "ns::op_backward" | null, "backward_targets": [arg index...],
+///        "backward_sources": per argument of the backward op ["grad", result index] (that
+///        result's gradient) | ["arg", argument index] | ["result", result index] (BackwardPlan;
+///        results: the outputs, then the mutated inputs' values after the op),
+///        "backward_gradients": per output of the backward op [the argument indices it is the
+///        gradient of...],
 ///        "is_backward_op": bool, "autocast": "none" | "float32" | "lower_precision" | "promote",
 ///        "sharding": "none" | "pointwise" | "rowwise" | "dims",
 ///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "batchable": [name...]

@@ -274,11 +274,8 @@ class OpKernel final : public c10::OperatorKernel {
       out_views.push_back(o.defined() ? view(o) : core::absent_tensor(device_type, device_index));
     if (core::skip_launch(out_views)) return;
     if (core::poison_outputs()) {
-      for (const auto& o : targets) {
-        if (!o.defined()) continue;
-        if (at::isFloatingType(o.scalar_type())) o.fill_(NAN);
-        else o.fill_(o.scalar_type() == at::kBool ? 1 : 123);
-      }
+      for (const auto& o : targets)
+        if (o.defined()) o.fill_(core::poison_value(to_opforge(o.scalar_type())));
     }
     std::vector<OpforgeArg> args(n);
     for (int32_t i = 0; i < n; ++i) {

@@ -1,0 +1,85 @@
+"""opforge ops from JAX: the op libraries that serve PyTorch, called through XLA's FFI.
+
+::
+
+    import jax, opforge.jax
+
+    opforge.jax.load_library("build/lib/libsoftshrink.so")
+    y = jax.jit(opforge.jax.ops.examples.softshrink)(x, lambd=0.5)
+
+Each op of a loaded library is ``opforge.jax.ops.<ns>.<op>``, a JAX function with the op's
+schema as its signature (:class:`~opforge.jax._call.JaxOp`): its output shapes and dtypes come
+from the description's rules, evaluated by the core when JAX traces the call, so a bad argument
+raises the error a PyTorch call raises (the op, each bad argument, expected and given); it works
+under ``jax.jit``, ``jax.vmap`` and ``jax.grad`` (through the op's backward op), and in
+``jax.export`` (pass :func:`disabled_checks` to it; a process that deserializes the export loads
+the library first). The kernels run on the stream XLA gives, with scratch memory from XLA's
+allocator; run-time kernels compile with NVRTC on first use, as from PyTorch, and
+:func:`reload` re-reads edited kernel sources. This package imports no torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+
+from .. import _core
+from ..description import Library
+from . import _adapter
+from ._call import JaxOp
+
+__all__ = ["JaxOp", "disabled_checks", "load_library", "ops", "reload"]
+
+#: The loaded ops: ``ops.<ns>.<op>`` is a :class:`JaxOp`.
+ops = SimpleNamespace()
+_lock = threading.Lock()
+_ops: dict[str, JaxOp] = {}
+
+
+def _resolve(name: str) -> JaxOp:
+    return _ops[name]
+
+
+def load_library(path: str | Path) -> Library:
+    """Load and validate the op library at ``path`` (the same file PyTorch loads), register its
+    ops as XLA FFI targets and add them to :data:`ops`. Loading it again is a no-op.
+
+    Returns:
+        The library's description.
+
+    Raises:
+        ValueError: not a valid op library (every problem on its own line).
+        OpforgeError: the file cannot be loaded, or the JAX adapter is not built.
+    """
+    lib = _core.load_library(path)
+    _adapter.register(list(lib.ops))
+    with _lock:
+        for op in lib.ops:
+            if op.name in _ops:
+                continue
+            ns, name = op.name.split("::")
+            namespace = getattr(ops, ns, None)
+            if namespace is None:
+                namespace = SimpleNamespace()
+                setattr(ops, ns, namespace)
+            _ops[op.name] = JaxOp(op, _resolve)
+            setattr(namespace, name, _ops[op.name])
+    return lib
+
+
+def disabled_checks() -> list[jax.export.DisabledSafetyCheck]:
+    """The safety checks ``jax.export.export`` must skip for the loaded ops: one per custom-call
+    target (jax.export accepts only the targets it knows to be stable unless told otherwise)::
+
+        exported = jax.export.export(jax.jit(f), disabled_checks=opforge.jax.disabled_checks())(x)
+    """
+    return [jax.export.DisabledSafetyCheck.custom_call(_adapter.target_name(j.op)) for j in _ops.values()]
+
+
+def reload() -> None:
+    """Forget every compiled run-time kernel, so the next call of each op re-reads its kernel
+    source (as ``opforge.reload()`` does for PyTorch; both share the one cache)."""
+    _core.reload()

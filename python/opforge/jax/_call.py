@@ -1,0 +1,277 @@
+"""An op of a loaded op library as a JAX function.
+
+Calling ``ops.<ns>.<op>(*args, **kwargs)`` binds the arguments by the op's schema (names,
+order, defaults), asks the core for the outputs' shapes and dtypes (``_core.output_shapes``: the
+checks and messages of a PyTorch call, raised at trace time) and calls the op's XLA FFI target
+through ``jax.ffi.ffi_call`` with the call frame of Note [The JAX call frame] in
+``src/jax/ffi_handlers.cpp``. Parameters are static: each distinct set of parameter values is
+its own function, cached.
+
+The function is a ``jax.custom_vjp`` of a ``jax.custom_batching.custom_vmap`` of the ffi_call:
+
+- **grad**: the op's backward op computes the input gradients, its arguments taken from the
+  forward call as the core's backward plan says (``Op.backward_sources``, ``Op.backward_gradients``);
+  an op without one raises when a gradient must flow through it.
+- **vmap**: when only the inputs the core calls batchable (``Op.batchable``) are batched, one
+  call with the batch as one more leading dim (unbatched batchable inputs broadcast to it);
+  otherwise one call per batch element (``jax.lax.map``). Nested vmap applies the rule per level.
+
+Results: each output (None for one that exists only with an optional input the call left out),
+then each written input's value after the op (an op that writes in place returns the new value,
+as JAX arrays are immutable); one result alone is returned as itself, several as a tuple.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _core
+from ..description import REQUIRED, Op, Param, TensorArg
+from ._adapter import target_name
+
+#: Attribute names of the call frame itself, which a parameter may not take.
+_FRAME_ATTRIBUTES = ("opforge_op", "opforge_absent")
+
+
+def _static(value: Any, op: Op, param: Param) -> Any:
+    """A parameter's value as the plain Python value the core checks (numpy scalars unwrapped).
+
+    Raises:
+        TypeError: the value is a traced JAX value (parameters are static attributes).
+    """
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"{op.name}: parameter {param.name} is static (an attribute of the call); got a traced value, "
+            "pass a Python value (or mark it static in jax.jit)"
+        )
+    if isinstance(value, (np.generic, np.ndarray)) and np.ndim(value) == 0:
+        return value.item()
+    if isinstance(value, (tuple, list, np.ndarray)):
+        return [v.item() if isinstance(v, np.generic) else v for v in list(value)]
+    return value
+
+
+def _attribute(param: Param, value: Any) -> Any:
+    """A checked parameter value as the XLA attribute the handler reads (int64, float64, bool,
+    string, dense int64 or float64 arrays)."""
+    if param.type == "int":
+        return np.int64(value)
+    if param.type == "float":
+        return np.float64(value)
+    if param.type == "bool":
+        return np.bool_(value)
+    if param.type == "int[]":
+        return np.asarray(value, dtype=np.int64).reshape(-1)
+    if param.type == "float[]":
+        return np.asarray(value, dtype=np.float64).reshape(-1)
+    return str(value)
+
+
+def _device() -> str:
+    """The device name checks give arrays being traced: that of JAX's default backend."""
+    return "cuda" if jax.default_backend() == "gpu" else "cpu"
+
+
+class JaxOp:
+    """``ns::op`` as a JAX function (see the module docstring). Its signature is the op's schema:
+    tensor inputs take arrays (anything ``jnp.asarray`` takes; None for an optional one left out),
+    parameters Python values, with the declared defaults."""
+
+    def __init__(self, op: Op, resolve) -> None:
+        """``resolve(name)`` returns the :class:`JaxOp` of another loaded op (the backward op)."""
+        self.op = op
+        self._resolve = resolve
+        clash = [p.name for p in op.params if p.name in _FRAME_ATTRIBUTES]
+        if clash:
+            raise ValueError(f"opforge.jax: {op.name}: a parameter may not be called {clash[0]} (the call frame's own)")
+        parameters = []
+        for a in op.args:
+            default = inspect.Parameter.empty
+            if isinstance(a, TensorArg) and a.optional:
+                default = None
+            elif isinstance(a, Param) and a.default is not REQUIRED:
+                default = a.default
+            parameters.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+        self.__signature__ = inspect.Signature(parameters)
+        self.__name__ = op.name.split("::")[1]
+        self.__qualname__ = op.name
+        self.__doc__ = f"{op.schema}\n\n{op.doc}"
+
+    def __repr__(self) -> str:
+        return f"<opforge.jax op {self.op.schema}>"
+
+    def __call__(self, *args, **kwargs):
+        op = self.op
+        dynamic = [o.name for o in op.outputs if o.size_from]
+        if dynamic:
+            raise NotImplementedError(
+                f"opforge.jax: {op.name}: the sizes of its outputs {', '.join(dynamic)} depend on the input values "
+                "(opforge::size_of), and XLA needs every shape when it traces"
+            )
+        try:
+            bound = self.__signature__.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{op.schema}: {e}") from None
+        bound.apply_defaults()
+        tensors, present, params = [], [], {}
+        for a in op.args:
+            value = bound.arguments[a.name]
+            if isinstance(a, Param):
+                params[a.name] = _static(value, op, a)
+            elif value is None:
+                present.append(False)
+            else:
+                present.append(True)
+                tensors.append(value if isinstance(value, jax.Array) else jnp.asarray(value))
+        params_key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items())
+        fn = _function(self, params_key, tuple(present))
+        flat = fn(*tensors)
+        return _results(op, params, tuple(present), tensors, flat)
+
+
+def _check(op: Op, params: dict, present: tuple[bool, ...], tensors) -> list[dict | None]:
+    """The outputs' specs for a call (the core's output_shapes: every check of the call), None
+    for an output the call does not have.
+
+    Raises:
+        ValueError: the call's check fails, with the message a PyTorch call gives.
+        NotImplementedError: a symbolic dim (jax.export shape polymorphism).
+    """
+    avals = []
+    for a, t in zip((a for a, here in zip(op.tensors, present, strict=True) if here), tensors, strict=True):
+        if not all(isinstance(d, (int, np.integer)) for d in t.shape):
+            raise NotImplementedError(
+                f"opforge.jax: {op.name}: {a.name} has the symbolic shape {tuple(t.shape)}; opforge evaluates shape "
+                "rules on concrete sizes under JAX (export with concrete shapes)"
+            )
+        avals.append((str(jnp.dtype(t.dtype)), tuple(int(d) for d in t.shape)))
+    params_key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items())
+    names = tuple(a.name for a in op.tensors)
+    return _checked(op.name, names, params_key, present, tuple(avals), _device())
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked(
+    name: str, tensors: tuple[str, ...], params_key: tuple, present: tuple[bool, ...], avals: tuple, device: str
+) -> list[dict | None]:
+    """:func:`_check`, once per op, parameter values, input shapes and dtypes (a failing check is
+    not cached: it raises every time)."""
+    args = {k: list(v) if isinstance(v, tuple) else v for k, v in params_key}
+    it = iter(avals)
+    for tensor, here in zip(tensors, present, strict=True):
+        dtype, shape = next(it) if here else (None, None)
+        args[tensor] = {"dtype": dtype, "shape": list(shape), "device": device} if here else None
+    return _core.output_shapes(name, args)
+
+
+def _results(op: Op, params: dict, present: tuple[bool, ...], tensors, flat):
+    """The user-facing results (module docstring) from the primitive's flat results."""
+    outs = _check(op, params, present, tensors)  # cached per shapes below; absent outputs are None
+    flat = list(flat)
+    results = [None if o is None else flat.pop(0) for o in outs]
+    results += flat  # the written inputs' values after the op
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def _result_index(op: Op, outs: list[dict | None], present: tuple[bool, ...]) -> dict[int, int]:
+    """Result k in the core's order (outputs, then mutated inputs) -> its position in the flat
+    results of a call (absent outputs and left-out written inputs have none)."""
+    index, position = {}, 0
+    for k, o in enumerate(outs):
+        if o is not None:
+            index[k] = position
+            position += 1
+    k = len(outs)
+    for a, here in zip(op.tensors, present, strict=True):
+        if a.mutated:
+            if here:
+                index[k] = position
+                position += 1
+            k += 1
+    return index
+
+
+@functools.lru_cache(maxsize=4096)
+def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
+    """The JAX function of one op and set of static parameter values: custom_vjp(custom_vmap(ffi_call))."""
+    op = jop.op
+    params = {k: list(v) if isinstance(v, tuple) else v for k, v in params_key}
+    attrs = {p.name: _attribute(p, params[p.name]) for p in op.params}
+    absent = sum(1 << a.index for a, here in zip(op.tensors, present, strict=True) if not here)
+    names = [a.name for a, here in zip(op.tensors, present, strict=True) if here]
+    written = [i for i, a in enumerate(a for a, here in zip(op.tensors, present, strict=True) if here) if a.mutated]
+
+    def ffi(*tensors):
+        outs = _check(op, params, present, tensors)
+        shapes = [jax.ShapeDtypeStruct(o["shape"], jnp.dtype(o["dtype"])) for o in outs if o is not None]
+        aliases = {}
+        for i in written:
+            aliases[i] = len(shapes)
+            shapes.append(jax.ShapeDtypeStruct(tensors[i].shape, tensors[i].dtype))
+        call = jax.ffi.ffi_call(target_name(op), shapes, input_output_aliases=aliases, vmap_method="sequential")
+        return tuple(call(*tensors, opforge_op=op.name, opforge_absent=np.int64(absent), **attrs))
+
+    primitive = jax.custom_batching.custom_vmap(ffi)
+
+    @primitive.def_vmap
+    def _batched(axis_size, in_batched, *tensors):
+        batched = {n for n, b in zip(names, in_batched, strict=True) if b}
+        if batched <= set(op.batchable):  # one call, the batch as one more leading dim
+            call = [
+                jnp.broadcast_to(t, (axis_size, *t.shape)) if not b and n in op.batchable else t
+                for n, b, t in zip(names, in_batched, tensors, strict=True)
+            ]
+            out = primitive(*call)
+        else:  # one call per batch element
+
+            def one(xs):
+                it = iter(xs)
+                return primitive(*[next(it) if b else t for b, t in zip(in_batched, tensors, strict=True)])
+
+            out = jax.lax.map(one, tuple(t for b, t in zip(in_batched, tensors, strict=True) if b))
+        return out, tuple(True for _ in out)
+
+    fn = jax.custom_vjp(primitive)
+
+    def forward(*tensors):
+        out = primitive(*tensors)
+        return out, (tensors, out)
+
+    def backward(saved, grads):
+        tensors, out = saved
+        if op.backward is None:
+            raise NotImplementedError(
+                f"derivative for {op.name} is not implemented: it declares no backward op (opforge .backward()), "
+                "and a gradient must flow through it"
+            )
+        bwd = jop._resolve(op.backward)
+        outs = _check(op, params, present, tensors)
+        flat = _result_index(op, outs, present)
+        arg_tensor = dict(zip(names, tensors, strict=True))
+        values = []
+        for kind, index in op.backward_sources:
+            if kind == "arg":
+                a = op.args[index]
+                values.append(params[a.name] if isinstance(a, Param) else arg_tensor.get(a.name))
+            else:
+                source = grads if kind == "grad" else out
+                values.append(source[flat[index]] if index in flat else None)
+        result = bwd(*values)
+        result = result if isinstance(result, tuple) else (result,)
+        gradient = {}
+        for g, targets in zip(result, op.backward_gradients, strict=False):
+            for i in targets:
+                gradient[op.args[i].name] = g
+        return tuple(
+            gradient.get(n) if jnp.issubdtype(t.dtype, jnp.inexact) else None
+            for n, t in zip(names, tensors, strict=True)
+        )
+
+    fn.defvjp(forward, backward)
+    return fn

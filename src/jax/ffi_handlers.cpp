@@ -1,0 +1,330 @@
+// The JAX adapter: the XLA FFI handlers through which `jax.ffi.ffi_call` runs every op of every
+// loaded op library, one for the host and one for CUDA. python/opforge/jax registers them for
+// each op as the target "<ns>.<op>". A handler translates XLA's call frame into the call
+// protocol of src/core/call.h and evaluates no rule of the description itself (Note [One core
+// for every adapter] in src/core/library.h).
+//
+// Note [The JAX call frame]
+// -------------------------
+// opforge.jax builds each call of `ns::op` as
+//   operands:   the tensor inputs the call passes, in schema order (an optional input left out
+//               is not passed);
+//   results:    the outputs that exist (one tied to a left-out optional input does not), then
+//               the value of each mutated input after the op, in argument order, each aliased
+//               to its operand (input_output_aliases), so the kernel writes it in place;
+//   attributes: "opforge_op" (the qualified name), "opforge_absent" (bit i set: tensor
+//               argument i is left out) and each parameter by its name (int64, float64, bool,
+//               string, or a dense array of int64 or float64; one left out takes its default).
+// XLA's buffers are dense and row-major. The handler checks the call again (the checks Python
+// ran at trace time, by the same core function), so a frame built by hand cannot reach a kernel
+// with arguments it does not take.
+#include <xla/ffi/api/ffi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../core/call.h"
+#include "../core/check.h"
+#include "../core/library.h"
+#include "../core/schema.h"
+#include "opforge/detail/names.h"
+#include "opforge/error.h"
+
+namespace ffi = xla::ffi;
+
+namespace opforge::jax {
+namespace {
+
+/// The OpforgeDtype of an XLA element type and the name messages give it (jax.numpy's).
+struct DtypeOf {
+  int32_t code;  // -1: a dtype opforge does not know
+  const char* label;
+};
+
+DtypeOf dtype_of(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return {OPFORGE_DTYPE_FLOAT32, "float32"};
+    case ffi::DataType::F64: return {OPFORGE_DTYPE_FLOAT64, "float64"};
+    case ffi::DataType::F16: return {OPFORGE_DTYPE_FLOAT16, "float16"};
+    case ffi::DataType::BF16: return {OPFORGE_DTYPE_BFLOAT16, "bfloat16"};
+    case ffi::DataType::S8: return {OPFORGE_DTYPE_INT8, "int8"};
+    case ffi::DataType::S16: return {OPFORGE_DTYPE_INT16, "int16"};
+    case ffi::DataType::S32: return {OPFORGE_DTYPE_INT32, "int32"};
+    case ffi::DataType::S64: return {OPFORGE_DTYPE_INT64, "int64"};
+    case ffi::DataType::U8: return {OPFORGE_DTYPE_UINT8, "uint8"};
+    case ffi::DataType::PRED: return {OPFORGE_DTYPE_BOOL, "bool"};
+    case ffi::DataType::U16: return {-1, "uint16"};
+    case ffi::DataType::U32: return {-1, "uint32"};
+    case ffi::DataType::U64: return {-1, "uint64"};
+    case ffi::DataType::C64: return {-1, "complex64"};
+    case ffi::DataType::C128: return {-1, "complex128"};
+    default: return {-1, "unknown"};
+  }
+}
+
+/// Scratch memory for a kernel (OpforgeContext::allocate): on CUDA from XLA's allocator, ordered
+/// on the call's stream and freed when the handler returns; on the host, 64-byte aligned heap
+/// memory freed likewise.
+struct Scratch {
+  ffi::ScratchAllocator* device = nullptr;  // null on the host
+  std::vector<std::unique_ptr<void, decltype(&std::free)>> host;
+
+  static void* allocate(void* state, size_t bytes) {
+    auto* s = static_cast<Scratch*>(state);
+    if (s->device != nullptr) return s->device->Allocate(bytes, 256).value_or(nullptr);
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p != nullptr) s->host.emplace_back(p, &std::free);
+    return p;
+  }
+};
+
+/// One buffer's view (dense, row-major), with storage for its sizes and strides.
+struct Views {
+  std::deque<std::vector<int64_t>> sizes, strides;
+
+  OpforgeTensor of(const ffi::AnyBuffer& b, int32_t device_type, int32_t device_index) {
+    const auto dims = b.dimensions();
+    std::vector<int64_t>& s = sizes.emplace_back(dims.begin(), dims.end());
+    std::vector<int64_t>& st = strides.emplace_back(s.size());
+    int64_t step = 1;
+    for (size_t d = s.size(); d-- > 0;) st[d] = step, step *= s[d];
+    return {b.untyped_data(), dtype_of(b.element_type()).code, device_type, device_index,
+            static_cast<int32_t>(s.size()), s.data(), st.data()};
+  }
+};
+
+/// The value of parameter `i` from the attributes; throws InvalidArgument for an attribute of
+/// another type (a frame built by hand), and takes the default for one left out.
+OpforgeValue param_value(const OpforgeOpSpec& op, int32_t i, const ffi::Dictionary& attrs,
+                         std::deque<std::string>& strings) {
+  const OpforgeArgSpec& a = op.args[i];
+  if (!attrs.contains(a.name)) return core::default_value(op, i);
+  OpforgeValue v{};
+  v.kind = a.kind;
+  const auto wrong = [&] {
+    return InvalidArgument(core::invalid_arguments_message(
+        op, {std::string(a.name) + ": expected a value of type " + core::schema_type(a.kind) +
+             ", got an attribute of another type"}));
+  };
+  switch (a.kind) {
+    case OPFORGE_ARG_INT: {
+      auto x = attrs.get<int64_t>(a.name);
+      if (!x.has_value()) throw wrong();
+      v.i = *x;
+      break;
+    }
+    case OPFORGE_ARG_FLOAT: {
+      auto x = attrs.get<double>(a.name);
+      if (!x.has_value()) throw wrong();
+      v.f = *x;
+      break;
+    }
+    case OPFORGE_ARG_BOOL: {
+      auto x = attrs.get<bool>(a.name);
+      if (!x.has_value()) throw wrong();
+      v.i = *x;
+      break;
+    }
+    case OPFORGE_ARG_STRING: {
+      auto x = attrs.get<std::string_view>(a.name);
+      if (!x.has_value()) throw wrong();
+      const std::string& s = strings.emplace_back(*x);
+      v.s = s.c_str();
+      v.len = s.size();
+      break;
+    }
+    case OPFORGE_ARG_INT_LIST: {
+      auto x = attrs.get<ffi::Span<const int64_t>>(a.name);
+      if (!x.has_value()) throw wrong();
+      v.ints = x->begin();
+      v.len = x->size();
+      break;
+    }
+    case OPFORGE_ARG_FLOAT_LIST: {
+      auto x = attrs.get<ffi::Span<const double>>(a.name);
+      if (!x.has_value()) throw wrong();
+      v.floats = x->begin();
+      v.len = x->size();
+      break;
+    }
+    default:
+      throw InternalError("opforge.jax: argument " + std::string(a.name) + " is not a parameter");
+  }
+  return v;
+}
+
+/// Runs one call (Note [The JAX call frame]) on the host (`stream` null) or on CUDA.
+void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAllocator* scratch,
+         const ffi::RemainingArgs& operands, const ffi::RemainingRets& results, const ffi::Dictionary& attrs) {
+  const auto name = attrs.get<std::string_view>("opforge_op");
+  if (!name.has_value()) throw InternalError("opforge.jax: the call has no opforge_op attribute");
+  const OpforgeOpSpec* found = core::find_loaded_op(std::string(*name));
+  if (found == nullptr)
+    throw InternalError("opforge.jax: " + std::string(*name) +
+                        " is not loaded in this process; load its op library first (opforge.jax.load_library)");
+  const OpforgeOpSpec& op = *found;
+  const auto absent_bits = attrs.get<int64_t>("opforge_absent");
+  const int64_t absent = absent_bits.has_value() ? *absent_bits : 0;
+  const char* device_name = device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
+
+  const int32_t n = op.num_args;
+  std::vector<core::ArgInfo<int64_t>> info(n);
+  std::vector<OpforgeArg> args(n);
+  std::vector<ffi::AnyBuffer> inputs;  // per tensor argument passed, in order
+  std::deque<std::string> strings;
+  Views views;
+  size_t next = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR) {
+      args[i].value = info[i].value = param_value(op, i, attrs, strings);
+      continue;
+    }
+    args[i].value.kind = OPFORGE_ARG_TENSOR;
+    info[i].value.kind = OPFORGE_ARG_TENSOR;
+    if (i < 64 && (absent >> i & 1)) {
+      info[i].defined = false;
+      args[i].tensor = core::absent_tensor(device_type, device_index);
+      continue;
+    }
+    const auto buffer = operands.get<ffi::AnyBuffer>(next++);
+    if (!buffer.has_value())
+      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": no operand for " + op.args[i].name);
+    args[i].tensor = views.of(*buffer, device_type, device_index);
+    const DtypeOf dtype = dtype_of(buffer->element_type());
+    info[i].dtype = dtype.code;
+    info[i].dtype_label = dtype.label;
+    info[i].device_type = device_name;
+    info[i].device_index = device_type == OPFORGE_DEVICE_CUDA ? device_index : -1;
+    info[i].sizes.assign(args[i].tensor.sizes, args[i].tensor.sizes + args[i].tensor.ndim);
+  }
+  if (next != operands.size())
+    throw InternalError("opforge.jax: " + core::qualified_name(op) + ": " + std::to_string(operands.size()) +
+                        " operands for " + std::to_string(next) + " tensor arguments");
+
+  std::vector<core::OutputInfo<int64_t>> outs;
+  const std::string problems = core::check_call<int64_t>(op, info, outs);
+  if (!problems.empty()) throw InvalidArgument(problems);
+
+  // Results: the outputs that exist, then the mutated inputs, which must be their operands' memory.
+  std::vector<OpforgeTensor> out_views;
+  size_t result = 0;
+  const auto next_result = [&](const std::string& what) {
+    auto r = results.get<ffi::AnyBuffer>(result++);
+    if (!r.has_value())
+      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": no result buffer for " + what);
+    return ffi::AnyBuffer(**r);
+  };
+  for (int32_t k = 0; k < op.num_outputs; ++k) {
+    if (!outs[k].defined) {
+      out_views.push_back(core::absent_tensor(device_type, device_index));
+      continue;
+    }
+    const ffi::AnyBuffer r = next_result(op.outputs[k].name);
+    const auto dims = r.dimensions();
+    if (dtype_of(r.element_type()).code != outs[k].dtype ||
+        std::vector<int64_t>(dims.begin(), dims.end()) != outs[k].sizes)
+      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": the result buffer of " +
+                          op.outputs[k].name + " is not the " + dtype_name(outs[k].dtype) + " " +
+                          core::sizes_string(outs[k].sizes) + " its rule gives");
+    out_views.push_back(views.of(r, device_type, device_index));
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    if (!core::is_mutated(op.args[i]) || !info[i].defined) continue;
+    const ffi::AnyBuffer r = next_result(std::string(op.args[i].name) + "_out");
+    if (r.untyped_data() != args[i].tensor.data)
+      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": the result of " + op.args[i].name +
+                          "_out is not aliased to its operand (input_output_aliases)");
+  }
+  if (result != results.size())
+    throw InternalError("opforge.jax: " + core::qualified_name(op) + ": " + std::to_string(results.size()) +
+                        " results for " + std::to_string(result) + " outputs and written inputs");
+  if (core::skip_launch(out_views)) return;
+
+  // XLA's buffers are dense and at least 16-byte aligned, so every input reaches the kernel as it
+  // is; the layout rule is asked anyway, and a refusal (an overlapping written input) reported.
+  std::vector<std::string> refused;
+  for (int32_t i = 0; i < n; ++i) {
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || !info[i].defined) continue;
+    const int64_t item = static_cast<int64_t>(dtype_size(args[i].tensor.dtype));
+    const core::Admission a = core::admit(op.args[i].tensor, args[i].tensor, item);
+    if (a == core::Admission::kRefuse) refused.push_back(core::refusal(op.args[i], args[i].tensor, item));
+    else if (a == core::Admission::kDenseCopy)
+      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": XLA passed " + op.args[i].name +
+                          " at an address that is not 16-byte aligned");
+  }
+  if (refused.empty() && core::mutates_inputs(op)) {
+    std::vector<OpforgeTensor> tensors(n);
+    for (int32_t i = 0; i < n; ++i)
+      if (op.args[i].kind == OPFORGE_ARG_TENSOR && info[i].defined) tensors[i] = args[i].tensor;
+    refused = core::overlap_refusals(op, tensors);
+  }
+  if (!refused.empty()) throw InvalidArgument(core::invalid_arguments_message(op, refused));
+
+  const OpforgeKernel* kernel = nullptr;
+  for (int32_t k = 0; k < op.num_kernels; ++k)
+    if (op.kernels[k].device_type == device_type) kernel = &op.kernels[k];
+  if (kernel == nullptr)
+    throw InvalidArgument(core::qualified_name(op) + " has no " + device_name + " kernel");
+  if (device_type == OPFORGE_DEVICE_CPU) {
+    // Host data: the value domains are checked before the reference reads them; outputs are
+    // poisoned when opforge verify asks (on CUDA the adapter has no fill: XLA's buffers are fresh).
+    const std::vector<std::string> bad = core::value_problems(op, args);
+    if (!bad.empty()) throw InvalidArgument(core::invalid_arguments_message(op, bad));
+    if (core::poison_outputs()) core::poison_host(out_views);
+  }
+
+  Scratch memory{scratch, {}};
+  OpforgeContext ctx{};
+  ctx.struct_size = sizeof(OpforgeContext);
+  ctx.device_type = device_type;
+  ctx.device_index = device_index;
+  ctx.stream = stream;
+  ctx.allocate = &Scratch::allocate;
+  ctx.allocator_state = &memory;
+  core::call_kernel(op, *kernel, ctx, args, out_views);
+}
+
+/// run(), with opforge's errors as XLA FFI errors: InvalidArgument for the caller's, Internal for any other.
+template <class Body>
+ffi::Error guarded(Body&& body) noexcept {
+  try {
+    body();
+    return ffi::Error::Success();
+  } catch (const InvalidArgument& e) {
+    return ffi::Error::InvalidArgument(e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(e.what());
+  } catch (...) {
+    return ffi::Error::Internal("opforge.jax: unknown C++ exception");
+  }
+}
+
+ffi::Error host_call(ffi::RemainingArgs operands, ffi::RemainingRets results, ffi::Dictionary attrs) {
+  return guarded([&] { run(OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, operands, results, attrs); });
+}
+
+ffi::Error cuda_call(void* stream, int32_t device, ffi::ScratchAllocator scratch, ffi::RemainingArgs operands,
+                     ffi::RemainingRets results, ffi::Dictionary attrs) {
+  return guarded([&] { run(OPFORGE_DEVICE_CUDA, device, stream, &scratch, operands, results, attrs); });
+}
+
+}  // namespace
+}  // namespace opforge::jax
+
+// The handlers, looked up by name (opforge/jax/_ffi.py) and registered with
+// jax.ffi.register_ffi_target for the platforms "cpu" and "CUDA".
+XLA_FFI_DEFINE_HANDLER_SYMBOL(opforge_jax_cpu, opforge::jax::host_call,
+                              ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(opforge_jax_cuda, opforge::jax::cuda_call,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void*>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attrs());
