@@ -4,7 +4,7 @@
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
 # with steps from: build test verify sanitize demo bench (default: all), and pytest (the tests
 # named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_backward, bench_training,
-# bench_serving, bench_int8_linear, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
+# bench_serving, bench_int8_linear, bench_jax, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
 # racecheck, ncu (issue-slot, DRAM and occupancy figures of bias_gelu and rms_norm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,7 @@ mkdir -p "$OUT"
 export OPFORGE_PYTHON="${OPFORGE_PYTHON:-python3}" PYTHONUNBUFFERED=1
 export OPFORGE_MINILM_DIR="${OPFORGE_MINILM_DIR:-$PWD/.weights/minilm}"
 export PYTHONPATH="$PWD/python"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX beside torch on one GPU
 steps=("${@:-build test verify sanitize demo bench}")
 status=0
 run() {  # run <name> <command...>: log to $OUT/<name>.log, print the tail, remember failures
@@ -47,6 +48,7 @@ for step in ${steps[*]}; do
     train_amp) run train_amp python3 examples/models/train_amp.py --device cuda --out "$OUT/train_amp" ;;
     bench_serving) run bench_serving python3 bench/bench_serving.py --json "$OUT/bench_serving.json" ;;
     bench_int8_linear) run bench_int8_linear python3 bench/bench_int8_linear.py --json "$OUT/bench_int8_linear.json" ;;
+    bench_jax) run bench_jax python3 bench/bench_jax.py --json "$OUT/bench_jax.json" ;;
     ncu) run ncu ncu --kernel-name-base demangled --kernel-name "regex:bias_gelu|rms_norm" --csv --metrics \
       gpu__time_duration.sum,sm__inst_issued.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct \
       python3 tools/ncu_kernels.py ;;

@@ -9,11 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 
-import opforge
-from opforge._adapter import runner_path
+# JAX (test_jax.py) shares the GPU with torch in one process: it allocates as it goes instead of
+# taking most of the memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import opforge  # noqa: E402
+from opforge._adapter import runner_path  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")

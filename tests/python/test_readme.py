@@ -4,8 +4,8 @@
   order; the one that names a ``.cu`` file to build with is a whole op file, built and called.
 - ``text`` blocks are messages opforge prints; each is produced here and compared.
 - ``sh`` and ``python`` blocks run: the first block's commands (``make test`` is what
-  ``.ci/run`` runs; ``make demo`` runs here), the install block, the Python example and
-  ``opforge verify`` in a virtual environment of their own that ``pip install .`` fills, with no
+  ``.ci/run`` runs; ``make demo`` runs here), the install block, the Python example, the JAX
+  example and ``opforge verify`` in a virtual environment of their own that ``pip install .`` fills, with no
   PYTHONPATH; the custom-class example in a fresh process of this environment; the example
   models' commands in test_models.py.
 """
@@ -213,6 +213,11 @@ def test_install_build_verify_and_package_from_an_empty_folder():
     assert (folder / "out" / "model" / "model.pt2").exists()
     where = _run("python -c 'import opforge; print(opforge.__file__)'", folder, env, "import opforge")
     assert where.stdout.strip().startswith(str(venv)), where.stdout  # the installed package, not the clone
+
+    if _has("jax"):  # the JAX adapter, built by the installed opforge on first use
+        from_jax = _block("python", "# From JAX")
+        ran = _run(f"python - <<'README'\n{from_jax.text}README\n", folder, env, "the JAX example")
+        assert ran.stdout.strip().endswith(tuple("0123456789")), ran.stdout
 
     verify = command("opforge verify ")
     out = _run(verify, ROOT, env, "opforge verify")

@@ -26,10 +26,18 @@ from types import SimpleNamespace
 
 import jax
 
-from .. import _core
-from ..description import Library
-from . import _adapter
-from ._call import JaxOp
+#: The oldest jax opforge.jax runs on: jax.ffi (ffi_call with input_output_aliases and
+#: vmap_method), jax.export's DisabledSafetyCheck and jax.custom_batching.custom_vmap.
+MIN_JAX = (0, 5, 0)
+if tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit()) < MIN_JAX:
+    raise ImportError(
+        f"opforge.jax needs jax >= {'.'.join(map(str, MIN_JAX))} (jax.ffi, jax.export); this is jax {jax.__version__}"
+    )
+
+from .. import _core  # noqa: E402
+from ..description import Library  # noqa: E402
+from . import _adapter  # noqa: E402
+from ._call import JaxOp  # noqa: E402
 
 __all__ = ["JaxOp", "disabled_checks", "load_library", "ops", "reload"]
 

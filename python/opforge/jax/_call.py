@@ -129,10 +129,11 @@ class JaxOp:
             else:
                 present.append(True)
                 tensors.append(value if isinstance(value, jax.Array) else jnp.asarray(value))
+        outs = _check(op, params, tuple(present), tensors)  # every check, before anything is built
         params_key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items())
-        fn = _function(self, params_key, tuple(present))
-        flat = fn(*tensors)
-        return _results(op, params, tuple(present), tensors, flat)
+        flat = list(_function(self, params_key, tuple(present))(*tensors))
+        results = [None if o is None else flat.pop(0) for o in outs] + flat  # then the written inputs
+        return results[0] if len(results) == 1 else tuple(results)
 
 
 def _check(op: Op, params: dict, present: tuple[bool, ...], tensors) -> list[dict | None]:
@@ -170,15 +171,6 @@ def _checked(
     return _core.output_shapes(name, args)
 
 
-def _results(op: Op, params: dict, present: tuple[bool, ...], tensors, flat):
-    """The user-facing results (module docstring) from the primitive's flat results."""
-    outs = _check(op, params, present, tensors)  # cached per shapes below; absent outputs are None
-    flat = list(flat)
-    results = [None if o is None else flat.pop(0) for o in outs]
-    results += flat  # the written inputs' values after the op
-    return results[0] if len(results) == 1 else tuple(results)
-
-
 def _result_index(op: Op, outs: list[dict | None], present: tuple[bool, ...]) -> dict[int, int]:
     """Result k in the core's order (outputs, then mutated inputs) -> its position in the flat
     results of a call (absent outputs and left-out written inputs have none)."""
@@ -199,7 +191,7 @@ def _result_index(op: Op, outs: list[dict | None], present: tuple[bool, ...]) ->
 
 @functools.lru_cache(maxsize=4096)
 def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
-    """The JAX function of one op and set of static parameter values: custom_vjp(custom_vmap(ffi_call))."""
+    """The JAX function of one op and set of static parameter values: jit(custom_vjp(custom_vmap(ffi_call)))."""
     op = jop.op
     params = {k: list(v) if isinstance(v, tuple) else v for k, v in params_key}
     attrs = {p.name: _attribute(p, params[p.name]) for p in op.params}
@@ -274,4 +266,4 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
         )
 
     fn.defvjp(forward, backward)
-    return fn
+    return jax.jit(fn)  # an eager call dispatches one compiled computation instead of tracing the wrappers

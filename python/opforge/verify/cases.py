@@ -287,7 +287,9 @@ def example(op: Op, lead: int, last: int, params: dict[str, object], leading: in
     return None
 
 
-def generate_cases(op: Op, dtypes: dict[str, str], seed: int) -> list[Inputs]:
+def generate_cases(
+    op: Op, dtypes: dict[str, str], seed: int, only: Callable[[str], bool] | None = None
+) -> list[Inputs]:
     """Every input case for one op and dtype combination (``dtypes`` by tensor input name: a
     :attr:`DtypeCase.dtypes`; CPU tensors), each from its own seed. Optional
     tensor inputs are given, except in the cases labelled with :func:`without_optional`'s suffix
@@ -296,7 +298,8 @@ def generate_cases(op: Op, dtypes: dict[str, str], seed: int) -> list[Inputs]:
     satisfy the op's cross-argument rules (:func:`example`), integer inputs with a value domain
     hold values inside it. A case no input can make (a rule no nearby size meets, more distinct
     indices than the range holds) is left out, as is a strided view of a mutated input that the
-    op refuses (:func:`refused`)."""
+    op refuses (:func:`refused`). With ``only``, just the cases whose label it accepts are built
+    (each with the seed it has in the full list)."""
     rng = random.Random(seed)
     cases: list[Inputs] = []
     without = without_optional(op)
@@ -311,6 +314,8 @@ def generate_cases(op: Op, dtypes: dict[str, str], seed: int) -> list[Inputs]:
         leading: int = 1,
     ) -> None:
         case_seed = rng.randrange(2**31)
+        if only is not None and not only(label):
+            return
         gen = torch.Generator().manual_seed(case_seed)
         facts = example(op, lead, last, {op.args[i].name: v for i, v in params.items()}, leading)
         if facts is None:

@@ -1,0 +1,303 @@
+"""opforge ops from JAX (opforge.jax): every example op gives the result it gives through PyTorch
+(and the CPU reference), with the same input errors; jit, vmap (one call, per-element fallback,
+nested, empty batch), grad through backward ops (in-place ones too), a missing backward, and the
+jax.export round trip in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import opforge  # noqa: E402
+import opforge.jax as ojax  # noqa: E402
+from opforge import _core  # noqa: E402
+from opforge.verify import cases as vcases  # noqa: E402
+from opforge.verify.compare import compare  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)  # int64 and float64 arrays, as torch has them
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARIES = sorted(p.name for p in (ROOT / "examples" / "ops").iterdir() if p.is_dir())
+#: Every op of every example library, read from the core (no framework) for parametrization.
+OPS = [(lib, op.name) for lib in LIBRARIES for op in _core.load_library(opforge.example_library(lib)).ops]
+#: The generated cases each op runs (verify's cases by label, before any " without <optional>").
+LABELS = {"shape 3x37", "shape 33x257", "params #1", "no leading dims", "empty"}
+
+
+def _jax_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+requires_jax_cuda = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _jax_gpu()), reason="needs a CUDA GPU that torch and jax both see; none here"
+)
+JAX_DEVICES = ["cpu", pytest.param("cuda", marks=requires_jax_cuda)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libraries():
+    """Every example library, loaded into JAX (and, by conftest, into torch)."""
+    return {lib: ojax.load_library(opforge.example_library(lib)) for lib in LIBRARIES}
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """A torch tensor as a JAX array on the same device (DLPack; made dense first)."""
+    return jax.dlpack.from_dlpack(t.contiguous())
+
+
+def to_torch(a) -> torch.Tensor | None:
+    return None if a is None else torch.from_dlpack(a)
+
+
+def jax_op(name: str) -> ojax.JaxOp:
+    ns, op = name.split("::")
+    return getattr(getattr(ojax.ops, ns), op)
+
+
+def torch_results(op, args: list) -> list:
+    """The op through torch: its outputs (None where absent), then its written inputs after the call."""
+    ns, name = op.name.split("::")
+    out = getattr(getattr(torch.ops, ns), name)(*args)
+    outs = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+    return outs + [args[a.index] for a in op.mutated if args[a.index] is not None]
+
+
+@pytest.mark.parametrize("device", JAX_DEVICES)
+@pytest.mark.parametrize(("library", "name"), OPS, ids=[name for _, name in OPS])
+def test_every_example_op_gives_the_same_result_through_jax_as_through_torch(library, name, device):
+    op = next(o for o in opforge.load_library(opforge.example_library(library)).ops if o.name == name)
+    ran = 0
+    for dtypes in vcases.dtype_cases(op):
+        seed = int.from_bytes(os.urandom(4), "little")
+        for case in vcases.generate_cases(
+            op, dtypes.dtypes, seed, only=lambda label: label.split(" without")[0] in LABELS
+        ):
+            args = [a.to(device).contiguous() if isinstance(a, torch.Tensor) else a for a in case.args]
+            jax_args = [to_jax(a) if isinstance(a, torch.Tensor) else a for a in args]
+            got = jax_op(name)(*jax_args)
+            got = list(got) if isinstance(got, tuple) else [got]
+            expected = torch_results(op, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+            reference = torch_results(op, [a.cpu().clone() if isinstance(a, torch.Tensor) else a for a in args])
+            assert len(got) == len(expected), case.label
+            for g, e, r in zip(got, expected, reference, strict=True):
+                if e is None:
+                    assert g is None, case.label
+                    continue
+                g = to_torch(g)
+                assert g.dtype == e.dtype and g.shape == e.shape, case.label
+                if device == "cpu":  # the same reference, in the same process: the same bits
+                    assert torch.equal(g.nan_to_num(), e.nan_to_num()), case.label
+                ok, err, _, why = compare(g, r, dtypes.tolerance)
+                assert ok, f"{case.label} ({dtypes.label}, seed {case.seed}): {why or err}"
+            ran += 1
+    assert ran > 0
+
+
+def test_bad_arguments_raise_the_pytorch_message_at_trace_time():
+    x, bias = torch.randn(2, 3, 8, dtype=torch.bfloat16), torch.randn(4)
+    with pytest.raises(ValueError) as from_torch:
+        torch.ops.examples.bias_gelu(x, bias)
+    with pytest.raises(ValueError) as from_jax:
+        jax.jit(ojax.ops.examples.bias_gelu)(to_jax(x), to_jax(bias))
+    assert str(from_jax.value) == str(from_torch.value)
+    assert str(from_jax.value).splitlines()[1:] == [
+        "  bias: expected dtype bfloat16 (the dtype of x), got float32",
+        "  bias: expected shape [x.size(-1)] = [8], got [4]",
+    ]
+
+
+def test_parameters_are_checked_and_static():
+    x = jnp.ones((2, 3))
+    with pytest.raises(ValueError, match=r"softshrink\(.*\n  lambd: expected a value >= 0(\.0)?, got -1"):
+        ojax.ops.examples.softshrink(x, lambd=-1.0)
+    with pytest.raises(ValueError, match=r"\n  lambd: expected a value of type float, got \"big\""):
+        ojax.ops.examples.softshrink(x, lambd="big")
+    with pytest.raises(TypeError, match="examples::softshrink: parameter lambd is static"):
+        jax.jit(ojax.ops.examples.softshrink)(x, jnp.float32(0.5))
+    with pytest.raises(TypeError, match=r"examples::softshrink\(Tensor x, float lambd=0.5\) -> Tensor: .*unexpected"):
+        ojax.ops.examples.softshrink(x, width=3)
+
+
+def test_jit_compiles_once_per_shape_and_matches_eager():
+    f = jax.jit(lambda x, b: ojax.ops.examples.bias_gelu(x, b) * 2)
+    x = jax.random.normal(jax.random.key(0), (4, 16), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (16,), jnp.float32)
+    ref = 2 * jax.nn.gelu(x + b, approximate=False)
+    assert jnp.allclose(f(x, b), ref, atol=1e-6)
+    assert jnp.array_equal(f(x[:2], b), f(x, b)[:2])
+    assert f._cache_size() == 2
+
+
+def test_vmap_batches_rowwise_ops_in_one_call_and_falls_back_per_element():
+    rms = ojax.ops.examples.rms_norm
+    x = jax.random.normal(jax.random.key(0), (5, 3, 64))
+    w = jax.random.uniform(jax.random.key(1), (5, 64)) + 0.5
+    per_row = jnp.stack([rms(x[i], w[0]) for i in range(5)])
+    one_call = jax.vmap(rms, in_axes=(0, None))(x, w[0])  # only x batched: a leading dim of one call
+    assert jnp.array_equal(one_call, per_row)
+    jaxpr = str(jax.make_jaxpr(jax.vmap(rms, in_axes=(0, None)))(x, w[0]))
+    assert jaxpr.count("ffi_call") == 1 and "scan" not in jaxpr
+    fallback = jax.vmap(rms)(x, w)  # a batched weight: one call per element
+    assert "scan" in str(jax.make_jaxpr(jax.vmap(rms))(x, w))
+    assert jnp.array_equal(fallback, jnp.stack([rms(x[i], w[i]) for i in range(5)]))
+    moved = jax.vmap(rms, in_axes=(1, None), out_axes=1)(x, w[0])  # batch dim not in front
+    assert jnp.array_equal(moved, jnp.stack([rms(x[:, j], w[0]) for j in range(3)], axis=1))
+
+
+def test_nested_vmap_and_an_empty_batch():
+    shrink = ojax.ops.examples.softshrink
+    x = jax.random.normal(jax.random.key(2), (3, 4, 7))
+    assert jnp.array_equal(jax.vmap(jax.vmap(shrink))(x), shrink(x))
+    rms = ojax.ops.examples.rms_norm
+    w = jnp.ones((5, 8))
+    assert jax.vmap(rms)(jnp.ones((0, 2, 8)), jnp.ones((0, 8))).shape == (0, 2, 8)  # per element, no element
+    assert jax.vmap(rms, in_axes=(0, None))(jnp.ones((0, 2, 8)), w[0]).shape == (0, 2, 8)
+
+
+def rms_norm(x, w, eps=1e-6):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def layer_norm(h, w, b, eps=1e-5):
+    mean = h.mean(-1, keepdims=True)
+    var = ((h - mean) ** 2).mean(-1, keepdims=True)
+    return (h - mean) * jax.lax.rsqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "reference"),
+    [
+        (
+            "softshrink",
+            lambda k: (jax.random.normal(k[0], (6, 33)),),
+            lambda x: jnp.sign(x) * jnp.maximum(abs(x) - 0.5, 0),
+        ),
+        (
+            "bias_gelu",
+            lambda k: (jax.random.normal(k[0], (6, 33), jnp.float32), jax.random.normal(k[1], (33,), jnp.float32)),
+            lambda x, b: jax.nn.gelu(x + b, approximate=False),  # float32 only
+        ),
+        (
+            "rms_norm",
+            lambda k: (jax.random.normal(k[0], (6, 33)), jax.random.uniform(k[1], (33,)) + 0.5),
+            rms_norm,
+        ),
+        (
+            "add_layer_norm",
+            lambda k: (
+                jax.random.normal(k[0], (6, 33)),
+                jax.random.normal(k[1], (6, 33)),
+                jax.random.uniform(k[2], (33,)) + 0.5,
+                jax.random.normal(k[3], (33,)),
+            ),
+            lambda x, r, w, b: layer_norm(x + r, w, b),
+        ),
+    ],
+)
+def test_grad_runs_the_backward_op(name, make, reference):
+    args = make(jax.random.split(jax.random.key(3), 4))
+    cot = jax.random.normal(jax.random.key(4), (6, 33))
+    argnums = tuple(range(len(args)))
+    op = getattr(ojax.ops.examples, name)
+    got = jax.grad(lambda *a: jnp.sum(op(*a) * cot), argnums)(*args)
+    want = jax.grad(lambda *a: jnp.sum(reference(*a) * cot), argnums)(*args)
+    tol = 1e-10 if args[0].dtype == jnp.float64 else 2e-5
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype and jnp.allclose(g, w, atol=tol, rtol=tol)
+    assert jax.jit(jax.grad(lambda *a: jnp.sum(op(*a) * cot)))(*args).shape == args[0].shape
+
+
+def test_grad_of_an_op_that_writes_its_inputs():
+    """fused_add_rms_norm returns the new x and residual; its backward op sees them as x_out and
+    residual_out, and gives the gradients of the values before."""
+    k = jax.random.split(jax.random.key(5), 5)
+    x, r = jax.random.normal(k[0], (4, 40)), jax.random.normal(k[1], (4, 40))
+    w = jax.random.uniform(k[2], (40,)) + 0.5
+    cx, cr = jax.random.normal(k[3], (4, 40)), jax.random.normal(k[4], (4, 40))
+
+    def fused(x, r, w):
+        x_out, r_out = ojax.ops.examples.fused_add_rms_norm(x, r, w)
+        return jnp.sum(x_out * cx) + jnp.sum(r_out * cr)
+
+    def plain(x, r, w):
+        return jnp.sum(rms_norm(x + r, w) * cx) + jnp.sum((x + r) * cr)
+
+    for g, want in zip(jax.grad(fused, (0, 1, 2))(x, r, w), jax.grad(plain, (0, 1, 2))(x, r, w), strict=True):
+        assert jnp.allclose(g, want, atol=1e-10, rtol=1e-10)
+    x_out, r_out = ojax.ops.examples.fused_add_rms_norm(x, r, w)
+    assert jnp.array_equal(r_out, x + r) and jnp.allclose(x_out, rms_norm(x + r, w), atol=1e-12)
+
+
+def test_a_gradient_through_an_op_without_backward_raises_and_forward_use_is_free():
+    x = jnp.ones((2, 3, 4))
+    with pytest.raises(NotImplementedError, match="derivative for examples::identity_conv is not implemented"):
+        jax.grad(lambda x: ojax.ops.examples.identity_conv(x).sum())(x)
+    w = jnp.float64(2.0)
+    assert jax.grad(lambda w: jnp.sum(ojax.ops.examples.identity_conv(x) * w))(w) == x.size
+
+
+def test_optional_inputs_and_outputs_follow_the_description():
+    q8 = ojax.ops.examples.int8_linear_pack
+    w = jax.random.normal(jax.random.key(6), (16, 64))
+    qweight, scales, bias = q8(w, None)
+    assert bias is None and qweight.dtype == jnp.int8 and scales.shape == (16,)
+    x = jax.random.normal(jax.random.key(7), (3, 64)).astype(jnp.float32)
+    y = ojax.ops.examples.int8_linear(x, qweight, scales, None)
+    assert y.shape == (3, 16) and y.dtype == jnp.float32
+
+
+def test_data_dependent_sizes_are_refused_by_name(rule_ops):
+    lib = ojax.load_library(rule_ops.path)
+    op = next(o for o in lib.ops if any(out.size_from for out in o.outputs))
+    with pytest.raises(NotImplementedError, match=f"opforge.jax: {op.name}: the sizes of its outputs"):
+        jax_op(op.name)(*[jnp.ones((4,)) for _ in op.tensors])
+
+
+def test_export_round_trip_in_a_fresh_process(tmp_path):
+    def f(x, b):
+        return ojax.ops.examples.rms_norm(ojax.ops.examples.bias_gelu(x, b), b, eps=1e-5)
+
+    x = jax.random.normal(jax.random.key(8), (4, 32), jnp.float32)
+    b = jax.random.uniform(jax.random.key(9), (32,), jnp.float32) + 0.5
+    exported = jax.export.export(jax.jit(f), disabled_checks=ojax.disabled_checks())(x, b)
+    (tmp_path / "f.bin").write_bytes(exported.serialize())
+    jnp.save(tmp_path / "x.npy", x)
+    jnp.save(tmp_path / "b.npy", b)
+    jnp.save(tmp_path / "y.npy", f(x, b))
+    script = textwrap.dedent(
+        """
+        import sys, jax, jax.numpy as jnp, numpy as np, opforge, opforge.jax
+        from pathlib import Path
+        jax.config.update("jax_enable_x64", True)
+        d = Path(sys.argv[1])
+        if sys.argv[2] == "load":
+            for lib in ("bias_gelu", "rms_norm"):
+                opforge.jax.load_library(opforge.example_library(lib))
+        call = jax.export.deserialize(bytearray((d / "f.bin").read_bytes())).call
+        y = call(jnp.asarray(np.load(d / "x.npy")), jnp.asarray(np.load(d / "b.npy")))
+        assert np.array_equal(np.asarray(y), np.load(d / "y.npy"))
+        print("torch" in sys.modules)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path), "load"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "False"  # opforge.jax imports no torch
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path), "no"], capture_output=True, text=True)
+    assert run.returncode != 0 and "examples.bias_gelu" in run.stderr
+
+
+def test_export_needs_the_disabled_checks():
+    with pytest.raises(ValueError, match="examples.softshrink"):
+        jax.export.export(jax.jit(ojax.ops.examples.softshrink))(jnp.ones(3))
