@@ -12,7 +12,7 @@ OUT="${OUT:-out/device}"
 mkdir -p "$OUT"
 export OPFORGE_PYTHON="${OPFORGE_PYTHON:-python3}" PYTHONUNBUFFERED=1
 export OPFORGE_MINILM_DIR="${OPFORGE_MINILM_DIR:-$PWD/.weights/minilm}"
-export PYTHONPATH="$PWD/python"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX beside torch on one GPU
 steps=("${@:-build test verify sanitize demo bench}")
 status=0
