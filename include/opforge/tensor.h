@@ -91,8 +91,8 @@ class Context {
   int32_t device_index() const { return c_.device_index; }
   /// The stream as an opaque handle (a cudaStream_t on CUDA; see opforge/cuda.h).
   void* stream() const { return c_.stream; }
-  /// `bytes` of scratch memory on the kernel's device, valid until the kernel returns and
-  /// ordered on stream(). Throws InternalError if the allocator fails.
+  /// `bytes` of scratch memory on the kernel's device, aligned to 256 bytes, valid until the
+  /// kernel returns and ordered on stream(). Throws InternalError if the allocator fails.
   void* allocate(size_t bytes) const {
     void* p = c_.allocate ? c_.allocate(c_.allocator_state, bytes) : nullptr;
     if (p == nullptr && bytes > 0) throw InternalError("opforge: scratch allocation failed");

@@ -20,10 +20,12 @@
 // with arguments it does not take.
 #include <xla/ffi/api/ffi.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,17 +69,24 @@ DtypeOf dtype_of(ffi::DataType t) {
   }
 }
 
-/// Scratch memory for a kernel (OpforgeContext::allocate): on CUDA from XLA's allocator, ordered
-/// on the call's stream and freed when the handler returns; on the host, 64-byte aligned heap
-/// memory freed likewise.
+/// Scratch memory for a kernel (OpforgeContext::allocate), aligned to kScratchAlignment bytes: on
+/// CUDA from XLA's allocator, ordered on the call's stream and freed when the handler returns; on
+/// the host, heap memory freed likewise. XLA's FFI allocator takes alignments up to 16 bytes only
+/// (XLA_FFI_DeviceMemory_Allocate), so a larger one is made by allocating more and rounding up.
 struct Scratch {
-  ffi::ScratchAllocator* device = nullptr;  // null on the host
+  static constexpr size_t kScratchAlignment = 256;  // what cuBLAS asks of a workspace
+  ffi::ScratchAllocator* device = nullptr;          // null on the host
   std::vector<std::unique_ptr<void, decltype(&std::free)>> host;
 
   static void* allocate(void* state, size_t bytes) {
     auto* s = static_cast<Scratch*>(state);
-    if (s->device != nullptr) return s->device->Allocate(bytes, 256).value_or(nullptr);
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    constexpr size_t a = kScratchAlignment;
+    if (s->device != nullptr) {
+      const std::optional<void*> p = s->device->Allocate(bytes + a - 1, 16);
+      if (!p.has_value() || *p == nullptr) return nullptr;
+      return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(*p) + a - 1) / a * a);
+    }
+    void* p = std::aligned_alloc(a, (bytes + a - 1) / a * a);
     if (p != nullptr) s->host.emplace_back(p, &std::free);
     return p;
   }

@@ -51,15 +51,18 @@ struct CallArgs {
 };
 
 /// Scratch memory for a kernel: tensors from torch's allocator on the kernel's device, kept
-/// alive until the kernel call returns (stream-ordered reuse makes that safe on CUDA).
+/// alive until the kernel call returns (stream-ordered reuse makes that safe on CUDA), aligned
+/// to 256 bytes as opforge::Context::allocate promises (torch's CPU allocator gives 64).
 struct Scratch {
+  static constexpr int64_t kAlignment = 256;
   at::TensorOptions options;
   std::vector<at::Tensor> buffers;
   static void* allocate(void* state, size_t bytes) {
     auto* s = static_cast<Scratch*>(state);
     try {
-      s->buffers.push_back(at::empty({static_cast<int64_t>(bytes)}, s->options));
-      return s->buffers.back().data_ptr();
+      s->buffers.push_back(at::empty({static_cast<int64_t>(bytes) + kAlignment - 1}, s->options));
+      const auto p = reinterpret_cast<uintptr_t>(s->buffers.back().data_ptr());
+      return reinterpret_cast<void*>((p + kAlignment - 1) / kAlignment * kAlignment);
     } catch (...) {
       return nullptr;
     }

@@ -1,5 +1,5 @@
 """opforge ops from JAX (opforge.jax): every example op gives the result it gives through PyTorch
-(and the CPU reference), with the same input errors; jit, vmap (one call, per-element fallback,
+(on the CPU: its reference), with the same input errors; jit, vmap (one call, per-element fallback,
 nested, empty batch), grad through backward ops (in-place ones too), a missing backward, and the
 jax.export round trip in a fresh process."""
 
@@ -89,9 +89,8 @@ def test_every_example_op_gives_the_same_result_through_jax_as_through_torch(lib
             got = jax_op(name)(*jax_args)
             got = list(got) if isinstance(got, tuple) else [got]
             expected = torch_results(op, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-            reference = torch_results(op, [a.cpu().clone() if isinstance(a, torch.Tensor) else a for a in args])
             assert len(got) == len(expected), case.label
-            for g, e, r in zip(got, expected, reference, strict=True):
+            for g, e in zip(got, expected, strict=True):
                 if e is None:
                     assert g is None, case.label
                     continue
@@ -99,7 +98,9 @@ def test_every_example_op_gives_the_same_result_through_jax_as_through_torch(lib
                 assert g.dtype == e.dtype and g.shape == e.shape, case.label
                 if device == "cpu":  # the same reference, in the same process: the same bits
                     assert torch.equal(g.nan_to_num(), e.nan_to_num()), case.label
-                ok, err, _, why = compare(g, r, dtypes.tolerance)
+                # On CUDA the same kernel; a reduction may sum in another order. (The kernels against
+                # the CPU reference are opforge verify's: tests/python/test_verify.py, the GPU machine.)
+                ok, err, _, why = compare(g, e, dtypes.tolerance)
                 assert ok, f"{case.label} ({dtypes.label}, seed {case.seed}): {why or err}"
             ran += 1
     assert ran > 0

@@ -13,7 +13,7 @@
 //     pre-filled with the bias and beta = 1: the weight-only-quantisation scheme of serving stacks
 //     at large batch (vLLM's AWQ path dequantises then calls the dense GEMM). The dequantisation
 //     moves N * K * (1 + 2) bytes, a few percent of the GEMM's time at M >= 1024.
-// float32 x takes a plain CUDA-core loop (float32 accumulation, one output per thread): it has no
+// float32 x takes a plain CUDA-core loop (float64 accumulation, one output per thread): it has no
 // 16-bit tensor-core path.
 #include <opforge/cuda.h>
 
@@ -264,9 +264,9 @@ __global__ void float_kernel(const float* __restrict__ x, const int8_t* __restri
                              int64_t M, int64_t N, int64_t K) {
   for (int64_t i = opforge::kernel::global_index(); i < M * N; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t m = i / N, n = i % N;
-    float acc = 0;
-    for (int64_t k = 0; k < K; ++k) acc = fmaf(x[m * K + k], static_cast<float>(q[int8_linear::packed_offset(n, k, K)]), acc);
-    y[i] = acc * scales[n] + (bias != nullptr ? bias[n] : 0.0f);
+    double acc = 0;  // as the reference: float32 sums of K products would miss its tolerance at large K
+    for (int64_t k = 0; k < K; ++k) acc += double(x[m * K + k]) * q[int8_linear::packed_offset(n, k, K)];
+    y[i] = static_cast<float>(acc * scales[n] + (bias != nullptr ? bias[n] : 0.0));
   }
 }
 
