@@ -6,8 +6,8 @@ the same process, and a device-to-device copy of the same bytes (the bandwidth c
 Ops: softshrink (a run-time kernel, NVRTC), bias_gelu and rms_norm (row-wise, float32
 statistics), each in float32 and bfloat16 on x [rows, hidden]. The jnp expressions are jitted
 (XLA fuses each into one or two kernels). Bandwidth counts the bytes each op must move (inputs
-read once, outputs written once); times are medians of 30 runs of ``f(x).block_until_ready()``
-after warm-up (on a GPU the launch cost is small next to 100+ MB). The copy is torch's
+read once, outputs written once); a time is the median over 7 rounds of 50 calls enqueued back to
+back and waited for once (:func:`ms_per_call`), so the host's dispatch cost overlaps the GPU's work. The copy is torch's
 ``dst.copy_(src)`` over the same number of bytes, timed with CUDA events. Per-call cost: the
 median host wall time of one call on a 16-element array: the opforge op and the jnp expression
 each under jax.jit (one compiled computation dispatched per call), and the opforge op called
@@ -33,15 +33,19 @@ import opforge  # noqa: E402
 import opforge.jax  # noqa: E402
 
 
-def seconds(fn, *args, runs: int = 30) -> float:
-    """Median wall time of ``fn(*args).block_until_ready()`` in ms, after 5 warm-up calls."""
+def ms_per_call(fn, *args, calls: int = 50, rounds: int = 7) -> float:
+    """GPU time per call in ms: the median over ``rounds`` of the wall time of ``calls`` calls
+    enqueued back to back (JAX dispatches asynchronously, so the device never waits for the host
+    while a call takes longer than its dispatch), then one wait for the last, over ``calls``."""
     for _ in range(5):
         jax.block_until_ready(fn(*args))
     times = []
-    for _ in range(runs):
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) * 1e3 / calls)
     return statistics.median(times)
 
 
@@ -93,12 +97,12 @@ def main() -> int:
             dst = torch.empty_like(src)
             copy_ms = median_ms(lambda: dst.copy_(src))
         else:
-            copy_ms = seconds(jax.jit(lambda x: x + 1), x)
+            copy_ms = ms_per_call(jax.jit(lambda x: x + 1), x)
         for name, (mine, theirs) in cases.items():
             group = f"{name} [{args.rows}, {args.hidden}] {jnp.dtype(dtype).name} on {args.device}"
             rows.append({"group": group, "impl": "copy (same bytes)", "ms": copy_ms, "GB/s": nbytes / copy_ms / 1e6})
-            ours_ms = seconds(jax.jit(mine), x, w)
-            jnp_ms = seconds(jax.jit(theirs), x, w)
+            ours_ms = ms_per_call(jax.jit(mine), x, w)
+            jnp_ms = ms_per_call(jax.jit(theirs), x, w)
             for impl, ms in (("opforge op, jax.jit", ours_ms), ("jnp expression, jax.jit", jnp_ms)):
                 rows.append(
                     {

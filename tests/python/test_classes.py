@@ -69,7 +69,8 @@ def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype,
     assert torch.equal(q8.qweight.cpu().flatten().sort().values, q.to(torch.int8).flatten().sort().values)
     x = torch.randn(rows, 192, device=device).to(dtype)
     y = q8.forward(x)
-    ref = torch.nn.functional.linear(x.double().cpu(), (q * scales[:, None]).double(), linear.bias.double())
+    w = (q * scales[:, None]).to(dtype)  # dequantised in float32, rounded to x's dtype once, as every path does
+    ref = torch.nn.functional.linear(x.double().cpu(), w.double(), linear.bias.double())
     tol = TOLERANCE[dtype] * 192**0.5  # float32 sums of 192 products, in any order
     torch.testing.assert_close(y.double().cpu(), ref, atol=tol, rtol=tol)
     assert y.dtype == dtype and y.device == x.device
@@ -83,6 +84,20 @@ def test_int8_linear_without_input_channels_gives_the_bias(classes, device, rows
     q8 = classes.Int8Linear(torch.randn(16, 0, device=device), bias)
     y = q8.forward(torch.randn(rows, 0, device=device, dtype=dtype))
     assert torch.equal(y, bias.to(dtype).expand(rows, 16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_linear_quantises_non_finite_weights_to_zero(classes, device):
+    w = torch.randn(8, 64)
+    w[0, 3], w[1, 5], w[2, :] = float("nan"), float("inf"), 0.0
+    q8 = classes.Int8Linear(w.to(device))
+    q, scales = q8.qweight.cpu(), q8.scales.cpu()
+    assert torch.equal(q, classes.Int8Linear(w).qweight)  # the same bytes as the CPU reference
+    amax = w.nan_to_num(nan=0.0, posinf=float("inf")).abs().amax(1)  # NaN weights do not count
+    assert torch.equal(scales, amax / 127) and scales[1] == float("inf") and scales[2] == 0
+    expected = torch.round(w / scales[:, None])  # inf/inf, x/inf, 0/0 and NaN: not finite, so 0
+    expected = torch.where(expected.isfinite(), expected, 0).clamp(-127, 127).to(torch.int8)
+    assert torch.equal(q.flatten().sort().values, expected.flatten().sort().values)
 
 
 def test_int8_linear_refuses_shapes_its_packing_cannot_hold(classes):

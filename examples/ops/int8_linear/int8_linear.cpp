@@ -14,8 +14,8 @@
 
 #include "int8_linear.h"
 
-// Quantises in float32, as the CUDA kernel does (so both give the same bytes): scale = amax / 127,
-// q = round-half-even(w / scale) (std::nearbyint, CUDA's rintf), 0 for an all-zero row.
+// Quantises in float32, as the CUDA kernel does (so both give the same bytes): scale = amax / 127
+// (NaN weights ignored), q = int8_linear::quantise(w, scale).
 static void int8_linear_pack_cpu(opforge::Tensor weight, opforge::Tensor bias, opforge::MutableTensor qweight,
                                  opforge::MutableTensor scales, opforge::MutableTensor bias_fp32) {
   const int64_t N = weight.size(0), K = weight.size(1);
@@ -26,11 +26,9 @@ static void int8_linear_pack_cpu(opforge::Tensor weight, opforge::Tensor bias, o
       for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<float>(w[n * K + k])));
       const float scale = amax / 127.0f;
       scales.data<float>()[n] = scale;
-      for (int64_t k = 0; k < K; ++k) {
-        const float q = scale > 0 ? std::nearbyint(static_cast<float>(w[n * K + k]) / scale) : 0.0f;
+      for (int64_t k = 0; k < K; ++k)
         qweight.data<int8_t>()[int8_linear::packed_offset(n, k, K)] =
-            static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
-      }
+            int8_linear::quantise(static_cast<float>(w[n * K + k]), scale);
     }
   });
   if (bias.defined()) {
@@ -58,23 +56,27 @@ OPFORGE_OP(examples, int8_linear_pack)
     .reference(int8_linear_pack_cpu)
     .cuda(int8_linear_pack_cuda);
 
-// CPU reference, accumulated in double: y[m, n] = sum_k x[m, k] * q[n, k] * scales[n] + bias[n].
-// Each weight row is unpacked once, then used for every row of x.
+// CPU reference, accumulated in double: y[m, n] = sum_k x[m, k] * w[n, k] + bias[n], where
+// w = T(int8_linear::dequantise(q, scale)): the weight dequantised in float32 and rounded to x's
+// dtype once, as the kernels multiply it. Each weight row is dequantised once, then used for
+// every row of x.
 static void int8_linear_cpu(opforge::Tensor x, opforge::Tensor qweight, opforge::Tensor scales,
                             opforge::Tensor bias_fp32, opforge::MutableTensor y) {
   const int64_t N = qweight.size(0), K = qweight.size(1), M = N ? y.numel() / N : 0;  // K == 0: y = bias
   const int8_t* q = qweight.data<int8_t>();
-  std::vector<double> row_q(K);
+  std::vector<double> row_w(K);
   constexpr auto kActivations = opforge::kFloat16 | opforge::kBFloat16 | opforge::kFloat32;
   opforge::visit_dtype<kActivations>(x.dtype(), [&]<class T>(opforge::type_tag<T>) {
     for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) row_q[k] = q[int8_linear::packed_offset(n, k, K)];
-      const double scale = scales.data<float>()[n], bias = bias_fp32.defined() ? bias_fp32.data<float>()[n] : 0.0;
+      const float scale = scales.data<float>()[n];
+      for (int64_t k = 0; k < K; ++k)
+        row_w[k] = double(T(int8_linear::dequantise(q[int8_linear::packed_offset(n, k, K)], scale)));
+      const double bias = bias_fp32.defined() ? bias_fp32.data<float>()[n] : 0.0;
       for (int64_t m = 0; m < M; ++m) {
         const T* row = x.data<T>() + m * K;
         double acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += double(row[k]) * row_q[k];
-        y.data<T>()[m * N + n] = T(acc * scale + bias);
+        for (int64_t k = 0; k < K; ++k) acc += double(row[k]) * row_w[k];
+        y.data<T>()[m * N + n] = T(acc + bias);
       }
     }
   });
@@ -85,7 +87,8 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
                       opforge::Tensor bias_fp32, opforge::MutableTensor y);
 
 OPFORGE_OP(examples, int8_linear)
-    .doc("Int8Linear.forward: x [*, K] @ (qweight * scales)^T + bias_fp32, accumulated in float32, in x's dtype")
+    .doc("Int8Linear.forward: x [*, K] @ w^T + bias_fp32, w = qweight * scales rounded to x's dtype, accumulated "
+         "in float32, in x's dtype")
     .input("x", opforge::kFloat16 | opforge::kBFloat16 | opforge::kFloat32,
            opforge::shape({opforge::leading_dims, opforge::any}))
     .input("qweight", opforge::kInt8, opforge::shape({opforge::any, opforge::dim("x", -1)}))

@@ -49,8 +49,7 @@ __global__ void pack_kernel(const T* __restrict__ w, int8_t* __restrict__ q, flo
   const float scale = amax / 127.0f;
   if (threadIdx.x == 0) scales[n] = scale;
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-    const float v = scale > 0 ? rintf(static_cast<float>(row[k]) / scale) : 0.0f;
-    q[int8_linear::packed_offset(n, k, K)] = static_cast<int8_t>(fminf(fmaxf(v, -127.0f), 127.0f));
+    q[int8_linear::packed_offset(n, k, K)] = int8_linear::quantise(static_cast<float>(row[k]), scale);
   }
 }
 
@@ -78,29 +77,30 @@ __device__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t
 }
 #undef INT8_LINEAR_MMA
 
-/// Two int8 values as two T's in one register (lo in the low half), exact for |q| <= 127.
+/// Two int8 weights of one output channel dequantised to T (int8_linear::dequantise: q * scale
+/// in float32, rounded to T once), in one register (lo in the low half).
 template <class T>
-__device__ uint32_t pair(int8_t lo, int8_t hi) {
-  const T v[2] = {T(static_cast<float>(lo)), T(static_cast<float>(hi))};
+__device__ uint32_t pair(int8_t lo, int8_t hi, float scale) {
+  const T v[2] = {T(int8_linear::dequantise(lo, scale)), T(int8_linear::dequantise(hi, scale))};
   uint32_t r;
   memcpy(&r, v, sizeof r);
   return r;
 }
 
-/// The B fragments of k16 tile `tile` (0..3) in one lane's 16 packed bytes.
+/// The B fragments of k16 tile `tile` (0..3) in one lane's 16 packed bytes, all of one output
+/// channel (whose scale is `scale`).
 template <class T>
-__device__ void b_fragments(const int4& packed, int tile, uint32_t& b0, uint32_t& b1) {
+__device__ void b_fragments(const int4& packed, int tile, float scale, uint32_t& b0, uint32_t& b1) {
   const int word = tile == 0 ? packed.x : tile == 1 ? packed.y : tile == 2 ? packed.z : packed.w;
   const int8_t v0 = static_cast<int8_t>(word & 0xff), v1 = static_cast<int8_t>((word >> 8) & 0xff);
   const int8_t v2 = static_cast<int8_t>((word >> 16) & 0xff), v3 = static_cast<int8_t>((word >> 24) & 0xff);
-  b0 = pair<T>(v0, v1);
-  b1 = pair<T>(v2, v3);
+  b0 = pair<T>(v0, v1, scale);
+  b1 = pair<T>(v2, v3, scale);
 }
 
 // ---- M <= 64: split K across the warps of a block ----------------------------------------------
 
-constexpr int kSmallStrips = 2;  // strips of 8 output channels per block
-constexpr int kUnroll = 4;       // chunks whose weights a warp has in flight at once
+constexpr int kUnroll = 4;  // chunks whose weights a warp has in flight at once
 constexpr int kWarps = kThreads / 32;
 
 /// 16 bytes of weights, read once: through the non-coherent path, not kept in L1.
@@ -112,24 +112,31 @@ __device__ int4 load_streamed(const int4* p) {
   return v;
 }
 
-template <class T>
+/// y for 16 rows of x and kStrips strips of 8 output channels per block; the block's warps take
+/// every kWarps-th chunk of K and sum their accumulators through shared memory. Each A fragment
+/// of x (read from L1/L2) serves kStrips strips, so more strips read x less often per weight byte
+/// (2 bytes of x per weight byte per 16 rows over kStrips), and fewer blocks share the GPU.
+template <class T, int kStrips>
 __global__ void __launch_bounds__(kThreads)
     small_m_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
                    const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t chunks = K / int8_linear::kChunk, strips = N / 8, strip0 = int64_t{blockIdx.x} * kSmallStrips;
+  const int64_t chunks = K / int8_linear::kChunk, strips = N / 8, strip0 = int64_t{blockIdx.x} * kStrips;
   const int64_t m0 = int64_t{blockIdx.y} * 16;
   const bool row_lo = m0 + g < M, row_hi = m0 + g + 8 < M;
   const T* x_lo = x + (m0 + g) * K + 2 * t;
   const T* x_hi = x_lo + 8 * K;
-  float acc[kSmallStrips][4] = {};
+  float scale[kStrips];  // a lane's weights all belong to output channel 8 * strip + g
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s) scale[s] = strip0 + s < strips ? scales[(strip0 + s) * 8 + g] : 0.0f;
+  float acc[kStrips][4] = {};
   for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * kUnroll) {
-    int4 b[kUnroll][kSmallStrips];
+    int4 b[kUnroll][kStrips];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + u * kWarps;
 #pragma unroll
-      for (int s = 0; s < kSmallStrips; ++s)
+      for (int s = 0; s < kStrips; ++s)
         b[u][s] = c < chunks && strip0 + s < strips ? load_streamed(qw + ((strip0 + s) * chunks + c) * 32 + lane)
                                                     : int4{0, 0, 0, 0};
     }
@@ -146,56 +153,74 @@ __global__ void __launch_bounds__(kThreads)
         a[2] = row_lo ? *reinterpret_cast<const uint32_t*>(x_lo + k + 8) : 0u;
         a[3] = row_hi ? *reinterpret_cast<const uint32_t*>(x_hi + k + 8) : 0u;
 #pragma unroll
-        for (int s = 0; s < kSmallStrips; ++s) {
+        for (int s = 0; s < kStrips; ++s) {
           uint32_t b0, b1;
-          b_fragments<T>(b[u][s], tile, b0, b1);
+          b_fragments<T>(b[u][s], tile, scale[s], b0, b1);
           mma<T>(acc[s], a, b0, b1);
         }
       }
     }
   }
-  __shared__ float partial[kWarps][kSmallStrips * 4][32];
+  __shared__ float partial[kWarps][kStrips * 4][32];
 #pragma unroll
-  for (int s = 0; s < kSmallStrips; ++s)
+  for (int s = 0; s < kStrips; ++s)
 #pragma unroll
     for (int r = 0; r < 4; ++r) partial[warp][s * 4 + r][lane] = acc[s][r];
   __syncthreads();
-  // one (strip, register, lane) entry per thread: kSmallStrips * 4 * 32 == kThreads
-  const int e = threadIdx.x, s = e / 128, r = (e / 32) % 4, l = e % 32;
-  float sum = 0;
+  // The (strip, register, lane) entries, kStrips * 4 * 32 of them, spread over the threads.
+  for (int e = threadIdx.x; e < kStrips * 4 * 32; e += kThreads) {
+    const int s = e / 128, r = (e / 32) % 4, l = e % 32;
+    float sum = 0;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) sum += partial[w][s * 4 + r][l];
-  const int64_t m = m0 + l / 4 + (r >= 2 ? 8 : 0), n = (strip0 + s) * 8 + 2 * (l % 4) + (r & 1);
-  if (m < M && strip0 + s < strips) {
-    float v = sum * scales[n] + (bias != nullptr ? bias[n] : 0.0f);
-    y[m * N + n] = static_cast<T>(v);
+    for (int w = 0; w < kWarps; ++w) sum += partial[w][s * 4 + r][l];
+    const int64_t m = m0 + l / 4 + (r >= 2 ? 8 : 0), n = (strip0 + s) * 8 + 2 * (l % 4) + (r & 1);
+    if (m < M && strip0 + s < strips) y[m * N + n] = static_cast<T>(sum + (bias != nullptr ? bias[n] : 0.0f));
   }
 }
-static_assert(kSmallStrips * 4 * 32 == kThreads, "small_m_kernel's reduction gives each thread one entry");
+
+template <class T, int kStrips>
+void small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N,
+             int64_t K, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((N / 8 + kStrips - 1) / kStrips), static_cast<unsigned>((M + 15) / 16));
+  small_m_kernel<T, kStrips><<<grid, kThreads, 0, stream>>>(x, qw, scales, bias, y, M, N, K);
+}
 
 // ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
 
-/// w[n][k] = q[n][k] * scales[n] in T, row-major [N, K]: one packed 16-byte vector per thread
-/// (a lane's 16 weights of one strip and chunk), written as 16 scattered 2-byte stores that
-/// neighbouring lanes complete into whole sectors.
+/// w [N, K] row-major in T, each weight dequantised as the small-M kernel does. One warp per
+/// (strip, chunk) of the packed layout: its 32 lanes read 512 contiguous bytes (8 output channels
+/// x 64 input channels), scatter them through shared memory, and write the 8 rows of 64 as 16-byte
+/// vectors, 8 lanes a row, so reads and writes are both whole sectors.
 template <class T>
-__global__ void dequantize_kernel(const int4* __restrict__ qw, const float* __restrict__ scales, T* __restrict__ w,
-                                  int64_t N, int64_t K) {
-  const int64_t vectors = N * K / 16, chunks = K / int8_linear::kChunk;
-  for (int64_t i = opforge::kernel::global_index(); i < vectors; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t lane = i % 32, chunk = (i / 32) % chunks, strip = i / 32 / chunks;
-    const int64_t n = strip * 8 + lane / 4, k0 = chunk * int8_linear::kChunk + 2 * (lane % 4);
-    const int4 v = load_streamed(qw + i);
-    const float scale = scales[n];
+__global__ void __launch_bounds__(kThreads)
+    dequantize_kernel(const int4* __restrict__ qw, const float* __restrict__ scales, T* __restrict__ w, int64_t N,
+                      int64_t K) {
+  constexpr int kCols = int8_linear::kChunk;
+  __shared__ __align__(16) T rows[kWarps][8][kCols];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t chunks = K / kCols, units = N / 8 * chunks;
+  for (int64_t unit = int64_t{blockIdx.x} * kWarps + warp; unit < units; unit += int64_t{gridDim.x} * kWarps) {
+    const int64_t strip = unit / chunks, chunk = unit % chunks;
+    const int4 v = load_streamed(qw + unit * 32 + lane);
+    const float scale = scales[strip * 8 + lane / 4];
     const int words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int tile = 0; tile < 4; ++tile) {
+    for (int tile = 0; tile < 4; ++tile)
 #pragma unroll
       for (int byte = 0; byte < 4; ++byte) {
-        const float q = static_cast<float>(static_cast<int8_t>((words[tile] >> (8 * byte)) & 0xff));
-        w[n * K + k0 + tile * 16 + (byte / 2) * 8 + byte % 2] = static_cast<T>(q * scale);
+        const int8_t q = static_cast<int8_t>((words[tile] >> (8 * byte)) & 0xff);
+        rows[warp][lane / 4][tile * 16 + (byte / 2) * 8 + 2 * (lane % 4) + byte % 2] =
+            static_cast<T>(int8_linear::dequantise(q, scale));
       }
+    __syncwarp();
+    constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte store
+#pragma unroll
+    for (int j = 0; j < 8 * kCols / kVector / 32; ++j) {
+      const int e = (lane + 32 * j) * kVector, row = e / kCols, col = e % kCols;
+      *reinterpret_cast<int4*>(w + (strip * 8 + row) * K + chunk * kCols + col) =
+          *reinterpret_cast<const int4*>(&rows[warp][row][col]);
     }
+    __syncwarp();
   }
 }
 
@@ -265,8 +290,9 @@ __global__ void float_kernel(const float* __restrict__ x, const int8_t* __restri
   for (int64_t i = opforge::kernel::global_index(); i < M * N; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t m = i / N, n = i % N;
     double acc = 0;  // as the reference: float32 sums of K products would miss its tolerance at large K
-    for (int64_t k = 0; k < K; ++k) acc += double(x[m * K + k]) * q[int8_linear::packed_offset(n, k, K)];
-    y[i] = static_cast<float>(acc * scales[n] + (bias != nullptr ? bias[n] : 0.0));
+    for (int64_t k = 0; k < K; ++k)
+      acc += double(x[m * K + k]) * int8_linear::dequantise(q[int8_linear::packed_offset(n, k, K)], scales[n]);
+    y[i] = static_cast<float>(acc + (bias != nullptr ? bias[n] : 0.0));
   }
 }
 
@@ -302,10 +328,10 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
     if constexpr (std::is_same_v<T, float>) {
       float_kernel<<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(
           x.data<float>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<float>(), M, N, K);
-    } else if (M <= 64) {
-      const dim3 grid(static_cast<unsigned>((N / 8 + kSmallStrips - 1) / kSmallStrips),
-                      static_cast<unsigned>((M + 15) / 16));
-      small_m_kernel<T><<<grid, kThreads, 0, stream>>>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
+    } else if (M <= 4) {  // x is read little: 2 strips a block, more blocks in flight
+      small_m<T, 2>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+    } else if (M <= 64) {  // each read of x serves 4 strips
+      small_m<T, 4>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else {
       dequantize_and_gemm<T>(ctx, x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
     }

@@ -9,6 +9,7 @@
 // load per lane then feeds four mma's. Needs N % 8 == 0 and K % 64 == 0 (the op's rules).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -21,6 +22,20 @@ namespace int8_linear {
 
 inline constexpr int64_t kStrip = 8;   // output channels per strip (mma's n)
 inline constexpr int64_t kChunk = 64;  // input channels per chunk (four mma k16 tiles)
+
+/// The int8 value of weight `w` in a row whose scale is `scale` (max |w| / 127): round half to
+/// even of w / scale, within [-127, 127]; 0 where that is not a finite number (a NaN or infinite
+/// weight, or an all-zero row), on the host and on the GPU alike.
+INT8_LINEAR_HD inline int8_t quantise(float w, float scale) {
+  const float v = w / scale;
+  if (!(v - v == 0.0f)) return 0;  // NaN or infinite (isfinite without <cmath> on the device)
+  const float r = rintf(v);
+  return static_cast<int8_t>(r < -127.0f ? -127.0f : r > 127.0f ? 127.0f : r);
+}
+
+/// The weight every path multiplies x by: q * scale in float32, which the kernels then round to
+/// x's dtype once (the reference does the same), and accumulate in float32 or wider.
+INT8_LINEAR_HD inline float dequantise(int8_t q, float scale) { return static_cast<float>(q) * scale; }
 
 /// Offset in the packed qweight of W[n][k], for a weight of K input channels.
 INT8_LINEAR_HD inline int64_t packed_offset(int64_t n, int64_t k, int64_t K) {
