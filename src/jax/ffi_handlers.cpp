@@ -115,50 +115,40 @@ OpforgeValue param_value(const OpforgeOpSpec& op, int32_t i, const ffi::Dictiona
   if (!attrs.contains(a.name)) return core::default_value(op, i);
   OpforgeValue v{};
   v.kind = a.kind;
-  const auto wrong = [&] {
-    return InvalidArgument(core::invalid_arguments_message(
-        op, {std::string(a.name) + ": expected a value of type " + core::schema_type(a.kind) +
-             ", got an attribute of another type"}));
+  const auto get = [&](auto type) {  // the attribute as `type`'s type, or the call's error
+    auto x = attrs.get<decltype(type)>(a.name);
+    if (!x.has_value())
+      throw InvalidArgument(core::invalid_arguments_message(
+          op, {std::string(a.name) + ": expected a value of type " + core::schema_type(a.kind) +
+               ", got an attribute of another type"}));
+    return *x;
   };
   switch (a.kind) {
-    case OPFORGE_ARG_INT: {
-      auto x = attrs.get<int64_t>(a.name);
-      if (!x.has_value()) throw wrong();
-      v.i = *x;
+    case OPFORGE_ARG_INT:
+      v.i = get(int64_t{});
       break;
-    }
-    case OPFORGE_ARG_FLOAT: {
-      auto x = attrs.get<double>(a.name);
-      if (!x.has_value()) throw wrong();
-      v.f = *x;
+    case OPFORGE_ARG_FLOAT:
+      v.f = get(double{});
       break;
-    }
-    case OPFORGE_ARG_BOOL: {
-      auto x = attrs.get<bool>(a.name);
-      if (!x.has_value()) throw wrong();
-      v.i = *x;
+    case OPFORGE_ARG_BOOL:
+      v.i = get(bool{});
       break;
-    }
     case OPFORGE_ARG_STRING: {
-      auto x = attrs.get<std::string_view>(a.name);
-      if (!x.has_value()) throw wrong();
-      const std::string& s = strings.emplace_back(*x);
-      v.s = s.c_str();
-      v.len = s.size();
+      const std::string& text = strings.emplace_back(get(std::string_view{}));
+      v.s = text.c_str();
+      v.len = text.size();
       break;
     }
     case OPFORGE_ARG_INT_LIST: {
-      auto x = attrs.get<ffi::Span<const int64_t>>(a.name);
-      if (!x.has_value()) throw wrong();
-      v.ints = x->begin();
-      v.len = x->size();
+      const auto list = get(ffi::Span<const int64_t>{nullptr, 0});
+      v.ints = list.begin();
+      v.len = list.size();
       break;
     }
     case OPFORGE_ARG_FLOAT_LIST: {
-      auto x = attrs.get<ffi::Span<const double>>(a.name);
-      if (!x.has_value()) throw wrong();
-      v.floats = x->begin();
-      v.len = x->size();
+      const auto list = get(ffi::Span<const double>{nullptr, 0});
+      v.floats = list.begin();
+      v.len = list.size();
       break;
     }
     default:

@@ -302,3 +302,26 @@ def test_export_round_trip_in_a_fresh_process(tmp_path):
 def test_export_needs_the_disabled_checks():
     with pytest.raises(ValueError, match="examples.softshrink"):
         jax.export.export(jax.jit(ojax.ops.examples.softshrink))(jnp.ones(3))
+
+
+@pytest.mark.parametrize(
+    ("results", "attrs", "message"),
+    [
+        ([(3,)], {"opforge_op": "examples::softshrink", "lambd": "big"}, "lambd: expected a value of type float"),
+        ([(3,)], {"opforge_op": "examples::nowhere"}, "examples::nowhere is not loaded in this process"),
+        (
+            [(4,)],
+            {"opforge_op": "examples::softshrink"},
+            r"the result buffer of y is not the float32 \[3\] its rule gives",
+        ),
+        ([(3,), (3,)], {"opforge_op": "examples::softshrink"}, "2 results for 1 outputs and written inputs"),
+        ([(3,)], {}, "the call has no opforge_op attribute"),
+    ],
+)
+def test_a_call_frame_built_by_hand_is_checked_again(results, attrs, message):
+    """The handler checks what it is given (Note [The JAX call frame]): a frame that opforge.jax
+    would not build never reaches a kernel."""
+    shapes = [jax.ShapeDtypeStruct(s, jnp.float32) for s in results]
+    call = jax.ffi.ffi_call("examples.softshrink", shapes if len(shapes) > 1 else shapes[0], vmap_method="sequential")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        jax.block_until_ready(call(jnp.ones(3, jnp.float32), **attrs))

@@ -51,6 +51,27 @@ def test_bias_gelu_swap_keeps_embeddings(model):
     assert torch.nn.functional.cosine_similarity(a, b).min() > 0.99999
 
 
+def in_the_runner(candidate, reference, tokenizer, device, tmp_path, **tolerances) -> list[verify.ModelReport]:
+    """``candidate`` exported with dynamic batch and sequence, AOTInductor-compiled and run by the
+    C++ runner on two batches of sentences, against ``reference`` in eager on the CPU."""
+    batches = [tokenizer(s, padding=True, return_tensors="pt") for s in (minilm.SENTENCES, minilm.SENTENCES[5:7])]
+    inputs = [[b["input_ids"], b["attention_mask"]] for b in batches]
+    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    reports = verify.verify_model(
+        candidate,
+        inputs[0],
+        device=device,
+        dynamic_shapes={"input_ids": auto, "attention_mask": auto},
+        check_inputs=inputs,
+        reference=reference,
+        package_dir=tmp_path,
+        iters=1,
+        **tolerances,
+    )
+    assert [r.outputs[0].shape for r in reports] == [[8, 384], [2, 384]]
+    return reports
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp_path):
     """attention, add_layer_norm and bias_gelu in every layer, float16, exported with dynamic
@@ -63,21 +84,7 @@ def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp
     assert len(mixed.bert.layers) == 6 and all(
         isinstance(layer, minilm.OpforgeBertLayer) for layer in mixed.bert.layers
     )
-    batches = [tokenizer(s, padding=True, return_tensors="pt") for s in (minilm.SENTENCES, minilm.SENTENCES[5:7])]
-    inputs = [[b["input_ids"], b["attention_mask"]] for b in batches]
-    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
-    reports = verify.verify_model(
-        mixed,
-        inputs[0],
-        device=device,
-        dynamic_shapes={"input_ids": auto, "attention_mask": auto},
-        check_inputs=inputs,
-        reference=reference,
-        package_dir=tmp_path,
-        atol=1e-3,
-        iters=1,
-    )
-    assert [r.outputs[0].shape for r in reports] == [[8, 384], [2, 384]]
+    reports = in_the_runner(mixed, reference, tokenizer, device, tmp_path, atol=1e-3)
     assert all(r.ok and r.outputs[0].cosine > 0.99999 for r in reports), [r.outputs for r in reports]
     program_ops = (tmp_path / "opforge_ops.txt").read_text()
     assert all(f"examples::{op}" in program_ops for op in ("attention", "add_layer_norm", "bias_gelu"))
@@ -93,22 +100,7 @@ def test_int8_linears_in_the_cpp_runner(model, device, tmp_path):
     quantised = minilm.with_int8_linears(reference, device, dtype)
     assert sum(isinstance(m, minilm.Int8Linear) for m in quantised.modules()) == 36
     assert not any(isinstance(m, torch.nn.Linear) for m in quantised.bert.encoder.modules())
-    batches = [tokenizer(s, padding=True, return_tensors="pt") for s in (minilm.SENTENCES, minilm.SENTENCES[5:7])]
-    inputs = [[b["input_ids"], b["attention_mask"]] for b in batches]
-    auto = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
-    reports = verify.verify_model(
-        quantised,
-        inputs[0],
-        device=device,
-        dynamic_shapes={"input_ids": auto, "attention_mask": auto},
-        check_inputs=inputs,
-        reference=reference,
-        package_dir=tmp_path,
-        atol=1e-2,
-        min_cosine=0.999,
-        iters=1,
-    )
-    assert [r.outputs[0].shape for r in reports] == [[8, 384], [2, 384]]
+    reports = in_the_runner(quantised, reference, tokenizer, device, tmp_path, atol=1e-2, min_cosine=0.999)
     assert all(r.ok and r.outputs[0].cosine >= 0.999 for r in reports), [r.outputs for r in reports]
     assert "class examples::Int8Linear libint8_linear.so" in (tmp_path / "opforge_ops.txt").read_text()
 
