@@ -325,3 +325,12 @@ def test_a_call_frame_built_by_hand_is_checked_again(results, attrs, message):
     call = jax.ffi.ffi_call("examples.softshrink", shapes if len(shapes) > 1 else shapes[0], vmap_method="sequential")
     with pytest.raises(jax.errors.JaxRuntimeError, match=message):
         jax.block_until_ready(call(jnp.ones(3, jnp.float32), **attrs))
+
+
+def test_an_older_jax_is_refused_on_import():
+    script = "import jax; jax.__version__ = '0.4.30'\nimport opforge.jax\n"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1] == (
+        "ImportError: opforge.jax needs jax >= 0.5.0 (jax.ffi, jax.export); this is jax 0.4.30"
+    )
