@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 
+from . import _logging  # noqa: F401 -- torch's log filters, installed before torch logs
 from ._build import BuildError, build_library
 from ._core import OpforgeError
 from ._paths import build_dir, example_library

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 import warnings
 from pathlib import Path
@@ -23,14 +22,6 @@ _lock = threading.Lock()
 _adapter: ctypes.CDLL | None = None
 
 
-def _no_cuda_runtime_warning(record: logging.LogRecord) -> bool:
-    """False for torch.utils.cpp_extension's "No CUDA runtime is found" warning, which Inductor's
-    import of it prints on every machine without a GPU (opforge's compile checks, AOTInductor
-    packaging): there is nothing a user can do about it there."""
-    return not record.getMessage().startswith("No CUDA runtime is found")
-
-
-logging.getLogger("torch.utils.cpp_extension").addFilter(_no_cuda_runtime_warning)
 _libraries: dict[Path, Library] = {}
 
 
