@@ -94,10 +94,15 @@ class Values {
     return false;
   }
 
+  /// An int64: a JSON integer, unsigned ones only up to INT64_MAX.
+  static bool int64(const json& j) {
+    return j.is_number_integer() && !(j.is_number_unsigned() && j.get<uint64_t>() > uint64_t{INT64_MAX});
+  }
+
   bool convert(const OpforgeArgSpec& a, const json& j, OpforgeValue& v) {
     switch (a.kind) {
       case OPFORGE_ARG_INT:
-        if (!j.is_number_integer()) return false;
+        if (!int64(j)) return false;
         v.i = j.get<int64_t>();
         return true;
       case OPFORGE_ARG_BOOL:
@@ -117,7 +122,7 @@ class Values {
         if (!j.is_array()) return false;
         auto& list = ints_.emplace_back();
         for (const auto& e : j) {
-          if (!e.is_number_integer()) return false;
+          if (!int64(e)) return false;
           list.push_back(e.get<int64_t>());
         }
         v.ints = list.data();

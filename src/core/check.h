@@ -199,7 +199,8 @@ inline void check_range(const OpforgeArgSpec& a, double v, const std::string& wh
   if ((p.has_min && v < p.min) || (p.has_max && v > p.max) || v != v) {
     std::string want = p.has_min && p.has_max ? "a value in [" + number(p.min) + ", " + number(p.max) + "]"
                        : p.has_min            ? "a value >= " + number(p.min)
-                                              : "a value <= " + number(p.max);
+                       : p.has_max            ? "a value <= " + number(p.max)
+                                              : std::string("a number");  // NaN, for a parameter without bounds
     out.push_back(std::string(a.name) + what + ": expected " + want + ", got " + number(v));
   }
 }

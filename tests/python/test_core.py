@@ -100,3 +100,16 @@ def test_loading_checks_before_registering(tmp_path):
         f"opforge: {core_path()} is not an opforge op library (no opforge_library_v1 "
         "symbol; build it with opforge_add_library or opforge.build_library)"
     )
+
+
+def test_parameter_values_a_json_request_cannot_mean(rule_ops):
+    """NaN for a float parameter without bounds says what was expected (no bound is made up), and
+    an integer past int64 is not wrapped round."""
+    x = {"dtype": "float32", "shape": [3, 8]}
+    with pytest.raises(ValueError) as err:
+        _core.output_shapes("fixture::scale_pair", {"x": x, "key": None, "alpha": "nan"})
+    assert str(err.value).splitlines()[1:] == ["  alpha: expected a number, got nan"]
+    q = {"dtype": "float16", "shape": [1, 1, 4, 64]}
+    with pytest.raises(ValueError) as err:
+        _core.output_shapes("examples::attention", {"q": q, "k": q, "v": q, "head_dim": 2**63})
+    assert str(err.value).splitlines()[1:] == [f"  head_dim: expected a value of type int, got {2**63}"]

@@ -123,8 +123,8 @@ def test_parameters_are_checked_and_static():
     x = jnp.ones((2, 3))
     with pytest.raises(ValueError, match=r"softshrink\(.*\n  lambd: expected a value >= 0(\.0)?, got -1"):
         ojax.ops.examples.softshrink(x, lambd=-1.0)
-    with pytest.raises(ValueError, match=r"\n  lambd: expected a value of type float, got \"big\""):
-        ojax.ops.examples.softshrink(x, lambd="big")
+    with pytest.raises(ValueError, match=r"\n  lambd: expected a value of type float, got str 'big'"):
+        ojax.ops.examples.softshrink(x, lambd="big")  # the core's message for a JSON value
     with pytest.raises(TypeError, match="examples::softshrink: parameter lambd is static"):
         jax.jit(ojax.ops.examples.softshrink)(x, jnp.float32(0.5))
     with pytest.raises(TypeError, match=r"examples::softshrink\(Tensor x, float lambd=0.5\) -> Tensor: .*unexpected"):
@@ -334,3 +334,72 @@ def test_an_older_jax_is_refused_on_import():
     assert run.stderr.strip().splitlines()[-1] == (
         "ImportError: opforge.jax needs jax >= 0.5.0 (jax.ffi, jax.export); this is jax 0.4.30"
     )
+
+
+def test_a_parameter_left_at_none_takes_its_default():
+    pos = jnp.array([0, 2, 1])
+    q = jax.random.normal(jax.random.key(10), (3, 2, 8), jnp.float32)
+    cache = jax.random.normal(jax.random.key(11), (4, 8), jnp.float32)
+    rope = ojax.ops.examples.rotary_embedding
+    assert jnp.array_equal(rope(pos, q, cache, None, None), rope(pos, q, cache, None, True))  # is_neox=True
+    assert not jnp.array_equal(rope(pos, q, cache, None, None), rope(pos, q, cache, None, False))
+    x = jnp.linspace(-1.0, 1.0, 5)
+    assert jnp.array_equal(ojax.ops.examples.softshrink(x, None), ojax.ops.examples.softshrink(x, 0.5))
+
+
+def test_parameter_values_that_compare_equal_are_not_confused():
+    """A float parameter given 1 (an int) is the float 1.0; given True it is refused, whatever
+    was called before (the caches key values by type)."""
+    x = jnp.linspace(-2.0, 2.0, 9)
+    shrink = ojax.ops.examples.softshrink
+    assert jnp.array_equal(shrink(x, 1), shrink(x, 1.0))
+    with pytest.raises(ValueError, match=r"\n  lambd: expected a value of type float, got true"):
+        shrink(x, True)
+    assert jnp.array_equal(shrink(x, jnp.float32(0.25)), shrink(x, 0.25))  # a concrete scalar array
+
+
+@pytest.mark.parametrize(
+    ("value", "given"),
+    [(1j, "complex 1j"), (b"x", "bytes b'x'"), ({}, "dict {}"), ([0.5], "list [0.5]"), (2**64, f"int {2**64}")],
+)
+def test_a_parameter_of_an_unusable_type_is_named(value, given):
+    with pytest.raises(ValueError) as err:
+        ojax.ops.examples.softshrink(jnp.ones(3), value)
+    assert str(err.value) == (
+        "examples::softshrink(Tensor x, float lambd=0.5) -> Tensor: invalid arguments\n"
+        f"  lambd: expected a value of type float, got {given}"
+    )
+
+
+def test_an_op_not_loaded_says_what_to_load():
+    with pytest.raises(AttributeError, match=r"no loaded op library declares an op examples.nowhere; load it first"):
+        ojax.ops.examples.nowhere  # noqa: B018
+    with pytest.raises(AttributeError, match=r"no loaded op library declares an op namespace 'nons'; load it first"):
+        ojax.ops.nons  # noqa: B018
+
+
+def test_results_inside_shard_map_vary_like_their_inputs():
+    """Four host devices in a fresh process: a result of a sharded input is not taken for
+    replicated (JAX refuses out_specs=P() for it), and a gradient through shard_map type-checks."""
+    script = textwrap.dedent(
+        """
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        import jax, jax.numpy as jnp, numpy as np, opforge, opforge.jax
+        from jax.sharding import Mesh, PartitionSpec as P
+        opforge.jax.load_library(opforge.example_library("softshrink"))
+        shrink = opforge.jax.ops.examples.softshrink
+        mesh = Mesh(np.array(jax.devices()), ("d",))
+        x = jnp.arange(8.0).reshape(4, 2) - 3.0
+        try:
+            jax.jit(jax.shard_map(shrink, mesh=mesh, in_specs=P("d"), out_specs=P()))(x)
+            print("replicated")
+        except ValueError as e:
+            print("refused" if "out_specs" in str(e) else e)
+        g = jax.grad(lambda x: jax.shard_map(shrink, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x).sum())(x)
+        print(g.ravel().tolist())
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:2] == ["refused", "[1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]"]

@@ -41,8 +41,25 @@ from ._call import JaxOp  # noqa: E402
 
 __all__ = ["JaxOp", "disabled_checks", "load_library", "ops", "reload"]
 
+
+class _Namespace(SimpleNamespace):
+    """Loaded ops by name; a name not loaded raises AttributeError saying what to load."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        object.__setattr__(self, "_path", path)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        what = f"an op {self._path}.{name}" if self._path else f"an op namespace {name!r}"
+        raise AttributeError(
+            f"opforge.jax: no loaded op library declares {what}; load it first with opforge.jax.load_library(path)"
+        )
+
+
 #: The loaded ops: ``ops.<ns>.<op>`` is a :class:`JaxOp`.
-ops = SimpleNamespace()
+ops = _Namespace("")
 _lock = threading.Lock()
 _ops: dict[str, JaxOp] = {}
 
@@ -59,22 +76,23 @@ def load_library(path: str | Path) -> Library:
         The library's description.
 
     Raises:
-        ValueError: not a valid op library (every problem on its own line).
+        ValueError: not a valid op library (every problem on its own line), or one with an op
+            JAX cannot call (a parameter named like the call frame's attributes); then none of its
+            ops is added.
         OpforgeError: the file cannot be loaded, or the JAX adapter is not built.
     """
     lib = _core.load_library(path)
+    made = {op.name: JaxOp(op, _resolve) for op in lib.ops}  # every op checked before any is added
     _adapter.register(list(lib.ops))
     with _lock:
-        for op in lib.ops:
-            if op.name in _ops:
+        for name, jop in made.items():
+            if name in _ops:
                 continue
-            ns, name = op.name.split("::")
-            namespace = getattr(ops, ns, None)
-            if namespace is None:
-                namespace = SimpleNamespace()
-                setattr(ops, ns, namespace)
-            _ops[op.name] = JaxOp(op, _resolve)
-            setattr(namespace, name, _ops[op.name])
+            ns, short = name.split("::")
+            if ns not in vars(ops):
+                setattr(ops, ns, _Namespace(ns))
+            _ops[name] = jop
+            setattr(vars(ops)[ns], short, jop)
     return lib
 
 

@@ -35,26 +35,78 @@ from .. import _core
 from ..description import REQUIRED, Op, Param, TensorArg
 from ._adapter import target_name
 
+#: Whether this jax's ShapeDtypeStruct takes the manual-axis type of jax.shard_map's values.
+_MANUAL_AXIS_TYPE = "manual_axis_type" in inspect.signature(jax.ShapeDtypeStruct).parameters
+
+
+def _result_type(shape, dtype, like) -> jax.ShapeDtypeStruct:
+    """A result's type. Inside ``jax.shard_map`` a result varies over the mesh axes its inputs vary
+    over (their manual-axis type, which ffi_call requires to agree among them); without it,
+    shard_map would take the result for replicated and a gradient would not type-check."""
+    t = jax.typeof(like) if like is not None and _MANUAL_AXIS_TYPE else None
+    mat = getattr(t, "mat", None)
+    if mat is None or not mat.varying:
+        return jax.ShapeDtypeStruct(shape, dtype)
+    sharding = jax.sharding.NamedSharding(t.sharding.mesh, jax.sharding.PartitionSpec())
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding, manual_axis_type=mat)
+
+
 #: Attribute names of the call frame itself, which a parameter may not take.
 _FRAME_ATTRIBUTES = ("opforge_op", "opforge_absent")
 
 
+#: Python types a parameter's value may have, by the parameter's schema type (None: its default).
+_SCALARS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
 def _static(value: Any, op: Op, param: Param) -> Any:
-    """A parameter's value as the plain Python value the core checks (numpy scalars unwrapped).
+    """A parameter's value as the plain Python value the core checks: numpy and concrete JAX
+    scalars and arrays unwrapped; None stays None (the declared default).
 
     Raises:
-        TypeError: the value is a traced JAX value (parameters are static attributes).
+        TypeError: the value is traced (parameters are static attributes of the call).
+        ValueError: a value no parameter of that type takes (a complex number, bytes, a dict, an
+            int past int64), in the message shape of the core's checks.
     """
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
             f"{op.name}: parameter {param.name} is static (an attribute of the call); got a traced value, "
             "pass a Python value (or mark it static in jax.jit)"
         )
-    if isinstance(value, (np.generic, np.ndarray)) and np.ndim(value) == 0:
-        return value.item()
-    if isinstance(value, (tuple, list, np.ndarray)):
-        return [v.item() if isinstance(v, np.generic) else v for v in list(value)]
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        value = np.asarray(value).tolist()
+    elif isinstance(value, (tuple, range)):
+        value = list(value)
+    if value is None:
+        return None
+    element = param.type.removesuffix("[]")
+    items = value if param.type.endswith("[]") and isinstance(value, list) else [value]
+    ok = (isinstance(value, list) or not param.type.endswith("[]")) and all(
+        isinstance(v, _SCALARS[element]) and not (isinstance(v, int) and not -(2**63) <= v < 2**63) for v in items
+    )
+    if not ok:
+        raise ValueError(
+            f"{op.schema}: invalid arguments\n  {param.name}: expected a value of type {param.type}, "
+            f"got {type(value).__name__} {value!r}"
+        )
     return value
+
+
+def _key(value: Any) -> tuple:
+    """A cache key that tells apart what == does not: 0.0 and -0.0, True and 1, 1 and 1.0."""
+    if isinstance(value, list):
+        return ("list", tuple(_key(v) for v in value))
+    if isinstance(value, float):
+        return ("float", value.hex())
+    return (type(value).__name__, value)
+
+
+def _value(key: tuple) -> Any:
+    """The value :func:`_key` made ``key`` from."""
+    kind, v = key
+    if kind == "list":
+        return [_value(e) for e in v]
+    return float.fromhex(v) if kind == "float" else v
 
 
 def _attribute(param: Param, value: Any) -> Any:
@@ -130,7 +182,7 @@ class JaxOp:
                 present.append(True)
                 tensors.append(value if isinstance(value, jax.Array) else jnp.asarray(value))
         outs = _check(op, params, tuple(present), tensors)  # every check, before anything is built
-        params_key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items())
+        params_key = tuple((k, _key(v)) for k, v in params.items())
         flat = list(_function(self, params_key, tuple(present))(*tensors))
         results = [None if o is None else flat.pop(0) for o in outs] + flat  # then the written inputs
         return results[0] if len(results) == 1 else tuple(results)
@@ -152,7 +204,7 @@ def _check(op: Op, params: dict, present: tuple[bool, ...], tensors) -> list[dic
                 "rules on concrete sizes under JAX (export with concrete shapes)"
             )
         avals.append((str(jnp.dtype(t.dtype)), tuple(int(d) for d in t.shape)))
-    params_key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items())
+    params_key = tuple((k, _key(v)) for k, v in params.items())
     names = tuple(a.name for a in op.tensors)
     return _checked(op.name, names, params_key, present, tuple(avals), _device())
 
@@ -163,7 +215,7 @@ def _checked(
 ) -> list[dict | None]:
     """:func:`_check`, once per op, parameter values, input shapes and dtypes (a failing check is
     not cached: it raises every time)."""
-    args = {k: list(v) if isinstance(v, tuple) else v for k, v in params_key}
+    args = {k: _value(v) for k, v in params_key}  # None: the default, which the core applies
     it = iter(avals)
     for tensor, here in zip(tensors, present, strict=True):
         dtype, shape = next(it) if here else (None, None)
@@ -193,19 +245,21 @@ def _result_index(op: Op, outs: list[dict | None], present: tuple[bool, ...]) ->
 def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
     """The JAX function of one op and set of static parameter values: jit(custom_vjp(custom_vmap(ffi_call)))."""
     op = jop.op
-    params = {k: list(v) if isinstance(v, tuple) else v for k, v in params_key}
-    attrs = {p.name: _attribute(p, params[p.name]) for p in op.params}
+    params = {k: _value(v) for k, v in params_key}
+    # A parameter left at None is no attribute: the handler takes its default, as the core did.
+    attrs = {p.name: _attribute(p, params[p.name]) for p in op.params if params[p.name] is not None}
     absent = sum(1 << a.index for a, here in zip(op.tensors, present, strict=True) if not here)
     names = [a.name for a, here in zip(op.tensors, present, strict=True) if here]
     written = [i for i, a in enumerate(a for a, here in zip(op.tensors, present, strict=True) if here) if a.mutated]
 
     def ffi(*tensors):
         outs = _check(op, params, present, tensors)
-        shapes = [jax.ShapeDtypeStruct(o["shape"], jnp.dtype(o["dtype"])) for o in outs if o is not None]
+        like = tensors[0] if tensors else None
+        shapes = [_result_type(o["shape"], jnp.dtype(o["dtype"]), like) for o in outs if o is not None]
         aliases = {}
         for i in written:
             aliases[i] = len(shapes)
-            shapes.append(jax.ShapeDtypeStruct(tensors[i].shape, tensors[i].dtype))
+            shapes.append(_result_type(tensors[i].shape, tensors[i].dtype, like))
         call = jax.ffi.ffi_call(target_name(op), shapes, input_output_aliases=aliases, vmap_method="sequential")
         return tuple(call(*tensors, opforge_op=op.name, opforge_absent=np.int64(absent), **attrs))
 
@@ -250,7 +304,10 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
         for kind, index in op.backward_sources:
             if kind == "arg":
                 a = op.args[index]
-                values.append(params[a.name] if isinstance(a, Param) else arg_tensor.get(a.name))
+                if isinstance(a, Param):  # a parameter left at None: its declared default
+                    values.append(a.default if params[a.name] is None else params[a.name])
+                else:
+                    values.append(arg_tensor.get(a.name))
             else:
                 source = grads if kind == "grad" else out
                 values.append(source[flat[index]] if index in flat else None)
