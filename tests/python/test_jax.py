@@ -403,3 +403,21 @@ def test_results_inside_shard_map_vary_like_their_inputs():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[:2] == ["refused", "[1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]"]
+
+
+@requires_jax_cuda
+def test_a_run_time_kernel_edited_then_reloaded_changes_what_jax_computes(tmp_path):
+    """NVRTC on first use, one cache with PyTorch, and opforge.jax.reload() after an edit of the
+    kernel source (as tests/python/test_runtime_kernels.py does through torch)."""
+    from test_runtime_kernels import KERNEL, build_scale_op
+
+    lib = build_scale_op(tmp_path, "live_jax", KERNEL.replace("MULTIPLIER", "1"))
+    ojax.load_library(lib.path)
+    live = ojax.ops.rtc_test.live_jax
+    x = jax.device_put(jax.random.normal(jax.random.key(12), (1000,), jnp.float32), jax.devices("gpu")[0])
+    assert jnp.allclose(live(x, 3), x * 3)
+    (tmp_path / "scale.cu").write_text(KERNEL.replace("MULTIPLIER", "2"))
+    assert jnp.allclose(live(x, 3), x * 3)  # compiled kernels stay until reload
+    ojax.reload()
+    assert jnp.allclose(live(x, 3), x * 6)
+    assert jnp.allclose(live(x, 5), x * 10)  # another instantiation, on demand
