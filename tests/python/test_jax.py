@@ -421,3 +421,10 @@ def test_a_run_time_kernel_edited_then_reloaded_changes_what_jax_computes(tmp_pa
     ojax.reload()
     assert jnp.allclose(live(x, 3), x * 6)
     assert jnp.allclose(live(x, 5), x * 10)  # another instantiation, on demand
+
+
+def test_symbolic_dims_are_refused_by_name():
+    (batch,) = jax.export.symbolic_shape("b")
+    spec = jax.ShapeDtypeStruct((batch, 4), jnp.float32)
+    with pytest.raises(NotImplementedError, match=r"opforge.jax: examples::softshrink: x has the symbolic shape"):
+        jax.export.export(jax.jit(ojax.ops.examples.softshrink), disabled_checks=ojax.disabled_checks())(spec)
