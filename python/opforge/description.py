@@ -158,8 +158,8 @@ class Op:
             (None for an op without outputs). doc: the one-line description.
         file, line: where it was declared.
         equivalent: the torch expression verify compares the CPU reference with, or None.
-        backward: the op that computes its input gradients, or None; backward_targets: the
-            argument indices it gives gradients for. is_backward_op: another op names this one.
+        backward: the op that computes its input gradients, or None. is_backward_op: another
+            op names this one.
         backward_sources: per argument of the backward op, where its value comes from (the
             core's BackwardPlan): ("grad", k) the gradient of result k, ("arg", i) argument i,
             ("result", k) result k, where the results are the outputs, then the values after
@@ -187,7 +187,6 @@ class Op:
     line: int
     equivalent: str | None
     backward: str | None
-    backward_targets: tuple[int, ...]
     backward_sources: tuple[tuple[str, int], ...]
     backward_gradients: tuple[tuple[int, ...], ...]
     is_backward_op: bool
@@ -202,6 +201,11 @@ class Op:
     devices: tuple[str, ...]
     runtime_kernels: tuple[RuntimeKernel, ...]
     dtype_combinations: tuple[dict[str, str], ...]
+
+    @property
+    def backward_targets(self) -> tuple[int, ...]:
+        """The argument indices the backward op gives gradients for, in its outputs' order."""
+        return tuple(i for targets in self.backward_gradients for i in targets)
 
     @property
     def tensors(self) -> list[TensorArg]:
@@ -340,7 +344,6 @@ def _op(o: dict) -> Op:
         line=o["line"],
         equivalent=o["equivalent"],
         backward=o["backward"],
-        backward_targets=tuple(o["backward_targets"]),
         backward_sources=tuple((kind, index) for kind, index in o["backward_sources"]),
         backward_gradients=tuple(tuple(g) for g in o["backward_gradients"]),
         is_backward_op=o["is_backward_op"],

@@ -204,15 +204,12 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   j["equivalent"] = text_or_null(equivalent(op));
   const char* bwd_name = backward_name(op);
   j["backward"] = text_or_null(bwd_name);
-  json targets = json::array(), sources = json::array(), gradients = json::array();
+  json sources = json::array(), gradients = json::array();
   if (bwd_name != nullptr) {
     std::vector<std::string> problems;  // none: the library was checked before it was described
     if (const OpforgeOpSpec* bwd = find_op(lib, bwd_name)) {
       const BackwardPlan plan = plan_backward(op, *bwd, problems);
-      for (const auto& of : plan.targets) {
-        gradients.push_back(of);
-        for (int32_t t : of) targets.push_back(t);
-      }
+      for (const auto& of : plan.targets) gradients.push_back(of);
       for (const auto& [source, index] : plan.sources)
         sources.push_back({source == BackwardPlan::Source::kGrad  ? "grad"
                            : source == BackwardPlan::Source::kArg ? "arg"
@@ -220,7 +217,6 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
                            index});
     }
   }
-  j["backward_targets"] = std::move(targets);
   j["backward_sources"] = std::move(sources);
   j["backward_gradients"] = std::move(gradients);
   j["is_backward_op"] = is_backward_op(lib, op);

@@ -13,7 +13,7 @@ namespace opforge::core {
 ///   {"abi_version": 3, "kernel_dir": "/abs/libx.kernels" | null, "ops": [op...], "classes": [class...]}
 ///   op: {"name": "ns::op", "schema", "out_schema": the out= overload's | null (none),
 ///        "doc", "file", "line", "equivalent": str | null,
-///        "backward": "ns::op_backward" | null, "backward_targets": [arg index...],
+///        "backward": "ns::op_backward" | null,
 ///        "backward_sources": per argument of the backward op ["grad", result index] (that
 ///        result's gradient) | ["arg", argument index] | ["result", result index] (BackwardPlan;
 ///        results: the outputs, then the mutated inputs' values after the op),
