@@ -111,6 +111,8 @@ def backward_cases() -> int:
     directly (both kernel paths: rows in registers, and the loops for rows not a whole number of
     vectors or wider than the registers hold; more rows than resident blocks; no rows), against
     their CPU references."""
+    for lib in ("bias_gelu", "rms_norm", "add_layer_norm", "fused_add_rms_norm"):
+        opforge.load_library(opforge.example_library(lib))
     ex = torch.ops.examples
     failures = 0
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
@@ -143,14 +145,15 @@ def backward_cases() -> int:
 def class_cases() -> int:
     """The custom classes' ops: int8_linear_pack and int8_linear (through Int8Linear, built on
     the GPU, against the CPU reference of an object built on the CPU) over rows on both sides of
-    the small-M kernel's 16-row tiles and its 64-row limit (larger: the cuBLAS path), output
-    channels in odd strips, with and without bias, and no input channels (y = bias);
+    the small-M kernel's 8-row variant, its 16-row tiles and its 64-row limit (larger: the cuBLAS
+    path), output channels in odd strips, input channels past a warp's ring of weight stages
+    (4672 = 73 chunks of 64), with and without bias, and no input channels (y = bias);
     IdentityConvClass.forward on a permuted view."""
     for lib in ("int8_linear", "identity_conv"):
         opforge.load_library(opforge.example_library(lib))
     classes = torch.classes.examples
     failures = 0
-    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True), (16, 0, True)):
+    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True), (72, 4672, True), (16, 0, True)):
         w = torch.randn(n, k)
         b = torch.randn(n) if bias else None
         cpu, gpu = classes.Int8Linear(w, b), classes.Int8Linear(w.cuda(), None if b is None else b.cuda())
@@ -158,7 +161,7 @@ def class_cases() -> int:
             print(f"MISMATCH int8_linear_pack [{n}, {k}]")
             failures += 1
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            for rows in (0, 1, 15, 17, 64, 65, 300):
+            for rows in (0, 1, 8, 9, 15, 17, 64, 65, 300):
                 x = torch.randn(rows, k, dtype=dtype)
                 out, ref = gpu.forward(x.cuda()), cpu.forward(x)
                 tol = TOLERANCE[dtype] * k**0.5  # float32 sums of k products, in any order
