@@ -82,6 +82,16 @@ inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
   return static_cast<unsigned>(std::min<int64_t>(items, resident_blocks(kernel, threads)));
 }
 
+/// Lets `kernel` launch with `bytes` of dynamic shared memory (cudaFuncSetAttribute's
+/// cudaFuncAttributeMaxDynamicSharedMemorySize: without it, static and dynamic shared memory
+/// together may not pass 48 KiB). Throws opforge::InternalError (CUDA's message) where the
+/// device has less shared memory per block.
+template <class Kernel>
+inline void allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 0)
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 namespace detail {
 /// out[c] = sum over p of partial[p * cols + c], a 32-column tile per block: threadIdx.x picks
 /// the column, the 8 rows of threads take every 8th part, shared memory adds the 8 sums.

@@ -59,19 +59,24 @@ def test_identity_conv_class_keeps_its_field_and_checks_arguments(classes):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 16, 200])  # the CUDA small-M kernel, its edge, the cuBLAS path
-def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype, rows):
-    linear = torch.nn.Linear(192, 72)  # 72 = 9 strips of 8 output channels: a partial tile
+# rows: the CUDA small-M kernel's variants (2 strips a block and 8 rows, 4 and 8, 4 and 16), then cuBLAS;
+# 4672 input features = 73 chunks of 64, past a warp's ring of weight stages.
+@pytest.mark.parametrize("rows", [1, 8, 16, 200])
+@pytest.mark.parametrize("in_features", [192, 4672])
+def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype, rows, in_features):
+    linear = torch.nn.Linear(in_features, 72)  # 72 = 9 strips of 8 output channels: a partial tile
     weight = linear.weight.detach().to(device)
     q8 = classes.Int8Linear(weight, linear.bias.detach().to(device))
     q, scales = quantised(linear.weight.detach())
     assert torch.equal(q8.scales.cpu(), scales)
     assert torch.equal(q8.qweight.cpu().flatten().sort().values, q.to(torch.int8).flatten().sort().values)
-    x = torch.randn(rows, 192, device=device).to(dtype)
+    x = torch.randn(rows, in_features, device=device).to(dtype)
     y = q8.forward(x)
-    w = (q * scales[:, None]).to(dtype)  # dequantised in float32, rounded to x's dtype once, as every path does
+    # Dequantised in float32 and rounded to x's dtype once, as the reference and the cuBLAS path
+    # do (the small-M kernel scales exact integer sums instead: within the same tolerance).
+    w = (q * scales[:, None]).to(dtype)
     ref = torch.nn.functional.linear(x.double().cpu(), w.double(), linear.bias.double())
-    tol = TOLERANCE[dtype] * 192**0.5  # float32 sums of 192 products, in any order
+    tol = TOLERANCE[dtype] * in_features**0.5  # float32 sums of K products, in any order
     torch.testing.assert_close(y.double().cpu(), ref, atol=tol, rtol=tol)
     assert y.dtype == dtype and y.device == x.device
 

@@ -58,7 +58,7 @@ OPFORGE_OP(examples, int8_linear_pack)
 
 // CPU reference, accumulated in double: y[m, n] = sum_k x[m, k] * w[n, k] + bias[n], where
 // w = T(int8_linear::dequantise(q, scale)): the weight dequantised in float32 and rounded to x's
-// dtype once, as the kernels multiply it. Each weight row is dequantised once, then used for
+// dtype once, as the cuBLAS path multiplies it (the small-batch kernel: int8_linear.h). Each weight row is dequantised once, then used for
 // every row of x.
 static void int8_linear_cpu(opforge::Tensor x, opforge::Tensor qweight, opforge::Tensor scales,
                             opforge::Tensor bias_fp32, opforge::MutableTensor y) {

@@ -1,13 +1,13 @@
 // int8_linear CUDA kernels: the pack (quantise, one block per output channel) and the forward.
 // Two shapes of the work:
-//   - M <= 64 rows (decode, small batches): memory-bound on the weights. The kernel loads int8
-//     weights in the packed layout of int8_linear.h, converts them to x's 16-bit type in
-//     registers (exact: |q| <= 127) and multiplies on tensor cores (mma.m16n8k16, float32
-//     accumulators; PTX ISA "Warp-level matrix multiply-accumulate instructions"); scales and bias
-//     are applied once per output. A block of 8 warps owns two strips (16 output channels) and 16
-//     rows; its warps split K, each with the weights of kUnroll chunks in flight, and sum their
-//     accumulators through shared memory, so there are enough blocks (N / 16 per 16 rows) and
-//     bytes in flight to keep HBM busy. x (a few KiB) is read from L1/L2 straight into A fragments.
+//   - M <= 64 rows (decode, small batches): memory-bound on the weights. Each warp streams its
+//     chunks of the int8 weights (packed layout of int8_linear.h) together with the same columns
+//     of x through a ring in shared memory with cp.async, converts the weights to x's 16-bit type
+//     as exact integers (|q| <= 127) and multiplies on tensor cores (mma.m16n8k16, float32
+//     accumulators; PTX ISA "Warp-level matrix multiply-accumulate instructions"); each output's
+//     sum is multiplied by its channel's scale once and the bias added. A block of 8 warps owns
+//     2 or 4 strips (8 output channels each) and 8 or 16 rows; its warps split K and sum through
+//     shared memory.
 //   - larger M: compute-bound. The weight is dequantised (q * scale, rounded once to x's type)
 //     into scratch memory and multiplied by cuBLAS (cublasGemmEx, float32 accumulation), with y
 //     pre-filled with the bias and beta = 1: the weight-only-quantisation scheme of serving stacks
@@ -18,6 +18,7 @@
 #include <opforge/cuda.h>
 
 #include <cublas_v2.h>
+#include <cuda_pipeline_primitives.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -77,31 +78,173 @@ __device__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t
 }
 #undef INT8_LINEAR_MMA
 
-/// Two int8 weights of one output channel dequantised to T (int8_linear::dequantise: q * scale
-/// in float32, rounded to T once), in one register (lo in the low half).
+/// The four int8 weights of `word` (bytes v0..v3, v0 lowest) as exact values of T, two per
+/// register: b0 = (v0, v1), b1 = (v2, v3), low half first. Integer-to-float by exponent tricks
+/// (the "magic number" conversion of FasterTransformer's int8 weight-only kernels), a few integer
+/// and one float instruction per pair instead of a conversion per weight: v ^ 0x80 is v + 128 as
+/// an unsigned byte u; as the low mantissa bits of 1024.0 (float16 0x6400) it gives 1024 + u, and
+/// subtracting 1152 leaves v. bfloat16's 7 mantissa bits cannot hold u, so its path goes through
+/// float32 (2^23 + u, minus 2^23 + 128) and keeps each float's high half, exact for |v| <= 128.
 template <class T>
-__device__ uint32_t pair(int8_t lo, int8_t hi, float scale) {
-  const T v[2] = {T(int8_linear::dequantise(lo, scale)), T(int8_linear::dequantise(hi, scale))};
-  uint32_t r;
-  memcpy(&r, v, sizeof r);
-  return r;
+__device__ void int8x4_to_pairs(uint32_t word, uint32_t& b0, uint32_t& b1) {
+  const uint32_t u = word ^ 0x80808080u;
+  if constexpr (std::is_same_v<T, __half>) {
+    const uint32_t lo = __byte_perm(u, 0x64646464u, 0x4140), hi = __byte_perm(u, 0x64646464u, 0x4342);
+    constexpr uint32_t k1152 = 0x64806480u;  // (1152, 1152) in float16
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(b0) : "r"(lo), "r"(k1152));
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(b1) : "r"(hi), "r"(k1152));
+  } else {
+    float f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650 + i)) - 8388736.0f;
+    b0 = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632);
+    b1 = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632);
+  }
 }
 
-/// The B fragments of k16 tile `tile` (0..3) in one lane's 16 packed bytes, all of one output
-/// channel (whose scale is `scale`).
-template <class T>
-__device__ void b_fragments(const int4& packed, int tile, float scale, uint32_t& b0, uint32_t& b1) {
-  const int word = tile == 0 ? packed.x : tile == 1 ? packed.y : tile == 2 ? packed.z : packed.w;
-  const int8_t v0 = static_cast<int8_t>(word & 0xff), v1 = static_cast<int8_t>((word >> 8) & 0xff);
-  const int8_t v2 = static_cast<int8_t>((word >> 16) & 0xff), v3 = static_cast<int8_t>((word >> 24) & 0xff);
-  b0 = pair<T>(v0, v1, scale);
-  b1 = pair<T>(v2, v3, scale);
-}
+// ---- M <= 64: weights and x streamed through a shared-memory ring per warp --------------------
 
-// ---- M <= 64: split K across the warps of a block ----------------------------------------------
-
-constexpr int kUnroll = 4;  // chunks whose weights a warp has in flight at once
 constexpr int kWarps = kThreads / 32;
+constexpr int kStages = 4;      // chunks a warp has in flight
+constexpr int kXRowBytes = 144;  // a chunk's 64 elements of one row of x (128 bytes), padded so that
+                                 // ldmatrix's 8 row addresses fall in distinct banks
+
+/// Bytes of one ring stage: the chunk's weights for kStrips strips (32 lanes x 16 bytes each),
+/// then the chunk's columns of kRows rows of x.
+template <int kStrips, int kRows>
+constexpr int kStageBytes = kStrips * 512 + kRows * kXRowBytes;
+
+/// A fragments (mma.m16n8k16, PTX ISA "Matrix Fragments for mma.m16n8k16") of one k16 tile of
+/// kRows (8 or 16) rows of x in shared memory (rows kXRowBytes apart), by ldmatrix; with 8 rows,
+/// the fragments of rows 8..15 are zeros.
+template <int kRows>
+__device__ void load_a(const char* x_stage, int tile, int lane, uint32_t (&a)[4]) {
+  const int row = kRows == 16 ? lane % 16 : lane % 8, col = tile * 16 + (kRows == 16 ? lane / 16 : (lane / 8) % 2) * 8;
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(x_stage + row * kXRowBytes + col * 2));
+  if constexpr (kRows == 16) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(a[0]), "=r"(a[2]) : "r"(addr));
+    a[1] = a[3] = 0u;
+  }
+}
+
+/// y for kRows rows of x (row block blockIdx.y of 16; kRows = 8 when M <= 8) and kStrips strips of
+/// 8 output channels (blockIdx.x). The block's warps take every kWarps-th chunk of K. Each warp
+/// streams its chunks through its own ring of kStages stages in shared memory with cp.async (CUDA
+/// C++ Programming Guide, "Pipeline Primitives Interface"): a stage holds the chunk's weights and
+/// the same 64 columns of x, so a chunk's operands arrive in one round trip and the loop never
+/// waits on x after its weights; rows past M are zero-filled, not read. The weights go to the
+/// tensor cores as exact integers (int8x4_to_pairs) and each output channel's float32 sum is
+/// multiplied by its scale once: scale * sum(x * q) equals sum(x * (q * scale)) up to the rounding
+/// of that product, which the reference rounds to T per weight instead. The warps' sums meet in
+/// shared memory (each over its own ring, once drained).
+template <class T, int kStrips, int kRows>
+__global__ void __launch_bounds__(kThreads)
+    small_m_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
+                   const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K) {
+  constexpr int kStage = kStageBytes<kStrips, kRows>;
+  constexpr int kEntries = kStrips * 4 * 32;                  // (strip, accumulator, lane) sums of a block
+  constexpr int kPerThread = (kEntries + kThreads - 1) / kThreads;
+  static_assert(kStage % 16 == 0 && (kStrips * 512) % 16 == 0, "16-byte aligned stages");
+  static_assert(kEntries * sizeof(float) <= kStages * kStage, "the sums fit a warp's ring");
+  extern __shared__ int4 ring[];  // [kWarps][kStages][kStage bytes]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t chunks = K / int8_linear::kChunk, strips = N / 8, strip0 = int64_t{blockIdx.x} * kStrips;
+  const int64_t m0 = int64_t{blockIdx.y} * 16;
+  char* my_ring = reinterpret_cast<char*>(ring) + warp * kStages * kStage;
+  const int64_t my_chunks = chunks > warp ? (chunks - warp + kWarps - 1) / kWarps : 0;  // chunk j is warp + j * kWarps
+
+  // This thread's outputs of the epilogue, read now so that their latency is not at the end.
+  float out_scale[kPerThread], out_bias[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int e = threadIdx.x + i * kThreads, s = e / 128, l = e % 32, r = (e / 32) % 4;
+    const int64_t n = (strip0 + s) * 8 + 2 * (l % 4) + (r & 1);
+    const bool valid = e < kEntries && strip0 + s < strips;
+    out_scale[i] = valid ? scales[n] : 0.0f;
+    out_bias[i] = valid && bias != nullptr ? bias[n] : 0.0f;
+  }
+
+  auto issue = [&](int64_t j) {  // chunk j's weights and x into stage j % kStages
+    if (j < my_chunks) {
+      const int64_t c = warp + j * kWarps;
+      char* stage = my_ring + (j % kStages) * kStage;
+#pragma unroll
+      for (int s = 0; s < kStrips; ++s)
+        if (strip0 + s < strips)
+          __pipeline_memcpy_async(reinterpret_cast<int4*>(stage) + s * 32 + lane,
+                                  qw + ((strip0 + s) * chunks + c) * 32 + lane, sizeof(int4));
+#pragma unroll
+      for (int v = 0; v < kRows / 4; ++v) {  // kRows rows of 8 16-byte vectors, kRows / 4 a lane
+        const int idx = lane + 32 * v, row = idx / 8, col = idx % 8;
+        const bool in = m0 + row < M;
+        __pipeline_memcpy_async(stage + kStrips * 512 + row * kXRowBytes + col * 16,
+                                in ? x + (m0 + row) * K + c * int8_linear::kChunk + col * 8 : x, sizeof(int4),
+                                in ? 0 : sizeof(int4));  // rows past M: zeros, nothing read
+      }
+    }
+    __pipeline_commit();  // empty batches past the end keep wait_prior's count in step
+  };
+
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
+  float acc[kStrips][4] = {};
+  for (int64_t j = 0; j < my_chunks; ++j) {
+    issue(j + kStages - 1);
+    __pipeline_wait_prior(kStages - 1);  // chunk j's batch has landed (this lane's copies)
+    __syncwarp();                         // and every lane's: ldmatrix reads rows other lanes copied
+    const char* stage = my_ring + (j % kStages) * kStage;
+    uint32_t a[4][4];
+#pragma unroll
+    for (int tile = 0; tile < 4; ++tile) load_a<kRows>(stage + kStrips * 512, tile, lane, a[tile]);
+#pragma unroll
+    for (int s = 0; s < kStrips; ++s) {
+      if (strip0 + s >= strips) continue;
+      const int4 b = reinterpret_cast<const int4*>(stage)[s * 32 + lane];
+      const uint32_t words[4] = {uint32_t(b.x), uint32_t(b.y), uint32_t(b.z), uint32_t(b.w)};
+#pragma unroll
+      for (int tile = 0; tile < 4; ++tile) {
+        uint32_t b0, b1;
+        int8x4_to_pairs<T>(words[tile], b0, b1);
+        mma<T>(acc[s], a[tile], b0, b1);
+      }
+    }
+    __syncwarp();  // every lane has read the stage before the next issue overwrites it
+  }
+  __pipeline_wait_prior(0);
+  // Each warp's sums over its own ring, then the block's.
+  float* partial = reinterpret_cast<float*>(my_ring);
+#pragma unroll
+  for (int s = 0; s < kStrips; ++s)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) partial[(s * 4 + r) * 32 + lane] = acc[s][r];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    if (e >= kEntries) break;
+    const int s = e / 128, r = (e / 32) % 4, l = e % 32;
+    float sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += reinterpret_cast<const float*>(ring)[(w * kStages * kStage) / 4 + e];
+    const int64_t m = m0 + l / 4 + (r >= 2 ? 8 : 0), n = (strip0 + s) * 8 + 2 * (l % 4) + (r & 1);
+    if (m < M && strip0 + s < strips) y[m * N + n] = static_cast<T>(sum * out_scale[i] + out_bias[i]);
+  }
+}
+
+template <class T, int kStrips, int kRows>
+void small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N,
+             int64_t K, cudaStream_t stream) {
+  const auto kernel = small_m_kernel<T, kStrips, kRows>;
+  constexpr size_t kSmem = size_t{kWarps} * kStages * kStageBytes<kStrips, kRows>;
+  opforge::cuda::allow_dynamic_smem(kernel, kSmem);
+  const dim3 grid(static_cast<unsigned>((N / 8 + kStrips - 1) / kStrips), static_cast<unsigned>((M + 15) / 16));
+  kernel<<<grid, kThreads, kSmem, stream>>>(x, qw, scales, bias, y, M, N, K);
+}
+
+// ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
 
 /// 16 bytes of weights, read once: through the non-coherent path, not kept in L1.
 __device__ int4 load_streamed(const int4* p) {
@@ -111,81 +254,6 @@ __device__ int4 load_streamed(const int4* p) {
                : "l"(p));
   return v;
 }
-
-/// y for 16 rows of x and kStrips strips of 8 output channels per block; the block's warps take
-/// every kWarps-th chunk of K and sum their accumulators through shared memory. Each A fragment
-/// of x (read from L1/L2) serves kStrips strips, so more strips read x less often per weight byte
-/// (2 bytes of x per weight byte per 16 rows over kStrips), and fewer blocks share the GPU.
-template <class T, int kStrips>
-__global__ void __launch_bounds__(kThreads)
-    small_m_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
-                   const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t chunks = K / int8_linear::kChunk, strips = N / 8, strip0 = int64_t{blockIdx.x} * kStrips;
-  const int64_t m0 = int64_t{blockIdx.y} * 16;
-  const bool row_lo = m0 + g < M, row_hi = m0 + g + 8 < M;
-  const T* x_lo = x + (m0 + g) * K + 2 * t;
-  const T* x_hi = x_lo + 8 * K;
-  float scale[kStrips];  // a lane's weights all belong to output channel 8 * strip + g
-#pragma unroll
-  for (int s = 0; s < kStrips; ++s) scale[s] = strip0 + s < strips ? scales[(strip0 + s) * 8 + g] : 0.0f;
-  float acc[kStrips][4] = {};
-  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * kUnroll) {
-    int4 b[kUnroll][kStrips];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * kWarps;
-#pragma unroll
-      for (int s = 0; s < kStrips; ++s)
-        b[u][s] = c < chunks && strip0 + s < strips ? load_streamed(qw + ((strip0 + s) * chunks + c) * 32 + lane)
-                                                    : int4{0, 0, 0, 0};
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * kWarps;
-      if (c >= chunks) break;
-#pragma unroll
-      for (int tile = 0; tile < 4; ++tile) {
-        const int64_t k = c * int8_linear::kChunk + tile * 16;
-        uint32_t a[4];
-        a[0] = row_lo ? *reinterpret_cast<const uint32_t*>(x_lo + k) : 0u;
-        a[1] = row_hi ? *reinterpret_cast<const uint32_t*>(x_hi + k) : 0u;
-        a[2] = row_lo ? *reinterpret_cast<const uint32_t*>(x_lo + k + 8) : 0u;
-        a[3] = row_hi ? *reinterpret_cast<const uint32_t*>(x_hi + k + 8) : 0u;
-#pragma unroll
-        for (int s = 0; s < kStrips; ++s) {
-          uint32_t b0, b1;
-          b_fragments<T>(b[u][s], tile, scale[s], b0, b1);
-          mma<T>(acc[s], a, b0, b1);
-        }
-      }
-    }
-  }
-  __shared__ float partial[kWarps][kStrips * 4][32];
-#pragma unroll
-  for (int s = 0; s < kStrips; ++s)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) partial[warp][s * 4 + r][lane] = acc[s][r];
-  __syncthreads();
-  // The (strip, register, lane) entries, kStrips * 4 * 32 of them, spread over the threads.
-  for (int e = threadIdx.x; e < kStrips * 4 * 32; e += kThreads) {
-    const int s = e / 128, r = (e / 32) % 4, l = e % 32;
-    float sum = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += partial[w][s * 4 + r][l];
-    const int64_t m = m0 + l / 4 + (r >= 2 ? 8 : 0), n = (strip0 + s) * 8 + 2 * (l % 4) + (r & 1);
-    if (m < M && strip0 + s < strips) y[m * N + n] = static_cast<T>(sum + (bias != nullptr ? bias[n] : 0.0f));
-  }
-}
-
-template <class T, int kStrips>
-void small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N,
-             int64_t K, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((N / 8 + kStrips - 1) / kStrips), static_cast<unsigned>((M + 15) / 16));
-  small_m_kernel<T, kStrips><<<grid, kThreads, 0, stream>>>(x, qw, scales, bias, y, M, N, K);
-}
-
-// ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
 
 /// w [N, K] row-major in T, each weight dequantised as the small-M kernel does. One warp per
 /// (strip, chunk) of the packed layout: its 32 lanes read 512 contiguous bytes (8 output channels
@@ -329,9 +397,11 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
       float_kernel<<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(
           x.data<float>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<float>(), M, N, K);
     } else if (M <= 4) {  // x is read little: 2 strips a block, more blocks in flight
-      small_m<T, 2>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
-    } else if (M <= 64) {  // each read of x serves 4 strips
-      small_m<T, 4>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+      small_m<T, 2, 8>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+    } else if (M <= 8) {  // each chunk of x read serves 4 strips
+      small_m<T, 4, 8>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+    } else if (M <= 64) {
+      small_m<T, 4, 16>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else {
       dequantize_and_gemm<T>(ctx, x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
     }

@@ -33,8 +33,9 @@ INT8_LINEAR_HD inline int8_t quantise(float w, float scale) {
   return static_cast<int8_t>(r < -127.0f ? -127.0f : r > 127.0f ? 127.0f : r);
 }
 
-/// The weight every path multiplies x by: q * scale in float32, which the kernels then round to
-/// x's dtype once (the reference does the same), and accumulate in float32 or wider.
+/// The weight q * scale in float32. The reference and the large-batch (cuBLAS) path round it to
+/// x's dtype once and multiply; the small-batch kernel multiplies exact q (|q| <= 127 is exact in
+/// float16 and bfloat16) and scales each float32 sum once, which differs only by that rounding.
 INT8_LINEAR_HD inline float dequantise(int8_t q, float scale) { return static_cast<float>(q) * scale; }
 
 /// Offset in the packed qweight of W[n][k], for a weight of K input channels.
