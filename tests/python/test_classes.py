@@ -3,6 +3,7 @@ eager calls, through torch.save/torch.load in a fresh process, torch.compile, to
 AOTInductor and the C++ runner; class declarations that must fail to load."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,11 @@ def test_int8_linear_refuses_shapes_its_packing_cannot_hold(classes):
     assert q8.bias_fp32 is None
     with pytest.raises(ValueError, match=r"Int8Linear.forward: .*\n  x: expected dtype one of"):
         q8.forward(torch.randn(2, 64, dtype=torch.float64))
+    # x's input features against the object's: the message names x, not the field
+    with pytest.raises(
+        ValueError, match=re.escape("\n  x: expected shape [*, qweight.size(1)] = [*, 64], got [2, 32]")
+    ):
+        q8.forward(torch.randn(2, 32))
 
 
 @requires_cuda

@@ -87,11 +87,10 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
                       opforge::Tensor bias_fp32, opforge::MutableTensor y);
 
 OPFORGE_OP(examples, int8_linear)
-    .doc("Int8Linear.forward: x [*, K] @ w^T + bias_fp32, w = qweight * scales rounded to x's dtype, accumulated "
-         "in float32, in x's dtype")
+    .doc("Int8Linear.forward: x [*, K] @ (qweight * scales)^T + bias_fp32, accumulated in float32, in x's dtype")
     .input("x", opforge::kFloat16 | opforge::kBFloat16 | opforge::kFloat32,
-           opforge::shape({opforge::leading_dims, opforge::any}))
-    .input("qweight", opforge::kInt8, opforge::shape({opforge::any, opforge::dim("x", -1)}))
+           opforge::shape({opforge::leading_dims, opforge::dim("qweight", 1)}))  // a wrong K names x
+    .input("qweight", opforge::kInt8, opforge::rank(2))
     .input("scales", opforge::kFloat32, opforge::shape({opforge::dim("qweight", 0)}))
     .input("bias_fp32", opforge::kFloat32, opforge::shape({opforge::dim("qweight", 0)}), opforge::optional)
     .output("y", opforge::like("x").with_dim(-1, opforge::dim("qweight", 0)))
