@@ -18,6 +18,7 @@
 #include <torch/serialize.h>
 
 #include <CLI/CLI.hpp>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -89,9 +90,12 @@ std::vector<char> read_file(const std::string& path) {
 }
 
 /// Loads the op libraries listed in the manifest beside the package, then checks that every
-/// listed op and custom class is registered. Manifest lines: "<ns>::<op> <library file>", and
+/// listed op and custom class is registered. Manifest lines: "<ns>::<op> <library file>",
 /// "class <ns>::<Class> <library file>" for a class whose objects the package holds (they are
-/// unpickled when the package loads, which needs the class registered first).
+/// unpickled when the package loads, which needs the class registered first), and "shims
+/// <library file>" for the C shims the model links (Note [AOTInductor C shims] in
+/// src/torch/aoti_shims.cpp), loaded last and globally, so the model's reference to the library
+/// finds it already loaded.
 void load_ops(const fs::path& package) {
   const fs::path dir = package.parent_path().empty() ? fs::path(".") : package.parent_path();
   const fs::path manifest = dir / "opforge_ops.txt";
@@ -101,11 +105,16 @@ void load_ops(const fs::path& package) {
   }
   std::ifstream in(manifest);
   std::map<std::string, std::vector<std::string>> ops_by_library;
+  std::vector<std::string> shims;
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream ls(line);
     std::string op, lib;
     if (!(ls >> op) || op[0] == '#') continue;
+    if (op == "shims") {
+      if (ls >> lib) shims.push_back(lib);
+      continue;
+    }
     if (op == "class" && !(ls >> op)) continue;
     if (!(ls >> lib)) continue;
     const bool is_class = line.rfind("class ", 0) == 0;
@@ -134,6 +143,11 @@ void load_ops(const fs::path& package) {
     std::string m = package.string() + " needs ops or classes that are not available:";
     for (const auto& s : missing) m += "\n  " + s;
     fail(m);
+  }
+  for (const auto& lib : shims) {
+    const fs::path path = dir / lib;
+    if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)
+      fail(package.string() + " links the C shim library " + path.string() + ", which cannot be loaded: " + dlerror());
   }
 }
 

@@ -4,7 +4,7 @@
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
 # with steps from: build test verify sanitize demo bench (default: all), and pytest (the tests
 # named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_backward, bench_training,
-# bench_serving, bench_int8_linear, bench_jax, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
+# bench_serving, bench_int8_linear, bench_jax, bench_aoti_shims, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
 # racecheck, ncu (issue-slot, DRAM, occupancy and stall figures of the kernels of tools/ncu_kernels.py's group
 # $NCU_GROUP whose names match $NCU_KERNELS).
 set -uo pipefail
@@ -50,6 +50,7 @@ for step in ${steps[*]}; do
     bench_serving) run bench_serving python3 bench/bench_serving.py --json "$OUT/bench_serving.json" ;;
     bench_int8_linear) run bench_int8_linear python3 bench/bench_int8_linear.py --json "$OUT/bench_int8_linear.json" ;;
     bench_jax) run bench_jax python3 bench/bench_jax.py --json "$OUT/bench_jax.json" ;;
+    bench_aoti_shims) run bench_aoti_shims python3 bench/bench_aoti_shims.py --device cuda --json "$OUT/bench_aoti_shims.json" ;;
     ncu) run "ncu_${NCU_GROUP:-elementwise}" ncu --kernel-name-base demangled --kernel-name "regex:${NCU_KERNELS:-bias_gelu|rms_norm}" --csv --metrics \
       gpu__time_duration.sum,sm__inst_issued.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,dram__bytes_read.sum,lts__t_bytes.sum \
       python3 tools/ncu_kernels.py ${NCU_GROUP:-elementwise} ;;

@@ -16,23 +16,44 @@ runner is what a deployment uses anyway.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from . import _aoti_shims
 from ._adapter import runner_path
 from ._core import OpforgeError
 from ._progress import status
 from ._torch import loaded_libraries, precompile
 
 MANIFEST = "opforge_ops.txt"
+
+
+@contextlib.contextmanager
+def _library_path(folder: Path | None) -> Iterator[None]:
+    """LIBRARY_PATH with ``folder`` first while AOTInductor links the model (its C++ compiler
+    finds ``aot_inductor.custom_op_libs`` there)."""
+    if folder is None:
+        yield
+        return
+    old = os.environ.get("LIBRARY_PATH")
+    os.environ["LIBRARY_PATH"] = str(folder) + (os.pathsep + old if old else "")
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["LIBRARY_PATH"]
+        else:
+            os.environ["LIBRARY_PATH"] = old
 
 
 def _opforge_nodes(program: torch.export.ExportedProgram):
@@ -111,6 +132,7 @@ def package(
     *,
     archs: list[str] | None = None,
     inductor_configs: dict | None = None,
+    c_shims: bool = False,
 ) -> Path:
     """AOTInductor-compile ``program`` into ``package_dir/model.pt2`` with its op libraries beside it.
 
@@ -119,12 +141,20 @@ def package(
     the deployed package compiles nothing on first inference on those GPUs (NVRTC remains the
     fallback for others). The device is that of the program's example inputs.
 
+    With ``c_shims``, the model calls the opforge ops through C shims generated from their
+    schemas (``aot_inductor.custom_ops_to_c_shims``; Note [AOTInductor C shims] in
+    src/torch/aoti_shims.cpp) instead of AOTInductor's proxy executor: the shim library
+    (``libopforge_shims_<hash>.so``) is linked by the model, carried beside it and listed in the
+    manifest (``shims <file>``), which the runner loads before the model. Ops whose arguments
+    C shims cannot carry keep the proxy executor.
+
     Args:
         program: an exported program whose graph may call opforge ops.
         package_dir: folder to write (created; existing files of the same names are replaced).
         archs: GPU architectures to precompile run-time kernels for, e.g. ``["sm_90"]``;
             default: those of the CUDA devices the program was exported on (none for CPU).
         inductor_configs: passed to ``torch._inductor.aoti_compile_and_package``.
+        c_shims: call the opforge ops through generated C shims (above).
 
     Returns:
         Path of ``model.pt2``.
@@ -135,14 +165,24 @@ def package(
     package_dir = Path(package_dir)
     package_dir.mkdir(parents=True, exist_ok=True)
     pt2 = package_dir / "model.pt2"
-    with status(f"opforge: AOTInductor-compiling {pt2} (tens of seconds)"), warnings.catch_warnings():
+    configs, shims = dict(inductor_configs or {}), None
+    if c_shims:
+        device = "cuda" if _device_archs(program) else "cpu"
+        ops = [(name, node.target) for name, _, node in _opforge_nodes(program)]
+        shims = _aoti_shims.build(ops, device, package_dir)
+    if shims is not None:
+        for key, value in shims.inductor_configs().items():
+            configs[key] = {**configs[key], **value} if isinstance(value, dict) and key in configs else value
+    with (
+        status(f"opforge: AOTInductor-compiling {pt2} (tens of seconds)"),
+        warnings.catch_warnings(),
+        _library_path(shims.path.parent if shims else None),
+    ):
         # Inductor deep-copies graphs that hold pytree LeafSpecs, whose isinstance check torch's
         # own pytree module deprecates (torch 2.11): a warning from torch to torch, printed on
         # every package, that the caller cannot act on.
         warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(pt2), inductor_configs=inductor_configs or {}
-        )
+        torch._inductor.aoti_compile_and_package(program, package_path=str(pt2), inductor_configs=configs)
     lines, libraries = set(), {}
     for name, lib, _ in _opforge_nodes(program):
         libraries[lib.path] = lib
@@ -161,6 +201,8 @@ def package(
             lib = next(lib for lib in libraries.values() if name in lib.op_names)
             with status(f"opforge: compiling {name}'s run-time kernels for {arch}"):
                 precompile(name, dtypes, params, arch=arch, cache_dir=package_dir / lib.kernel_dir.name / "cache")
+    if shims is not None:
+        lines.add(f"shims {shims.path.name}")
     (package_dir / MANIFEST).write_text(
         "# op library for each custom op of model.pt2\n" + "\n".join(sorted(lines)) + "\n"
     )

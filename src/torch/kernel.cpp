@@ -74,7 +74,10 @@ class OpKernel final : public c10::OperatorKernel {
   OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out)
       : op_(op), mode_(mode), kernel_(kernel), out_(out), writes_(core::mutates_inputs(op)) {}
 
-  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) {
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) { run(stack); }
+
+  /// The kernel on the arguments at the top of `stack`, replaced by the outputs.
+  void run(::torch::jit::Stack* stack) {
     const bool fake = mode_ == Mode::kFake;
     const int32_t n = op_.num_args + (out_ ? op_.num_outputs : 0) + (fake ? 1 : 0);
     const auto ivalues = ::torch::jit::last(*stack, n);
@@ -330,6 +333,11 @@ class OpKernel final : public c10::OperatorKernel {
 
 ::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out) {
   return ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(op, mode, kernel, out));
+}
+
+std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) {
+  auto k = std::make_shared<OpKernel>(op, mode, kernel, /*out=*/false);
+  return [k](::torch::jit::Stack* stack) { k->run(stack); };
 }
 
 }  // namespace opforge::torch

@@ -3,6 +3,8 @@
 
 #include <torch/library.h>
 
+#include <functional>
+
 #include "opforge/c_api.h"
 
 namespace opforge::torch {
@@ -18,5 +20,9 @@ enum class Mode { kCpu, kCuda, kMeta, kFake };
 /// torch's resize_output rules, written and returned). Calls from Python and from AOTInductor's
 /// proxy executor arrive boxed, so one boxed functor serves every op.
 ::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out = false);
+
+/// make_kernel's kernel (not an out= overload) as a plain callable on a boxed stack, for callers
+/// that go around the dispatcher: AOTInductor's C shims (aoti_shims.cpp).
+std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel);
 
 }  // namespace opforge::torch

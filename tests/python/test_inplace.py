@@ -120,14 +120,16 @@ class ScaleThenAccumulate(torch.nn.Module):
         return scale_then_accumulate(x, acc)
 
 
-def test_export_and_the_runner_leave_the_writes_in_the_inputs(tmp_path):
+@pytest.mark.parametrize("c_shims", [False, True])  # the proxy executor, or C shims (opforge.aoti.package)
+def test_export_and_the_runner_leave_the_writes_in_the_inputs(tmp_path, c_shims):
     n = torch.export.Dim("n")
     program = torch.export.export(
         ScaleThenAccumulate(), (torch.randn(4, 8), torch.randn(4, 8)), dynamic_shapes={"x": {0: n}, "acc": {0: n}}
     )
     decomposed = program.run_decompositions()
     assert [s.kind.name for s in decomposed.graph_signature.output_specs] == ["USER_INPUT_MUTATION", "USER_OUTPUT"]
-    package = opforge.aoti.package(program, tmp_path)
+    package = opforge.aoti.package(program, tmp_path, c_shims=c_shims)
+    assert ("shims " in (tmp_path / opforge.aoti.MANIFEST).read_text()) == c_shims
     x, acc = torch.randn(6, 8), torch.randn(6, 8)
     expected_acc = acc.clone()
     expected = scale_then_accumulate(x, expected_acc)

@@ -1,0 +1,99 @@
+"""AOTInductor packages that call opforge ops through generated C shims (Note [AOTInductor C shims]
+in src/torch/aoti_shims.cpp) instead of the proxy executor, run by the C++ runner."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+from conftest import DEVICES
+from opforge import OpforgeError, aoti
+from opforge._aoti_shims import build
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+class Block(torch.nn.Module):
+    """linear -> bias_gelu -> softshrink -> rms_norm: tensors, a float parameter, a second weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(24, 64, bias=False)
+        self.bias = torch.nn.Parameter(torch.randn(64))
+        self.weight = torch.nn.Parameter(torch.rand(64) + 0.5)
+
+    def forward(self, x):
+        h = torch.ops.examples.softshrink(torch.ops.examples.bias_gelu(self.linear(x), self.bias), lambd=0.1)
+        return torch.ops.examples.rms_norm(h, self.weight, 1e-6)
+
+
+def model_library(pt2: Path) -> bytes:
+    """The compiled model's shared library inside an AOTInductor package."""
+    with zipfile.ZipFile(pt2) as z:
+        return b"".join(z.read(n) for n in z.namelist() if n.endswith(".so"))
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def shimmed(request, tmp_path_factory):
+    device = request.param
+    for op in ("bias_gelu", "softshrink", "rms_norm"):
+        opforge.load_library(opforge.example_library(op))
+    model = Block().to(device).eval()
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.export.export(model, (torch.randn(3, 24, device=device),), dynamic_shapes=({0: batch},))
+    return model, aoti.package(program, tmp_path_factory.mktemp(f"shims-{device}"), c_shims=True), device
+
+
+def test_the_model_calls_the_shims_and_the_runner_loads_them(shimmed):
+    model, package, device = shimmed
+    manifest = (package.parent / aoti.MANIFEST).read_text().splitlines()
+    shim_lines = [line for line in manifest if line.startswith("shims ")]
+    assert len(shim_lines) == 1 and (package.parent / shim_lines[0].split()[1]).is_file()
+    compiled = model_library(package)
+    for op in ("bias_gelu", "softshrink", "rms_norm"):  # called by name, not through the proxy executor
+        assert f"aoti_torch_{device}_{op}".encode() in compiled
+    assert b"proxy_executor" not in compiled
+    for batch in (1, 7):  # neither is the export example's batch of 3
+        x = torch.randn(batch, 24, device=device)
+        with torch.no_grad():
+            expected = model(x).cpu()
+        result = aoti.run(package, [x], device=device)
+        torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_package_without_its_shim_library_fails_naming_it(shimmed, tmp_path):
+    _, package, device = shimmed
+    for f in package.parent.iterdir():
+        if not f.name.startswith("libopforge_shims_") and f.is_file():
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(
+        OpforgeError, match=r"links the C shim library .*libopforge_shims_\w+\.so, which cannot be loaded"
+    ):
+        aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
+
+
+def test_ops_that_shims_cannot_carry_keep_the_proxy_executor(tmp_path):
+    lib = opforge.load_library(
+        opforge.build_library("param_ops", [FIXTURES / "param_ops.cpp"], build_dir=tmp_path / "build")
+    )
+    assert "fixture::offset" in lib.op_names
+    opforge.load_library(opforge.example_library("softshrink"))
+    shims = build(
+        [
+            ("fixture::offset", torch.ops.fixture.offset.default),
+            ("examples::softshrink", torch.ops.examples.softshrink.default),
+        ],
+        "cpu",
+        tmp_path / "shims",
+    )
+    assert list(shims.declarations) == [torch.ops.examples.softshrink.default]
+    assert shims.declarations[torch.ops.examples.softshrink.default] == [
+        "AOTITorchError aoti_torch_cpu_softshrink(AtenTensorHandle a0, double a1, AtenTensorHandle* ret0)"
+    ]
+    assert "fixture::offset's argument pads (int[]) has no C shim type" in shims.skipped["fixture::offset"]
+    assert shims.inductor_configs()["aot_inductor.custom_op_libs"] == [shims.path.name[3:-3]]
+    assert build([("fixture::offset", torch.ops.fixture.offset.default)], "cpu", tmp_path / "none") is None
