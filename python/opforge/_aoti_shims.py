@@ -4,7 +4,8 @@ make the generated model call and link it.
 
 The torch adapter writes each shim from the op's registered schema; this module only collects
 them, compiles them into one shared library with AOTInductor's own C++ compiler, and leaves out
-ops whose shim name libtorch already exports (AOTInductor drops the namespace from the name).
+ops whose shim name libtorch already exports or another op of the program takes (AOTInductor
+drops the namespace from the name).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def build(ops: Iterable[tuple[str, torch._ops.OpOverload]], device: str, folder:
 
     adapter = _load_adapter()
     adapter.opforge_torch_aoti_prelude.restype = ctypes.c_char_p
-    definitions, declarations, skipped = [], {}, {}
+    definitions, declarations, skipped, functions = [], {}, {}, {}
     for name, overload in dict(ops).items():
         try:
             shim = _shim(name, device)
@@ -94,6 +95,10 @@ def build(ops: Iterable[tuple[str, torch._ops.OpOverload]], device: str, folder:
         if hasattr(_torch_exports(device), shim["function"]):
             skipped[name] = f"libtorch exports a shim of the same name, {shim['function']}"
             continue
+        if shim["function"] in functions:  # the same op name in two namespaces
+            skipped[name] = f"{functions[shim['function']]}'s shim has the same name, {shim['function']}"
+            continue
+        functions[shim["function"]] = name
         declarations[overload] = [shim["declaration"]]
         definitions.append(shim["definition"])
     if not definitions:

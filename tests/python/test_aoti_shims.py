@@ -76,24 +76,31 @@ def test_a_package_without_its_shim_library_fails_naming_it(shimmed, tmp_path):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
 
 
+#: An op named as an example op in another namespace: AOTInductor's shim names drop the namespace.
+SAME_NAME = """
+#include <opforge/op.h>
+static void copy_cpu(opforge::Tensor x, opforge::MutableTensor y) {
+  for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<float>()[i];
+}
+OPFORGE_OP(fixture, softshrink).input("x", opforge::kFloat32).output("y", opforge::like("x")).reference(copy_cpu);
+"""
+
+
 def test_ops_that_shims_cannot_carry_keep_the_proxy_executor(tmp_path):
-    lib = opforge.load_library(
-        opforge.build_library("param_ops", [FIXTURES / "param_ops.cpp"], build_dir=tmp_path / "build")
-    )
-    assert "fixture::offset" in lib.op_names
+    (tmp_path / "same_name.cpp").write_text(SAME_NAME)
+    sources = [FIXTURES / "param_ops.cpp", tmp_path / "same_name.cpp"]
+    opforge.load_library(opforge.build_library("shim_skips", sources, build_dir=tmp_path / "build"))
     opforge.load_library(opforge.example_library("softshrink"))
-    shims = build(
-        [
-            ("fixture::offset", torch.ops.fixture.offset.default),
-            ("examples::softshrink", torch.ops.examples.softshrink.default),
-        ],
-        "cpu",
-        tmp_path / "shims",
-    )
-    assert list(shims.declarations) == [torch.ops.examples.softshrink.default]
-    assert shims.declarations[torch.ops.examples.softshrink.default] == [
+    offset, softshrink = torch.ops.fixture.offset.default, torch.ops.examples.softshrink.default
+    ops = [("fixture::offset", offset), ("examples::softshrink", softshrink)]
+    shims = build([*ops, ("fixture::softshrink", torch.ops.fixture.softshrink.default)], "cpu", tmp_path / "shims")
+    assert list(shims.declarations) == [softshrink]
+    assert shims.declarations[softshrink] == [
         "AOTITorchError aoti_torch_cpu_softshrink(AtenTensorHandle a0, double a1, AtenTensorHandle* ret0)"
     ]
     assert "fixture::offset's argument pads (int[]) has no C shim type" in shims.skipped["fixture::offset"]
+    assert shims.skipped["fixture::softshrink"] == (
+        "examples::softshrink's shim has the same name, aoti_torch_cpu_softshrink"
+    )
     assert shims.inductor_configs()["aot_inductor.custom_op_libs"] == [shims.path.name[3:-3]]
-    assert build([("fixture::offset", torch.ops.fixture.offset.default)], "cpu", tmp_path / "none") is None
+    assert build([("fixture::offset", offset)], "cpu", tmp_path / "none") is None
