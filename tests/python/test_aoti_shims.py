@@ -14,8 +14,6 @@ from conftest import DEVICES
 from opforge import OpforgeError, aoti
 from opforge._aoti_shims import build
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
 
 class Block(torch.nn.Module):
     """linear -> bias_gelu -> softshrink -> rms_norm: tensors, a float parameter, a second weight."""
@@ -76,31 +74,40 @@ def test_a_package_without_its_shim_library_fails_naming_it(shimmed, tmp_path):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
 
 
-#: An op named as an example op in another namespace: AOTInductor's shim names drop the namespace.
-SAME_NAME = """
+#: Ops that C shims cannot take, in a namespace of their own (a library loads into the test process
+#: for good): a list parameter, and the name of an example op (AOTInductor's shim names drop the
+#: namespace).
+SKIPPED_OPS = """
 #include <opforge/op.h>
+#include <span>
+#include <vector>
 static void copy_cpu(opforge::Tensor x, opforge::MutableTensor y) {
   for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<float>()[i];
 }
-OPFORGE_OP(fixture, softshrink).input("x", opforge::kFloat32).output("y", opforge::like("x")).reference(copy_cpu);
+static void padded_cpu(opforge::Tensor x, std::span<const int64_t>, opforge::MutableTensor y) { copy_cpu(x, y); }
+OPFORGE_OP(shimtest, padded)
+    .input("x", opforge::kFloat32)
+    .param<std::vector<int64_t>>("pads", std::vector<int64_t>{})
+    .output("y", opforge::like("x"))
+    .reference(padded_cpu);
+OPFORGE_OP(shimtest, softshrink).input("x", opforge::kFloat32).output("y", opforge::like("x")).reference(copy_cpu);
 """
 
 
 def test_ops_that_shims_cannot_carry_keep_the_proxy_executor(tmp_path):
-    (tmp_path / "same_name.cpp").write_text(SAME_NAME)
-    sources = [FIXTURES / "param_ops.cpp", tmp_path / "same_name.cpp"]
-    opforge.load_library(opforge.build_library("shim_skips", sources, build_dir=tmp_path / "build"))
+    (tmp_path / "skipped_ops.cpp").write_text(SKIPPED_OPS)
+    opforge.load_library(opforge.build_library("shimtest", [tmp_path / "skipped_ops.cpp"], build_dir=tmp_path / "b"))
     opforge.load_library(opforge.example_library("softshrink"))
-    offset, softshrink = torch.ops.fixture.offset.default, torch.ops.examples.softshrink.default
-    ops = [("fixture::offset", offset), ("examples::softshrink", softshrink)]
-    shims = build([*ops, ("fixture::softshrink", torch.ops.fixture.softshrink.default)], "cpu", tmp_path / "shims")
+    padded, softshrink = torch.ops.shimtest.padded.default, torch.ops.examples.softshrink.default
+    ops = [("shimtest::padded", padded), ("examples::softshrink", softshrink)]
+    shims = build([*ops, ("shimtest::softshrink", torch.ops.shimtest.softshrink.default)], "cpu", tmp_path / "shims")
     assert list(shims.declarations) == [softshrink]
     assert shims.declarations[softshrink] == [
         "AOTITorchError aoti_torch_cpu_softshrink(AtenTensorHandle a0, double a1, AtenTensorHandle* ret0)"
     ]
-    assert "fixture::offset's argument pads (int[]) has no C shim type" in shims.skipped["fixture::offset"]
-    assert shims.skipped["fixture::softshrink"] == (
+    assert "shimtest::padded's argument pads (int[]) has no C shim type" in shims.skipped["shimtest::padded"]
+    assert shims.skipped["shimtest::softshrink"] == (
         "examples::softshrink's shim has the same name, aoti_torch_cpu_softshrink"
     )
     assert shims.inductor_configs()["aot_inductor.custom_op_libs"] == [shims.path.name[3:-3]]
-    assert build([("fixture::offset", offset)], "cpu", tmp_path / "none") is None
+    assert build([("shimtest::padded", padded)], "cpu", tmp_path / "none") is None
