@@ -275,7 +275,8 @@ const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg) {
 
 void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const OpforgeContext& ctx,
                  const std::vector<OpforgeArg>& args, const std::vector<OpforgeTensor>& outputs) {
-  char error[4096] = {0};
+  char error[4096];  // the kernel writes a NUL-terminated message; not cleared: 4 KiB a call
+  error[0] = '\0';
   OpforgeCallFrame frame{};
   frame.struct_size = sizeof(OpforgeCallFrame);
   frame.ctx = &ctx;

@@ -72,7 +72,12 @@ struct Scratch {
 class OpKernel final : public c10::OperatorKernel {
  public:
   OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out)
-      : op_(op), mode_(mode), kernel_(kernel), out_(out), writes_(core::mutates_inputs(op)) {}
+      : op_(op), mode_(mode), kernel_(kernel), out_(out), writes_(core::mutates_inputs(op)) {
+    for (int32_t i = 0; i < op.num_args; ++i) {
+      has_strings_ |= op.args[i].kind == OPFORGE_ARG_STRING;
+      has_lists_ |= op.args[i].kind == OPFORGE_ARG_INT_LIST || op.args[i].kind == OPFORGE_ARG_FLOAT_LIST;
+    }
+  }
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, ::torch::jit::Stack* stack) { run(stack); }
 
@@ -92,13 +97,15 @@ class OpKernel final : public c10::OperatorKernel {
  private:
   CallArgs unpack(c10::ArrayRef<c10::IValue> ivalues) const {
     const int32_t n = op_.num_args;
-    CallArgs c;
+    CallArgs c;  // storage only for the kinds the op has: these vectors are built on every call
     c.tensors.resize(n);
-    c.strings.resize(n);
-    c.int_lists.resize(n);
-    c.float_lists.resize(n);
     c.values.resize(n);
-    c.symbolic.resize(n);
+    if (has_strings_) c.strings.resize(n);
+    if (has_lists_) {
+      c.int_lists.resize(n);
+      c.float_lists.resize(n);
+    }
+    if (mode_ == Mode::kMeta || mode_ == Mode::kFake) c.symbolic.resize(n);
     for (size_t k = n; k < ivalues.size(); ++k)
       c.outs.push_back(ivalues[k].isNone() ? at::Tensor() : ivalues[k].toTensor());
     for (int32_t i = 0; i < n; ++i) {
@@ -269,11 +276,16 @@ class OpKernel final : public c10::OperatorKernel {
 
     const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
     const int32_t device_index = device.has_index() ? device.index() : -1;
-    std::vector<at::Tensor> targets(outputs);  // what the kernel writes
-    const OpforgeTensorSpec dense{};           // the layout every output has
-    for (auto& t : targets)
-      if (out_ && core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs)
-        t = at::empty(t.sizes(), t.options());
+    // What the kernel writes: the outputs, or for an out= call dense temporaries in place of
+    // out tensors it cannot write as they are (copied back after the kernel).
+    std::vector<at::Tensor> temporaries;
+    if (out_) {
+      temporaries = outputs;
+      const OpforgeTensorSpec dense{};  // the layout every output has
+      for (auto& t : temporaries)
+        if (core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs) t = at::empty(t.sizes(), t.options());
+    }
+    const std::vector<at::Tensor>& targets = out_ ? temporaries : outputs;
     std::vector<OpforgeTensor> out_views;
     out_views.reserve(targets.size());
     for (const auto& o : targets)
@@ -318,8 +330,8 @@ class OpKernel final : public c10::OperatorKernel {
     ctx.allocate = &Scratch::allocate;
     ctx.allocator_state = &scratch;
     with_torch_errors([&] { core::call_kernel(op_, *kernel_, ctx, args, out_views); });
-    for (size_t k = 0; k < targets.size(); ++k)
-      if (!targets[k].is_same(outputs[k])) outputs[k].copy_(targets[k]);
+    for (size_t k = 0; k < temporaries.size(); ++k)
+      if (!temporaries[k].is_same(outputs[k])) outputs[k].copy_(temporaries[k]);
   }
 
   const OpforgeOpSpec& op_;
@@ -327,6 +339,7 @@ class OpKernel final : public c10::OperatorKernel {
   const OpforgeKernel* kernel_;
   bool out_;     // the op's out= overload: the outputs are the caller's tensors, after the arguments
   bool writes_;  // the op has mutated inputs, whose layout and memory are checked before a launch
+  bool has_strings_ = false, has_lists_ = false;  // argument kinds that need storage in CallArgs
 };
 
 }  // namespace
