@@ -146,7 +146,8 @@ def package(
     src/torch/aoti_shims.cpp) instead of AOTInductor's proxy executor: the shim library
     (``libopforge_shims_<hash>.so``) is linked by the model, carried beside it and listed in the
     manifest (``shims <file>``), which the runner loads before the model. Ops whose arguments
-    C shims cannot carry keep the proxy executor.
+    C shims cannot carry, and calls of out= overloads, keep the proxy executor (a warning names
+    them and says why).
 
     Args:
         program: an exported program whose graph may call opforge ops.
@@ -168,8 +169,17 @@ def package(
     configs, shims = dict(inductor_configs or {}), None
     if c_shims:
         device = "cuda" if _device_archs(program) else "cpu"
-        ops = [(name, node.target) for name, _, node in _opforge_nodes(program)]
-        shims = _aoti_shims.build(ops, device, package_dir)
+        # Shims are generated from an op's default overload: an out= call keeps the proxy executor.
+        nodes = [(name, node.target) for name, _, node in _opforge_nodes(program)]
+        shims = _aoti_shims.build([(n, t) for n, t in nodes if t._overloadname == "default"], device, package_dir)
+        kept = {n: "its out= overload is called" for n, t in nodes if t._overloadname != "default"}
+        kept.update(shims.skipped if shims is not None else {})
+        if kept:
+            warnings.warn(
+                "opforge: these ops keep AOTInductor's proxy executor:\n"
+                + "\n".join(f"  {name}: {why}" for name, why in sorted(kept.items())),
+                stacklevel=2,
+            )
     if shims is not None:
         for key, value in shims.inductor_configs().items():
             configs[key] = {**configs[key], **value} if isinstance(value, dict) and key in configs else value

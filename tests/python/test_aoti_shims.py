@@ -3,6 +3,7 @@ in src/torch/aoti_shims.cpp) instead of the proxy executor, run by the C++ runne
 
 from __future__ import annotations
 
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def shimmed(request, tmp_path_factory):
     model = Block().to(device).eval()
     batch = torch.export.Dim("batch", min=1, max=4096)
     program = torch.export.export(model, (torch.randn(3, 24, device=device),), dynamic_shapes=({0: batch},))
-    return model, aoti.package(program, tmp_path_factory.mktemp(f"shims-{device}"), c_shims=True), device
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="opforge: these ops keep")  # every op has its shim
+        return model, aoti.package(program, tmp_path_factory.mktemp(f"shims-{device}"), c_shims=True), device
 
 
 def test_the_model_calls_the_shims_and_the_runner_loads_them(shimmed):
@@ -72,6 +75,33 @@ def test_a_package_without_its_shim_library_fails_naming_it(shimmed, tmp_path):
         OpforgeError, match=r"links the C shim library .*libopforge_shims_\w+\.so, which cannot be loaded"
     ):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
+
+
+class OutCall(torch.nn.Module):
+    """bias_gelu, then softshrink through its out= overload into a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        y = torch.empty_like(x)
+        torch.ops.examples.softshrink.out(torch.ops.examples.bias_gelu(x, self.bias), 0.25, y=y)
+        return y
+
+
+def test_an_out_call_keeps_the_proxy_executor_and_says_so(tmp_path):
+    for op in ("bias_gelu", "softshrink"):
+        opforge.load_library(opforge.example_library(op))
+    model, x = OutCall().eval(), torch.randn(4, 8)
+    program = torch.export.export(model, (x,))
+    with pytest.warns(
+        UserWarning, match=r"keep AOTInductor's proxy executor:\n  examples::softshrink: its out= overload"
+    ):
+        package = aoti.package(program, tmp_path, c_shims=True)
+    assert b"aoti_torch_cpu_bias_gelu" in model_library(package)
+    with torch.no_grad():
+        torch.testing.assert_close(aoti.run(package, [x]).outputs[0], model(x))
 
 
 #: Ops that C shims cannot take, in a namespace of their own (a library loads into the test process
