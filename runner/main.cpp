@@ -59,7 +59,7 @@ Options parse(int argc, char** argv) {
   app.add_option("--inputs", o.inputs, "the model's inputs: a tensor or a list of tensors saved with torch.save")
       ->required()
       ->check(CLI::ExistingFile);
-  app.add_option("--output", o.output, "where to torch.save the outputs (a tuple of CPU tensors)")->required();
+  app.add_option("--output", o.output, "where to torch.save the outputs (a tuple of CPU tensors, None for an output the model returns as None)")->required();
   app.add_option("--inputs-after", o.inputs_after,
                  "where to torch.save the inputs after the first run, with what the model wrote into them");
   app.add_option("--device", o.device, "cpu, cuda or cuda:N; the inputs are moved there")->capture_default_str();
@@ -75,10 +75,11 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// Saves `tensors` (copied to the CPU) as a tuple, which torch.load(weights_only=True) reads.
+/// Saves `tensors` (copied to the CPU; None for an undefined one, an output the model returns as
+/// None) as a tuple, which torch.load(weights_only=True) reads.
 void save(const std::vector<at::Tensor>& tensors, const std::string& path) {
   std::vector<c10::IValue> cpu;
-  for (const auto& t : tensors) cpu.emplace_back(t.cpu());
+  for (const auto& t : tensors) cpu.emplace_back(t.defined() ? c10::IValue(t.cpu()) : c10::IValue());
   const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(std::move(cpu)));
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }

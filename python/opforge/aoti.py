@@ -224,7 +224,8 @@ class RunResult:
     """Outputs and timing of one runner invocation.
 
     Attributes:
-        outputs: the model's outputs, on the CPU.
+        outputs: the model's outputs, on the CPU (None where the model returns None, as an op's
+            output that exists only with an optional input it was not given).
         inputs_after: the inputs after the first run, on the CPU: a model that writes its inputs
             in place (ops with ``opforge::mutated`` inputs, a KV cache) left its writes there.
         latency_ms: per-run wall time in milliseconds (``median``, ``min``, ``max``), measured by
@@ -232,7 +233,7 @@ class RunResult:
         device: the device the package ran on.
     """
 
-    outputs: list[torch.Tensor]
+    outputs: list[torch.Tensor | None]
     inputs_after: list[torch.Tensor]
     latency_ms: dict[str, float]
     device: str

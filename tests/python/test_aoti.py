@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+import opforge
 from conftest import DEVICES, requires_two_gpus, run_runner
 from opforge import OpforgeError, aoti
 from opforge._adapter import runner_path
@@ -151,3 +152,21 @@ def test_run_reports_the_runners_complaint(packaged):
     _, package, device = packaged
     with pytest.raises(OpforgeError, match=r"(?s)opforge-runner failed \(exit \d+\):.*--iters: Value 0 not in range"):
         aoti.run(package, [torch.randn(2, 24)], device=device, iters=0)
+
+
+class PackWithoutBias(torch.nn.Module):
+    """Int8Linear's constructor op with no bias: its third output (bias_fp32) is None."""
+
+    def forward(self, w):
+        return torch.ops.examples.int8_linear_pack(w)
+
+
+def test_an_output_the_model_returns_as_none_comes_back_as_none(tmp_path):
+    opforge.load_library(opforge.example_library("int8_linear"))
+    w = torch.randn(16, 64)
+    expected = PackWithoutBias()(w)
+    assert expected[2] is None
+    package = aoti.package(torch.export.export(PackWithoutBias(), (w,)), tmp_path)
+    outputs = aoti.run(package, [w]).outputs
+    assert outputs[2] is None
+    torch.testing.assert_close(outputs[:2], list(expected[:2]))
