@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import warnings
@@ -291,6 +292,12 @@ def run(
             str(iters),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode < 0:  # a signal: a library or package file the loader mapped is damaged, or a crash
+            name = signal.Signals(-proc.returncode).name
+            raise OpforgeError(
+                f"opforge-runner was killed by {name} running {package_path} (a truncated or damaged library or "
+                f"package file beside it gives SIGBUS):\n{proc.stderr.strip()}"
+            )
         if proc.returncode != 0:
             raise OpforgeError(f"opforge-runner failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
         report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -124,6 +124,16 @@ OPFORGE_OP(shimtest, softshrink).input("x", opforge::kFloat32).output("y", opfor
 """
 
 
+def test_a_damaged_shim_library_is_reported_not_an_empty_error(shimmed, tmp_path):
+    _, package, device = shimmed
+    for f in package.parent.iterdir():
+        if f.is_file():
+            data = f.read_bytes()
+            (tmp_path / f.name).write_bytes(data[:2000] if f.name.startswith("libopforge_shims_") else data)
+    with pytest.raises(OpforgeError, match=r"opforge-runner was killed by SIGBUS running .*model.pt2"):
+        aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
+
+
 def test_ops_that_shims_cannot_carry_keep_the_proxy_executor(tmp_path):
     (tmp_path / "skipped_ops.cpp").write_text(SKIPPED_OPS)
     opforge.load_library(opforge.build_library("shimtest", [tmp_path / "skipped_ops.cpp"], build_dir=tmp_path / "b"))
