@@ -184,18 +184,27 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < inputs.size(); ++k) inputs[k].copy_(original[k]);
       sync();
     };
-    const std::vector<at::Tensor> outputs = loader.run(inputs);
+    // An op's exception can be logged and swallowed by AOTInductor's proxy executor, leaving an
+    // undefined output: every run asks the adapter whether an op failed.
+    auto run = [&] {
+      opforge::torch::take_call_error();
+      std::vector<at::Tensor> out = loader.run(inputs);
+      if (const std::string error = opforge::torch::take_call_error(); !error.empty())
+        fail("an op failed while running " + o.package + ":\n" + error);
+      return out;
+    };
+    const std::vector<at::Tensor> outputs = run();
     save(outputs, o.output);
     if (!o.inputs_after.empty()) save(inputs, o.inputs_after);
     for (int i = 0; i < o.warmup; ++i) {
       fresh();
-      loader.run(inputs);
+      run();
     }
     std::vector<double> ms;
     for (int i = 0; i < o.iters; ++i) {
       fresh();
       const auto t0 = std::chrono::steady_clock::now();
-      loader.run(inputs);
+      run();
       sync();
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }

@@ -30,6 +30,12 @@ std::string load_library(const std::string& path);
 /// Qualified names ("ns::name") of every op registered by load_library so far.
 std::vector<std::string> registered_ops();
 
+/// The message of the first error an opforge op raised on this thread since the last call, then
+/// cleared; empty if none. For hosts whose caller may swallow an op's exception: AOTInductor's
+/// proxy executor logs it and the model can return an undefined output instead of failing, so
+/// the runner asks after each run.
+std::string take_call_error();
+
 }  // namespace opforge::torch
 
 extern "C" {

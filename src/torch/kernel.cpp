@@ -10,11 +10,13 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../core/call.h"
 #include "../core/check.h"
 #include "../core/schema.h"
+#include "opforge/torch.h"
 #include "types.h"
 
 namespace opforge::torch {
@@ -69,6 +71,13 @@ struct Scratch {
   }
 };
 
+/// The first error an op raised on this thread since take_call_error last asked.
+thread_local std::string t_call_error;
+
+void record_call_error(const char* message) {
+  if (t_call_error.empty()) t_call_error = message;
+}
+
 class OpKernel final : public c10::OperatorKernel {
  public:
   OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out)
@@ -83,6 +92,19 @@ class OpKernel final : public c10::OperatorKernel {
 
   /// The kernel on the arguments at the top of `stack`, replaced by the outputs.
   void run(::torch::jit::Stack* stack) {
+    try {
+      run_unguarded(stack);
+    } catch (const c10::Error& e) {
+      record_call_error(e.what_without_backtrace());
+      throw;
+    } catch (const std::exception& e) {
+      record_call_error(e.what());
+      throw;
+    }
+  }
+
+ private:
+  void run_unguarded(::torch::jit::Stack* stack) {
     const bool fake = mode_ == Mode::kFake;
     const int32_t n = op_.num_args + (out_ ? op_.num_outputs : 0) + (fake ? 1 : 0);
     const auto ivalues = ::torch::jit::last(*stack, n);
@@ -94,7 +116,6 @@ class OpKernel final : public c10::OperatorKernel {
     for (auto& t : outputs) ::torch::jit::push(*stack, std::move(t));
   }
 
- private:
   CallArgs unpack(c10::ArrayRef<c10::IValue> ivalues) const {
     const int32_t n = op_.num_args;
     CallArgs c;  // storage only for the kinds the op has: these vectors are built on every call
@@ -347,6 +368,8 @@ class OpKernel final : public c10::OperatorKernel {
 ::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out) {
   return ::torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(op, mode, kernel, out));
 }
+
+std::string take_call_error() { return std::exchange(t_call_error, std::string()); }
 
 std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) {
   auto k = std::make_shared<OpKernel>(op, mode, kernel, /*out=*/false);
