@@ -59,14 +59,6 @@ def _torch_exports(device: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / name))
 
 
-def _shim(name: str, device: str) -> dict:
-    adapter = _load_adapter()
-    fn = adapter.opforge_torch_aoti_shim
-    fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-    fn.restype = ctypes.c_int
-    return _core.call(fn, f"{name} {device}")
-
-
 def build(ops: Iterable[tuple[str, torch._ops.OpOverload]], device: str, folder: Path) -> ShimLibrary | None:
     """Compiles the C shims of ``ops`` on ``device`` into a shared library in ``folder``.
 
@@ -84,11 +76,10 @@ def build(ops: Iterable[tuple[str, torch._ops.OpOverload]], device: str, folder:
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     adapter = _load_adapter()
-    adapter.opforge_torch_aoti_prelude.restype = ctypes.c_char_p
     definitions, declarations, skipped, functions = [], {}, {}, {}
     for name, overload in dict(ops).items():
         try:
-            shim = _shim(name, device)
+            shim = _core.call(adapter.opforge_torch_aoti_shim, f"{name} {device}")
         except ValueError as err:  # a type C shims cannot carry, no kernel for the device
             skipped[name] = str(err)
             continue

@@ -42,6 +42,9 @@ def _load_adapter() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
         lib.opforge_torch_load_library.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
         lib.opforge_torch_load_library.restype = ctypes.c_int
+        lib.opforge_torch_aoti_shim.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        lib.opforge_torch_aoti_shim.restype = ctypes.c_int
+        lib.opforge_torch_aoti_prelude.restype = ctypes.c_char_p
         _adapter = lib
     return _adapter
 

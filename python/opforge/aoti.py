@@ -181,9 +181,10 @@ def package(
                 + "\n".join(f"  {name}: {why}" for name, why in sorted(kept.items())),
                 stacklevel=2,
             )
-    if shims is not None:
+    if shims is not None:  # added to the caller's own shims and libraries, if any
         for key, value in shims.inductor_configs().items():
-            configs[key] = {**configs[key], **value} if isinstance(value, dict) and key in configs else value
+            given = configs.get(key)
+            configs[key] = ({**given, **value} if isinstance(value, dict) else [*given, *value]) if given else value
     with (
         status(f"opforge: AOTInductor-compiling {pt2} (tens of seconds)"),
         warnings.catch_warnings(),

@@ -32,6 +32,7 @@
 #include <sstream>
 #include <string>
 
+#include "../core/backward.h"
 #include "../core/c_entry.h"
 #include "../core/library.h"
 #include "../core/schema.h"
@@ -50,8 +51,7 @@ struct ShimOp {
 
 const OpforgeOpSpec* find_spec(const std::string& qualified) {
   for (const core::Library* l : core::loaded_libraries())
-    for (int32_t i = 0; i < l->lib->num_ops; ++i)
-      if (core::qualified_name(*l->lib->ops[i]) == qualified) return l->lib->ops[i];
+    if (const OpforgeOpSpec* op = core::find_op(*l->lib, qualified)) return op;
   return nullptr;
 }
 

@@ -66,11 +66,20 @@ def test_the_model_calls_the_shims_and_the_runner_loads_them(shimmed):
         torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
 
 
+def copy_package(package: Path, dest: Path, shim_library) -> None:
+    """The package's folder into ``dest``, its shim library's bytes through ``shim_library``
+    (None: left out)."""
+    for f in package.parent.iterdir():
+        if f.is_file():
+            data = f.read_bytes()
+            data = shim_library(data) if f.name.startswith("libopforge_shims_") else data
+            if data is not None:
+                (dest / f.name).write_bytes(data)
+
+
 def test_a_package_without_its_shim_library_fails_naming_it(shimmed, tmp_path):
     _, package, device = shimmed
-    for f in package.parent.iterdir():
-        if not f.name.startswith("libopforge_shims_") and f.is_file():
-            (tmp_path / f.name).write_bytes(f.read_bytes())
+    copy_package(package, tmp_path, lambda data: None)
     with pytest.raises(
         OpforgeError, match=r"links the C shim library .*libopforge_shims_\w+\.so, which cannot be loaded"
     ):
@@ -126,10 +135,7 @@ OPFORGE_OP(shimtest, softshrink).input("x", opforge::kFloat32).output("y", opfor
 
 def test_a_damaged_shim_library_is_reported_not_an_empty_error(shimmed, tmp_path):
     _, package, device = shimmed
-    for f in package.parent.iterdir():
-        if f.is_file():
-            data = f.read_bytes()
-            (tmp_path / f.name).write_bytes(data[:2000] if f.name.startswith("libopforge_shims_") else data)
+    copy_package(package, tmp_path, lambda data: data[:2000])
     with pytest.raises(OpforgeError, match=r"opforge-runner was killed by SIGBUS running .*model.pt2"):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
 
