@@ -3,6 +3,7 @@ in src/torch/aoti_shims.cpp) instead of the proxy executor, run by the C++ runne
 
 from __future__ import annotations
 
+import re
 import warnings
 import zipfile
 from pathlib import Path
@@ -12,8 +13,9 @@ import torch
 
 import opforge
 from conftest import DEVICES
-from opforge import OpforgeError, aoti
+from opforge import OpforgeError, _core, aoti
 from opforge._aoti_shims import build
+from opforge._torch import _load_adapter
 
 
 class Block(torch.nn.Module):
@@ -157,3 +159,12 @@ def test_ops_that_shims_cannot_carry_keep_the_proxy_executor(tmp_path):
     )
     assert shims.inductor_configs()["aot_inductor.custom_op_libs"] == [shims.path.name[3:-3]]
     assert build([("shimtest::padded", padded)], "cpu", tmp_path / "none") is None
+
+
+def test_a_shim_is_refused_with_the_reason(tmp_path):
+    opforge.load_library(opforge.example_library("softshrink"))
+    entry = _load_adapter().opforge_torch_aoti_shim
+    with pytest.raises(ValueError, match=re.escape('C shims are for device "cpu" or "cuda", not "tpu"')):
+        _core.call(entry, "examples::softshrink tpu")
+    with pytest.raises(ValueError, match="no loaded op library declares examples::no_such_op"):
+        _core.call(entry, "examples::no_such_op cpu")
