@@ -63,13 +63,13 @@ inline unsigned grid_for(int64_t items, int threads, int blocks_per_sm = 8) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{sm_count()} * blocks_per_sm)));
 }
 
-/// Blocks of `threads` threads of `kernel` that fit on the device at once: occupancy (by
-/// cudaOccupancyMaxActiveBlocksPerMultiprocessor, no dynamic shared memory) times
-/// multiprocessors, at least 1.
+/// Blocks of `threads` threads of `kernel`, each with `dynamic_smem` bytes of dynamic shared
+/// memory, that fit on the device at once: occupancy (by
+/// cudaOccupancyMaxActiveBlocksPerMultiprocessor) times multiprocessors, at least 1.
 template <class Kernel>
-inline int64_t resident_blocks(Kernel kernel, int threads) {
+inline int64_t resident_blocks(Kernel kernel, int threads, size_t dynamic_smem = 0) {
   int per_sm = 0;
-  OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  OPFORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_smem));
   return int64_t{std::max(per_sm, 1)} * sm_count();
 }
 
@@ -77,9 +77,9 @@ inline int64_t resident_blocks(Kernel kernel, int threads) {
 /// over items (rows) and keep per-block partial sums, so that there are as few partials as keep
 /// every multiprocessor busy.
 template <class Kernel>
-inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
+inline unsigned resident_grid(Kernel kernel, int threads, int64_t items, size_t dynamic_smem = 0) {
   if (items <= 0) return 0;
-  return static_cast<unsigned>(std::min<int64_t>(items, resident_blocks(kernel, threads)));
+  return static_cast<unsigned>(std::min<int64_t>(items, resident_blocks(kernel, threads, dynamic_smem)));
 }
 
 /// Lets `kernel` launch with `bytes` of dynamic shared memory (cudaFuncSetAttribute's

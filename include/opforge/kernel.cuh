@@ -251,6 +251,19 @@ struct RowRegisters {
   __device__ static void load(const T* p, A (&out)[kWidth]) { unpack<T>(*reinterpret_cast<const uint4*>(p), out); }
   /// Rounds kWidth accumulator values to T and stores them as one 16-byte access at `p`.
   __device__ static void store(T* p, const A (&in)[kWidth]) { *reinterpret_cast<uint4*>(p) = pack<T>(in); }
+  /// Adds kWidth accumulator values to the ones at `p` (16-byte aligned; shared memory, where a
+  /// kernel keeps per-column sums that would cost it registers), by 16-byte accesses.
+  __device__ static void accumulate(A* p, const A (&in)[kWidth]) {
+    constexpr int kPer = 16 / sizeof(A);
+#pragma unroll
+    for (int j = 0; j < kWidth / kPer; ++j) {
+      uint4 word = reinterpret_cast<const uint4*>(p)[j];
+      A* sums = reinterpret_cast<A*>(&word);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) sums[i] += in[j * kPer + i];
+      reinterpret_cast<uint4*>(p)[j] = word;
+    }
+  }
 };
 
 }  // namespace opforge::kernel

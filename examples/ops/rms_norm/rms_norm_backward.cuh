@@ -4,9 +4,10 @@
 //   grad_w = sum over rows of g * x * r                   (a reduction over rows)
 // (the derivative of y = x * r * w; as torch's rms_norm backward and Apex's FusedRMSNorm).
 // One pass over the rows: blocks loop over rows, each thread owns the same columns of every row,
-// adds its share of grad_w into registers and writes one row of per-block partial sums at the
-// end; opforge::cuda::sum_partials adds those up. r is recomputed from x (the forward saves
-// nothing but its inputs), so the pass reads grad_y and x once and writes grad_x once.
+// adds its share of grad_w into registers or shared memory (kSharedSums) and writes one row of
+// per-block partial sums at the end; opforge::cuda::sum_partials adds those up. r is recomputed
+// from x (the forward saves nothing but its inputs), so the pass reads grad_y and x once and
+// writes grad_x once.
 #pragma once
 
 #include <opforge/cuda.h>
@@ -20,6 +21,12 @@ constexpr int kMaxRowThreads = 512;  // with __launch_bounds__, at most 128 regi
 /// 4 against 0.870 with 2; float32 0.981 with 2 against 0.889 with 4).
 template <class T>
 constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
+/// Where the rows-in-registers kernel keeps its grad_w sums: for 16-bit elements in shared memory
+/// (each thread its own columns, so no barrier), which takes 32 registers a thread off the 128
+/// that weight and the rows already hold (bench/RESULTS.md: fused_add_rms_norm bf16 0.874 ->
+/// 0.967 x copy, rms_norm fp16 0.904 -> 0.924); for wider ones in registers.
+template <class T>
+constexpr bool kSharedSums = sizeof(T) == 2;
 
 /// kRegisters: the row fits RowRegisters at this block size and every pointer is 16-byte
 /// aligned (the host checks both); rows are read once into registers. Else plain loops that
@@ -37,12 +44,20 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const A n = static_cast<A>(cols);
   A* part = partial + int64_t{blockIdx.x} * cols;
   if constexpr (kRegisters) {
-    A w[Row::kVectors][Row::kWidth], gw[Row::kVectors][Row::kWidth];
+    constexpr bool kShared = kSharedSums<T>;
+    A w[Row::kVectors][Row::kWidth], gw[kShared ? 1 : Row::kVectors][Row::kWidth] = {};
+    extern __shared__ uint4 shared_sums[];  // kShared: grad_w's sums, [cols] in A
+    A* const sw = reinterpret_cast<A*>(shared_sums);
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) w[k][i] = gw[k][i] = 0;
-      if (Row::has(k, cols)) opforge::kernel::load_widened(weight + Row::offset(k), w[k]);
+      for (int i = 0; i < Row::kWidth; ++i) w[k][i] = 0;
+      if (!Row::has(k, cols)) continue;
+      opforge::kernel::load_widened(weight + Row::offset(k), w[k]);
+      if constexpr (kShared) {
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) sw[Row::offset(k) + i] = 0;
+      }
     }
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
       uint4 xw[Row::kVectors], gy[Row::kVectors], ga[kAdd ? Row::kVectors : 1];  // all loads in flight first
@@ -70,10 +85,17 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         A xv[Row::kWidth], gv[Row::kWidth];
         opforge::kernel::unpack<T>(xw[k], xv);
         opforge::kernel::unpack<T>(gy[k], gv);
+        A dw[Row::kWidth];
 #pragma unroll
         for (int i = 0; i < Row::kWidth; ++i) {
-          gw[k][i] += gv[i] * xv[i] * scale;
+          dw[i] = gv[i] * xv[i] * scale;
           gv[i] = scale * (gv[i] * w[k][i] - xv[i] * c);
+        }
+        if constexpr (kShared) {
+          Row::accumulate(sw + Row::offset(k), dw);
+        } else {
+#pragma unroll
+          for (int i = 0; i < Row::kWidth; ++i) gw[k][i] += dw[i];
         }
         if constexpr (kAdd) {
           A av[Row::kWidth];
@@ -88,7 +110,12 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) part[Row::offset(k) + i] = gw[k][i];
+      for (int i = 0; i < Row::kWidth; ++i) {
+        if constexpr (kShared)
+          part[Row::offset(k) + i] = sw[Row::offset(k) + i];
+        else
+          part[Row::offset(k) + i] = gw[k][i];
+      }
     }
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) part[c] = 0;
@@ -134,11 +161,13 @@ void launch(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor
   const int threads = registers ? row_threads : kLoopThreads;
   auto k = registers ? (add ? kernel<T, W, true, true> : kernel<T, W, true, false>)
                      : (add ? kernel<T, W, false, true> : kernel<T, W, false, false>);
-  const unsigned grid = opforge::cuda::resident_grid(k, threads, rows);
+  const size_t smem = registers && kSharedSums<T> ? cols * sizeof(A) : 0;
+  opforge::cuda::allow_dynamic_smem(k, smem);
+  const unsigned grid = opforge::cuda::resident_grid(k, threads, rows, smem);
   auto* partial = static_cast<A*>(ctx.allocate(sizeof(A) * grid * cols));
   const cudaStream_t stream = opforge::cuda::stream(ctx);
   if (grid > 0) {
-    k<<<grid, threads, 0, stream>>>(g, in, w, grad_add, out, partial, rows, cols, eps);
+    k<<<grid, threads, smem, stream>>>(g, in, w, grad_add, out, partial, rows, cols, eps);
     opforge::cuda::check_launch("rms_norm_backward kernel");
   }
   opforge::cuda::sum_partials(partial, int64_t{grid}, cols, grad_weight.data<W>(), stream);
