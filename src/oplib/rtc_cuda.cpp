@@ -11,6 +11,7 @@
 #include <nvrtc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -355,10 +356,66 @@ void bind_primary_context(int device) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
-void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
+// ---- the per-thread launch cache ------------------------------------------------------------
+
+/// Bumped by rtc_reload: launch-cache entries of an older generation are not used.
+std::atomic<uint64_t> g_generation{0};
+
+/// One instantiation a thread has launched: the kernel, device and instantiation key (every
+/// tensor argument's and output's dtype, then every compile-time parameter's value: what its
+/// name is made of), the loaded function and its name.
+struct CachedLaunch {
+  static constexpr int kMaxKey = 24;
+  const RuntimeKernel* rk = nullptr;
+  int device = -1;
+  uint64_t generation = 0;
+  int32_t size = 0;
+  int64_t key[kMaxKey] = {};
+  CUfunction fn = nullptr;
+  std::string name;
+};
+
+/// Writes the call's instantiation key into `e` (rk, device, key); false where it does not fit
+/// kMaxKey or a compile-time parameter is a string (its text would be part of the key).
+bool make_key(const RuntimeKernel& rk, const OpforgeCallFrame* f, CachedLaunch& e) {
   const OpDef& def = *rk.def;
-  const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
-  if (!cfg) return;
+  e.rk = &rk;
+  e.device = f->ctx->device_index;
+  e.size = 0;
+  auto add = [&](int64_t v) {
+    if (e.size == CachedLaunch::kMaxKey) return false;
+    e.key[e.size++] = v;
+    return true;
+  };
+  for (int32_t i = 0; i < f->num_args; ++i) {
+    const ArgDecl& a = def.args[i];
+    if (a.kind == OPFORGE_ARG_TENSOR) {
+      if (!add(f->args[i].tensor.dtype)) return false;
+    } else if (a.param.compile_time) {
+      if (a.kind == OPFORGE_ARG_STRING || !add(f->args[i].value.i)) return false;
+    }
+  }
+  for (int32_t o = 0; o < f->num_outputs; ++o)
+    if (!add(f->outputs[o].dtype)) return false;
+  return true;
+}
+
+/// The loaded function for this call. Each thread keeps the instantiations it launched (at most
+/// kEntries, then starts over), so that a launch of a known instantiation builds no name, takes
+/// no lock and allocates nothing; the first launch on a thread goes through function_for.
+const CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg) {
+  constexpr size_t kEntries = 64;
+  thread_local std::vector<CachedLaunch> cache;
+  thread_local CachedLaunch probe;
+  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  const bool keyed = make_key(rk, f, probe);
+  if (keyed) {
+    for (const CachedLaunch& e : cache)
+      if (e.rk == probe.rk && e.device == probe.device && e.generation == generation && e.size == probe.size &&
+          std::equal(e.key, e.key + e.size, probe.key))
+        return e;
+  }
+  const OpDef& def = *rk.def;
   std::vector<int32_t> arg_dtypes(f->num_args, -1), out_dtypes(f->num_outputs);
   std::vector<OpforgeValue> values(f->num_args);
   for (int32_t i = 0; i < f->num_args; ++i) {
@@ -366,19 +423,29 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
     values[i] = f->args[i].value;
   }
   for (int32_t o = 0; o < f->num_outputs; ++o) out_dtypes[o] = f->outputs[o].dtype;
-  const std::string name = rtc::instantiate(rk, arg_dtypes, out_dtypes, values.data(), cuda_type);
-  rtc::KernelArguments args(rk, f, *cfg);
+  probe.name = rtc::instantiate(rk, arg_dtypes, out_dtypes, values.data(), cuda_type);
+  probe.fn = function_for(rk, probe.name, probe.device, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg.args.size()));
+  probe.generation = generation;
+  if (!keyed) return probe;
+  if (cache.size() == kEntries) cache.clear();
+  cache.push_back(probe);
+  return cache.back();
+}
 
+void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
+  const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
+  if (!cfg) return;
   bind_primary_context(f->ctx->device_index);
-  CUfunction fn =
-      function_for(rk, name, f->ctx->device_index, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg->args.size()));
+  const CachedLaunch& target = cached_function(rk, f, *cfg);
+  rtc::KernelArguments args(rk, f, *cfg);
   if (cfg->shared_bytes > 48 * 1024 && driver().set_attribute)
-    check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    check_cu(driver().set_attribute(target.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     static_cast<int>(cfg->shared_bytes)),
              "cuFuncSetAttribute");
-  check_cu(driver().launch(fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
-                           cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr),
-           ("cuLaunchKernel(" + name + ")").c_str());
+  const CUresult r =
+      driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1],
+                      cfg->block[2], cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
+  if (r != CUDA_SUCCESS) check_cu(r, ("cuLaunchKernel(" + target.name + ")").c_str());
 }
 
 }  // namespace
@@ -432,6 +499,7 @@ void OpDef::add_cuda_source(std::string source_file, std::string kernel_name) {
 void rtc_reload() {
   std::lock_guard<std::mutex> lock(g_mutex);
   functions().clear();
+  g_generation.fetch_add(1, std::memory_order_release);
 }
 
 }  // namespace opforge::detail

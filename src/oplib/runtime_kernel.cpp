@@ -451,33 +451,38 @@ std::optional<std::string> demangled_parameters(const std::string& lowered_name)
   return std::nullopt;
 }
 
-KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg)
-    : ints_(cfg.args) {
+KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg) {
   const OpDef& def = *rk.def;
   const int32_t num_args = f->num_args;
-  // Reserved up front: params_ points into these vectors, which must not reallocate.
-  pointers_.reserve(num_args + f->num_outputs);
-  ints_.reserve(ints_.size() + num_args);
-  floats_.reserve(num_args);
-  bools_.reserve(num_args);
+  const size_t most = static_cast<size_t>(num_args + f->num_outputs) + cfg.args.size();
+  if (most > kInline) {
+    heap_slots_.resize(most);
+    heap_params_.resize(most);
+    slots_ = heap_slots_.data();
+    params_ = heap_params_.data();
+  }
+  size_t n = 0;
+  auto add = [&](Slot v) {
+    slots_[n] = v;
+    params_[n] = &slots_[n];
+    ++n;
+  };
   for (int32_t i = 0; i < num_args; ++i)
-    if (def.args[i].kind == OPFORGE_ARG_TENSOR) pointers_.push_back(f->args[i].tensor.data);
-  for (int32_t o = 0; o < f->num_outputs; ++o) pointers_.push_back(f->outputs[o].data);
-  for (auto& p : pointers_) params_.push_back(&p);
-  for (auto& v : ints_) params_.push_back(&v);
+    if (def.args[i].kind == OPFORGE_ARG_TENSOR) add(Slot{.pointer = f->args[i].tensor.data});
+  for (int32_t o = 0; o < f->num_outputs; ++o) add(Slot{.pointer = f->outputs[o].data});
+  for (int64_t v : cfg.args) add(Slot{.integer = v});
   for (int32_t i = 0; i < num_args; ++i) {
     const ArgDecl& a = def.args[i];
     if (a.kind == OPFORGE_ARG_TENSOR || a.param.compile_time) continue;
     const OpforgeValue& v = f->args[i].value;
     if (a.kind == OPFORGE_ARG_FLOAT) {
-      floats_.push_back(v.f);
-      params_.push_back(&floats_.back());
+      add(Slot{.floating = v.f});
     } else if (a.kind == OPFORGE_ARG_BOOL) {
-      bools_.push_back(v.i != 0);
-      params_.push_back(&bools_.back());
+      Slot b{.integer = 0};
+      b.boolean = v.i != 0;
+      add(b);
     } else {
-      ints_.push_back(v.i);
-      params_.push_back(&ints_.back());
+      add(Slot{.integer = v.i});
     }
   }
 }

@@ -107,21 +107,30 @@ std::optional<std::string> demangled_parameters(const std::string& lowered_name)
 
 /// The kernel's arguments in their order: the tensors' data pointers (inputs, then outputs; an
 /// absent optional input's is null), the launch's int64 values, then the parameters that are
-/// not compile-time, each with its declared C type (int64_t, double, bool).
+/// not compile-time, each with its declared C type (int64_t, double, bool). Held inline for up
+/// to kInline arguments (built on every launch: no allocation on that path), else on the heap.
 class KernelArguments {
  public:
   KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg);
   KernelArguments(const KernelArguments&) = delete;
   KernelArguments& operator=(const KernelArguments&) = delete;
   /// One pointer per argument, to its value (what cuLaunchKernel's kernelParams takes).
-  void** params() { return params_.data(); }
+  void** params() { return params_; }
 
  private:
-  std::vector<void*> pointers_;
-  std::vector<int64_t> ints_;
-  std::vector<double> floats_;
-  std::vector<unsigned char> bools_;
-  std::vector<void*> params_;
+  union Slot {  // one argument's value; a bool is its first byte
+    void* pointer;
+    int64_t integer;
+    double floating;
+    unsigned char boolean;
+  };
+  static constexpr size_t kInline = 32;
+  Slot inline_slots_[kInline];
+  void* inline_params_[kInline];
+  std::vector<Slot> heap_slots_;
+  std::vector<void*> heap_params_;
+  Slot* slots_ = inline_slots_;
+  void** params_ = inline_params_;
 };
 
 }  // namespace opforge::detail::rtc

@@ -168,6 +168,27 @@ TEST(KernelArguments, PointersThenLaunchValuesThenParameters) {
             "pair<__half, float, 4>");
 }
 
+TEST(KernelArguments, MoreArgumentsThanHeldInlineKeepTheirOrder) {
+  auto def = pair_op(opforge::elementwise("y"));
+  Frame f;
+  f.args.resize(6);
+  f.args[0].tensor = f.tensor({8}, OPFORGE_DTYPE_FLOAT32);
+  f.args[1].tensor = {nullptr, -1, OPFORGE_DEVICE_CUDA, 0, -1, nullptr, nullptr};
+  f.args[2].value.i = -3;
+  f.args[3].value.f = 2.5;
+  f.args[4].value.i = 0;
+  f.outputs.push_back(f.tensor({8}, OPFORGE_DTYPE_FLOAT32));
+  opforge::LaunchConfig cfg;
+  for (int64_t v = 0; v < 40; ++v) cfg.args.push_back(100 + v);  // a grid function's values, past 32
+  rtc::KernelArguments args(*def->runtime_kernels[0], f.get(), cfg);
+  void** p = args.params();
+  EXPECT_EQ(*static_cast<void**>(p[0]), reinterpret_cast<void*>(0x1000));
+  for (int v = 0; v < 40; ++v) EXPECT_EQ(*static_cast<int64_t*>(p[3 + v]), 100 + v) << v;
+  EXPECT_EQ(*static_cast<int64_t*>(p[43]), -3);
+  EXPECT_EQ(*static_cast<double*>(p[44]), 2.5);
+  EXPECT_EQ(*static_cast<bool*>(p[45]), false);
+}
+
 const char* cuda_name(int32_t d) { return d == OPFORGE_DTYPE_FLOAT16 ? "__half" : "float"; }
 
 TEST(KernelSignature, WhatTheKernelIsPassedInOrder) {
