@@ -4,6 +4,7 @@
 
 #include <ATen/core/stack.h>
 #include <ATen/native/Resize.h>
+#include <c10/util/SmallVector.h>
 #include <c10/core/DeviceGuard.h>
 #include <dlfcn.h>
 
@@ -40,13 +41,19 @@ void* current_cuda_stream(c10::DeviceIndex index) {
   return stream;
 }
 
+/// Containers built on every call: held inline up to kInline elements (no allocation for
+/// the usual op), on the heap past that.
+constexpr unsigned kInline = 8;
+template <class T>
+using PerCall = c10::SmallVector<T, kInline>;
+
 /// Arguments of one call converted from the stack, with storage for strings and lists.
 struct CallArgs {
-  std::vector<at::Tensor> tensors;
+  PerCall<at::Tensor> tensors;
   std::vector<std::string> strings;
   std::vector<std::vector<int64_t>> int_lists;
   std::vector<std::vector<double>> float_lists;
-  std::vector<OpforgeValue> values;
+  PerCall<OpforgeValue> values;
   std::vector<std::optional<c10::SymInt>> symbolic;  // a size parameter's value while tracing
   std::vector<at::Tensor> outs;                      // an out= call's out tensors
   std::vector<c10::SymInt> data_dependent;           // Mode::kFake: one size per such output
@@ -111,7 +118,7 @@ class OpKernel final : public c10::OperatorKernel {
     CallArgs call = with_torch_errors([&] { return unpack(fake ? ivalues.slice(0, n - 1) : ivalues); });
     if (fake) call.data_dependent = ivalues.back().toSymIntVector();
     const bool symbolic = mode_ == Mode::kMeta || fake;
-    std::vector<at::Tensor> outputs = symbolic ? run<c10::SymInt>(call) : run<int64_t>(call);
+    PerCall<at::Tensor> outputs = symbolic ? run<c10::SymInt>(call) : run<int64_t>(call);
     ::torch::jit::drop(*stack, n);
     for (auto& t : outputs) ::torch::jit::push(*stack, std::move(t));
   }
@@ -201,7 +208,7 @@ class OpKernel final : public c10::OperatorKernel {
   }
 
   template <class Int>
-  std::vector<at::Tensor> run(CallArgs& call) const {
+  PerCall<at::Tensor> run(CallArgs& call) const {
     const int32_t n = op_.num_args;
     std::vector<core::ArgInfo<Int>> info(n);
     int32_t device_arg = -1;
@@ -231,7 +238,7 @@ class OpKernel final : public c10::OperatorKernel {
     }
 
     const at::Device device = call.tensors[device_arg].device();
-    std::vector<at::Tensor> outputs;  // what the call returns
+    PerCall<at::Tensor> outputs;  // what the call returns
     outputs.reserve(outs.size());
     for (size_t k = 0; k < outs.size(); ++k) {
       if (out_) {  // torch's rules: a tensor without elements is resized silently, another with a warning
@@ -266,7 +273,7 @@ class OpKernel final : public c10::OperatorKernel {
   /// The data-dependent first dim of output `k`: the value the kernel wrote into its size output
   /// (read from the device: a synchronisation, as torch.nonzero's). Throws c10::Error, naming the
   /// op and both outputs, for a value outside [0, bound].
-  int64_t written_size(const std::vector<at::Tensor>& outputs, int32_t k, int64_t bound) const {
+  int64_t written_size(const PerCall<at::Tensor>& outputs, int32_t k, int64_t bound) const {
     const int32_t from = op_.outputs[k].size_from;
     const int64_t size = outputs[from].item<int64_t>();
     TORCH_CHECK(size >= 0 && size <= bound, core::qualified_name(op_), ": the kernel wrote ", size, " into '",
@@ -277,7 +284,7 @@ class OpKernel final : public c10::OperatorKernel {
 
   /// Runs the kernel into `outputs`. An out= tensor the kernel cannot write as it is (not dense
   /// and 16-byte aligned) gets the kernel's result through a dense temporary and copy_.
-  void launch(CallArgs& call, const std::vector<at::Tensor>& outputs, const at::Device& device) const {
+  void launch(CallArgs& call, const PerCall<at::Tensor>& outputs, const at::Device& device) const {
     const int32_t n = op_.num_args;
     // Mutated inputs are never copied and own their memory (Note [Mutated inputs]): refuse a layout
     // that would need a copy, and memory shared with another argument. Ops that write no input skip it.
@@ -299,14 +306,14 @@ class OpKernel final : public c10::OperatorKernel {
     const int32_t device_index = device.has_index() ? device.index() : -1;
     // What the kernel writes: the outputs, or for an out= call dense temporaries in place of
     // out tensors it cannot write as they are (copied back after the kernel).
-    std::vector<at::Tensor> temporaries;
+    PerCall<at::Tensor> temporaries;
     if (out_) {
       temporaries = outputs;
       const OpforgeTensorSpec dense{};  // the layout every output has
       for (auto& t : temporaries)
         if (core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs) t = at::empty(t.sizes(), t.options());
     }
-    const std::vector<at::Tensor>& targets = out_ ? temporaries : outputs;
+    const PerCall<at::Tensor>& targets = out_ ? temporaries : outputs;
     std::vector<OpforgeTensor> out_views;
     out_views.reserve(targets.size());
     for (const auto& o : targets)
