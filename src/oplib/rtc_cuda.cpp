@@ -361,9 +361,8 @@ void bind_primary_context(int device) {
 /// Bumped by rtc_reload: launch-cache entries of an older generation are not used.
 std::atomic<uint64_t> g_generation{0};
 
-/// One instantiation a thread has launched: the kernel, device and instantiation key (every
-/// tensor argument's and output's dtype, then every compile-time parameter's value: what its
-/// name is made of), the loaded function and its name.
+/// One instantiation a thread has launched: the kernel, device and instantiation key
+/// (rtc::instantiation_key), the loaded function and its name.
 struct CachedLaunch {
   static constexpr int kMaxKey = 24;
   const RuntimeKernel* rk = nullptr;
@@ -375,31 +374,6 @@ struct CachedLaunch {
   std::string name;
 };
 
-/// Writes the call's instantiation key into `e` (rk, device, key); false where it does not fit
-/// kMaxKey or a compile-time parameter is a string (its text would be part of the key).
-bool make_key(const RuntimeKernel& rk, const OpforgeCallFrame* f, CachedLaunch& e) {
-  const OpDef& def = *rk.def;
-  e.rk = &rk;
-  e.device = f->ctx->device_index;
-  e.size = 0;
-  auto add = [&](int64_t v) {
-    if (e.size == CachedLaunch::kMaxKey) return false;
-    e.key[e.size++] = v;
-    return true;
-  };
-  for (int32_t i = 0; i < f->num_args; ++i) {
-    const ArgDecl& a = def.args[i];
-    if (a.kind == OPFORGE_ARG_TENSOR) {
-      if (!add(f->args[i].tensor.dtype)) return false;
-    } else if (a.param.compile_time) {
-      if (a.kind == OPFORGE_ARG_STRING || !add(f->args[i].value.i)) return false;
-    }
-  }
-  for (int32_t o = 0; o < f->num_outputs; ++o)
-    if (!add(f->outputs[o].dtype)) return false;
-  return true;
-}
-
 /// The loaded function for this call. Each thread keeps the instantiations it launched (at most
 /// kEntries, then starts over), so that a launch of a known instantiation builds no name, takes
 /// no lock and allocates nothing; the first launch on a thread goes through function_for.
@@ -408,7 +382,9 @@ const CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFr
   thread_local std::vector<CachedLaunch> cache;
   thread_local CachedLaunch probe;
   const uint64_t generation = g_generation.load(std::memory_order_acquire);
-  const bool keyed = make_key(rk, f, probe);
+  probe.rk = &rk;
+  probe.device = f->ctx->device_index;
+  const bool keyed = rtc::instantiation_key(rk, f, probe.key, CachedLaunch::kMaxKey, probe.size);
   if (keyed) {
     for (const CachedLaunch& e : cache)
       if (e.rk == probe.rk && e.device == probe.device && e.generation == generation && e.size == probe.size &&

@@ -174,6 +174,28 @@ bool find_cached(const std::string& key, const std::string& write_dir, bool stor
   return false;
 }
 
+bool instantiation_key(const RuntimeKernel& rk, const OpforgeCallFrame* f, int64_t* key, int32_t capacity,
+                       int32_t& size) {
+  const OpDef& def = *rk.def;
+  size = 0;
+  auto add = [&](int64_t v) {
+    if (size == capacity) return false;
+    key[size++] = v;
+    return true;
+  };
+  for (int32_t i = 0; i < f->num_args; ++i) {
+    const ArgDecl& a = def.args[i];
+    if (a.kind == OPFORGE_ARG_TENSOR) {
+      if (!add(f->args[i].tensor.dtype)) return false;
+    } else if (a.param.compile_time) {
+      if (a.kind == OPFORGE_ARG_STRING || !add(f->args[i].value.i)) return false;
+    }
+  }
+  for (int32_t o = 0; o < f->num_outputs; ++o)
+    if (!add(f->outputs[o].dtype)) return false;
+  return true;
+}
+
 std::string instantiate(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
                         const std::vector<int32_t>& out_dtypes, const OpforgeValue* values,
                         const char* (*type_name)(int32_t dtype)) {

@@ -53,6 +53,15 @@ std::string instantiate(const RuntimeKernel& rk, const std::vector<int32_t>& arg
                         const std::vector<int32_t>& out_dtypes, const OpforgeValue* values,
                         const char* (*type_name)(int32_t dtype));
 
+/// The instantiation key of one call: every tensor argument's dtype (-1 for an absent optional
+/// input), every compile-time parameter's value, then every output's dtype; calls with equal
+/// keys have the same instantiation name (placeholders may only name compile-time parameters,
+/// which the load checks). Writes at most `capacity` values to `key` and their count to `size`;
+/// false where they do not fit or a compile-time parameter is a string (its text would be part of
+/// the key), and the caller then goes by the name.
+bool instantiation_key(const RuntimeKernel& rk, const OpforgeCallFrame* f, int64_t* key, int32_t capacity,
+                       int32_t& size);
+
 /// The dtype of output `o` for these argument dtypes.
 int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg_dtypes);
 

@@ -189,6 +189,59 @@ TEST(KernelArguments, MoreArgumentsThanHeldInlineKeepTheirOrder) {
   EXPECT_EQ(*static_cast<bool*>(p[45]), false);
 }
 
+/// pair_op's instantiation key for x in `x_dtype`, y in `y_dtype`, compile-time k and run-time n.
+std::vector<int64_t> pair_key(const opforge::detail::OpDef& def, int32_t x_dtype, int32_t y_dtype, int64_t k,
+                              int64_t n, int32_t capacity = 16) {
+  Frame f;
+  f.args.resize(6);
+  f.args[0].tensor = f.tensor({8}, x_dtype);
+  f.args[1].tensor = {nullptr, -1, OPFORGE_DEVICE_CUDA, 0, -1, nullptr, nullptr};
+  f.args[2].value.i = n;
+  f.args[3].value.f = 0.5;
+  f.args[4].value.i = 1;
+  f.args[5].value.i = k;
+  f.outputs.push_back(f.tensor({8}, y_dtype));
+  std::vector<int64_t> key(capacity);
+  int32_t size = 0;
+  if (!rtc::instantiation_key(*def.runtime_kernels[0], f.get(), key.data(), capacity, size)) return {};
+  key.resize(size);
+  return key;
+}
+
+TEST(InstantiationKey, EqualExactlyWhenTheNameIsEqual) {
+  auto def = pair_op(opforge::elementwise("y"), "pair<{T}, {T_y}, {k}>");
+  const auto base = pair_key(*def, OPFORGE_DTYPE_FLOAT16, OPFORGE_DTYPE_FLOAT32, 4, 7);
+  // x, w (absent: -1), k, y
+  EXPECT_EQ(base, (std::vector<int64_t>{OPFORGE_DTYPE_FLOAT16, -1, 4, OPFORGE_DTYPE_FLOAT32}));
+  EXPECT_EQ(pair_key(*def, OPFORGE_DTYPE_FLOAT16, OPFORGE_DTYPE_FLOAT32, 4, 99), base);  // n is a kernel argument
+  EXPECT_NE(pair_key(*def, OPFORGE_DTYPE_FLOAT32, OPFORGE_DTYPE_FLOAT32, 4, 7), base);
+  EXPECT_NE(pair_key(*def, OPFORGE_DTYPE_FLOAT16, OPFORGE_DTYPE_FLOAT16, 4, 7), base);
+  EXPECT_NE(pair_key(*def, OPFORGE_DTYPE_FLOAT16, OPFORGE_DTYPE_FLOAT32, 8, 7), base);
+  EXPECT_TRUE(pair_key(*def, OPFORGE_DTYPE_FLOAT16, OPFORGE_DTYPE_FLOAT32, 4, 7, /*capacity=*/3).empty());
+}
+
+void modal_cpu(opforge::Tensor, std::string_view, opforge::MutableTensor) {}
+
+TEST(InstantiationKey, AStringCompileTimeParameterHasNone) {
+  auto def = finalized(opforge::detail::make_op("ns", "modal", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .param<std::string>("mode", "fast", opforge::compile_time)
+                           .output("y", opforge::like("x"))
+                           .reference(modal_cpu)
+                           .cuda_source("modal.cu", "modal<{T}, {mode}>")
+                           .launch(opforge::elementwise("y"))
+                           .release());
+  Frame f;
+  f.args.resize(2);
+  f.args[0].tensor = f.tensor({8});
+  f.args[1].value.s = "fast";
+  f.args[1].value.len = 4;
+  f.outputs.push_back(f.tensor({8}));
+  int64_t key[8];
+  int32_t size = 0;
+  EXPECT_FALSE(rtc::instantiation_key(*def->runtime_kernels[0], f.get(), key, 8, size));
+}
+
 const char* cuda_name(int32_t d) { return d == OPFORGE_DTYPE_FLOAT16 ? "__half" : "float"; }
 
 TEST(KernelSignature, WhatTheKernelIsPassedInOrder) {
