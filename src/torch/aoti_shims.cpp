@@ -55,13 +55,8 @@ const OpforgeOpSpec* find_spec(const std::string& qualified) {
   return nullptr;
 }
 
-/// The op's kernel for `device` ("cpu": the reference; "cuda": its CUDA kernel), or null.
-const OpforgeKernel* kernel_for(const OpforgeOpSpec& op, const std::string& device) {
-  if (device == "cpu") return op.num_kernels > 0 ? &op.kernels[0] : nullptr;
-  for (int32_t k = 1; k < op.num_kernels; ++k)
-    if (device == "cuda" && op.kernels[k].device_type == OPFORGE_DEVICE_CUDA) return &op.kernels[k];
-  return nullptr;
-}
+/// The Mode of a shim's device name ("cpu" or "cuda"; the caller has checked it).
+Mode mode_of(const std::string& device) { return device == "cuda" ? Mode::kCuda : Mode::kCpu; }
 
 /// The C shim type of a schema type, or "" where C shims cannot carry it.
 std::string c_type(const c10::TypePtr& t) {
@@ -119,7 +114,7 @@ std::string aoti_shim(const std::string& name, const std::string& device) {
   if (op == nullptr) throw InvalidArgument("opforge: no loaded op library declares " + name);
   if (device != "cpu" && device != "cuda")
     throw InvalidArgument("opforge: C shims are for device \"cpu\" or \"cuda\", not \"" + device + "\"");
-  if (kernel_for(*op, device) == nullptr) throw InvalidArgument("opforge: " + name + " has no " + device + " kernel");
+  if (kernel_for(*op, mode_of(device)) == nullptr) throw InvalidArgument("opforge: " + name + " has no " + device + " kernel");
   const c10::FunctionSchema& schema = registered_schema(name);
   const std::string function = "aoti_torch_" + device + "_" + op->name;
   std::ostringstream params, args, outs;
@@ -190,12 +185,13 @@ extern "C" OpforgeStatus opforge_torch_aoti_shim(const char* request, char** out
 extern "C" void* opforge_torch_aoti_op(const char* name, const char* device) {
   try {
     const OpforgeOpSpec* op = opforge::torch::find_spec(name);
-    const OpforgeKernel* kernel = op ? opforge::torch::kernel_for(*op, device) : nullptr;
+    const std::string known = device;
+    const bool named = known == "cpu" || known == "cuda";
+    const opforge::torch::Mode mode = opforge::torch::mode_of(known);
+    const OpforgeKernel* kernel = op && named ? opforge::torch::kernel_for(*op, mode) : nullptr;
     if (kernel == nullptr) throw opforge::InvalidArgument(std::string("no ") + device + " kernel of " + name + " is loaded");
-    const bool cuda = std::string(device) == "cuda";
-    return new opforge::torch::ShimOp{
-        name, opforge::torch::registered_schema(name),
-        opforge::torch::make_boxed_run(*op, cuda ? opforge::torch::Mode::kCuda : opforge::torch::Mode::kCpu, kernel)};
+    return new opforge::torch::ShimOp{name, opforge::torch::registered_schema(name),
+                                      opforge::torch::make_boxed_run(*op, mode, kernel)};
   } catch (const std::exception& e) {
     std::cerr << "opforge: C shim of " << name << ": " << e.what() << "\n";
     return nullptr;

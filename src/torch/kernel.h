@@ -15,6 +15,10 @@ namespace opforge::torch {
 /// caller gives as its last argument.
 enum class Mode { kCpu, kCuda, kMeta, kFake };
 
+/// The kernel of `op` that `mode` runs: the reference (the first kernel) for kCpu, the first
+/// CUDA kernel after it for kCuda; null for kMeta and kFake, and where the op has none.
+const OpforgeKernel* kernel_for(const OpforgeOpSpec& op, Mode mode);
+
 /// A boxed kernel for `op` at one dispatch key (`kernel` is null for kMeta), or with `out` for
 /// its out= overload (core::out_schema: the outputs are the caller's tensors, checked, resized by
 /// torch's resize_output rules, written and returned). Calls from Python and from AOTInductor's

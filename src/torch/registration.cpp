@@ -66,13 +66,11 @@ class FunctionalizeOut final : public c10::OperatorKernel {
 /// An op with data-dependent sizes gets no Meta kernel: its fake kernel, registered from Python,
 /// creates the unbacked sizes and calls the fake companion's (Note [Data-dependent sizes]).
 void register_kernels(::torch::Library& reg, const char* name, const OpforgeOpSpec& op, bool out) {
-  reg.impl(name, ::torch::dispatch(c10::DispatchKey::CPU, make_kernel(op, Mode::kCpu, &op.kernels[0], out)));
+  reg.impl(name, ::torch::dispatch(c10::DispatchKey::CPU, make_kernel(op, Mode::kCpu, kernel_for(op, Mode::kCpu), out)));
   if (!core::has_data_dependent_sizes(op))
     reg.impl(name, ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kMeta, nullptr, out)));
-  for (int32_t k = 1; k < op.num_kernels; ++k) {
-    if (op.kernels[k].device_type == OPFORGE_DEVICE_CUDA)
-      reg.impl(name, ::torch::dispatch(c10::DispatchKey::CUDA, make_kernel(op, Mode::kCuda, &op.kernels[k], out)));
-  }
+  if (const OpforgeKernel* cuda = kernel_for(op, Mode::kCuda))
+    reg.impl(name, ::torch::dispatch(c10::DispatchKey::CUDA, make_kernel(op, Mode::kCuda, cuda, out)));
 }
 
 /// An overload that writes tensors it is given (mutated inputs, out= tensors) has no derivative
