@@ -316,7 +316,10 @@ void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, 
   // A rule that reads a tensor whose dtype (or rank and shape) was already reported as bad would
   // only repeat that problem; rules reading its other, good properties still run.
   constexpr uint8_t kBadDtype = 1, kBadShape = 2;
-  std::vector<uint8_t> bad(op.num_args, 0);
+  constexpr int32_t kInline = 64;  // checked on every call: no allocation for the usual op
+  uint8_t inline_bad[kInline] = {};
+  std::vector<uint8_t> heap_bad(op.num_args > kInline ? op.num_args : 0, 0);
+  uint8_t* const bad = op.num_args > kInline ? heap_bad.data() : inline_bad;
   auto reads_bad = [&](const OpforgeExpr& e) {
     for (int32_t k = 0; k < e.num_nodes; ++k)
       if (e.nodes[k].op == OPFORGE_EXPR_DIM && (bad[e.nodes[k].arg] & kBadShape)) return true;
