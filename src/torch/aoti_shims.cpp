@@ -29,6 +29,7 @@
 
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -55,8 +56,12 @@ const OpforgeOpSpec* find_spec(const std::string& qualified) {
   return nullptr;
 }
 
-/// The Mode of a shim's device name ("cpu" or "cuda"; the caller has checked it).
-Mode mode_of(const std::string& device) { return device == "cuda" ? Mode::kCuda : Mode::kCpu; }
+/// The Mode of a C shim's device name: kCpu for "cpu", kCuda for "cuda", nullopt for any other.
+std::optional<Mode> shim_mode(const std::string& device) {
+  if (device == "cpu") return Mode::kCpu;
+  if (device == "cuda") return Mode::kCuda;
+  return std::nullopt;
+}
 
 /// The C shim type of a schema type, or "" where C shims cannot carry it.
 std::string c_type(const c10::TypePtr& t) {
@@ -112,9 +117,9 @@ const c10::FunctionSchema& registered_schema(const std::string& name) {
 std::string aoti_shim(const std::string& name, const std::string& device) {
   const OpforgeOpSpec* op = find_spec(name);
   if (op == nullptr) throw InvalidArgument("opforge: no loaded op library declares " + name);
-  if (device != "cpu" && device != "cuda")
-    throw InvalidArgument("opforge: C shims are for device \"cpu\" or \"cuda\", not \"" + device + "\"");
-  if (kernel_for(*op, mode_of(device)) == nullptr) throw InvalidArgument("opforge: " + name + " has no " + device + " kernel");
+  const std::optional<Mode> mode = shim_mode(device);
+  if (!mode) throw InvalidArgument("opforge: C shims are for device \"cpu\" or \"cuda\", not \"" + device + "\"");
+  if (kernel_for(*op, *mode) == nullptr) throw InvalidArgument("opforge: " + name + " has no " + device + " kernel");
   const c10::FunctionSchema& schema = registered_schema(name);
   const std::string function = "aoti_torch_" + device + "_" + op->name;
   std::ostringstream params, args, outs;
@@ -185,13 +190,11 @@ extern "C" OpforgeStatus opforge_torch_aoti_shim(const char* request, char** out
 extern "C" void* opforge_torch_aoti_op(const char* name, const char* device) {
   try {
     const OpforgeOpSpec* op = opforge::torch::find_spec(name);
-    const std::string known = device;
-    const bool named = known == "cpu" || known == "cuda";
-    const opforge::torch::Mode mode = opforge::torch::mode_of(known);
-    const OpforgeKernel* kernel = op && named ? opforge::torch::kernel_for(*op, mode) : nullptr;
+    const std::optional<opforge::torch::Mode> mode = opforge::torch::shim_mode(device);
+    const OpforgeKernel* kernel = op && mode ? opforge::torch::kernel_for(*op, *mode) : nullptr;
     if (kernel == nullptr) throw opforge::InvalidArgument(std::string("no ") + device + " kernel of " + name + " is loaded");
     return new opforge::torch::ShimOp{name, opforge::torch::registered_schema(name),
-                                      opforge::torch::make_boxed_run(*op, mode, kernel)};
+                                      opforge::torch::make_boxed_run(*op, *mode, kernel)};
   } catch (const std::exception& e) {
     std::cerr << "opforge: C shim of " << name << ": " << e.what() << "\n";
     return nullptr;
