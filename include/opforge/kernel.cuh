@@ -251,17 +251,47 @@ struct RowRegisters {
   __device__ static void load(const T* p, A (&out)[kWidth]) { unpack<T>(*reinterpret_cast<const uint4*>(p), out); }
   /// Rounds kWidth accumulator values to T and stores them as one 16-byte access at `p`.
   __device__ static void store(T* p, const A (&in)[kWidth]) { *reinterpret_cast<uint4*>(p) = pack<T>(in); }
-  /// Adds kWidth accumulator values to the ones at `p` (16-byte aligned; shared memory, where a
-  /// kernel keeps per-column sums that would cost it registers), by 16-byte accesses.
-  __device__ static void accumulate(A* p, const A (&in)[kWidth]) {
+  /// 16-byte words of one vector of accumulator values.
+  static constexpr int kSumWords = kWidth * sizeof(A) / 16;
+  /// Bytes of shared memory that hold a `threads`-thread block's per-thread sums of kMaxVectors
+  /// vectors (add_sums, read_sums): per-column sums over rows that would cost registers.
+  __host__ __device__ static constexpr size_t sum_bytes(int threads) {
+    return size_t{kMaxVectors} * kSumWords * 16 * static_cast<size_t>(threads);
+  }
+  /// Word j of this thread's vector k of sums at `sums`: word (k * kSumWords + j) * blockDim.x +
+  /// threadIdx.x, so that a warp's 16-byte accesses cover 512 contiguous bytes (no bank
+  /// conflicts; sums in column order put a lane's words 32 bytes apart for 16-bit T, two
+  /// wavefronts for each quarter-warp).
+  __device__ static uint4& sum_word(uint4* sums, int k, int j) {
+    return sums[(k * kSumWords + j) * blockDim.x + threadIdx.x];
+  }
+  /// Sets this thread's sums to zero (only this thread reads or writes them: no barrier).
+  __device__ static void zero_sums(uint4* sums) {
+#pragma unroll
+    for (int k = 0; k < kMaxVectors; ++k)
+#pragma unroll
+      for (int j = 0; j < kSumWords; ++j) sum_word(sums, k, j) = make_uint4(0, 0, 0, 0);
+  }
+  /// Adds kWidth accumulator values to this thread's vector k of sums.
+  __device__ static void add_sums(uint4* sums, int k, const A (&in)[kWidth]) {
     constexpr int kPer = 16 / sizeof(A);
 #pragma unroll
-    for (int j = 0; j < kWidth / kPer; ++j) {
-      uint4 word = reinterpret_cast<const uint4*>(p)[j];
-      A* sums = reinterpret_cast<A*>(&word);
+    for (int j = 0; j < kSumWords; ++j) {
+      uint4 word = sum_word(sums, k, j);
+      A* v = reinterpret_cast<A*>(&word);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) sums[i] += in[j * kPer + i];
-      reinterpret_cast<uint4*>(p)[j] = word;
+      for (int i = 0; i < kPer; ++i) v[i] += in[j * kPer + i];
+      sum_word(sums, k, j) = word;
+    }
+  }
+  /// This thread's vector k of sums.
+  __device__ static void read_sums(uint4* sums, int k, A (&out)[kWidth]) {
+    constexpr int kPer = 16 / sizeof(A);
+#pragma unroll
+    for (int j = 0; j < kSumWords; ++j) {
+      const uint4 word = sum_word(sums, k, j);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) out[j * kPer + i] = reinterpret_cast<const A*>(&word)[i];
     }
   }
 };

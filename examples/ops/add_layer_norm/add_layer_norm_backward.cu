@@ -25,9 +25,20 @@ constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
 template <class T>
 constexpr int kMaxRowThreads = sizeof(T) == 2 ? 256 : 512;
 
+/// Where the rows-in-registers kernel keeps grad_weight's and grad_bias's per-column sums and the
+/// weight: for 16-bit elements in shared memory (each thread its own columns, so no barrier;
+/// sums in RowRegisters' conflict-free layout), which takes the 16-bit kernel from 168 registers
+/// (3 resident blocks of 128 threads) to 120 (4 blocks): bench/RESULTS.md, bf16 0.830 -> 0.883 x
+/// copy at [32768, 4096]. The sums alone in shared memory with the weight re-read from L1 ran at
+/// 0.79: the rows' loads in flight need the L1 that the carve-out takes. Wider elements keep
+/// registers.
+template <class T>
+constexpr bool kSharedColumns = sizeof(T) == 2;
+
 /// kRegisters: the row fits RowRegisters at this block size and every pointer is 16-byte aligned
-/// (the host checks both); h is read once into registers and weight is re-read per row (from L1:
-/// kept in registers it costs the 16-bit kernel a resident block, 0.810 against 0.879 x copy).
+/// (the host checks both); h is read once into registers and weight is re-read per row (from
+/// shared memory for 16-bit elements, kSharedColumns; else from L1: kept in registers it cost the
+/// 16-bit kernel a resident block, 0.810 against 0.879 x copy).
 /// Else plain loops that read each row three times and keep the partial sums in `partial` itself
 /// (each thread its own columns). partial: [2, gridDim.x, cols], grad_weight's then grad_bias's.
 template <class T, bool kRegisters>
@@ -43,11 +54,30 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
   A* part_w = partial + int64_t{blockIdx.x} * cols;
   A* part_b = partial + (int64_t{gridDim.x} + blockIdx.x) * cols;
   if constexpr (kRegisters) {
-    A gw[Row::kVectors][Row::kWidth], gb[Row::kVectors][Row::kWidth];
+    constexpr bool kShared = kSharedColumns<T>;
+    constexpr int kSumVectors = kShared ? 1 : Row::kVectors;  // the register sums, when not shared
+    A gw[kSumVectors][Row::kWidth], gb[kSumVectors][Row::kWidth];
+    extern __shared__ uint4 shared[];  // kShared: grad_weight's sums, grad_bias's, then weight [cols]
+    uint4* const sw = shared;
+    uint4* const sb = shared + Row::sum_bytes(blockDim.x) / 16;
+    T* const s_weight = reinterpret_cast<T*>(shared + 2 * Row::sum_bytes(blockDim.x) / 16);
+    const T* const w_row = kShared ? s_weight : weight;
+    if constexpr (kShared) {
+      Row::zero_sums(sw);
+      Row::zero_sums(sb);
+    } else {
 #pragma unroll
-    for (int k = 0; k < Row::kVectors; ++k) {
+      for (int k = 0; k < Row::kVectors; ++k) {
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) gw[k][i] = gb[k][i] = 0;
+        for (int i = 0; i < Row::kWidth; ++i) gw[k][i] = gb[k][i] = 0;
+      }
+    }
+    if constexpr (kShared) {  // each thread copies the columns it reads: no barrier
+#pragma unroll
+      for (int k = 0; k < Row::kVectors; ++k)
+        if (Row::has(k, cols))
+          *reinterpret_cast<uint4*>(s_weight + Row::offset(k)) =
+              *reinterpret_cast<const uint4*>(weight + Row::offset(k));
     }
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
       const int64_t base = r * cols;
@@ -79,7 +109,7 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
       for (int k = 0; k < Row::kVectors; ++k) {
         if (!Row::has(k, cols)) continue;
         A w[Row::kWidth], g[Row::kWidth];
-        Row::load(weight + Row::offset(k), w);
+        Row::load(w_row + Row::offset(k), w);
         opforge::kernel::unpack<T>(gy[k], g);
 #pragma unroll
         for (int i = 0; i < Row::kWidth; ++i) {
@@ -96,14 +126,24 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
       for (int k = 0; k < Row::kVectors; ++k) {
         if (!Row::has(k, cols)) continue;
         A w[Row::kWidth], g[Row::kWidth];
-        Row::load(weight + Row::offset(k), w);
+        Row::load(w_row + Row::offset(k), w);
         opforge::kernel::unpack<T>(gy[k], g);
+        A dw[Row::kWidth];
 #pragma unroll
         for (int i = 0; i < Row::kWidth; ++i) {
           const A xhat = (h[k][i] - mean) * inv;
-          gw[k][i] += g[i] * xhat;
-          gb[k][i] += g[i];
+          dw[i] = g[i] * xhat;
           w[i] = inv * (g[i] * w[i] - mean_dx - xhat * mean_dx_xhat);
+        }
+        if constexpr (kShared) {
+          Row::add_sums(sw, k, dw);
+          Row::add_sums(sb, k, g);
+        } else {
+#pragma unroll
+          for (int i = 0; i < Row::kWidth; ++i) {
+            gw[k][i] += dw[i];
+            gb[k][i] += g[i];
+          }
         }
         Row::store(grad_h + base + Row::offset(k), w);
       }
@@ -111,10 +151,20 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
+      if constexpr (kShared) {
+        A v[Row::kWidth];
+        Row::read_sums(sw, k, v);
 #pragma unroll
-      for (int i = 0; i < Row::kWidth; ++i) {
-        part_w[Row::offset(k) + i] = gw[k][i];
-        part_b[Row::offset(k) + i] = gb[k][i];
+        for (int i = 0; i < Row::kWidth; ++i) part_w[Row::offset(k) + i] = v[i];
+        Row::read_sums(sb, k, v);
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) part_b[Row::offset(k) + i] = v[i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < Row::kWidth; ++i) {
+          part_w[Row::offset(k) + i] = gw[k][i];
+          part_b[Row::offset(k) + i] = gb[k][i];
+        }
       }
     }
   } else {
@@ -161,11 +211,13 @@ void add_layer_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor g
     const bool registers = row_threads > 0 && opforge::cuda::aligned(16, g, in, res, w, gh);
     const int threads = registers ? row_threads : kLoopThreads;
     auto kernel = registers ? add_layer_norm_backward_kernel<T, true> : add_layer_norm_backward_kernel<T, false>;
-    const unsigned grid = opforge::cuda::resident_grid(kernel, threads, rows);
+    const size_t smem = registers && kSharedColumns<T> ? 2 * Row::sum_bytes(threads) + cols * sizeof(T) : 0;
+    opforge::cuda::allow_dynamic_smem(kernel, smem);
+    const unsigned grid = opforge::cuda::resident_grid(kernel, threads, rows, smem);
     auto* partial = static_cast<A*>(ctx.allocate(sizeof(A) * 2 * grid * cols));
     const cudaStream_t stream = opforge::cuda::stream(ctx);
     if (grid > 0) {
-      kernel<<<grid, threads, 0, stream>>>(g, in, res, w, gh, partial, rows, cols, eps);
+      kernel<<<grid, threads, smem, stream>>>(g, in, res, w, gh, partial, rows, cols, eps);
       opforge::cuda::check_launch("add_layer_norm_backward_kernel");
     }
     opforge::cuda::sum_partials(partial, int64_t{grid}, cols, grad_weight.data<T>(), stream);

@@ -22,9 +22,10 @@ constexpr int kMaxRowThreads = 512;  // with __launch_bounds__, at most 128 regi
 template <class T>
 constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
 /// Where the rows-in-registers kernel keeps its grad_w sums: for 16-bit elements in shared memory
-/// (each thread its own columns, so no barrier), which takes 32 registers a thread off the 128
-/// that weight and the rows already hold (bench/RESULTS.md: fused_add_rms_norm bf16 0.874 ->
-/// 0.967 x copy, rms_norm fp16 0.904 -> 0.924); for wider ones in registers.
+/// (each thread its own columns, so no barrier; RowRegisters' conflict-free layout), which takes
+/// 32 registers a thread off the 128 that weight and the rows already hold (bench/RESULTS.md:
+/// fused_add_rms_norm bf16 0.874 -> 0.967 x copy, rms_norm fp16 0.904 -> 0.924 in column order,
+/// 0.940 in the conflict-free layout); for wider ones in registers.
 template <class T>
 constexpr bool kSharedSums = sizeof(T) == 2;
 
@@ -46,19 +47,15 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   if constexpr (kRegisters) {
     constexpr bool kShared = kSharedSums<T>;
     A w[Row::kVectors][Row::kWidth], gw[kShared ? 1 : Row::kVectors][Row::kWidth] = {};
-    extern __shared__ uint4 shared_sums[];  // kShared: grad_w's sums, [cols] in A
-    A* const sw = reinterpret_cast<A*>(shared_sums);
+    extern __shared__ uint4 shared_sums[];  // kShared: grad_w's sums (RowRegisters::add_sums)
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
 #pragma unroll
       for (int i = 0; i < Row::kWidth; ++i) w[k][i] = 0;
       if (!Row::has(k, cols)) continue;
       opforge::kernel::load_widened(weight + Row::offset(k), w[k]);
-      if constexpr (kShared) {
-#pragma unroll
-        for (int i = 0; i < Row::kWidth; ++i) sw[Row::offset(k) + i] = 0;
-      }
     }
+    if constexpr (kShared) Row::zero_sums(shared_sums);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
       uint4 xw[Row::kVectors], gy[Row::kVectors], ga[kAdd ? Row::kVectors : 1];  // all loads in flight first
       Row::load_words(x + r * cols, cols, xw);
@@ -92,7 +89,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
           gv[i] = scale * (gv[i] * w[k][i] - xv[i] * c);
         }
         if constexpr (kShared) {
-          Row::accumulate(sw + Row::offset(k), dw);
+          Row::add_sums(shared_sums, k, dw);
         } else {
 #pragma unroll
           for (int i = 0; i < Row::kWidth; ++i) gw[k][i] += dw[i];
@@ -109,10 +106,11 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
+      if constexpr (kShared) Row::read_sums(shared_sums, k, w[k]);  // w[k] is free by now
 #pragma unroll
       for (int i = 0; i < Row::kWidth; ++i) {
         if constexpr (kShared)
-          part[Row::offset(k) + i] = sw[Row::offset(k) + i];
+          part[Row::offset(k) + i] = w[k][i];
         else
           part[Row::offset(k) + i] = gw[k][i];
       }
@@ -161,7 +159,7 @@ void launch(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor
   const int threads = registers ? row_threads : kLoopThreads;
   auto k = registers ? (add ? kernel<T, W, true, true> : kernel<T, W, true, false>)
                      : (add ? kernel<T, W, false, true> : kernel<T, W, false, false>);
-  const size_t smem = registers && kSharedSums<T> ? cols * sizeof(A) : 0;
+  const size_t smem = registers && kSharedSums<T> ? Row::sum_bytes(threads) : 0;
   opforge::cuda::allow_dynamic_smem(k, smem);
   const unsigned grid = opforge::cuda::resident_grid(k, threads, rows, smem);
   auto* partial = static_cast<A*>(ctx.allocate(sizeof(A) * grid * cols));
