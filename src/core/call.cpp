@@ -84,7 +84,7 @@ Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_
   return overlaps(view) || by_layout == Admission::kDenseCopy ? Admission::kRefuse : Admission::kAsIs;
 }
 
-std::vector<std::string> overlap_refusals(const OpforgeOpSpec& op, const std::vector<OpforgeTensor>& views) {
+std::vector<std::string> overlap_refusals(const OpforgeOpSpec& op, Span<const OpforgeTensor> views) {
   auto span = [&](int32_t i) -> std::optional<std::pair<uintptr_t, uintptr_t>> {
     const OpforgeTensor& t = views[static_cast<size_t>(i)];
     if (op.args[i].kind != OPFORGE_ARG_TENSOR || t.data == nullptr || numel(t) == 0 || !dense(t)) return std::nullopt;
@@ -162,7 +162,7 @@ std::string index_text(const OpforgeTensor& t, int64_t flat) {
 
 }  // namespace
 
-std::vector<std::string> value_problems(const OpforgeOpSpec& op, const std::vector<OpforgeArg>& args) {
+std::vector<std::string> value_problems(const OpforgeOpSpec& op, Span<const OpforgeArg> args) {
   std::vector<std::string> problems;
   // Every CPU call asks: an op whose inputs declare no value domain costs no more than this scan.
   bool any_domain = false;
@@ -180,7 +180,7 @@ std::vector<std::string> value_problems(const OpforgeOpSpec& op, const std::vect
     const OpforgeTensorSpec& s = op.args[i].tensor;
     const OpforgeTensor& t = args[i].tensor;
     if (op.args[i].kind != OPFORGE_ARG_TENSOR || !s.has_values || t.ndim < 0) continue;
-    const std::optional<int64_t> low = eval_expr(s.values_low, info), high = eval_expr(s.values_high, info);
+    const std::optional<int64_t> low = eval_expr<int64_t>(s.values_low, info), high = eval_expr<int64_t>(s.values_high, info);
     if (!low || !high) continue;
     const std::string name = op.args[i].name;
     const std::string marker = s.has_sentinel ? " or " + std::to_string(s.sentinel) : "";
@@ -214,7 +214,7 @@ OpforgeTensor absent_tensor(int32_t device_type, int32_t device_index) {
   return {nullptr, -1, device_type, device_index, /*ndim=*/-1, nullptr, nullptr};
 }
 
-bool skip_launch(const std::vector<OpforgeTensor>& outputs) {
+bool skip_launch(Span<const OpforgeTensor> outputs) {
   if (outputs.empty()) return false;
   for (const OpforgeTensor& o : outputs)
     if (o.ndim >= 0 && numel(o) != 0) return false;  // an absent output holds nothing
@@ -245,7 +245,7 @@ void fill(void* data, int64_t n, T value) {
 }
 }  // namespace
 
-void poison_host(const std::vector<OpforgeTensor>& outputs) {
+void poison_host(Span<const OpforgeTensor> outputs) {
   for (const OpforgeTensor& o : outputs) {
     if (o.ndim < 0 || o.data == nullptr) continue;
     const int64_t n = numel(o);
@@ -274,7 +274,7 @@ const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg) {
 }
 
 void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const OpforgeContext& ctx,
-                 const std::vector<OpforgeArg>& args, const std::vector<OpforgeTensor>& outputs) {
+                 Span<const OpforgeArg> args, Span<const OpforgeTensor> outputs) {
   char error[4096];  // the kernel writes a NUL-terminated message; not cleared: 4 KiB a call
   error[0] = '\0';
   OpforgeCallFrame frame{};

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "opforge/c_api.h"
+#include "span.h"
 
 namespace opforge::core {
 
@@ -45,13 +46,13 @@ std::string refusal(const OpforgeArgSpec& a, const OpforgeTensor& view, int64_t 
 /// pass; an in-place write into memory another argument reads would give a result that depends
 /// on the kernel's order). `views[i]` is argument i's view (ignored for non-tensors; data null
 /// or no elements: left out).
-std::vector<std::string> overlap_refusals(const OpforgeOpSpec& op, const std::vector<OpforgeTensor>& views);
+std::vector<std::string> overlap_refusals(const OpforgeOpSpec& op, Span<const OpforgeTensor> views);
 
 /// The elements of integer inputs with a declared domain (Note [Value domains] in opforge/op.h)
 /// that lie outside it, one line per input: "positions: expected values in [0,
 /// cos_sin_cache.size(0)) = [0, 64), got 70 at [3]" (", or -1" for a marker; "distinct values"
 /// for .unique_values(): "got 5 at [1] and [4]"). Reads the data, so only for host tensors.
-std::vector<std::string> value_problems(const OpforgeOpSpec& op, const std::vector<OpforgeArg>& args);
+std::vector<std::string> value_problems(const OpforgeOpSpec& op, Span<const OpforgeArg> args);
 
 /// The view of an optional input the caller left out (see OpforgeTensor): on the call's device.
 OpforgeTensor absent_tensor(int32_t device_type, int32_t device_index);
@@ -59,7 +60,7 @@ OpforgeTensor absent_tensor(int32_t device_type, int32_t device_index);
 /// True if the launch is skipped: the op has outputs and every one is empty. An op whose
 /// outputs are not all empty always runs its kernel, even if an input is empty (a sum over an
 /// empty dim still writes its zeros).
-bool skip_launch(const std::vector<OpforgeTensor>& outputs);
+bool skip_launch(Span<const OpforgeTensor> outputs);
 
 /// Whether outputs are filled with poison before each kernel runs (NaN for floating types, 123
 /// for integers, true for bool), so that an element a kernel never writes shows up as a
@@ -73,7 +74,7 @@ double poison_value(int32_t dtype);
 
 /// Fills each dense host tensor of `outputs` with its poison_value (absent ones are skipped):
 /// for adapters whose framework has no fill of its own on the host.
-void poison_host(const std::vector<OpforgeTensor>& outputs);
+void poison_host(Span<const OpforgeTensor> outputs);
 
 /// The value of parameter `arg` when a framework passes none for it. AOTInductor's proxy
 /// executor delivers an omitted empty list default (`int[] pads=[]`) as None; the declared
@@ -85,6 +86,6 @@ const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg);
 /// OPFORGE_CHECK ("ns::op: <message>") and opforge::InternalError for any other failure
 /// ("ns::op (cuda kernel): <message>"): the op's name is added here and nowhere else.
 void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const OpforgeContext& ctx,
-                 const std::vector<OpforgeArg>& args, const std::vector<OpforgeTensor>& outputs);
+                 Span<const OpforgeArg> args, Span<const OpforgeTensor> outputs);
 
 }  // namespace opforge::core

@@ -22,6 +22,7 @@
 #include "opforge/detail/names.h"
 #include "opforge/detail/str.h"
 #include "schema.h"
+#include "span.h"
 
 namespace opforge::core {
 
@@ -103,7 +104,7 @@ inline std::string dtype_set_string(uint32_t bits) {
 /// overflows (then `*overflow`, if given, is set: a size or rule past 2^63 is refused, never
 /// wrapped).
 template <class Int>
-std::optional<Int> eval_expr(const OpforgeExpr& e, const std::vector<ArgInfo<Int>>& args, bool* overflow = nullptr) {
+std::optional<Int> eval_expr(const OpforgeExpr& e, Span<const ArgInfo<Int>> args, bool* overflow = nullptr) {
   std::vector<Int> st;
   for (int32_t i = 0; i < e.num_nodes; ++i) {
     const OpforgeExprNode& n = e.nodes[i];
@@ -277,7 +278,7 @@ inline bool is_multiple_of(const OpforgeExpr& e) {
 
 /// True if `e` reads a dim of a tensor the call left out (an optional input).
 template <class Int>
-bool reads_undefined(const OpforgeExpr& e, const std::vector<ArgInfo<Int>>& args) {
+bool reads_undefined(const OpforgeExpr& e, Span<const ArgInfo<Int>> args) {
   for (int32_t k = 0; k < e.num_nodes; ++k)
     if (e.nodes[k].op == OPFORGE_EXPR_DIM && !args[e.nodes[k].arg].defined) return true;
   return false;
@@ -287,7 +288,7 @@ bool reads_undefined(const OpforgeExpr& e, const std::vector<ArgInfo<Int>>& args
 /// <values>" for each that fails. A rule that reads a tensor left out, or one for which
 /// `skip(expr)` says a side reads an argument already reported bad, is not checked.
 template <class Int, class Skip>
-void rule_problems(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out,
+void rule_problems(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vector<std::string>& out,
                    Skip&& skip) {
   for (int32_t k = 0; k < num_rules(op); ++k) {
     const OpforgeRule& rule = op.rules[k];
@@ -311,7 +312,7 @@ void rule_problems(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
 /// "expected <rule>, got <values>"). An optional tensor that is not defined passes unchecked (no
 /// other argument's rule reads it); any other undefined tensor is a problem.
 template <class Int>
-void check_args(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<std::string>& out) {
+void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vector<std::string>& out) {
   int32_t first = -1;  // the tensor that sets the device
   // A rule that reads a tensor whose dtype (or rank and shape) was already reported as bad would
   // only repeat that problem; rules reading its other, good properties still run.
@@ -450,7 +451,7 @@ struct OutputInfo {
 /// input the call left out is undefined). Returns false and appends lines on failure (a rule
 /// that reads a missing dim, or gives a negative size on concrete input).
 template <class Int>
-bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args, std::vector<OutputInfo<Int>>& outs,
+bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vector<OutputInfo<Int>>& outs,
                    std::vector<std::string>& errors) {
   outs.clear();
   for (int32_t i = 0; i < op.num_outputs; ++i) {
@@ -509,7 +510,7 @@ bool output_shapes(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& arg
 /// returns the message (invalid_arguments_message) an adapter raises as its framework's
 /// invalid-argument error.
 template <class Int>
-std::string check_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args,
+std::string check_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args,
                        std::vector<OutputInfo<Int>>& outs) {
   std::vector<std::string> errors;
   check_args<Int>(op, args, errors);
@@ -522,8 +523,8 @@ std::string check_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>&
 /// by its framework's rules). An out tensor must have the dtype its output rule gives and the
 /// device of the call's first tensor input.
 template <class Int>
-std::string check_out_call(const OpforgeOpSpec& op, const std::vector<ArgInfo<Int>>& args,
-                           const std::vector<ArgInfo<Int>>& given, std::vector<OutputInfo<Int>>& outs) {
+std::string check_out_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args,
+                           Span<const ArgInfo<Int>> given, std::vector<OutputInfo<Int>>& outs) {
   std::vector<std::string> errors;
   check_args<Int>(op, args, errors);
   if (errors.empty()) output_shapes<Int>(op, args, outs, errors);

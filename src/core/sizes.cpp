@@ -84,7 +84,7 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
         const OpforgeExpr& e = t.dims[d - at];
         if (e.num_nodes == 0 || is_multiple_of(e)) {
           dims[d] = free[d];
-        } else if (auto v = eval_expr(e, info)) {
+        } else if (auto v = eval_expr<int64_t>(e, info)) {
           dims[d] = *v;
         } else {
           complete = false;
@@ -118,7 +118,7 @@ ExampleFacts example_facts(const OpforgeOpSpec& op, const std::vector<std::vecto
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeTensorSpec& s = op.args[i].tensor;
     if (op.args[i].kind != OPFORGE_ARG_TENSOR || !s.has_values) continue;
-    const auto low = eval_expr(s.values_low, info), high = eval_expr(s.values_high, info);
+    const auto low = eval_expr<int64_t>(s.values_low, info), high = eval_expr<int64_t>(s.values_high, info);
     if (low && high) facts.bounds[i] = std::make_pair(*low, *high);
   }
   rule_problems<int64_t>(op, info, facts.rule_problems, [](const OpforgeExpr&) { return false; });

@@ -2,6 +2,7 @@
 // and back. No rule of the description is evaluated here.
 #include "kernel.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/stack.h>
 #include <ATen/native/Resize.h>
 #include <c10/util/SmallVector.h>
@@ -210,7 +211,7 @@ class OpKernel final : public c10::OperatorKernel {
   template <class Int>
   PerCall<at::Tensor> run(CallArgs& call) const {
     const int32_t n = op_.num_args;
-    std::vector<core::ArgInfo<Int>> info(n);
+    PerCall<core::ArgInfo<Int>> info(n);
     int32_t device_arg = -1;
     for (int32_t i = 0; i < n; ++i) {
       if (op_.args[i].kind == OPFORGE_ARG_TENSOR) {  // check_call accepts None for an optional input only
@@ -223,7 +224,7 @@ class OpKernel final : public c10::OperatorKernel {
     std::vector<core::OutputInfo<Int>> outs;
     std::string problems;
     if (out_) {
-      std::vector<core::ArgInfo<Int>> given;
+      PerCall<core::ArgInfo<Int>> given;
       for (const at::Tensor& t : call.outs) given.push_back(info_of<Int>(t));
       problems = core::check_out_call<Int>(op_, info, given, outs);
     } else {
@@ -254,11 +255,12 @@ class OpKernel final : public c10::OperatorKernel {
         outputs.emplace_back();
         continue;
       }
-      auto options = at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device);
       if constexpr (std::is_same_v<Int, c10::SymInt>) {
-        outputs.push_back(at::empty_symint(outs[k].sizes, options));
+        outputs.push_back(at::empty_symint(outs[k].sizes, at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device)));
+      } else if (mode_ == Mode::kCpu) {  // as ATen's own CPU kernels allocate outputs: not through the dispatcher
+        outputs.push_back(at::detail::empty_cpu(outs[k].sizes, to_torch(outs[k].dtype), /*pin_memory=*/false, std::nullopt));
       } else {
-        outputs.push_back(at::empty(outs[k].sizes, options));
+        outputs.push_back(at::empty(outs[k].sizes, at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device)));
       }
     }
     if constexpr (std::is_same_v<Int, int64_t>) {
@@ -290,7 +292,7 @@ class OpKernel final : public c10::OperatorKernel {
     // that would need a copy, and memory shared with another argument. Ops that write no input skip it.
     if (writes_) {
       std::vector<std::string> refused;
-      std::vector<OpforgeTensor> views(n);
+      PerCall<OpforgeTensor> views(n);
       for (int32_t i = 0; i < n; ++i) {
         const at::Tensor& t = call.tensors[i];
         if (op_.args[i].kind == OPFORGE_ARG_TENSOR && t.defined()) views[i] = view(t);
@@ -314,7 +316,7 @@ class OpKernel final : public c10::OperatorKernel {
         if (core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs) t = at::empty(t.sizes(), t.options());
     }
     const PerCall<at::Tensor>& targets = out_ ? temporaries : outputs;
-    std::vector<OpforgeTensor> out_views;
+    PerCall<OpforgeTensor> out_views;
     out_views.reserve(targets.size());
     for (const auto& o : targets)
       out_views.push_back(o.defined() ? view(o) : core::absent_tensor(device_type, device_index));
@@ -323,7 +325,7 @@ class OpKernel final : public c10::OperatorKernel {
       for (const auto& o : targets)
         if (o.defined()) o.fill_(core::poison_value(to_opforge(o.scalar_type())));
     }
-    std::vector<OpforgeArg> args(n);
+    PerCall<OpforgeArg> args(n);
     for (int32_t i = 0; i < n; ++i) {
       args[i].value = call.values[i];
       if (op_.args[i].kind != OPFORGE_ARG_TENSOR) continue;

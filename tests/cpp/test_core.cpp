@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "../../src/core/precompile.h"
 #include "../../src/core/sharding.h"
 #include "../../src/core/sizes.h"
+#include "../../src/core/span.h"
 
 namespace {
 
@@ -203,6 +205,28 @@ TEST(CallProtocol, LaunchIsSkippedOnlyWhenEveryOutputIsEmpty) {
   EXPECT_TRUE(skip_launch({view(buf, s40, st)}));
   EXPECT_FALSE(skip_launch({view(buf, s40, st), view(buf, s4, st1)}));
   EXPECT_FALSE(skip_launch({}));  // an op without outputs (it writes its inputs) always runs
+}
+
+TEST(Span, ViewsTheCallersElements) {
+  using opforge::core::Span;
+  const std::vector<int> v{1, 2, 3};
+  const Span<const int> s(v);
+  EXPECT_EQ(s.data(), v.data());
+  EXPECT_EQ(s.size(), 3u);
+  std::array<int, 2> a{4, 5};
+  Span<int> m(a);  // a mutable view writes through to its container
+  m[1] = 7;
+  EXPECT_EQ(a[1], 7);
+  auto total = [](Span<const int> x) {
+    int t = 0;
+    for (int e : x) t += e;
+    return t;
+  };
+  EXPECT_EQ(total({1, 2, 3}), 6);  // a braced list lives for the call
+  EXPECT_EQ(total(Span<const int>(v.data() + 1, 2)), 5);
+  const Span<const int> none;
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(none.begin(), none.end());
 }
 
 int32_t fails_invalid(const OpforgeCallFrame* f, const void*) {
