@@ -205,6 +205,7 @@ std::string output_shapes_request(const char* text) {
   Values values(op, args, /*required=*/true, why);
   std::vector<ArgInfo<int64_t>> info(op.num_args);
   std::deque<std::string> labels;  // dtype and device names the ArgInfo labels point into
+  std::vector<std::vector<int64_t>> shapes(op.num_args);  // the sizes the ArgInfos view
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
     info[i].value = values.get()[i];
@@ -222,7 +223,8 @@ std::string output_shapes_request(const char* text) {
     info[i].device_type = labels.emplace_back(device.substr(0, colon)).c_str();
     info[i].device_index = colon == std::string::npos ? -1 : std::atoi(device.c_str() + colon + 1);
     const json& shape = t.value("shape", json::array());
-    for (const auto& s : shape) info[i].sizes.push_back(s.is_number_integer() ? s.get<int64_t>() : -1);
+    for (const auto& s : shape) shapes[i].push_back(s.is_number_integer() ? s.get<int64_t>() : -1);
+    info[i].sizes = shapes[i];
   }
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
   std::vector<OutputInfo<int64_t>> outs;

@@ -173,7 +173,7 @@ std::vector<std::string> value_problems(const OpforgeOpSpec& op, Span<const Opfo
   for (int32_t i = 0; i < op.num_args; ++i) {
     info[i].value = args[i].value;
     const OpforgeTensor& t = args[i].tensor;
-    if (op.args[i].kind == OPFORGE_ARG_TENSOR && t.ndim >= 0) info[i].sizes.assign(t.sizes, t.sizes + t.ndim);
+    if (op.args[i].kind == OPFORGE_ARG_TENSOR && t.ndim >= 0) info[i].sizes = Span<const int64_t>(t.sizes, t.ndim);
     info[i].defined = op.args[i].kind != OPFORGE_ARG_TENSOR || t.ndim >= 0;
   }
   for (int32_t i = 0; i < op.num_args; ++i) {

@@ -66,7 +66,9 @@ struct ArgInfo {
   const char* dtype_label = "unknown";  // the framework's name for the dtype, used in messages
   const char* device_type = "cpu";      // the framework's device type name ("cuda")
   int32_t device_index = -1;            // -1: none
-  std::vector<Int> sizes;
+  // The tensor's sizes, borrowed from the caller (the framework's tensor or a buffer of its own)
+  // for as long as the ArgInfo is in use: no copy on the per-call path.
+  Span<const Int> sizes;
   bool defined = true;  // false: no tensor (None), e.g. an optional input left out
 
   bool same_device(const ArgInfo& o) const {
@@ -83,7 +85,7 @@ struct ArgInfo {
 };
 
 template <class Int>
-std::string sizes_string(const std::vector<Int>& sizes) {
+std::string sizes_string(Span<const Int> sizes) {
   std::string s = "[";
   for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + IntOps<Int>::str(sizes[i]);
   return s + "]";
@@ -448,10 +450,12 @@ struct OutputInfo {
 };
 
 /// Evaluates every output's shape and dtype rule (an output that exists only with an optional
-/// input the call left out is undefined). Returns false and appends lines on failure (a rule
-/// that reads a missing dim, or gives a negative size on concrete input).
-template <class Int>
-bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vector<OutputInfo<Int>>& outs,
+/// input the call left out is undefined) into `outs`, a std::vector-like container of
+/// OutputInfo<Int> (clear, push_back, operator[]: an adapter may pass one with inline storage).
+/// Returns false and appends lines on failure (a rule that reads a missing dim, or gives a
+/// negative size on concrete input).
+template <class Int, class Outs>
+bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs& outs,
                    std::vector<std::string>& errors) {
   outs.clear();
   for (int32_t i = 0; i < op.num_outputs; ++i) {
@@ -463,7 +467,7 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::
       continue;
     }
     info.dtype = o.dtype_like >= 0 ? args[o.dtype_like].dtype : o.dtype;
-    if (o.shape_like >= 0) info.sizes = args[o.shape_like].sizes;
+    if (o.shape_like >= 0) info.sizes.assign(args[o.shape_like].sizes.begin(), args[o.shape_like].sizes.end());
     const int64_t r = static_cast<int64_t>(info.sizes.size());
     for (int32_t d = 0; d < o.num_dims; ++d) {
       bool overflow = false;
@@ -496,7 +500,7 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::
       Int numel = 1;
       for (const Int& n : info.sizes)
         if (__builtin_mul_overflow(numel, n, &numel)) {
-          errors.push_back(std::string("output ") + o.name + ": shape " + sizes_string(info.sizes) +
+          errors.push_back(std::string("output ") + o.name + ": shape " + sizes_string<Int>(info.sizes) +
                            " has more elements than int64 counts");
           return false;
         }
@@ -506,12 +510,12 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::
   return true;
 }
 
-/// Checks a call's arguments and evaluates its output rules: returns "" and fills `outs`, or
+/// Checks a call's arguments and evaluates its output rules: returns "" and fills `outs` (as
+/// output_shapes), or
 /// returns the message (invalid_arguments_message) an adapter raises as its framework's
 /// invalid-argument error.
-template <class Int>
-std::string check_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args,
-                       std::vector<OutputInfo<Int>>& outs) {
+template <class Int, class Outs>
+std::string check_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs& outs) {
   std::vector<std::string> errors;
   check_args<Int>(op, args, errors);
   if (errors.empty()) output_shapes<Int>(op, args, outs, errors);
@@ -522,9 +526,9 @@ std::string check_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args,
 /// (`given`, one per output: dtype and device; their sizes may differ, the adapter resizes them
 /// by its framework's rules). An out tensor must have the dtype its output rule gives and the
 /// device of the call's first tensor input.
-template <class Int>
-std::string check_out_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args,
-                           Span<const ArgInfo<Int>> given, std::vector<OutputInfo<Int>>& outs) {
+template <class Int, class Outs>
+std::string check_out_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Span<const ArgInfo<Int>> given,
+                           Outs& outs) {
   std::vector<std::string> errors;
   check_args<Int>(op, args, errors);
   if (errors.empty()) output_shapes<Int>(op, args, outs, errors);

@@ -46,6 +46,7 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
     return it == factor[i].end() ? size : round_up(size, it->second);
   };
   std::vector<ArgInfo<int64_t>> info(op.num_args);
+  std::vector<std::vector<int64_t>> shapes(op.num_args);  // what info[i].sizes views, once done[i]
   std::vector<bool> done(op.num_args, false);
   for (int32_t i = 0; i < op.num_args; ++i) {
     info[i].value = i < static_cast<int32_t>(values.size()) ? values[i] : OpforgeValue{};
@@ -66,11 +67,11 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
       }
       for (int32_t d = 0; d < rank; ++d) free[d] = multiple(i, d, rank, free[d]);
       if (t.shape_like >= 0) {
-        if (done[t.shape_like]) info[i].sizes = info[t.shape_like].sizes, done[i] = true;
+        if (done[t.shape_like]) shapes[i] = shapes[t.shape_like], info[i].sizes = shapes[i], done[i] = true;
         continue;
       }
       if (t.num_dims == 0) {
-        info[i].sizes = free, done[i] = true;
+        shapes[i] = free, info[i].sizes = shapes[i], done[i] = true;
         continue;
       }
       std::vector<int64_t> dims(rank);
@@ -90,16 +91,11 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
           complete = false;
         }
       }
-      if (complete) info[i].sizes = dims, done[i] = true;
+      if (complete) shapes[i] = dims, info[i].sizes = shapes[i], done[i] = true;
     }
   }
-  std::vector<std::vector<int64_t>> shapes(op.num_args);
   for (int32_t i = 0; i < op.num_args; ++i) {
-    if (op.args[i].kind != OPFORGE_ARG_TENSOR) continue;
-    if (done[i]) {
-      shapes[i] = info[i].sizes;
-      continue;
-    }
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || done[i]) continue;
     const int32_t rank = example_rank(op.args[i].tensor, leading);
     for (int32_t d = 0; d < rank; ++d) shapes[i].push_back(multiple(i, d, rank, lead));
   }

@@ -5,26 +5,26 @@
 #pragma once
 
 #include <cstddef>
-#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
 namespace opforge::core {
 
 /// `size()` elements of type T at `data()`, owned by someone else: the view must not outlive
-/// them. Span<const T> converts implicitly from any contiguous container whose data() gives a
-/// pointer convertible to T* (std::vector, std::array, c10::SmallVector) and from a braced list
-/// (which lives until the end of the full-expression: pass it straight to a call).
+/// them. Converts implicitly from a contiguous container held by name (an lvalue: std::vector,
+/// std::array, c10::SmallVector) whose data() gives a pointer convertible to T*; not from a
+/// temporary container or a braced list, whose elements die with the statement (std::span
+/// allows both for const T; here a view that would dangle does not compile).
 template <class T>
 class Span {
  public:
   constexpr Span() = default;
   constexpr Span(T* data, size_t size) : data_(data), size_(size) {}
-  template <class C, class = std::enable_if_t<!std::is_same_v<std::decay_t<C>, Span> &&
+  template <class C, class = std::enable_if_t<!std::is_same_v<std::remove_const_t<C>, Span> &&
                                              std::is_convertible_v<decltype(std::declval<C&>().data()), T*>>>
-  constexpr Span(C&& c) : data_(c.data()), size_(static_cast<size_t>(c.size())) {}
-  template <class U = T, class = std::enable_if_t<std::is_const_v<U>>>
-  constexpr Span(std::initializer_list<std::remove_const_t<T>> list) : data_(list.begin()), size_(list.size()) {}
+  constexpr Span(C& c) : data_(c.data()), size_(static_cast<size_t>(c.size())) {}
+  template <class C>
+  Span(const C&&) = delete;
 
   constexpr T* data() const { return data_; }
   constexpr size_t size() const { return size_; }

@@ -199,7 +199,7 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
     info[i].dtype_label = dtype.label;
     info[i].device_type = device_name;
     info[i].device_index = device_type == OPFORGE_DEVICE_CUDA ? device_index : -1;
-    info[i].sizes.assign(args[i].tensor.sizes, args[i].tensor.sizes + args[i].tensor.ndim);
+    info[i].sizes = core::Span<const int64_t>(args[i].tensor.sizes, static_cast<size_t>(args[i].tensor.ndim));
   }
   if (next != operands.size())
     throw InternalError("opforge.jax: " + core::qualified_name(op) + ": " + std::to_string(operands.size()) +
@@ -229,7 +229,7 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
         std::vector<int64_t>(dims.begin(), dims.end()) != outs[k].sizes)
       throw InternalError("opforge.jax: " + core::qualified_name(op) + ": the result buffer of " +
                           op.outputs[k].name + " is not the " + dtype_name(outs[k].dtype) + " " +
-                          core::sizes_string(outs[k].sizes) + " its rule gives");
+                          core::sizes_string<int64_t>(outs[k].sizes) + " its rule gives");
     out_views.push_back(views.of(r, device_type, device_index));
   }
   for (int32_t i = 0; i < n; ++i) {

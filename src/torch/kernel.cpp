@@ -186,7 +186,8 @@ class OpKernel final : public c10::OperatorKernel {
     return c;
   }
 
-  /// The ArgInfo of a tensor (undefined: `defined` false) for the core's checks.
+  /// The ArgInfo of a tensor (undefined: `defined` false) for the core's checks; its sizes view
+  /// t's, so it must not outlive t.
   template <class Int>
   static core::ArgInfo<Int> info_of(const at::Tensor& t) {
     core::ArgInfo<Int> info;
@@ -198,12 +199,12 @@ class OpKernel final : public c10::OperatorKernel {
     info.dtype_label = torch_dtype_name(t.scalar_type());
     info.device_type = device_type_name(t.device().type());
     info.device_index = t.device().has_index() ? t.device().index() : -1;
-    if constexpr (std::is_same_v<Int, c10::SymInt>) {
-      auto s = t.sym_sizes();
-      info.sizes.assign(s.begin(), s.end());
+    if constexpr (std::is_same_v<Int, c10::SymInt>) {  // views of the tensor's own sizes
+      const c10::SymIntArrayRef s = t.sym_sizes();
+      info.sizes = core::Span<const c10::SymInt>(s.data(), s.size());
     } else {
-      auto s = t.sizes();
-      info.sizes.assign(s.begin(), s.end());
+      const c10::IntArrayRef s = t.sizes();
+      info.sizes = core::Span<const int64_t>(s.data(), s.size());
     }
     return info;
   }
@@ -221,7 +222,7 @@ class OpKernel final : public c10::OperatorKernel {
       info[i].value = call.values[i];
       if constexpr (std::is_same_v<Int, c10::SymInt>) info[i].symbolic = call.symbolic[i];
     }
-    std::vector<core::OutputInfo<Int>> outs;
+    PerCall<core::OutputInfo<Int>> outs;
     std::string problems;
     if (out_) {
       PerCall<core::ArgInfo<Int>> given;

@@ -202,9 +202,10 @@ TEST(CallProtocol, LaunchIsSkippedOnlyWhenEveryOutputIsEmpty) {
   float buf[4];
   const std::vector<int64_t> s40{4, 0}, s4{4}, st{1, 1}, st1{1};
   using opforge::core::skip_launch;
-  EXPECT_TRUE(skip_launch({view(buf, s40, st)}));
-  EXPECT_FALSE(skip_launch({view(buf, s40, st), view(buf, s4, st1)}));
-  EXPECT_FALSE(skip_launch({}));  // an op without outputs (it writes its inputs) always runs
+  const std::vector<OpforgeTensor> empty{view(buf, s40, st)}, one_not{view(buf, s40, st), view(buf, s4, st1)}, none;
+  EXPECT_TRUE(skip_launch(empty));
+  EXPECT_FALSE(skip_launch(one_not));
+  EXPECT_FALSE(skip_launch(none));  // an op without outputs (it writes its inputs) always runs
 }
 
 TEST(Span, ViewsTheCallersElements) {
@@ -222,8 +223,12 @@ TEST(Span, ViewsTheCallersElements) {
     for (int e : x) t += e;
     return t;
   };
-  EXPECT_EQ(total({1, 2, 3}), 6);  // a braced list lives for the call
+  EXPECT_EQ(total(v), 6);
   EXPECT_EQ(total(Span<const int>(v.data() + 1, 2)), 5);
+  // A view of a temporary would dangle: it does not convert.
+  static_assert(std::is_constructible_v<Span<const int>, std::vector<int>&>);
+  static_assert(!std::is_constructible_v<Span<const int>, std::vector<int>>);
+  static_assert(!std::is_constructible_v<Span<int>, const std::vector<int>&>);
   const Span<const int> none;
   EXPECT_TRUE(none.empty());
   EXPECT_EQ(none.begin(), none.end());
@@ -386,7 +391,8 @@ TEST(ShapeRules, AReplacedDimOutsideTheRankIsReported) {
                            .release());
   std::vector<opforge::core::ArgInfo<int64_t>> args(1);
   args[0].dtype = OPFORGE_DTYPE_FLOAT32;
-  args[0].sizes = {4, 5};
+  const std::vector<int64_t> sizes{4, 5};
+  args[0].sizes = sizes;
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), args, outs),
             "ns::wd(Tensor x) -> Tensor: invalid arguments\n  output y: with_dim(-3) is out of range for rank 2");
@@ -425,28 +431,29 @@ std::unique_ptr<opforge::detail::OpDef> rules_op() {
                        .release());
 }
 
-std::vector<opforge::core::ArgInfo<int64_t>> rule_args(std::vector<int64_t> x, std::vector<int64_t> cache,
-                                                       int64_t block) {
+/// check_call of rules_op() for x and cache of these sizes (float32) and this block.
+std::string check_rules(const OpforgeOpSpec& op, const std::vector<int64_t>& x, const std::vector<int64_t>& cache,
+                        int64_t block) {
   std::vector<opforge::core::ArgInfo<int64_t>> args(3);
   args[0].dtype = args[1].dtype = OPFORGE_DTYPE_FLOAT32;
   args[0].dtype_label = args[1].dtype_label = "float32";
-  args[0].sizes = std::move(x);
-  args[1].sizes = std::move(cache);
+  args[0].sizes = x;
+  args[1].sizes = cache;
   args[2].value.kind = OPFORGE_ARG_INT;
   args[2].value.i = block;
-  return args;
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  return opforge::core::check_call<int64_t>(op, args, outs);
 }
 
 TEST(Rules, CrossArgumentRulesAreCheckedWithTheArguments) {
   auto def = rules_op();
-  std::vector<opforge::core::OutputInfo<int64_t>> outs;
-  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3, 64}, {9, 32}, 16), outs), "");
-  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3, 60}, {9, 96}, 16), outs),
+  EXPECT_EQ(check_rules(*def->spec(), {3, 64}, {9, 32}, 16), "");
+  EXPECT_EQ(check_rules(*def->spec(), {3, 60}, {9, 96}, 16),
             "ns::rot(Tensor x, Tensor cache, SymInt block=4) -> Tensor: invalid arguments\n"
             "  expected cache.size(1) <= x.size(-1), got 96 <= 60\n"
             "  expected x.size(-1) % block == 0, got 12 == 0");
   // A rule that reads an argument already reported is not checked again.
-  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), rule_args({3}, {9, 96}, 16), outs),
+  EXPECT_EQ(check_rules(*def->spec(), {3}, {9, 96}, 16),
             "ns::rot(Tensor x, Tensor cache, SymInt block=4) -> Tensor: invalid arguments\n"
             "  x: expected rank 2, got rank 1 (shape [3])");
   const json op = describe({def.get()})["ops"][0];

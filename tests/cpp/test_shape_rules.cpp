@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <opforge/op.h>
 
+#include <deque>
+#include <string>
+#include <vector>
+
 #include "../../src/core/check.h"
 #include "../../src/core/dtypes.h"
 #include "../../src/core/schema.h"
@@ -13,6 +17,18 @@ namespace {
 using opforge::MutableTensor;
 using opforge::Tensor;
 using Info = opforge::core::ArgInfo<int64_t>;
+
+/// A copy of `sizes` that lives for the whole test run: an ArgInfo only views its sizes.
+opforge::core::Span<const int64_t> kept(std::vector<int64_t> sizes) {
+  static std::deque<std::vector<int64_t>> store;
+  return store.emplace_back(std::move(sizes));
+}
+
+/// output_shapes over a list of arguments.
+bool shapes(const OpforgeOpSpec& op, std::vector<Info> args, std::vector<opforge::core::OutputInfo<int64_t>>& outs,
+            std::vector<std::string>& errors) {
+  return opforge::core::output_shapes<int64_t>(op, args, outs, errors);
+}
 
 void pool_ref(Tensor, Tensor, int64_t, MutableTensor, MutableTensor) {}
 
@@ -41,7 +57,7 @@ Info tensor(int32_t dtype, std::vector<int64_t> sizes, const char* device_type =
   i.dtype_label = opforge::dtype_name(dtype);
   i.device_type = device_type;
   i.device_index = index;
-  i.sizes = std::move(sizes);
+  i.sizes = kept(std::move(sizes));
   return i;
 }
 
@@ -65,7 +81,7 @@ TEST(ShapeRules, OutputsFromExpressionsAndLike) {
   EXPECT_TRUE(check(*def->spec(), args).empty());
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(*def->spec(), args, outs, errors));
+  ASSERT_TRUE(shapes(*def->spec(), args, outs, errors));
   ASSERT_EQ(outs.size(), 2u);
   EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{4, 4, 5}));
   EXPECT_EQ(outs[0].dtype, OPFORGE_DTYPE_FLOAT16);
@@ -125,7 +141,7 @@ TEST(ShapeRules, NegativeSizeIsAnError) {
   std::vector<Info> args = {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(5)};
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  EXPECT_FALSE(opforge::core::output_shapes<int64_t>(*def->spec(), args, outs, errors));
+  EXPECT_FALSE(shapes(*def->spec(), args, outs, errors));
   EXPECT_EQ(errors, (std::vector<std::string>{"output y: the shape rule x.size(0) - k gives a negative size -2"}));
 }
 
@@ -143,12 +159,12 @@ TEST(ShapeRules, Int64OverflowIsAnErrorNeverAWrappedSize) {
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
   const int64_t big = int64_t{1} << 62;
-  EXPECT_FALSE(opforge::core::output_shapes<int64_t>(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(big)},
+  EXPECT_FALSE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(big)},
                                                      outs, errors));
   EXPECT_EQ(errors,
             (std::vector<std::string>{"output y: the shape rule x.size(0) * k overflows int64 for these inputs"}));
   errors.clear();
-  EXPECT_FALSE(opforge::core::output_shapes<int64_t>(
+  EXPECT_FALSE(shapes(
       *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {int64_t{1} << 32}), int_value(1 << 30)}, outs, errors));
   EXPECT_EQ(errors, (std::vector<std::string>{"output y: shape [4611686018427387904, 4294967296] has more elements "
                                               "than int64 counts"}));
@@ -183,7 +199,7 @@ TEST(ShapeRules, OptionalInputLeftOutIsNotChecked) {
   EXPECT_TRUE(check(*def->spec(), args).empty());
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(*def->spec(), args, outs, errors));
+  ASSERT_TRUE(shapes(*def->spec(), args, outs, errors));
   EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{2, 4}));
   EXPECT_EQ(opforge::core::qualified_schema(*def->spec()),
             "ns::add_bias(Tensor x, Tensor? bias=None, int n=1) -> Tensor");
@@ -293,7 +309,7 @@ TEST(LeadingDims, AnyNumberOfLeadingDimsAndTheLastDimsRuled) {
             (std::vector<std::string>{"x: expected rank >= 1, got rank 0 (shape [])"}));
   std::vector<opforge::core::OutputInfo<int64_t>> outs, none;
   std::vector<std::string> errors;
-  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(
+  ASSERT_TRUE(shapes(
       *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
   EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{2, 3, 8}));
 }
@@ -344,7 +360,7 @@ TEST(MixedDtypes, ASameDtypeRuleWithAlternatives) {
             (std::vector<std::string>{"x: expected dtype one of {float32, float64, float16, bfloat16}, got int32"}));
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(
+  ASSERT_TRUE(shapes(
       *def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
   EXPECT_EQ(outs[0].dtype, OPFORGE_DTYPE_BFLOAT16);  // like("x"): x's dtype, not the weight's
 }
@@ -377,11 +393,11 @@ TEST(OptionalOutputs, UndefinedWhenTheirInputIsLeftOut) {
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
   ASSERT_TRUE(
-      opforge::core::output_shapes<int64_t>(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), absent}, outs, errors));
+      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), absent}, outs, errors));
   ASSERT_EQ(outs.size(), 2u);
   EXPECT_TRUE(outs[0].defined);
   EXPECT_FALSE(outs[1].defined);
-  ASSERT_TRUE(opforge::core::output_shapes<int64_t>(
+  ASSERT_TRUE(shapes(
       *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), tensor(OPFORGE_DTYPE_FLOAT16, {3, 5})}, outs, errors));
   EXPECT_TRUE(outs[1].defined);
   EXPECT_EQ(outs[1].sizes, (std::vector<int64_t>{3, 10}));
