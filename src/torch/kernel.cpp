@@ -118,7 +118,7 @@ class OpKernel final : public c10::OperatorKernel {
     const auto ivalues = ::torch::jit::last(*stack, n);
     CallArgs call = with_torch_errors([&] { return unpack(fake ? ivalues.slice(0, n - 1) : ivalues); });
     if (fake) call.data_dependent = ivalues.back().toSymIntVector();
-    const bool symbolic = mode_ == Mode::kMeta || fake;
+    const bool symbolic = tracing();
     PerCall<at::Tensor> outputs = symbolic ? run<c10::SymInt>(call) : run<int64_t>(call);
     ::torch::jit::drop(*stack, n);
     for (auto& t : outputs) ::torch::jit::push(*stack, std::move(t));
@@ -134,7 +134,7 @@ class OpKernel final : public c10::OperatorKernel {
       c.int_lists.resize(n);
       c.float_lists.resize(n);
     }
-    if (mode_ == Mode::kMeta || mode_ == Mode::kFake) c.symbolic.resize(n);
+    if (tracing()) c.symbolic.resize(n);
     for (size_t k = n; k < ivalues.size(); ++k)
       c.outs.push_back(ivalues[k].isNone() ? at::Tensor() : ivalues[k].toTensor());
     for (int32_t i = 0; i < n; ++i) {
@@ -154,7 +154,7 @@ class OpKernel final : public c10::OperatorKernel {
             v.i = iv.toInt();
           } else if (auto known = iv.toSymInt().maybe_as_int()) {
             v.i = *known;
-          } else if (mode_ == Mode::kMeta || mode_ == Mode::kFake) {  // a size parameter while tracing: symbolic
+          } else if (tracing()) {  // a size parameter while tracing: symbolic
             c.symbolic[i] = iv.toSymInt();
           } else {  // a kernel needs the value
             v.i = iv.toSymInt().guard_int(__FILE__, __LINE__);
@@ -364,6 +364,9 @@ class OpKernel final : public c10::OperatorKernel {
     for (size_t k = 0; k < temporaries.size(); ++k)
       if (!temporaries[k].is_same(outputs[k])) outputs[k].copy_(temporaries[k]);
   }
+
+  /// The Meta and Fake kernels: they run the rules over c10::SymInt and launch nothing.
+  bool tracing() const { return mode_ == Mode::kMeta || mode_ == Mode::kFake; }
 
   const OpforgeOpSpec& op_;
   Mode mode_;
