@@ -23,7 +23,7 @@ class Span {
   template <class C, class = std::enable_if_t<!std::is_same_v<std::remove_const_t<C>, Span> &&
                                              std::is_convertible_v<decltype(std::declval<C&>().data()), T*>>>
   constexpr Span(C& c) : data_(c.data()), size_(static_cast<size_t>(c.size())) {}
-  template <class C>
+  template <class C, class = std::enable_if_t<!std::is_same_v<std::remove_cv_t<C>, Span>>>
   Span(const C&&) = delete;
 
   constexpr T* data() const { return data_; }

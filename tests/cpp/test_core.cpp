@@ -229,6 +229,7 @@ TEST(Span, ViewsTheCallersElements) {
   static_assert(std::is_constructible_v<Span<const int>, std::vector<int>&>);
   static_assert(!std::is_constructible_v<Span<const int>, std::vector<int>>);
   static_assert(!std::is_constructible_v<Span<int>, const std::vector<int>&>);
+  static_assert(std::is_constructible_v<Span<const int>, const Span<const int>&&>);  // a view copies
   const Span<const int> none;
   EXPECT_TRUE(none.empty());
   EXPECT_EQ(none.begin(), none.end());
