@@ -441,11 +441,13 @@ inline std::string invalid_arguments_message(const OpforgeOpSpec& op, const std:
 }
 
 /// Shape and dtype of one output for this call; `defined` false for an output that exists only
-/// with an optional input the call left out (OpforgeOutputSpec::present_with).
-template <class Int>
+/// with an optional input the call left out (OpforgeOutputSpec::present_with). Sizes: a
+/// std::vector-like container of Int (assign, push_back, operator[], data, size), which an adapter
+/// may give inline storage.
+template <class Int, class Sizes = std::vector<Int>>
 struct OutputInfo {
   int32_t dtype = -1;
-  std::vector<Int> sizes;
+  Sizes sizes;
   bool defined = true;
 };
 
@@ -460,7 +462,7 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs&
   outs.clear();
   for (int32_t i = 0; i < op.num_outputs; ++i) {
     const OpforgeOutputSpec& o = op.outputs[i];
-    OutputInfo<Int> info;
+    typename Outs::value_type info;
     if (o.present_with >= 0 && !args[o.present_with].defined) {
       info.defined = false;
       outs.push_back(std::move(info));
@@ -500,7 +502,7 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs&
       Int numel = 1;
       for (const Int& n : info.sizes)
         if (__builtin_mul_overflow(numel, n, &numel)) {
-          errors.push_back(std::string("output ") + o.name + ": shape " + sizes_string<Int>(info.sizes) +
+          errors.push_back(std::string("output ") + o.name + ": shape " + sizes_string<Int>(Span<const Int>(info.sizes.data(), info.sizes.size())) +
                            " has more elements than int64 counts");
           return false;
         }

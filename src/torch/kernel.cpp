@@ -222,7 +222,7 @@ class OpKernel final : public c10::OperatorKernel {
       info[i].value = call.values[i];
       if constexpr (std::is_same_v<Int, c10::SymInt>) info[i].symbolic = call.symbolic[i];
     }
-    PerCall<core::OutputInfo<Int>> outs;
+    PerCall<core::OutputInfo<Int, PerCall<Int>>> outs;  // sizes inline too
     std::string problems;
     if (out_) {
       PerCall<core::ArgInfo<Int>> given;
