@@ -290,8 +290,7 @@ bool reads_undefined(const OpforgeExpr& e, Span<const ArgInfo<Int>> args) {
 /// <values>" for each that fails. A rule that reads a tensor left out, or one for which
 /// `skip(expr)` says a side reads an argument already reported bad, is not checked.
 template <class Int, class Skip>
-void rule_problems(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vector<std::string>& out,
-                   Skip&& skip) {
+void rule_problems(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vector<std::string>& out, Skip&& skip) {
   for (int32_t k = 0; k < num_rules(op); ++k) {
     const OpforgeRule& rule = op.rules[k];
     if (skip(rule.lhs) || skip(rule.rhs) || reads_undefined(rule.lhs, args) || reads_undefined(rule.rhs, args))
@@ -502,7 +501,8 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs&
       Int numel = 1;
       for (const Int& n : info.sizes)
         if (__builtin_mul_overflow(numel, n, &numel)) {
-          errors.push_back(std::string("output ") + o.name + ": shape " + sizes_string<Int>(Span<const Int>(info.sizes.data(), info.sizes.size())) +
+          const Span<const Int> sizes(info.sizes.data(), info.sizes.size());
+          errors.push_back(std::string("output ") + o.name + ": shape " + sizes_string<Int>(sizes) +
                            " has more elements than int64 counts");
           return false;
         }
@@ -513,9 +513,8 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs&
 }
 
 /// Checks a call's arguments and evaluates its output rules: returns "" and fills `outs` (as
-/// output_shapes), or
-/// returns the message (invalid_arguments_message) an adapter raises as its framework's
-/// invalid-argument error.
+/// output_shapes), or returns the message (invalid_arguments_message) an adapter raises as its
+/// framework's invalid-argument error.
 template <class Int, class Outs>
 std::string check_call(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs& outs) {
   std::vector<std::string> errors;

@@ -21,7 +21,7 @@ class Span {
   constexpr Span() = default;
   constexpr Span(T* data, size_t size) : data_(data), size_(size) {}
   template <class C, class = std::enable_if_t<!std::is_same_v<std::remove_const_t<C>, Span> &&
-                                             std::is_convertible_v<decltype(std::declval<C&>().data()), T*>>>
+                                              std::is_convertible_v<decltype(std::declval<C&>().data()), T*>>>
   constexpr Span(C& c) : data_(c.data()), size_(static_cast<size_t>(c.size())) {}
   template <class C, class = std::enable_if_t<!std::is_same_v<std::remove_cv_t<C>, Span>>>
   Span(const C&&) = delete;

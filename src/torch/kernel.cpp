@@ -256,12 +256,13 @@ class OpKernel final : public c10::OperatorKernel {
         outputs.emplace_back();
         continue;
       }
+      const at::ScalarType dtype = to_torch(outs[k].dtype);
       if constexpr (std::is_same_v<Int, c10::SymInt>) {
-        outputs.push_back(at::empty_symint(outs[k].sizes, at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device)));
-      } else if (mode_ == Mode::kCpu) {  // as ATen's own CPU kernels allocate outputs: not through the dispatcher
-        outputs.push_back(at::detail::empty_cpu(outs[k].sizes, to_torch(outs[k].dtype), /*pin_memory=*/false, std::nullopt));
+        outputs.push_back(at::empty_symint(outs[k].sizes, at::TensorOptions().dtype(dtype).device(device)));
+      } else if (mode_ == Mode::kCpu) {  // as ATen's own CPU kernels allocate: not through the dispatcher
+        outputs.push_back(at::detail::empty_cpu(outs[k].sizes, dtype, /*pin_memory=*/false, std::nullopt));
       } else {
-        outputs.push_back(at::empty(outs[k].sizes, at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device)));
+        outputs.push_back(at::empty(outs[k].sizes, at::TensorOptions().dtype(dtype).device(device)));
       }
     }
     if constexpr (std::is_same_v<Int, int64_t>) {
