@@ -361,8 +361,12 @@ void bind_primary_context(int device) {
 /// Bumped by rtc_reload: launch-cache entries of an older generation are not used.
 std::atomic<uint64_t> g_generation{0};
 
+/// Dynamic shared memory a function may take without cuFuncSetAttribute.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+
 /// One instantiation a thread has launched: the kernel, device and instantiation key
-/// (rtc::instantiation_key), the loaded function and its name.
+/// (rtc::instantiation_key), the loaded function and its name, and the dynamic shared memory
+/// the function has been allowed (raised by launch when a launch needs more).
 struct CachedLaunch {
   static constexpr int kMaxKey = 24;
   const RuntimeKernel* rk = nullptr;
@@ -372,12 +376,13 @@ struct CachedLaunch {
   int64_t key[kMaxKey] = {};
   CUfunction fn = nullptr;
   std::string name;
+  size_t shared_allowed = kDefaultSharedBytes;
 };
 
 /// The loaded function for this call. Each thread keeps the instantiations it launched (at most
 /// kEntries, then starts over), so that a launch of a known instantiation builds no name, takes
 /// no lock and allocates nothing; the first launch on a thread goes through function_for.
-const CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg) {
+CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg) {
   constexpr size_t kEntries = 64;
   thread_local std::vector<CachedLaunch> cache;
   thread_local CachedLaunch probe;
@@ -386,7 +391,7 @@ const CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFr
   probe.device = f->ctx->device_index;
   const bool keyed = rtc::instantiation_key(rk, f, probe.key, CachedLaunch::kMaxKey, probe.size);
   if (keyed) {
-    for (const CachedLaunch& e : cache)
+    for (CachedLaunch& e : cache)
       if (e.rk == probe.rk && e.device == probe.device && e.generation == generation && e.size == probe.size &&
           std::equal(e.key, e.key + e.size, probe.key))
         return e;
@@ -402,6 +407,7 @@ const CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFr
   probe.name = rtc::instantiate(rk, arg_dtypes, out_dtypes, values.data(), cuda_type);
   probe.fn = function_for(rk, probe.name, probe.device, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg.args.size()));
   probe.generation = generation;
+  probe.shared_allowed = kDefaultSharedBytes;
   if (!keyed) return probe;
   if (cache.size() == kEntries) cache.clear();
   cache.push_back(probe);
@@ -412,12 +418,14 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
   if (!cfg) return;
   bind_primary_context(f->ctx->device_index);
-  const CachedLaunch& target = cached_function(rk, f, *cfg);
+  CachedLaunch& target = cached_function(rk, f, *cfg);
   rtc::KernelArguments args(rk, f, *cfg);
-  if (cfg->shared_bytes > 48 * 1024 && driver().set_attribute)
+  if (cfg->shared_bytes > target.shared_allowed && driver().set_attribute) {  // once per function and size
     check_cu(driver().set_attribute(target.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     static_cast<int>(cfg->shared_bytes)),
              "cuFuncSetAttribute");
+    target.shared_allowed = cfg->shared_bytes;
+  }
   const CUresult r =
       driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1],
                       cfg->block[2], cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
