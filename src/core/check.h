@@ -107,32 +107,35 @@ inline std::string dtype_set_string(uint32_t bits) {
 /// wrapped).
 template <class Int>
 std::optional<Int> eval_expr(const OpforgeExpr& e, Span<const ArgInfo<Int>> args, bool* overflow = nullptr) {
-  std::vector<Int> st;
+  // The operand stack, at most num_nodes deep: inline for the usual rule (this runs on every call).
+  constexpr int32_t kInline = 16;
+  Int inline_stack[kInline];
+  std::vector<Int> heap_stack(e.num_nodes > kInline ? e.num_nodes : 0);
+  Int* const st = e.num_nodes > kInline ? heap_stack.data() : inline_stack;
+  int32_t top = 0;
   for (int32_t i = 0; i < e.num_nodes; ++i) {
     const OpforgeExprNode& n = e.nodes[i];
     switch (n.op) {
       case OPFORGE_EXPR_CONST:
-        st.push_back(Int(n.value));
+        st[top++] = Int(n.value);
         continue;
       case OPFORGE_EXPR_PARAM:
-        st.push_back(args[n.arg].symbolic ? *args[n.arg].symbolic : Int(args[n.arg].value.i));
+        st[top++] = args[n.arg].symbolic ? *args[n.arg].symbolic : Int(args[n.arg].value.i);
         continue;
       case OPFORGE_EXPR_DIM: {
         const auto& s = args[n.arg].sizes;
         const int64_t r = static_cast<int64_t>(s.size());
         const int64_t d = n.value < 0 ? n.value + r : n.value;
         if (d < 0 || d >= r) return std::nullopt;
-        st.push_back(s[d]);
+        st[top++] = s[d];
         continue;
       }
       default:
         break;
     }
-    if (st.size() < 2) return std::nullopt;
-    Int b = st.back();
-    st.pop_back();
-    Int a = st.back();
-    st.pop_back();
+    if (top < 2) return std::nullopt;
+    Int b = std::move(st[--top]);
+    Int a = std::move(st[--top]);
     if constexpr (std::is_integral_v<Int>) {
       if ((n.op == OPFORGE_EXPR_FLOORDIV || n.op == OPFORGE_EXPR_CEILDIV || n.op == OPFORGE_EXPR_MOD) && b == 0)
         return std::nullopt;
@@ -151,35 +154,35 @@ std::optional<Int> eval_expr(const OpforgeExpr& e, Span<const ArgInfo<Int>> args
     }
     switch (n.op) {
       case OPFORGE_EXPR_ADD:
-        st.push_back(a + b);
+        st[top++] = a + b;
         break;
       case OPFORGE_EXPR_SUB:
-        st.push_back(a - b);
+        st[top++] = a - b;
         break;
       case OPFORGE_EXPR_MUL:
-        st.push_back(a * b);
+        st[top++] = a * b;
         break;
       case OPFORGE_EXPR_FLOORDIV:
-        st.push_back(IntOps<Int>::floordiv(a, b));
+        st[top++] = IntOps<Int>::floordiv(a, b);
         break;
       case OPFORGE_EXPR_CEILDIV:
-        st.push_back(IntOps<Int>::floordiv(a + b - Int(1), b));
+        st[top++] = IntOps<Int>::floordiv(a + b - Int(1), b);
         break;
       case OPFORGE_EXPR_MIN:
-        st.push_back(IntOps<Int>::min(a, b));
+        st[top++] = IntOps<Int>::min(a, b);
         break;
       case OPFORGE_EXPR_MAX:
-        st.push_back(IntOps<Int>::max(a, b));
+        st[top++] = IntOps<Int>::max(a, b);
         break;
       case OPFORGE_EXPR_MOD:
-        st.push_back(a - IntOps<Int>::floordiv(a, b) * b);
+        st[top++] = a - IntOps<Int>::floordiv(a, b) * b;
         break;
       default:
         return std::nullopt;
     }
   }
-  if (st.size() != 1) return std::nullopt;
-  return st.back();
+  if (top != 1) return std::nullopt;
+  return st[0];
 }
 
 namespace detail {

@@ -127,6 +127,12 @@ TEST(ShapeRules, ExpressionArithmetic) {
   EXPECT_EQ(eval(nodes({d0, dm1, {OPFORGE_EXPR_MAX, -1, 0}, p, {OPFORGE_EXPR_MUL, -1, 0}})), 40);
   EXPECT_EQ(eval(nodes({{OPFORGE_EXPR_DIM, 0, 5}})), std::nullopt);                                         // no dim 5
   EXPECT_EQ(eval(nodes({d0, {OPFORGE_EXPR_CONST, -1, 0}, {OPFORGE_EXPR_FLOORDIV, -1, 0}})), std::nullopt);  // / 0
+  // 20 operands on the stack before the first operator: deeper than the inline stack.
+  std::vector<OpforgeExprNode> deep(20, d0);
+  deep.insert(deep.end(), 19, OpforgeExprNode{OPFORGE_EXPR_ADD, -1, 0});
+  EXPECT_EQ(eval(deep), 200);
+  deep.pop_back();  // one operand too many left over
+  EXPECT_EQ(eval(deep), std::nullopt);
 }
 
 TEST(ShapeRules, NegativeSizeIsAnError) {
