@@ -31,6 +31,8 @@
  * Version 4: OpforgeTensorSpec::mutated (an older adapter would copy a mutated input and lose
  * the kernel's writes) and value domains (OpforgeTensorSpec grew), comparison and remainder
  * nodes (OPFORGE_EXPR_MOD .. OPFORGE_EXPR_GE), OpforgeOpSpec::rules.
+ * Version 6: OpforgeKernel::dtype_arg and dtypes (OpforgeKernel, held in an array, grew; an
+ * older adapter would hand a kernel dtypes it does not take).
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -42,7 +44,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 5
+#define OPFORGE_ABI_VERSION 6
 
 /* Element types. The numbering is opforge's own and stable across versions. */
 typedef enum OpforgeDtype {
@@ -331,6 +333,11 @@ typedef struct OpforgeKernel {
   const char* source;
   const char* name;
   OpforgePrecompileFn precompile;
+  /* The dtypes this device kernel takes (Note [Kernel dtypes] in opforge/op.h): bit
+   * (1u << OpforgeDtype) per dtype of tensor argument `dtype_arg`; dtype_arg -1: every dtype
+   * the declaration admits (always so for the CPU reference). */
+  int32_t dtype_arg;
+  uint32_t dtypes;
 } OpforgeKernel;
 
 typedef struct OpforgeOpSpec {

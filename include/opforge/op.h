@@ -66,6 +66,19 @@
 // compiles nothing on its first inference. The source may `#include <opforge/kernel.cuh>`
 // (device helpers), cuda_fp16.h and cuda_bf16.h.
 //
+// Note [Kernel dtypes]
+// --------------------
+// The CPU reference takes every dtype the declaration admits; a device kernel may take fewer,
+// as PyTorch's flash attention takes only 16-bit inputs while its math fallback takes all:
+// `.cuda_source(...).launch_grid(fn).kernel_dtypes("q", opforge::half_precision)`. A call on
+// that device with another dtype of `q` is refused before any launch as any other invalid
+// argument ("q: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no
+// other), got float32"): in eager calls and when a compiled, exported or AOTInductor graph runs
+// (tracing runs the Meta kernel on meta tensors, which do not say which device they stand for,
+// so a trace is not refused). opforge verify and ahead-of-time compiles of run-time kernels use
+// only the combinations the kernel takes; the reference keeps the others (float64 for gradcheck).
+// `input` must be a required tensor input, named once per kernel.
+//
 // Note [Backward ops]
 // -------------------
 // `.backward("softshrink_backward")` names another op of the same library (declared like any
@@ -501,6 +514,14 @@ class OpBuilder {
   /// opforge::rows("x"); see also launch_grid().
   OpBuilder launch(detail::LaunchRule rule) && {
     def_->set_launch(std::move(rule));
+    return std::move(*this);
+  }
+
+  /// The dtypes the last declared device kernel (.cuda() or .cuda_source()) takes for tensor
+  /// input `input`, where it covers fewer than the declaration admits (the CPU reference covers
+  /// them all): `.kernel_dtypes("q", opforge::half_precision)`. See Note [Kernel dtypes].
+  OpBuilder kernel_dtypes(std::string input, DtypeSet dtypes) && {
+    def_->set_kernel_dtypes(std::move(input), dtypes.bits);
     return std::move(*this);
   }
 

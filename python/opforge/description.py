@@ -176,7 +176,10 @@ class Op:
         args: inputs and parameters in schema order. outputs. devices: "cpu", "cuda".
         runtime_kernels.
         dtype_combinations: every dtype assignment of the tensor inputs the dtype rules accept
-            ({name: dtype}, optional inputs included), computed by the core.
+            ({name: dtype}, optional inputs included), computed by the core: those the CPU
+            reference takes.
+        dtype_combinations_on: by device ("cpu", "cuda"), those of ``dtype_combinations`` the
+            device's kernel takes (fewer where it declares ``kernel_dtypes()``).
     """
 
     name: str
@@ -201,6 +204,7 @@ class Op:
     devices: tuple[str, ...]
     runtime_kernels: tuple[RuntimeKernel, ...]
     dtype_combinations: tuple[dict[str, str], ...]
+    dtype_combinations_on: dict[str, tuple[dict[str, str], ...]]
 
     @property
     def backward_targets(self) -> tuple[int, ...]:
@@ -372,6 +376,7 @@ def _op(o: dict) -> Op:
         devices=tuple(o["devices"]),
         runtime_kernels=tuple(RuntimeKernel(k["source"], k["name"]) for k in o["runtime_kernels"]),
         dtype_combinations=tuple(o["dtype_combinations"]),
+        dtype_combinations_on={d: tuple(cs) for d, cs in o["dtype_combinations_on"].items()},
     )
 
 

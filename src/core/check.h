@@ -271,6 +271,14 @@ inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeArgSpec& 
   if (others) want += " or " + dtype_set_string(others);
   return want + ", got " + std::string(label);
 }
+/// The line for a dtype `label` of kernel `k`'s dtype_arg that `k` does not take (Note [Kernel
+/// dtypes] in opforge/op.h): "q: expected dtype one of {float16, bfloat16} on cuda (its cuda
+/// kernel takes no other), got float32".
+inline std::string kernel_dtype_problem(const OpforgeOpSpec& op, const OpforgeKernel& k, std::string_view label) {
+  const std::string device = k.device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
+  return std::string(op.args[k.dtype_arg].name) + ": expected dtype " + dtype_set_string(k.dtypes) + " on " + device +
+         " (its " + device + " kernel takes no other), got " + std::string(label);
+}
 /// Index into a tensor of rank `rank` of the first dim its shape rule's `dims` describe: 0, or
 /// with opforge::leading_dims, rank - num_dims.
 inline int32_t first_ruled_dim(const OpforgeTensorSpec& s, int32_t rank) {
@@ -429,6 +437,17 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
     }
     if (why.size() > before_shape) bad[i] |= kBadShape;
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);
+  }
+  // Note [Kernel dtypes] in opforge/op.h: the kernel of the call's device may take fewer dtypes
+  // than the declaration admits (meta, where a trace runs, has no kernel: not checked).
+  if (first >= 0) {
+    const int32_t device = device_type_code(args[first].device_type);
+    const OpforgeKernel* k = device < 0 ? nullptr : device_kernel(op, device);
+    if (k != nullptr && k->dtype_arg >= 0 && k->dtype_arg < op.num_args) {
+      const int32_t i = k->dtype_arg;
+      if (args[i].defined && !(bad[i] & kBadDtype) && !kernel_takes(*k, i, args[i].dtype))
+        out.push_back(kernel_dtype_problem(op, *k, args[i].dtype_label));
+    }
   }
   rule_problems<Int>(op, args, out, [&](const OpforgeExpr& e) { return reads_bad(e); });
 }

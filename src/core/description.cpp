@@ -244,21 +244,27 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   json outputs = json::array();
   for (int32_t i = 0; i < op.num_outputs; ++i) outputs.push_back(output_json(op, op.outputs[i]));
   j["outputs"] = std::move(outputs);
-  json combinations = json::array();
-  for (const auto& c : dtype_combinations(op)) {
-    json one = json::object();
-    for (int32_t i = 0; i < op.num_args; ++i)
-      if (c[i] >= 0) one[op.args[i].name] = dtype_name(c[i]);
-    combinations.push_back(std::move(one));
-  }
-  j["dtype_combinations"] = std::move(combinations);
-  json devices = json::array(), kernels = json::array();
+  const auto combinations_json = [&](const std::vector<std::vector<int32_t>>& cs) {
+    json combinations = json::array();
+    for (const auto& c : cs) {
+      json one = json::object();
+      for (int32_t i = 0; i < op.num_args; ++i)
+        if (c[i] >= 0) one[op.args[i].name] = dtype_name(c[i]);
+      combinations.push_back(std::move(one));
+    }
+    return combinations;
+  };
+  j["dtype_combinations"] = combinations_json(dtype_combinations(op));
+  json devices = json::array(), kernels = json::array(), on = json::object();
   for (int32_t i = 0; i < op.num_kernels; ++i) {
     const OpforgeKernel& k = op.kernels[i];
-    devices.push_back(k.device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu");
+    const char* device = k.device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
+    devices.push_back(device);
+    if (!on.contains(device)) on[device] = combinations_json(dtype_combinations_on(op, k.device_type));
     if (has_runtime_source(k)) kernels.push_back({{"source", k.source}, {"name", k.name}});
   }
   j["devices"] = std::move(devices);
+  j["dtype_combinations_on"] = std::move(on);
   j["runtime_kernels"] = std::move(kernels);
   return j;
 }

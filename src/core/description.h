@@ -26,7 +26,8 @@ namespace opforge::core {
 ///        "a.size(0) <= b.size(1)", "op": "<=", "lhs": rule, "rhs": rule}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],
 ///        "runtime_kernels": [{"source", "name"}], "dtype_combinations": [{tensor name: dtype}...]
-///        (dtype_combinations in dtypes.h)}
+///        (dtype_combinations in dtypes.h), "dtype_combinations_on": {device: [those its kernel
+///        takes...]} (dtype_combinations_on, Note [Kernel dtypes])}
 ///   tensor arg: {"name", "kind": "tensor", "type": "Tensor", "dtypes": ["float32"...],
 ///        "same_dtype": name | null, "dtype_alternatives": [dtype...] (with same_dtype),
 ///        "same_shape": name | null, "min_rank", "max_rank" (-1: no bound), "leading_dims": bool

@@ -61,6 +61,18 @@ std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, si
   return out;
 }
 
+std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op, int32_t device_type, size_t limit) {
+  const OpforgeKernel* k = device_kernel(op, device_type);
+  if (k == nullptr) return {};
+  if (k->dtype_arg < 0) return dtype_combinations(op, limit);
+  std::vector<std::vector<int32_t>> out;
+  for (auto& c : dtype_combinations(op, size_t{1} << 16)) {
+    if (out.size() >= limit) break;
+    if (kernel_takes(*k, k->dtype_arg, c[k->dtype_arg])) out.push_back(std::move(c));
+  }
+  return out;
+}
+
 bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype) {
   constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DTYPE_FLOAT64) |
                                  (1u << OPFORGE_DTYPE_FLOAT16) | (1u << OPFORGE_DTYPE_BFLOAT16);

@@ -41,6 +41,13 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
     bad[i] = why.size() > before || d < 0;
   }
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
+  for (int32_t k = 0; k < op.num_kernels; ++k) {
+    const OpforgeKernel& kernel = op.kernels[k];
+    if (has_runtime_source(kernel) && kernel.dtype_arg >= 0 &&
+        !kernel_takes(kernel, kernel.dtype_arg, dtypes[kernel.dtype_arg]))
+      why.push_back(kernel_dtype_problem(op, kernel, dtype_name(dtypes[kernel.dtype_arg])));
+  }
+  if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
   bool hit = true;
   for (int32_t k = 0; k < op.num_kernels; ++k) {
     if (!has_runtime_source(op.kernels[k])) continue;

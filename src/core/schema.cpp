@@ -82,6 +82,17 @@ bool has_runtime_source(const OpforgeKernel& k) {
          k.precompile != nullptr;
 }
 
+const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type) {
+  if (device_type == OPFORGE_DEVICE_CPU) return op.num_kernels > 0 ? &op.kernels[0] : nullptr;
+  for (int32_t k = 1; k < op.num_kernels; ++k)
+    if (op.kernels[k].device_type == device_type) return &op.kernels[k];
+  return nullptr;
+}
+
+int32_t device_type_code(std::string_view name) {
+  return name == "cuda" ? OPFORGE_DEVICE_CUDA : name == "cpu" ? OPFORGE_DEVICE_CPU : -1;
+}
+
 const char* schema_type(int32_t kind) {
   switch (kind) {
     case OPFORGE_ARG_TENSOR:

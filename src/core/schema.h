@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "opforge/c_api.h"
 
@@ -78,6 +79,21 @@ const char* schema_type(int32_t kind);
 /// True if `k` is a run-time kernel (a source compiled at run time) of a library whose ABI
 /// carries those fields.
 bool has_runtime_source(const OpforgeKernel& k);
+
+/// The kernel a call on `device_type` (OpforgeDeviceType) runs: the CPU reference for
+/// OPFORGE_DEVICE_CPU, else the op's first kernel for that device; null if it has none. Every
+/// adapter picks through this, so they agree on which kernel runs.
+const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type);
+
+/// The OpforgeDeviceType a framework's device type name stands for ("cpu", "cuda"); -1 for
+/// one no kernel runs on ("meta").
+int32_t device_type_code(std::string_view name);
+
+/// Whether kernel `k` takes `dtype` (OpforgeDtype) for tensor argument `arg` (Note [Kernel
+/// dtypes] in opforge/op.h): true unless `k` declares a dtype set for `arg` without it.
+inline bool kernel_takes(const OpforgeKernel& k, int32_t arg, int32_t dtype) {
+  return k.dtype_arg != arg || (dtype >= 0 && ((k.dtypes >> dtype) & 1u));
+}
 
 /// True if `a` is a tensor argument the caller may leave out (`Tensor? name=None`). (The
 /// field needs no struct_size test: OpforgeTensorSpec is embedded in OpforgeArgSpec, so it

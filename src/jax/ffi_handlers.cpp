@@ -264,9 +264,7 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
   }
   if (!refused.empty()) throw InvalidArgument(core::invalid_arguments_message(op, refused));
 
-  const OpforgeKernel* kernel = nullptr;
-  for (int32_t k = 0; k < op.num_kernels; ++k)
-    if (op.kernels[k].device_type == device_type) kernel = &op.kernels[k];
+  const OpforgeKernel* kernel = core::device_kernel(op, device_type);
   if (kernel == nullptr)
     throw InvalidArgument(core::qualified_name(op) + " has no " + device_name + " kernel");
   if (device_type == OPFORGE_DEVICE_CPU) {

@@ -180,6 +180,39 @@ class Resolver {
   int32_t* gate_ = nullptr;
 };
 
+/// Resolves .kernel_dtypes() declarations into their kernels' dtype_arg and dtypes (Note
+/// [Kernel dtypes] in opforge/op.h); every other kernel takes every dtype (dtype_arg -1).
+void resolve_kernel_dtypes(OpDef& def, Resolver& r) {
+  for (auto& k : def.kernels) {
+    k.dtype_arg = -1;
+    k.dtypes = 0;
+  }
+  for (const auto& kd : def.kernel_dtypes) {
+    const std::string ctx = "kernel_dtypes(\"" + kd.input + "\"): ";
+    if (kd.kernel < 0) {
+      r.error(ctx, "follows the device kernel it applies to (.cuda() or .cuda_source())");
+      continue;
+    }
+    OpforgeKernel& k = def.kernels[static_cast<size_t>(kd.kernel)];
+    const auto it = std::find_if(def.args.begin(), def.args.end(), [&](const ArgDecl& a) { return a.name == kd.input; });
+    if (it == def.args.end() || it->kind != OPFORGE_ARG_TENSOR || it->tensor.optional) {
+      r.error(ctx, "expected the name of a required tensor input");
+      continue;
+    }
+    if (k.dtype_arg >= 0) {
+      r.error(ctx, "a second kernel_dtypes() for one kernel (name one input, whose dtype the others follow)");
+      continue;
+    }
+    const uint32_t admitted = it->tensor.dtype_like.empty() ? it->tensor.dtypes.bits : ~0u;
+    if ((kd.dtypes & admitted) == 0) {
+      r.error(ctx, "none of these dtypes is one the input admits, so the kernel would never run");
+      continue;
+    }
+    k.dtype_arg = static_cast<int32_t>(it - def.args.begin());
+    k.dtypes = kd.dtypes;
+  }
+}
+
 /// Checks run-time kernels: launch rules, kernel-name placeholders, parameter kinds.
 void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOutputSpec>& outs) {
   const auto& args = def.args;
@@ -521,6 +554,7 @@ std::vector<std::string> OpDef::finalize() {
   }
 
   check_runtime_kernels(*this, r, s.outputs);
+  resolve_kernel_dtypes(*this, r);
 
   spec_.struct_size = sizeof(OpforgeOpSpec);
   spec_.ns = ns.c_str();
@@ -615,6 +649,10 @@ void OpDef::add_kernel(const OpforgeKernel& kernel, bool reference) {
   } else {
     kernels.push_back(kernel);
   }
+}
+
+void OpDef::set_kernel_dtypes(std::string input, uint32_t dtypes) {
+  kernel_dtypes.push_back({kernels.size() > 1 ? static_cast<int32_t>(kernels.size() - 1) : -1, std::move(input), dtypes});
 }
 
 void OpDef::set_launch(LaunchRule rule) {

@@ -380,11 +380,8 @@ class OpKernel final : public c10::OperatorKernel {
 }  // namespace
 
 const OpforgeKernel* kernel_for(const OpforgeOpSpec& op, Mode mode) {
-  if (mode == Mode::kCpu) return op.num_kernels > 0 ? &op.kernels[0] : nullptr;
-  if (mode != Mode::kCuda) return nullptr;
-  for (int32_t k = 1; k < op.num_kernels; ++k)
-    if (op.kernels[k].device_type == OPFORGE_DEVICE_CUDA) return &op.kernels[k];
-  return nullptr;
+  if (mode != Mode::kCpu && mode != Mode::kCuda) return nullptr;
+  return core::device_kernel(op, mode == Mode::kCpu ? OPFORGE_DEVICE_CPU : OPFORGE_DEVICE_CUDA);
 }
 
 ::torch::CppFunction make_kernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out) {

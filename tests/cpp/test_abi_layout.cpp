@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 5); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 6); }
 
 TEST(AbiLayout, Tensor) {
   EXPECT_EQ(sizeof(OpforgeTensor), 40u);
@@ -160,7 +160,7 @@ TEST(AbiLayout, PrecompileRequest) {
 }
 
 TEST(AbiLayout, Kernel) {
-  EXPECT_EQ(sizeof(OpforgeKernel), 56u);
+  EXPECT_EQ(sizeof(OpforgeKernel), 64u);
   EXPECT_EQ(offsetof(OpforgeKernel, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeKernel, device_type), 8u);
   EXPECT_EQ(offsetof(OpforgeKernel, fn), 16u);
@@ -168,6 +168,8 @@ TEST(AbiLayout, Kernel) {
   EXPECT_EQ(offsetof(OpforgeKernel, source), 32u);
   EXPECT_EQ(offsetof(OpforgeKernel, name), 40u);
   EXPECT_EQ(offsetof(OpforgeKernel, precompile), 48u);
+  EXPECT_EQ(offsetof(OpforgeKernel, dtype_arg), 56u);
+  EXPECT_EQ(offsetof(OpforgeKernel, dtypes), 60u);
 }
 
 TEST(AbiLayout, OpSpec) {

@@ -14,6 +14,7 @@
 #include "../../src/core/call.h"
 #include "../../src/core/check.h"
 #include "../../src/core/description.h"
+#include "../../src/core/dtypes.h"
 #include "../../src/core/library.h"
 #include "../../src/core/precompile.h"
 #include "../../src/core/sharding.h"
@@ -527,3 +528,76 @@ TEST(ValueDomains, OnlyIntegerInputsIndex) {
 }
 
 }  // namespace
+
+namespace {
+
+/// x in {float16, bfloat16, float32, float64} with w following it; the CUDA kernel takes 16-bit x only.
+std::unique_ptr<opforge::detail::OpDef> half_kernel_op() {
+  return finalized(opforge::detail::make_op("ns", "hk", "f.cpp", 1)
+                       .input("x", opforge::floating)
+                       .input("w", opforge::same_dtype("x"))
+                       .output("y", opforge::like("x"))
+                       .reference(two_inputs)
+                       .cuda_source("hk.cu", "hk<{T}>")
+                       .launch(opforge::elementwise("y"))
+                       .kernel_dtypes("x", opforge::half_precision)
+                       .release());
+}
+
+std::string check_on(const OpforgeOpSpec& op, const char* device, int32_t dtype, const char* label) {
+  const std::vector<int64_t> sizes{4};
+  std::vector<opforge::core::ArgInfo<int64_t>> args(2);
+  for (auto& a : args) {
+    a.dtype = dtype;
+    a.dtype_label = label;
+    a.device_type = device;
+    a.sizes = sizes;
+  }
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  return opforge::core::check_call<int64_t>(op, args, outs);
+}
+
+}  // namespace
+
+TEST(KernelDtypes, ADeviceCallOfADtypeItsKernelDoesNotTakeIsRefused) {
+  auto def = half_kernel_op();
+  const OpforgeOpSpec& op = *def->spec();
+  EXPECT_EQ(check_on(op, "cuda", OPFORGE_DTYPE_FLOAT32, "torch.float32"),
+            "ns::hk(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
+            "  x: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got "
+            "torch.float32");
+  EXPECT_EQ(check_on(op, "cuda", OPFORGE_DTYPE_BFLOAT16, "torch.bfloat16"), "");
+  EXPECT_EQ(check_on(op, "cpu", OPFORGE_DTYPE_FLOAT64, "torch.float64"), "") << "the reference takes every dtype";
+  EXPECT_EQ(check_on(op, "meta", OPFORGE_DTYPE_FLOAT32, "torch.float32"), "") << "no kernel runs on meta";
+  // A dtype the declaration refuses is reported once, by its own rule.
+  EXPECT_EQ(check_on(op, "cuda", OPFORGE_DTYPE_INT32, "torch.int32"),
+            "ns::hk(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
+            "  x: expected dtype one of {float32, float64, float16, bfloat16}, got torch.int32");
+}
+
+TEST(KernelDtypes, CombinationsPerDeviceAndPrecompileFollowTheKernel) {
+  auto def = half_kernel_op();
+  const OpforgeOpSpec& op = *def->spec();
+  EXPECT_EQ(opforge::core::dtype_combinations_on(op, OPFORGE_DEVICE_CPU).size(), 4u);
+  const auto cuda = opforge::core::dtype_combinations_on(op, OPFORGE_DEVICE_CUDA);
+  ASSERT_EQ(cuda.size(), 2u);
+  for (const auto& c : cuda) EXPECT_TRUE(c[0] == OPFORGE_DTYPE_FLOAT16 || c[0] == OPFORGE_DTYPE_BFLOAT16) << c[0];
+  const json d = describe({def.get()});
+  EXPECT_EQ(d["ops"][0]["dtype_combinations"].size(), 4u);
+  EXPECT_EQ(d["ops"][0]["dtype_combinations_on"]["cpu"].size(), 4u);
+  EXPECT_EQ(d["ops"][0]["dtype_combinations_on"]["cuda"],
+            json::parse(R"([{"x": "float16", "w": "float16"}, {"x": "bfloat16", "w": "bfloat16"}])"));
+  std::vector<OpforgeValue> values(2);
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] {
+              opforge::core::precompile(op, {OPFORGE_DTYPE_FLOAT32, -1}, values, "sm_90", "");
+            }),
+            "ns::hk(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
+            "  x: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got float32");
+  auto plain = finalized(opforge::detail::make_op("ns", "plain", "f.cpp", 1)
+                             .input("x", opforge::floating)
+                             .output("y", opforge::like("x"))
+                             .reference(+[](Tensor, MutableTensor) {})
+                             .release());
+  EXPECT_TRUE(opforge::core::dtype_combinations_on(*plain->spec(), OPFORGE_DEVICE_CUDA).empty())
+      << "no CUDA kernel, no combination on cuda";
+}

@@ -783,3 +783,46 @@ TEST(Description, RejectsNamesStartingWithTwoUnderscores) {
                             .release());
   EXPECT_TRUE(fine.empty()) << fine.front();
 }
+
+TEST(KernelDtypes, DeclarationMistakesAreNamed) {
+  const auto pre = [](const char* op) { return std::string("f.cpp:2: unit::") + op + ": "; };
+  const auto with = [](std::string input, opforge::DtypeSet dtypes, bool device_kernel) {
+    return [=](opforge::OpBuilder<false> b) {
+      auto o = std::move(b)
+                   .input("x", opforge::kFloat16 | opforge::kFloat32)
+                   .input("w", opforge::optional, opforge::same_dtype("x"))
+                   .param<double>("alpha", 1.0)
+                   .output("y", opforge::like("x"))
+                   .reference(+[](opforge::Tensor, opforge::Tensor, double, opforge::MutableTensor) {});
+      if (!device_kernel) return std::move(o).kernel_dtypes(input, dtypes);
+      return std::move(o).cuda_source("k.cu", "k<{T}>").launch(opforge::elementwise("y")).kernel_dtypes(input, dtypes);
+    };
+  };
+  EXPECT_EQ(declaration_errors("ok", with("x", opforge::kFloat16, true)), std::vector<std::string>{});
+  EXPECT_EQ(declaration_errors("first", with("x", opforge::kFloat16, false)),
+            (std::vector<std::string>{pre("first") + "kernel_dtypes(\"x\"): follows the device kernel it applies to "
+                                                     "(.cuda() or .cuda_source())"}));
+  for (const char* name : {"alpha", "w", "nope"})
+    EXPECT_EQ(declaration_errors("arg", with(name, opforge::kFloat16, true)),
+              (std::vector<std::string>{pre("arg") + "kernel_dtypes(\"" + name +
+                                        "\"): expected the name of a required tensor input"}))
+        << name;
+  EXPECT_EQ(declaration_errors("disjoint", with("x", opforge::kBFloat16, true)),
+            (std::vector<std::string>{pre("disjoint") +
+                                      "kernel_dtypes(\"x\"): none of these dtypes is one the input admits, so the "
+                                      "kernel would never run"}));
+  EXPECT_EQ(declaration_errors("twice",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref1)
+                                     .cuda_source("k.cu", "k<{T}>")
+                                     .launch(opforge::elementwise("y"))
+                                     .kernel_dtypes("x", opforge::kFloat16)
+                                     .kernel_dtypes("x", opforge::kFloat32);
+                               }),
+            (std::vector<std::string>{pre("twice") +
+                                      "kernel_dtypes(\"x\"): a second kernel_dtypes() for one kernel (name one input, "
+                                      "whose dtype the others follow)"}));
+}

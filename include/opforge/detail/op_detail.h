@@ -137,6 +137,14 @@ struct OpDef {
   bool output_after_kernel = false;  // an .output() came after one (kernels take outputs: refused)
   std::vector<std::unique_ptr<RuntimeKernel>> runtime_kernels;
   bool launch_without_source = false;
+  /// .kernel_dtypes() declarations: the device kernel (index into kernels) they follow, -1 if
+  /// none came before; resolved into OpforgeKernel::dtype_arg and dtypes by finalize.
+  struct KernelDtypes {
+    int32_t kernel = -1;
+    std::string input;
+    uint32_t dtypes = 0;
+  };
+  std::vector<KernelDtypes> kernel_dtypes;
 
   // The builder's steps (opforge::OpBuilder), out of line in src/oplib/op_library.cpp so that
   // an op file compiles only the typed shell of its builder chain.
@@ -157,6 +165,7 @@ struct OpDef {
   void add_kernel(const OpforgeKernel& kernel, bool reference);
   void add_cuda_source(std::string file, std::string name);
   void set_launch(LaunchRule rule);
+  void set_kernel_dtypes(std::string input, uint32_t dtypes);
 
   /// Resolves names, builds the C ABI structs, and returns problems found (each one line,
   /// with this declaration's file:line). Defined in src/oplib/op_library.cpp.

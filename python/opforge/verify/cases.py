@@ -64,17 +64,19 @@ def primary_input(op: Op) -> TensorArg:
     return op.tensors[0]
 
 
-def dtype_cases(op: Op, only: list[str] | None = None) -> list[DtypeCase]:
-    """Every dtype combination of ``op`` as a :class:`DtypeCase`, those whose primary dtype is in
-    ``only`` if given.
+def dtype_cases(op: Op, only: list[str] | None = None, device: str = "cpu") -> list[DtypeCase]:
+    """Every dtype combination of ``op`` that its kernel on ``device`` takes
+    (``op.dtype_combinations_on``; all of them on the CPU) as a :class:`DtypeCase`, those whose
+    primary dtype is in ``only`` if given.
 
     Raises:
         ValueError: ``only`` selects no combination (the message lists the dtypes it may name).
     """
     primary = primary_input(op).name
+    combinations = op.dtype_combinations_on.get(device, op.dtype_combinations)
     varies = {a.name for a in op.tensors if len({c[a.name] for c in op.dtype_combinations}) > 1}
     out = []
-    for c in op.dtype_combinations:
+    for c in combinations:
         p = c[primary]
         if only is not None and p not in only:
             continue
@@ -84,7 +86,7 @@ def dtype_cases(op: Op, only: list[str] | None = None) -> list[DtypeCase]:
         tolerance = min(floating, key=_PRECISION_ORDER.index) if floating else p
         out.append(DtypeCase(dict(c), p, p + (f" ({', '.join(others)})" if others else ""), tolerance))
     if not out:
-        takes = list(dict.fromkeys(c[primary] for c in op.dtype_combinations))
+        takes = list(dict.fromkeys(c[primary] for c in combinations))
         raise ValueError(
             f"{op.name}: no dtype combination has {primary} in {', '.join(only or [])}; {primary} takes "
             + ", ".join(takes)

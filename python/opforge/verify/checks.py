@@ -171,12 +171,17 @@ def check_structure(op: Op, case: DtypeCase, device: str, seed: int, report: Rep
         _check_structure_of(op, case, device, report, cases, suffix)
 
 
-def _gradcheck_dtype(op: Op, case: DtypeCase) -> tuple[torch.dtype, dict] | None:
-    """The dtype gradcheck runs in and its settings: float64 where the op takes it for every
-    floating input, else float32 with :data:`FLOAT32_GRADCHECK`; None if it takes neither."""
-    if floating_as(op, case, "float64") is not None:
-        return torch.float64, {}
-    return (torch.float32, FLOAT32_GRADCHECK) if floating_as(op, case, "float32") is not None else None
+def _gradcheck_dtype(op: Op, case: DtypeCase, device: str) -> tuple[torch.dtype, dict, str] | None:
+    """The dtype gradcheck runs in, its settings and its device: float64 where the op takes it
+    for every floating input, else float32 with :data:`FLOAT32_GRADCHECK`; None if it takes
+    neither. The device is ``device`` where its kernel takes that combination, else the CPU
+    (whose reference takes every combination: Note [Kernel dtypes])."""
+    for dtype, settings in (("float64", {}), ("float32", FLOAT32_GRADCHECK)):
+        combination = floating_as(op, case, dtype)
+        if combination is not None:
+            on = device if combination in op.dtype_combinations_on.get(device, ()) else "cpu"
+            return getattr(torch, dtype), settings, on
+    return None
 
 
 def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, cases: list[Inputs], suffix: str) -> None:
@@ -260,14 +265,14 @@ def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, ca
         ok, _, _, why = compare_outputs(tuple(buffers.values()), outs, case.tolerance)
         return None if ok else f"out= differs from the op: {why}"
 
-    grad = _gradcheck_dtype(op, case) if op.backward else None
+    grad = _gradcheck_dtype(op, case, device) if op.backward else None
 
     def gradcheck():
         targets = op.backward_targets  # the arguments the backward op returns gradients for
-        grad_dtype, settings = grad
+        grad_dtype, settings, grad_device = grad
         inputs = [
             a.detach().requires_grad_(i in targets) if isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(to(base.args, device, dtype=grad_dtype))
+            for i, a in enumerate(to(base.args, grad_device, dtype=grad_dtype))
         ]
         with warnings.catch_warnings():  # float32 on purpose (FLOAT32_GRADCHECK)
             warnings.filterwarnings("ignore", message=r"Input #\d+ requires gradient and is not a double precision")
@@ -361,7 +366,8 @@ def verify_op(
     seed = random.randrange(2**31) if seed is None else seed
     report = report or Report(seed=seed, device=device)
     op = find_op(name)
-    cases = dtype_cases(op, list(dtypes) if dtypes else None)
+    only = list(dtypes) if dtypes else None
+    cases = dtype_cases(op, only, device)
     # The structural checks run once, in the first combination of one dtype throughout (float32
     # if it is one), else the first combination.
     uniform = [c for c in cases if len({*c.dtypes.values()} & set(_FLOATING)) <= 1]
@@ -371,7 +377,8 @@ def verify_op(
         for k, case in enumerate(cases):
             check_values(op, case, device, seed + k, report)
         if device == "cpu" and op.runtime_kernels:
-            check_kernels_compile(op, cases, seed, report)
+            compiled = [c for c in dtype_cases(op, None, "cuda") if only is None or c.primary in only]
+            check_kernels_compile(op, compiled, seed, report)
         check_structure(op, structure, device, seed, report)
     finally:
         set_poison_outputs(False)
