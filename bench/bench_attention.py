@@ -1,14 +1,17 @@
-"""``examples::attention`` against ``torch.nn.functional.scaled_dot_product_attention``.
+"""``examples::attention`` and its backward against ``torch.nn.functional.scaled_dot_product_attention``.
 
 bf16, batch 8, 16 heads, sequence 4096, head dim 128 (and 64), causal and not, in the same
-process: opforge's run-time kernel against SDPA as a user calls it (torch picks the backend)
-and against each SDPA backend forced (flash, cuDNN, memory-efficient), so the table shows
-which kernel the default is.
+process: opforge's kernels against SDPA as a user calls it (torch picks the backend) and
+against each SDPA backend forced (flash, cuDNN, memory-efficient), so the table shows which
+kernel the default is. The backward pass is timed the same way for both: torch.autograd.grad of
+q, k and v from a retained forward graph (only the backward kernels run).
 
-    python3 bench/bench_attention.py [--batch 8] [--heads 16] [--seq 4096] [--json out.json]
+    python3 bench/bench_attention.py [--batch 8] [--heads 16] [--seq 4096] [--pass forward|backward|both]
+                                     [--json out.json]
 
-FLOPs: 4 * batch * heads * seq^2 * head_dim (two matmuls), halved for causal; TFLOP/s from
-medians of triton.testing.do_bench (CUDA events), inputs random.
+FLOPs: forward 4 * batch * heads * seq^2 * head_dim (two matmuls), backward 2.5 times that
+(five matmuls; FlashAttention-2's convention, which leaves out the recomputation), halved for
+causal; TFLOP/s from medians of triton.testing.do_bench (CUDA events), inputs random.
 """
 
 from __future__ import annotations
@@ -30,45 +33,64 @@ BACKENDS = {
 }
 
 
+def timings(run_forward, q, k, v, grad_o, backward: bool) -> float:
+    """Median ms of `run_forward(q, k, v)`, or with ``backward`` of the gradients of q, k, v from
+    one retained forward graph."""
+    if not backward:
+        return median_ms(lambda: run_forward(q, k, v))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = run_forward(*leaves)
+    return median_ms(lambda: torch.autograd.grad(out, leaves, grad_o, retain_graph=True))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--pass", dest="passes", choices=("forward", "backward", "both"), default="both")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("attention"))
     rows = []
-    for head_dim in (128, 64):
-        for causal in (False, True):
-            q, k, v = (
-                torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=torch.bfloat16)
-                for _ in range(3)
-            )
-            flops = 4 * args.batch * args.heads * args.seq**2 * head_dim / (2 if causal else 1)
-            group = f"bf16 [{args.batch}, {args.heads}, {args.seq}, {head_dim}] {'causal' if causal else 'non-causal'}"
-            sdpa = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-            impls = [
-                (
-                    "opforge examples::attention",
-                    median_ms(lambda: torch.ops.examples.attention(q, k, v, head_dim, causal=causal)),
-                ),
-                ("torch SDPA (default backend)", sdpa),
-            ]
-            for name, backend in BACKENDS.items():
-                try:
-                    with sdpa_kernel(backend):
-                        impls.append(
-                            (
-                                f"torch SDPA, {name} backend",
-                                median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
+    for backward in {"forward": (False,), "backward": (True,), "both": (False, True)}[args.passes]:
+        for head_dim in (128, 64):
+            for causal in (False, True):
+                q, k, v, grad_o = (
+                    torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=torch.bfloat16)
+                    for _ in range(4)
+                )
+                flops = 4 * args.batch * args.heads * args.seq**2 * head_dim / (2 if causal else 1)
+                flops *= 2.5 if backward else 1
+                group = (
+                    f"{'backward' if backward else 'forward'} bf16 [{args.batch}, {args.heads}, {args.seq}, "
+                    f"{head_dim}] {'causal' if causal else 'non-causal'}"
+                )
+
+                def sdpa_forward(q, k, v, causal=causal):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                def opforge_forward(q, k, v, causal=causal, head_dim=head_dim):
+                    return torch.ops.examples.attention(q, k, v, head_dim, causal=causal)
+
+                sdpa = timings(sdpa_forward, q, k, v, grad_o, backward)
+                impls = [
+                    ("opforge examples::attention", timings(opforge_forward, q, k, v, grad_o, backward)),
+                    ("torch SDPA (default backend)", sdpa),
+                ]
+                for name, backend in BACKENDS.items():
+                    try:
+                        with sdpa_kernel(backend):
+                            impls.append(
+                                (f"torch SDPA, {name} backend", timings(sdpa_forward, q, k, v, grad_o, backward))
                             )
-                        )
-                except RuntimeError as e:  # a backend that does not take these inputs
-                    print(f"{group}: SDPA {name} backend unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
-            for name, ms in impls:
-                rows.append({"group": group, "impl": name, "ms": ms, "TFLOP/s": flops / ms / 1e9, "vs_sdpa": sdpa / ms})
-            del q, k, v
+                    except RuntimeError as e:  # a backend that does not take these inputs
+                        print(f"{group}: SDPA {name} backend unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
+                for name, ms in impls:
+                    rows.append(
+                        {"group": group, "impl": name, "ms": ms, "TFLOP/s": flops / ms / 1e9, "vs_sdpa": sdpa / ms}
+                    )
+                del q, k, v, grad_o
 
     report(
         rows,

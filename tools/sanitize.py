@@ -26,10 +26,10 @@ from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
 
 
 def attention_cases() -> int:
-    """examples::attention (not in CASES: it takes q, k, v, head_dim and an optional mask) over
-    lengths that straddle its 128-query and 32/64-key tiles, every head dim, with and without
-    mask and causal, head-split (strided) views and a misaligned q; returns the number of
-    mismatches."""
+    """examples::attention and its backward op (not in CASES: they take q, k, v, head_dim and an
+    optional mask) over lengths that straddle the forward's 128-query and 32/64-key tiles and
+    the backward's 64-key and 32-query ones, every head dim, with and without mask and causal,
+    head-split (strided) views and a misaligned q; returns the number of mismatches."""
     opforge.load_library(opforge.example_library("attention"))
     failures = 0
     for dtype in (torch.float16, torch.bfloat16):
@@ -56,6 +56,21 @@ def attention_cases() -> int:
                                 f"offset={offset}"
                             )
                             failures += 1
+                        # its backward op (examples::attention_backward) on the same views
+                        grad_o = torch.randn_like(out)
+                        bwd = (grad_o, q, k, v, out, head_dim, mask, causal)
+                        grads = torch.ops.examples.attention_backward(*bwd)
+                        refs = torch.ops.examples.attention_backward(
+                            *[a.cpu() if isinstance(a, torch.Tensor) else a for a in bwd]
+                        )
+                        for name, g, r in zip(("grad_q", "grad_k", "grad_v"), grads, refs):
+                            error = (g.cpu().double() - r.double()).abs()
+                            if g.numel() and error.max() > 3e-2 * (1 + r.double().abs().max()):
+                                print(
+                                    f"MISMATCH attention_backward {name} {dtype} head_dim={head_dim} sq={sq} "
+                                    f"sk={sk} causal={causal} offset={offset}"
+                                )
+                                failures += 1
     return failures
 
 

@@ -110,7 +110,7 @@ class OpforgeBertLayer(torch.nn.Module):
     own weights (no copy).
 
     Inputs: hidden states [batch, seq, hidden] and the additive padding mask [batch, seq], both
-    in the model's dtype (float16 or bfloat16: the attention op's dtypes).
+    in the model's dtype (float16 or bfloat16: the dtypes the attention op's CUDA kernel takes).
     Output: [batch, seq, hidden].
     """
 
@@ -174,16 +174,17 @@ def with_opforge_ops(model: SentenceEmbedder, dtype: torch.dtype = torch.float16
     Loads the three ops' example libraries if they are not loaded yet.
 
     Raises:
-        ValueError: ``dtype`` is not one ``examples::attention`` takes, the model's activation is
+        ValueError: ``dtype`` is not one ``examples::attention``'s CUDA kernel takes, the model's activation is
             not the exact GELU, or its head dim is not one the attention op compiles (both read
             from the op's description).
     """
     for op in ("attention", "add_layer_norm", "bias_gelu"):
         opforge.load_library(opforge.example_library(op))
     attention = opforge.find_op("examples::attention")
-    q, head_dims = attention.arg("q"), attention.arg("head_dim").choices
-    if str(dtype).removeprefix("torch.") not in q.dtypes:
-        raise ValueError(f"examples::attention takes {' or '.join(q.dtypes)}; got {dtype}")
+    head_dims = attention.arg("head_dim").choices
+    takes = list(dict.fromkeys(c["q"] for c in attention.dtype_combinations_on["cuda"]))
+    if str(dtype).removeprefix("torch.") not in takes:
+        raise ValueError(f"examples::attention's CUDA kernel takes {' or '.join(takes)}; got {dtype}")
     config = model.bert.config
     if config.hidden_act != "gelu":
         raise ValueError(f"bias_gelu computes the exact GELU; this model uses {config.hidden_act!r}")

@@ -1,7 +1,9 @@
 """examples::attention: the CPU reference and the CUDA kernel against SDPA in float64 (padding
 mask, causal, lengths that straddle the kernel's 128-row and 32/64-key tiles, both head dims),
 fully masked rows, misaligned inputs, bad arguments, opcheck, and compile/export with dynamic
-batch and sequence length."""
+batch and sequence length; its backward op (examples::attention_backward): gradcheck of the CPU
+reference in float64, gradients against SDPA's on the CPU and on the GPU, and the CUDA kernel's
+dtypes (16-bit only: opforge::kernel_dtypes)."""
 
 from __future__ import annotations
 
@@ -161,8 +163,8 @@ def test_bad_arguments_name_the_problem():
         torch.ops.examples.attention(q, k, v, 128)
     with pytest.raises(ValueError, match=r"mask: expected shape \[q.size\(0\), k.size\(2\)\] = \[2, 5\], got \[2, 4\]"):
         torch.ops.examples.attention(q, k, v, 64, torch.zeros(2, 4, dtype=torch.float16))
-    with pytest.raises(ValueError, match="q: expected dtype one of {float16, bfloat16}, got float32"):
-        torch.ops.examples.attention(q.float(), k.float(), v.float(), 64)
+    with pytest.raises(ValueError, match="q: expected dtype one of {float32, float64, float16, bfloat16}, got int32"):
+        torch.ops.examples.attention(q.int(), k.int(), v.int(), 64)
     with pytest.raises(ValueError, match="v: expected shape"):
         torch.ops.examples.attention(q, k, v[:, :, :4], 64)
 
@@ -192,3 +194,111 @@ def test_compile_and_export_with_dynamic_batch_and_sequence(device):
     program = torch.export.export(Block(), (q, k, v, m), dynamic_shapes=(dims, dims, dims, {0: batch, 1: seq}))
     q, k, v, m = inputs(4, 2, 21, 21, 64, torch.float16, device, mask=True)
     torch.testing.assert_close(program.module()(q, k, v, m), Block()(q, k, v, m))
+
+
+# ---- backward (examples::attention_backward) ---------------------------------------------------
+
+
+def sdpa_grads(q, k, v, grad_o, mask=None, causal=False, scale=None):
+    """The gradients of q, k and v through float64 SDPA on the CPU (expected()'s masks)."""
+    leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    out = expected(*leaves, mask, causal, scale)
+    return torch.autograd.grad(out, leaves, grad_o.double().cpu())
+
+
+def op_grads(q, k, v, grad_o, head_dim, mask=None, causal=False, scale=0.0):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = torch.ops.examples.attention(*leaves, head_dim, mask, causal=causal, scale=scale)
+    return torch.autograd.grad(out, leaves, grad_o)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("sq, sk", [(3, 5), (5, 3)])
+def test_gradcheck_of_the_cpu_reference_in_float64(causal, mask, sq, sk):
+    q, k, v, m = inputs(1, 2, sq, sk, 32, torch.float64, "cpu", mask)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: torch.ops.examples.attention(q, k, v, 32, m, causal=causal, scale=0.3), leaves
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_gradients_match_sdpa(dtype):
+    q, k, v, m = inputs(2, 3, 7, 9, 64, dtype, "cpu", mask=True)
+    grad_o = torch.randn_like(q)
+    got = op_grads(q, k, v, grad_o, 64, m, causal=True)
+    want = sdpa_grads(q, k, v, grad_o, m, causal=True)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for g, w in zip(got, want):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), w, atol=tol, rtol=tol)
+
+
+def test_fully_masked_rows_get_zero_gradients_and_nan_stays_nan():
+    q, k, v, _ = inputs(1, 1, 3, 4, 32, torch.float64, "cpu")
+    mask = torch.full((1, 4), float("-inf"), dtype=torch.float64)
+    for g in op_grads(q, k, v, torch.randn_like(q), 32, mask):
+        assert torch.equal(g, torch.zeros_like(g))
+    q[0, 0, 1, 0] = float("nan")
+    gq, gk, gv = op_grads(q, k, v, torch.randn_like(q), 32)
+    assert gq[0, 0, 1].isnan().all() and not gq[0, 0, 0].isnan().any()
+    assert gk.isnan().any() and gv.isnan().any()
+
+
+def test_a_mask_that_requires_grad_gets_none():
+    q, k, v, m = inputs(1, 1, 3, 4, 32, torch.float32, "cpu", mask=True)
+    out = torch.ops.examples.attention(q.requires_grad_(), k, v, 32, m.requires_grad_())
+    with pytest.raises(NotImplementedError, match="examples::attention"):
+        out.sum().backward()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("sq, sk", [(1, 1), (63, 65), (129, 129), (300, 257), (40, 700)])
+def test_cuda_gradients_match_sdpa(dtype, head_dim, causal, mask, sq, sk):
+    """Each gradient's error against float64 is at most twice that of SDPA's own backward in the
+    same dtype on the GPU, plus a small floor (FlashAttention's test criterion)."""
+    q, k, v, m = inputs(2, 3, sq, sk, head_dim, dtype, "cuda", mask)
+    grad_o = torch.randn_like(q)
+    got = op_grads(q, k, v, grad_o, head_dim, m, causal=causal)
+    want = sdpa_grads(q, k, v, grad_o, m, causal=causal)
+    bias = torch.zeros(sq, sk, dtype=dtype, device="cuda")
+    if causal:
+        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
+    if m is not None:
+        bias = bias + m[:, None, None, :]
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    theirs = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, attn_mask=bias), leaves, grad_o)
+    for name, g, w, t in zip("qkv", got, want, theirs):
+        assert g.dtype == dtype and g.shape == w.shape
+        ours_err = (g.double().cpu() - w).abs().max().item()
+        sdpa_err = (t.double().cpu() - w).abs().max().item()
+        assert ours_err <= 2 * sdpa_err + 1e-3 * w.abs().max().item() + 1e-6, (name, ours_err, sdpa_err)
+
+
+@requires_cuda
+def test_cuda_gradients_of_head_split_views():
+    batch, seq, heads, head_dim = 2, 77, 4, 64
+    qkv = torch.randn(batch, seq, 3 * heads * head_dim, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (t.view(batch, seq, heads, head_dim).transpose(1, 2) for t in qkv.split(heads * head_dim, -1))
+    grad_o = torch.randn(batch, heads, seq, head_dim, dtype=torch.bfloat16, device="cuda")
+    got = op_grads(q, k, v, grad_o, head_dim, causal=True)
+    dense = op_grads(q.contiguous(), k.contiguous(), v.contiguous(), grad_o, head_dim, causal=True)
+    for g, d in zip(got, dense):
+        torch.testing.assert_close(g, d, atol=0, rtol=0)
+
+
+@requires_cuda
+def test_the_cuda_kernels_take_16_bit_inputs_only():
+    q, k, v, _ = inputs(1, 2, 5, 6, 64, torch.float32, "cuda")
+    with pytest.raises(ValueError) as err:
+        torch.ops.examples.attention(q, k, v, 64)
+    message = "q: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got"
+    assert message in str(err.value)
+    grad_o, o = torch.randn_like(q), torch.randn_like(q)
+    with pytest.raises(ValueError, match="grad_o: expected dtype one of {float16, bfloat16} on cuda"):
+        torch.ops.examples.attention_backward(grad_o, q, k, v, o, 64)

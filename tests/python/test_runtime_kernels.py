@@ -230,7 +230,9 @@ def test_precompile_checks_dtypes_and_parameters_first(tmp_path):
         opforge.precompile(
             "examples::attention", dict.fromkeys("qkv", torch.float32), {"head_dim": 64}, cache_dir=tmp_path
         )
-    assert str(err.value) == ATTENTION + "  q: expected dtype one of {float16, bfloat16}, got float32"
+    assert str(err.value) == ATTENTION + (
+        "  q: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got float32"
+    )
     with pytest.raises(ValueError) as err:
         opforge.precompile(
             "examples::attention", dict.fromkeys("qkv", torch.float16), {"head_dim": 96}, cache_dir=tmp_path

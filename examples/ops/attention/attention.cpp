@@ -15,35 +15,51 @@ static int64_t row_offset(const opforge::Tensor& t, int64_t b, int64_t h, int64_
   return b * t.stride(0) + h * t.stride(1) + i * t.stride(2);
 }
 
-// CPU reference, in double, one (batch, head, query row) at a time. A row whose every score is
-// -inf (all keys masked) gives zeros; a NaN score gives a NaN row.
+/// Softmax probabilities of query row `i` of (batch, head) over the keys, in double, into `p`
+/// (k.size(2) entries): softmax(q_i k^T * s + mask [+ causal mask]). A row whose every score is
+/// -inf (all keys masked) gives zeros; a NaN score gives a NaN row.
+template <class T>
+static void row_probabilities(const opforge::Tensor& q, const opforge::Tensor& k, const opforge::Tensor& mask,
+                              bool causal, double s, int64_t batch, int64_t head, int64_t i, int64_t d,
+                              std::vector<double>& p) {
+  const int64_t sk = k.size(2);
+  const T* qi = q.data<T>() + row_offset(q, batch, head, i);
+  double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+  bool nan = false;  // a NaN score makes the row NaN, as in softmax
+  for (int64_t j = 0; j < sk; ++j) {
+    const T* kj = k.data<T>() + row_offset(k, batch, head, j);
+    double dot = 0;
+    for (int64_t c = 0; c < d; ++c) dot += double(qi[c]) * double(kj[c]);
+    p[j] = dot * s + (mask.defined() ? double(mask.data<T>()[batch * sk + j]) : 0.0);
+    if (causal && j > i) p[j] = -std::numeric_limits<double>::infinity();
+    mx = std::max(mx, p[j]);
+    nan = nan || std::isnan(p[j]);
+  }
+  if (nan) mx = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t j = 0; j < sk; ++j) sum += p[j] = std::isinf(mx) && mx < 0 ? 0.0 : std::exp(p[j] - mx);
+  for (int64_t j = 0; j < sk; ++j) p[j] = sum == 0 ? 0.0 : p[j] / sum;
+}
+
+/// The scale of the scores: `scale`, or 1 / sqrt(head_dim) for 0.
+static double score_scale(double scale, int64_t head_dim) {
+  return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+// CPU reference, in double, one (batch, head, query row) at a time; every floating dtype (the
+// CUDA kernel takes 16-bit ones: kernel_dtypes below).
 static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
                           opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor o) {
-  opforge::visit_dtype<opforge::half_precision>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
+  opforge::visit_dtype<opforge::floating>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
     const int64_t bh = q.size(0) * q.size(1), heads = q.size(1), sq = q.size(2), sk = k.size(2), d = head_dim;
-    const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d));
     std::vector<double> p(sk);
     for (int64_t b = 0; b < bh; ++b) {
       const int64_t batch = b / heads, head = b % heads;
       for (int64_t i = 0; i < sq; ++i) {
-        const T* qi = q.data<T>() + row_offset(q, batch, head, i);
-        double mx = -std::numeric_limits<double>::infinity(), sum = 0;
-        bool nan = false;  // a NaN score makes the row NaN, as in softmax
-        for (int64_t j = 0; j < sk; ++j) {
-          const T* kj = k.data<T>() + row_offset(k, batch, head, j);
-          double dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += double(qi[c]) * double(kj[c]);
-          p[j] = dot * s + (mask.defined() ? double(mask.data<T>()[batch * sk + j]) : 0.0);
-          if (causal && j > i) p[j] = -std::numeric_limits<double>::infinity();
-          mx = std::max(mx, p[j]);
-          nan = nan || std::isnan(p[j]);
-        }
-        if (nan) mx = std::numeric_limits<double>::quiet_NaN();
-        for (int64_t j = 0; j < sk; ++j) sum += p[j] = std::isinf(mx) && mx < 0 ? 0.0 : std::exp(p[j] - mx);
+        row_probabilities<T>(q, k, mask, causal, score_scale(scale, d), batch, head, i, d, p);
         for (int64_t c = 0; c < d; ++c) {
           double acc = 0;
           for (int64_t j = 0; j < sk; ++j) acc += p[j] * double(v.data<T>()[row_offset(v, batch, head, j) + c]);
-          o.data<T>()[(b * sq + i) * d + c] = T(sum == 0 ? 0.0 : acc / sum);
+          o.data<T>()[(b * sq + i) * d + c] = T(acc);
         }
       }
     }
@@ -82,7 +98,7 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
 
 OPFORGE_OP(examples, attention)
     .doc("softmax(q k^T * scale + mask) v over [batch, heads, seq, head_dim]; causal: key j sees query i if j <= i")
-    .input("q", opforge::half_precision,
+    .input("q", opforge::floating,
            opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
            opforge::contiguous_last_dim)
     .input("k", opforge::same_dtype("q"),
@@ -102,4 +118,94 @@ OPFORGE_OP(examples, attention)
     .reference(attention_cpu)
     .cuda_source("attention.cu", "attention<{T}, {head_dim}, {causal}>")
     .launch_grid(attention_grid)
+    .kernel_dtypes("q", opforge::half_precision)  // tensor-core MMAs on 16-bit inputs
+    .backward("attention_backward")
     .sharding(opforge::shard_dims({0, 1}));  // batch and heads
+
+
+// CPU reference of the gradients, in double, per (batch, head) and query row i, with p the
+// row's probabilities (row_probabilities) and g = grad_o[i]:
+//   dp_j = g . v_j,  ds_j = p_j (dp_j - sum_j p_j dp_j),
+//   grad_q[i] = scale * sum_j ds_j k_j,  grad_k[j] += scale * ds_j q_i,  grad_v[j] += p_j g
+// (the softmax Jacobian diag(p) - p p^T applied to dp; FlashAttention-2's backward, Dao 2023,
+// Algorithm 2, computes the same sums blockwise, with sum_j p_j dp_j = g . o_i).
+static void attention_backward_cpu(opforge::Tensor grad_o, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
+                                   opforge::Tensor, int64_t head_dim, opforge::Tensor mask, bool causal, double scale,
+                                   opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
+                                   opforge::MutableTensor grad_v) {
+  opforge::visit_dtype<opforge::floating>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
+    const int64_t heads = q.size(1), sq = q.size(2), sk = k.size(2), d = head_dim;
+    const double s = score_scale(scale, d);
+    std::vector<double> p(sk), ds(sk), gk(sk * d), gv(sk * d), gq(d);
+    for (int64_t b = 0; b < q.size(0) * heads; ++b) {
+      const int64_t batch = b / heads, head = b % heads;
+      std::fill(gk.begin(), gk.end(), 0.0);
+      std::fill(gv.begin(), gv.end(), 0.0);
+      for (int64_t i = 0; i < sq; ++i) {
+        row_probabilities<T>(q, k, mask, causal, s, batch, head, i, d, p);
+        const T* g = grad_o.data<T>() + row_offset(grad_o, batch, head, i);
+        const T* qi = q.data<T>() + row_offset(q, batch, head, i);
+        double dot = 0;  // sum_j p_j dp_j
+        for (int64_t j = 0; j < sk; ++j) {
+          const T* vj = v.data<T>() + row_offset(v, batch, head, j);
+          double dp = 0;
+          for (int64_t c = 0; c < d; ++c) dp += double(g[c]) * double(vj[c]);
+          ds[j] = dp;
+          dot += p[j] * dp;
+        }
+        std::fill(gq.begin(), gq.end(), 0.0);
+        for (int64_t j = 0; j < sk; ++j) {
+          ds[j] = p[j] * (ds[j] - dot);
+          const T* kj = k.data<T>() + row_offset(k, batch, head, j);
+          for (int64_t c = 0; c < d; ++c) {
+            gq[c] += s * ds[j] * double(kj[c]);
+            gk[j * d + c] += s * ds[j] * double(qi[c]);
+            gv[j * d + c] += p[j] * double(g[c]);
+          }
+        }
+        for (int64_t c = 0; c < d; ++c) grad_q.data<T>()[(b * sq + i) * d + c] = T(gq[c]);
+      }
+      for (int64_t e = 0; e < sk * d; ++e) {
+        grad_k.data<T>()[b * sk * d + e] = T(gk[e]);
+        grad_v.data<T>()[b * sk * d + e] = T(gv[e]);
+      }
+    }
+  });
+}
+
+// attention_backward.cu
+void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_o, opforge::Tensor q,
+                             opforge::Tensor k, opforge::Tensor v, opforge::Tensor o, int64_t head_dim,
+                             opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor grad_q,
+                             opforge::MutableTensor grad_k, opforge::MutableTensor grad_v);
+
+// The gradients of attention (Note [Backward ops] in opforge/op.h): grad_o, and q, k, v, o,
+// mask and the parameters saved from the forward call. A mask that requires grad gets none
+// (an additive padding mask is data, not a parameter): its backward raises, naming the op.
+OPFORGE_OP(examples, attention_backward)
+    .doc("attention's gradients grad_q, grad_k, grad_v; the score matrix is recomputed blockwise, never stored")
+    .input("grad_o", opforge::floating,
+           opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
+           opforge::contiguous_last_dim)
+    .input("q", opforge::same_dtype("grad_o"), opforge::same_shape("grad_o"), opforge::contiguous_last_dim)
+    .input("k", opforge::same_dtype("grad_o"),
+           opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}),
+           opforge::contiguous_last_dim)
+    .input("v", opforge::same_dtype("grad_o"), opforge::same_shape("k"), opforge::contiguous_last_dim)
+    .input("o", opforge::same_dtype("grad_o"), opforge::same_shape("grad_o"), opforge::contiguous_last_dim)
+    .param<int64_t>("head_dim", opforge::one_of({32, 64, 128}))
+    .input("mask", opforge::optional, opforge::same_dtype("grad_o"),
+           opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)}))
+    .param<bool>("causal", false)
+    .param<double>("scale", 0.0, opforge::at_least(0.0))
+    .output("grad_q", opforge::like("q"))
+    .output("grad_k", opforge::like("k"))
+    .output("grad_v", opforge::like("v"))
+    .equivalent(
+        "torch.func.vjp(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale or None, "
+        "attn_mask=(0 if mask is None else mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), "
+        "float('-inf'), dtype=q.dtype).triu(1 if causal else k.shape[2])), q, k, v)[1](grad_o)")
+    .reference(attention_backward_cpu)
+    .cuda(attention_backward_cuda)
+    .kernel_dtypes("grad_o", opforge::half_precision)
+    .sharding(opforge::shard_dims({0, 1}));

@@ -1,0 +1,430 @@
+// attention_backward on CUDA: FlashAttention-2's backward (Dao, "FlashAttention-2: Faster
+// Attention with Better Parallelism and Work Partitioning", 2023, Algorithm 2). The [Sq, Sk]
+// probability matrix is recomputed block by block from q, k and each query row's log-sum-exp,
+// never stored. Three kernels on the call's stream:
+//   1. prep: per query row, the log-sum-exp of its scores in log2 units (the forward's softmax
+//      statistics, recomputed: the forward op returns only o) and delta = grad_o . o;
+//   2. kv: one block per 64 keys of one (batch, head) walks over the query rows 32 at a time and
+//      accumulates grad_k and grad_v of its keys in registers; grad_q's share of each step is
+//      added into a float32 buffer with atomics (the blocks of all key blocks meet there);
+//   3. the float32 grad_q buffer, scaled, rounded to the input dtype.
+// Products use mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate) through the forward kernel's
+// tile helpers (attention_detail in kernels/attention.cu, included below for them alone: its
+// run-time kernel is not instantiated here); P and dS are rounded to the input dtype before they
+// enter a product, as in FlashAttention-2.
+#include <opforge/cuda.h>
+
+#include <cmath>
+
+#include "kernels/attention.cu"
+
+namespace attention_backward {
+
+using attention_detail::cp_async_commit;
+using attention_detail::cp_async_wait_all;
+using attention_detail::fast_exp2;
+using attention_detail::kLog2e;
+using attention_detail::ldmatrix_x4;
+using attention_detail::ldmatrix_x4_trans;
+using attention_detail::load_tile;
+using attention_detail::mma;
+using attention_detail::neg_inf;
+using attention_detail::pack2;
+using attention_detail::smem_address;
+using attention_detail::Strides;
+using attention_detail::swizzled;
+using attention_detail::TileAddress;
+
+constexpr int kThreads = attention_detail::kThreads;  // 4 warps: load_tile's thread count
+constexpr int kKeys = 64;                             // keys per kv block: 16 per warp
+constexpr int kQueries = 32;                          // query rows per kv step
+constexpr int kPrepRows = 64;                         // query rows per prep block: 16 per warp
+constexpr int kPrepKeys = 64;                         // keys per prep step
+
+/// What the three kernels share: the problem's sizes, the strides of the inputs (batch, head,
+/// row; rows contiguous and 16-byte aligned: opforge::contiguous_last_dim), the scale in log2
+/// units and the float32 scratch rows: lse (log2 units) and delta per query row, grad_q.
+template <class T>
+struct Problem {
+  const T *grad_o, *q, *k, *v, *o, *mask;
+  Strides s_grad_o, s_q, s_k, s_v, s_o;
+  int64_t heads, sq, sk;
+  float scale, scale_log2;
+  float *lse, *delta, *dq;  // [B * H, Sq], [B * H, Sq], [B * H, Sq, D]
+};
+
+template <class T>
+__device__ __forceinline__ const T* rows_of(const T* base, const Strides& s, int64_t batch, int64_t head) {
+  return base + batch * s.batch + head * s.head;
+}
+
+/// acc += A B^T over the head dim for one warp: A's 16 rows and B's N rows are rows of D
+/// elements in swizzled shared tiles (`a_rows` addresses A as the forward's Q, `b_rows` B as
+/// its K); acc is the 16 x N accumulator (rows A's, columns B's).
+template <class T, int D, int N>
+__device__ __forceinline__ void rows_times_rows(float (&acc)[N / 8][4], const TileAddress<D>& a_rows,
+                                                const TileAddress<D>& b_rows) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    unsigned a[4];
+    ldmatrix_x4(a, a_rows(kk, 0));
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      unsigned b[4];
+      ldmatrix_x4(b, b_rows(kk, np * 16));
+      mma<T>(acc[2 * np], a, b[0], b[1]);
+      mma<T>(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/// acc += P B for one warp: P the 16 x K accumulator `p` (rounded to T; accumulators are laid
+/// out as A operands), B K rows of D elements in a swizzled shared tile (`b_rows` addresses it as
+/// the forward's V); acc is 16 x D.
+template <class T, int D, int K>
+__device__ __forceinline__ void registers_times_rows(float (&acc)[D / 8][4], const float (&p)[K / 8][4],
+                                                     const TileAddress<D>& b_rows) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    unsigned a[4];
+    attention_detail::pack_p<T>(p, kk, a);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      unsigned b[4];
+      ldmatrix_x4_trans(b, b_rows(dp, kk * 16));
+      mma<T>(acc[2 * dp], a, b[0], b[1]);
+      mma<T>(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/// Kernel 1. Grid (ceil(Sq / 64), H, B), 128 threads, dynamic shared memory
+/// (64 + 64) * D * sizeof(T). Warp w owns query rows m0 + 16 w .. + 15 of its (batch, head).
+template <class T, int D, bool kCausal>
+__global__ void __launch_bounds__(kThreads) prep(Problem<T> p) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  T* sQ = reinterpret_cast<T*>(shared);
+  T* sK = sQ + kPrepRows * D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
+  const int64_t m0 = int64_t{blockIdx.x} * kPrepRows, sq = p.sq, sk = p.sk;
+  const T* qb = rows_of(p.q, p.s_q, batch, head);
+  const T* kb = rows_of(p.k, p.s_k, batch, head);
+  const T* mb = p.mask ? p.mask + batch * sk : nullptr;
+
+  // delta = grad_o . o for the warp's 16 rows: two lanes per row, half a row each.
+  {
+    const int64_t row = m0 + warp * 16 + lane / 2;
+    float sum = 0.0f;
+    if (row < sq) {
+      const T* g = rows_of(p.grad_o, p.s_grad_o, batch, head) + row * p.s_grad_o.row + (lane & 1) * (D / 2);
+      const T* o = rows_of(p.o, p.s_o, batch, head) + row * p.s_o.row + (lane & 1) * (D / 2);
+#pragma unroll
+      for (int c = 0; c < D / 2; c += 8) {
+        float gv[8], ov[8];
+        opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(g + c), gv);
+        opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(o + c), ov);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum += gv[e] * ov[e];
+      }
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (row < sq && (lane & 1) == 0) p.delta[bh * sq + row] = sum;
+  }
+
+  load_tile<T, D, kPrepRows>(sQ, qb, p.s_q.row, m0, sq);
+  cp_async_commit();
+  const int64_t n_end = kCausal ? (sk < m0 + kPrepRows ? sk : m0 + kPrepRows) : sk;
+  const int row_in_block = warp * 16 + lane / 4;
+  const TileAddress<D> q_at(smem_address(sQ), warp * 16 + (lane & 15), lane >> 4);
+  const TileAddress<D> k_at(smem_address(sK), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  constexpr int kTilesN = kPrepKeys / 8;
+  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
+  for (int64_t n0 = 0; n0 < n_end; n0 += kPrepKeys) {
+    __syncthreads();  // every warp is done with the previous keys
+    load_tile<T, D, kPrepKeys>(sK, kb, p.s_k.row, n0, sk);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    float s[kTilesN][4] = {};
+    rows_times_rows<T, D, kPrepKeys>(s, q_at, k_at);
+    const int keys = static_cast<int>(sk - n0 < kPrepKeys ? sk - n0 : kPrepKeys);
+    const int64_t diagonal = m0 - n0;  // causal: key col is after query row if col > row + diagonal
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = nt * 8 + (lane & 3) * 2 + c;
+        const float add = mb != nullptr && col < keys ? opforge::kernel::to_acc(mb[n0 + col]) * kLog2e : 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& x = s[nt][2 * h + c];
+          x = x * p.scale_log2 + add;
+          if (col >= keys || (kCausal && col > row_in_block + h * 8 + diagonal)) x = neg_inf();
+        }
+      }
+    float correction[2];
+    attention_detail::online_softmax(s, row_max, row_sum, correction);
+  }
+  cp_async_wait_all();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int64_t row = m0 + row_in_block + h * 8;
+    // A row whose every key is masked has no probabilities: +inf makes each exp2(s - lse) zero.
+    const float base = row_max[h] == neg_inf() ? 0.0f : row_max[h];
+    if (row < sq && (lane & 3) == 0)
+      p.lse[bh * sq + row] = sum == 0.0f ? __int_as_float(0x7f800000) : base + log2f(sum);
+  }
+}
+
+/// Shared memory of a kv block: K and V of its keys, Q and grad_o of the current query rows,
+/// dS^T of the step ([key][query]), and the rows' lse and delta.
+template <class T, int D>
+struct KvShared {
+  static constexpr size_t kK = 0, kV = kK + kKeys * D, kQ = kV + kKeys * D, kG = kQ + kQueries * D,
+                          kDs = kG + kQueries * D, kEnd = kDs + kKeys * kQueries;  // elements of T
+  static constexpr size_t kBytes = kEnd * sizeof(T) + 2 * kQueries * sizeof(float);
+};
+
+/// Kernel 2. Grid (ceil(Sk / 64), H, B), 128 threads, KvShared<T, D>::kBytes of dynamic shared
+/// memory. Warp w owns keys n0 + 16 w .. + 15; per step of 32 query rows (accumulator rows are
+/// keys, columns queries):
+///   S^T = K Q^T, P^T = exp2(S^T scale_log2 + mask - lse), dV += P^T dO, dP^T = V dO^T,
+///   dS^T = P^T (dP^T - delta), dK += dS^T Q, and (all warps, through shared memory)
+///   dQ += dS K into the float32 buffer.
+template <class T, int D, bool kCausal>
+__global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
+    kv(Problem<T> p, T* __restrict__ grad_k, T* __restrict__ grad_v) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  using L = KvShared<T, D>;
+  T* base = reinterpret_cast<T*>(shared);
+  T *sK = base + L::kK, *sV = base + L::kV, *sQ = base + L::kQ, *sG = base + L::kG, *sDs = base + L::kDs;
+  float* sLse = reinterpret_cast<float*>(base + L::kEnd);
+  float* sDelta = sLse + kQueries;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
+  const int64_t n0 = int64_t{blockIdx.x} * kKeys, sq = p.sq, sk = p.sk;
+  const T* qb = rows_of(p.q, p.s_q, batch, head);
+  const T* gb = rows_of(p.grad_o, p.s_grad_o, batch, head);
+  const T* mb = p.mask ? p.mask + batch * sk : nullptr;
+
+  load_tile<T, D, kKeys>(sK, rows_of(p.k, p.s_k, batch, head), p.s_k.row, n0, sk);
+  load_tile<T, D, kKeys>(sV, rows_of(p.v, p.s_v, batch, head), p.s_v.row, n0, sk);
+  cp_async_commit();
+
+  constexpr int kTilesD = D / 8, kTilesQ = kQueries / 8;
+  float dk[kTilesD][4] = {}, dv[kTilesD][4] = {};
+  // This thread's keys (accumulator rows), relative to n0: warp * 16 + lane / 4 (+ 8); its
+  // query columns, relative to the step: nt * 8 + (lane % 4) * 2 (+ 1).
+  const int key_in_block = warp * 16 + lane / 4;
+  float add[2];  // the mask of the thread's two keys, in log2 units; keys past Sk are removed below
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t key = n0 + key_in_block + h * 8;
+    add[h] = mb != nullptr && key < sk ? opforge::kernel::to_acc(mb[key]) * kLog2e : 0.0f;
+  }
+  const TileAddress<D> k_rows(smem_address(sK), warp * 16 + (lane & 15), lane >> 4);                          // A: K
+  const TileAddress<D> v_rows(smem_address(sV), warp * 16 + (lane & 15), lane >> 4);                          // A: V
+  const TileAddress<D> q_cols(smem_address(sQ), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);            // B: Q^T
+  const TileAddress<D> g_cols(smem_address(sG), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);            // B: dO^T
+  const TileAddress<D> q_rows(smem_address(sQ), lane & 15, lane >> 4);                                        // B: Q
+  const TileAddress<D> g_rows(smem_address(sG), lane & 15, lane >> 4);                                        // B: dO
+  const TileAddress<D> k_trans(smem_address(sK), lane & 15, lane >> 4);                                       // B: K
+  const TileAddress<kQueries> ds_trans(smem_address(sDs), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);  // A: dS
+
+  // Causal: query rows before n0 see none of these keys.
+  const int64_t m_begin = kCausal ? (n0 / kQueries) * kQueries : 0;
+  for (int64_t m0 = m_begin; m0 < sq; m0 += kQueries) {
+    __syncthreads();  // every warp is done with the previous step's Q, dO and dS
+    load_tile<T, D, kQueries>(sQ, qb, p.s_q.row, m0, sq);
+    load_tile<T, D, kQueries>(sG, gb, p.s_grad_o.row, m0, sq);
+    cp_async_commit();
+    if (threadIdx.x < kQueries) {
+      const int64_t row = m0 + threadIdx.x;
+      // A row past Sq takes no part: lse +inf gives it zero probabilities.
+      sLse[threadIdx.x] = row < sq ? p.lse[bh * sq + row] : __int_as_float(0x7f800000);
+      sDelta[threadIdx.x] = row < sq ? p.delta[bh * sq + row] : 0.0f;
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // S^T = K Q^T for the warp's 16 keys and the step's 32 queries.
+    float s[kTilesQ][4] = {};
+    rows_times_rows<T, D, kQueries>(s, k_rows, q_cols);
+    // P^T: keys past Sk and (causal) keys after their query get zero.
+#pragma unroll
+    for (int nt = 0; nt < kTilesQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
+        const int64_t key = n0 + key_in_block + h * 8, query = m0 + col;
+        const bool keep = key < sk && !(kCausal && key > query);
+        s[nt][e] = keep ? fast_exp2(s[nt][e] * p.scale_log2 + add[h] - sLse[col]) : 0.0f;
+      }
+
+    // dV += P^T dO.
+    registers_times_rows<T, D, kQueries>(dv, s, g_rows);
+
+    // dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place.
+    float ds[kTilesQ][4] = {};
+    rows_times_rows<T, D, kQueries>(ds, v_rows, g_cols);
+#pragma unroll
+    for (int nt = 0; nt < kTilesQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[nt][e] = s[nt][e] * (ds[nt][e] - sDelta[nt * 8 + (lane & 3) * 2 + (e & 1)]);
+
+    // dK += dS^T Q.
+    registers_times_rows<T, D, kQueries>(dk, ds, q_rows);
+
+    // dS^T to shared memory, [key][query] (rows of 32 queries), for dQ across the warps.
+#pragma unroll
+    for (int nt = 0; nt < kTilesQ; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = key_in_block + h * 8, col = nt * 8 + (lane & 3) * 2;
+        *reinterpret_cast<unsigned*>(sDs + swizzled<kQueries>(key, col / 8) + col % 8) =
+            pack2<T>(ds[nt][2 * h], ds[nt][2 * h + 1]);
+      }
+    __syncthreads();
+
+    // dQ += dS K: warp w takes queries 16 (w % 2) .. + 15 and head-dim columns of half w / 2.
+    {
+      const int mt = warp & 1, half = warp >> 1;
+      constexpr int kPairs = D / 32;  // 16-column pairs of n-tiles per warp
+      float dq[2 * kPairs][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        unsigned a[4];
+        // (Selects between compile-time chunk pairs: a run-time index into TileAddress's
+        // registers would put them in local memory.)
+        ldmatrix_x4_trans(a, mt ? ds_trans(1, kk * 16) : ds_trans(0, kk * 16));
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          unsigned b[4];
+          ldmatrix_x4_trans(b, half ? k_trans(kPairs + j, kk * 16) : k_trans(j, kk * 16));
+          mma<T>(dq[2 * j], a, b[0], b[1]);
+          mma<T>(dq[2 * j + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t query = m0 + mt * 16 + lane / 4 + h * 8;
+        if (query >= sq) continue;
+        float* row = p.dq + (bh * sq + query) * D + half * (D / 2) + (lane & 3) * 2;
+#pragma unroll
+        for (int nt = 0; nt < 2 * kPairs; ++nt) {
+          atomicAdd(row + nt * 8, dq[nt][2 * h]);
+          atomicAdd(row + nt * 8 + 1, dq[nt][2 * h + 1]);
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
+
+  // grad_k = scale * dK, grad_v = dV: dense [B, H, Sk, D] rows of the thread's keys.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t key = n0 + key_in_block + h * 8;
+    if (key >= sk) continue;
+    T* gk = grad_k + (bh * sk + key) * D + (lane & 3) * 2;
+    T* gv = grad_v + (bh * sk + key) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < kTilesD; ++nt) {
+      *reinterpret_cast<unsigned*>(gk + nt * 8) = pack2<T>(dk[nt][2 * h] * p.scale, dk[nt][2 * h + 1] * p.scale);
+      *reinterpret_cast<unsigned*>(gv + nt * 8) = pack2<T>(dv[nt][2 * h], dv[nt][2 * h + 1]);
+    }
+  }
+}
+
+/// Kernel 3. grad_q = scale * the float32 buffer, rounded to T; a grid-stride loop over n
+/// elements.
+template <class T>
+__global__ void __launch_bounds__(256)
+    finish_q(const float* __restrict__ dq, float scale, T* __restrict__ grad_q, int64_t n) {
+  for (int64_t i = opforge::kernel::global_index(); i < n; i += int64_t{gridDim.x} * blockDim.x)
+    grad_q[i] = opforge::kernel::from_acc<T>(dq[i] * scale);
+}
+
+Strides strides_of(const opforge::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+template <class T, int D, bool kCausal>
+void launch(const opforge::Context& ctx, const Problem<T>& p, int64_t batch, T* grad_q, T* grad_k, T* grad_v) {
+  const cudaStream_t stream = opforge::cuda::stream(ctx);
+  const dim3 prep_grid(static_cast<unsigned>((p.sq + kPrepRows - 1) / kPrepRows), static_cast<unsigned>(p.heads),
+                       static_cast<unsigned>(batch));
+  const size_t prep_bytes = size_t{kPrepRows + kPrepKeys} * D * sizeof(T);
+  opforge::cuda::allow_dynamic_smem(prep<T, D, kCausal>, prep_bytes);
+  prep<T, D, kCausal><<<prep_grid, kThreads, prep_bytes, stream>>>(p);
+  opforge::cuda::check_launch("attention_backward::prep");
+
+  const dim3 kv_grid(static_cast<unsigned>((p.sk + kKeys - 1) / kKeys), static_cast<unsigned>(p.heads),
+                     static_cast<unsigned>(batch));
+  opforge::cuda::allow_dynamic_smem(kv<T, D, kCausal>, KvShared<T, D>::kBytes);
+  kv<T, D, kCausal><<<kv_grid, kThreads, KvShared<T, D>::kBytes, stream>>>(p, grad_k, grad_v);
+  opforge::cuda::check_launch("attention_backward::kv");
+
+  const int64_t n = batch * p.heads * p.sq * D;
+  finish_q<T><<<opforge::cuda::grid_for(n, 256), 256, 0, stream>>>(p.dq, p.scale, grad_q, n);
+  opforge::cuda::check_launch("attention_backward::finish_q");
+}
+
+}  // namespace attention_backward
+
+void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_o, opforge::Tensor q, opforge::Tensor k,
+                             opforge::Tensor v, opforge::Tensor o, int64_t head_dim, opforge::Tensor mask, bool causal,
+                             double scale, opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
+                             opforge::MutableTensor grad_v) {
+  namespace ab = attention_backward;
+  OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535,
+                "batch and heads must be at most 65535 each (one grid dim each), got ", q.size(0), " and ", q.size(1));
+  const int64_t batch = q.size(0), heads = q.size(1), sq = q.size(2), sk = k.size(2);
+  if (batch * heads * sk == 0) {  // no keys: every probability is absent, so is every gradient
+    const cudaStream_t stream = opforge::cuda::stream(ctx);
+    OPFORGE_CUDA_CHECK(cudaMemsetAsync(grad_q.raw_data(), 0, q.numel() * opforge::dtype_size(q.dtype()), stream));
+    return;
+  }
+  if (sq == 0) {
+    const cudaStream_t stream = opforge::cuda::stream(ctx);
+    OPFORGE_CUDA_CHECK(cudaMemsetAsync(grad_k.raw_data(), 0, k.numel() * opforge::dtype_size(k.dtype()), stream));
+    OPFORGE_CUDA_CHECK(cudaMemsetAsync(grad_v.raw_data(), 0, v.numel() * opforge::dtype_size(v.dtype()), stream));
+    return;
+  }
+  const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const size_t rows = static_cast<size_t>(batch * heads * sq);
+  float* scratch = static_cast<float*>(ctx.allocate(rows * (2 + static_cast<size_t>(head_dim)) * sizeof(float)));
+  OPFORGE_CUDA_CHECK(
+      cudaMemsetAsync(scratch + 2 * rows, 0, rows * head_dim * sizeof(float), opforge::cuda::stream(ctx)));
+  opforge::cuda::visit_dtype<opforge::half_precision>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
+    ab::Problem<T> p{grad_o.data<T>(),
+                     q.data<T>(),
+                     k.data<T>(),
+                     v.data<T>(),
+                     o.data<T>(),
+                     mask.defined() ? mask.data<T>() : nullptr,
+                     ab::strides_of(grad_o),
+                     ab::strides_of(q),
+                     ab::strides_of(k),
+                     ab::strides_of(v),
+                     ab::strides_of(o),
+                     heads,
+                     sq,
+                     sk,
+                     static_cast<float>(s),
+                     static_cast<float>(s) * ab::kLog2e,
+                     scratch,
+                     scratch + rows,
+                     scratch + 2 * rows};
+    T *gq = grad_q.data<T>(), *gk = grad_k.data<T>(), *gv = grad_v.data<T>();
+    const auto run = [&]<int D>() {
+      if (causal) ab::launch<T, D, true>(ctx, p, batch, gq, gk, gv);
+      else ab::launch<T, D, false>(ctx, p, batch, gq, gk, gv);
+    };
+    if (head_dim == 32) run.template operator()<32>();
+    else if (head_dim == 64) run.template operator()<64>();
+    else run.template operator()<128>();
+  });
+}
