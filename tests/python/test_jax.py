@@ -220,6 +220,28 @@ def test_grad_runs_the_backward_op(name, make, reference):
     assert jax.jit(jax.grad(lambda *a: jnp.sum(op(*a) * cot)))(*args).shape == args[0].shape
 
 
+def test_grad_of_attention_runs_its_backward_op():
+    """examples::attention in float64 (its CPU reference's): jax.grad of q, k and v through
+    examples::attention_backward against the same attention written in jax.numpy."""
+    kq, kk, kv, kc = jax.random.split(jax.random.key(5), 4)
+    q = jax.random.normal(kq, (1, 2, 5, 32), jnp.float64)
+    k, v = (jax.random.normal(key, (1, 2, 7, 32), jnp.float64) for key in (kk, kv))
+    cot = jax.random.normal(kc, q.shape, jnp.float64)
+
+    def reference(q, k, v):
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.3
+        causal = jnp.arange(7)[None, :] > jnp.arange(5)[:, None]
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(jnp.where(causal, -jnp.inf, scores), axis=-1), v)
+
+    def op(q, k, v):
+        return ojax.ops.examples.attention(q, k, v, head_dim=32, causal=True, scale=0.3)
+
+    got = jax.grad(lambda *a: jnp.sum(op(*a) * cot), (0, 1, 2))(q, k, v)
+    want = jax.grad(lambda *a: jnp.sum(reference(*a) * cot), (0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype and jnp.allclose(g, w, atol=1e-10, rtol=1e-10)
+
+
 def test_grad_of_an_op_that_writes_its_inputs():
     """fused_add_rms_norm returns the new x and residual; its backward op sees them as x_out and
     residual_out, and gives the gradients of the values before."""
