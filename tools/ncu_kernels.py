@@ -8,6 +8,9 @@
   M = 1 and 16 (the in-register dequantising kernel).
 - ``backward``: the backward ops of add_layer_norm and fused_add_rms_norm in bfloat16 and float16
   at [32768, 4096].
+- ``attention``: examples::attention and examples::attention_backward in bfloat16 at [8, 16, 4096,
+  D] (bench_attention.py's size), D = 128 and 64, not causal (kernels attention, prep, kv,
+  finish_q).
 
 Prints nothing; the numbers are ncu's. (A same-size device-to-device copy is a cudaMemcpy, not a
 kernel, so ncu has no copy to compare with; the benchmarks give the ratio to copy bandwidth.)
@@ -56,7 +59,15 @@ def backward() -> None:
         torch.ops.examples.fused_add_rms_norm_backward(t[0], t[1], t[2], w, 1e-6)
 
 
-GROUPS = {"elementwise": elementwise, "int8_linear": int8_linear, "backward": backward}
+def attention() -> None:
+    opforge.load_library(opforge.example_library("attention"))
+    for head_dim in (128, 64):
+        q, k, v, grad_o = (torch.randn(8, 16, 4096, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o = torch.ops.examples.attention(q, k, v, head_dim)
+        torch.ops.examples.attention_backward(grad_o, q, k, v, o, head_dim)
+
+
+GROUPS = {"elementwise": elementwise, "int8_linear": int8_linear, "backward": backward, "attention": attention}
 
 
 def main(argv: list[str]) -> int:
