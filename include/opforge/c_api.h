@@ -334,8 +334,8 @@ typedef struct OpforgeKernel {
   const char* name;
   OpforgePrecompileFn precompile;
   /* The dtypes this device kernel takes (Note [Kernel dtypes] in opforge/op.h): bit
-   * (1u << OpforgeDtype) per dtype of tensor argument `dtype_arg`; dtype_arg -1: every dtype
-   * the declaration admits (always so for the CPU reference). */
+   * (1u << OpforgeDtype) per dtype of tensor argument `dtype_arg`; dtypes 0 (a zeroed struct)
+   * or dtype_arg -1: every dtype the declaration admits (always so for the CPU reference). */
   int32_t dtype_arg;
   uint32_t dtypes;
 } OpforgeKernel;

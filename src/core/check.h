@@ -443,7 +443,7 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
   if (first >= 0) {
     const int32_t device = device_type_code(args[first].device_type);
     const OpforgeKernel* k = device < 0 ? nullptr : device_kernel(op, device);
-    if (k != nullptr && k->dtype_arg >= 0 && k->dtype_arg < op.num_args) {
+    if (k != nullptr && restricts_dtypes(*k) && k->dtype_arg < op.num_args) {
       const int32_t i = k->dtype_arg;
       if (args[i].defined && !(bad[i] & kBadDtype) && !kernel_takes(*k, i, args[i].dtype))
         out.push_back(kernel_dtype_problem(op, *k, args[i].dtype_label));

@@ -64,7 +64,7 @@ std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, si
 std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op, int32_t device_type, size_t limit) {
   const OpforgeKernel* k = device_kernel(op, device_type);
   if (k == nullptr) return {};
-  if (k->dtype_arg < 0) return dtype_combinations(op, limit);
+  if (!restricts_dtypes(*k)) return dtype_combinations(op, limit);
   std::vector<std::vector<int32_t>> out;
   for (auto& c : dtype_combinations(op, size_t{1} << 16)) {
     if (out.size() >= limit) break;

@@ -43,7 +43,7 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
   for (int32_t k = 0; k < op.num_kernels; ++k) {
     const OpforgeKernel& kernel = op.kernels[k];
-    if (has_runtime_source(kernel) && kernel.dtype_arg >= 0 &&
+    if (has_runtime_source(kernel) && restricts_dtypes(kernel) &&
         !kernel_takes(kernel, kernel.dtype_arg, dtypes[kernel.dtype_arg]))
       why.push_back(kernel_dtype_problem(op, kernel, dtype_name(dtypes[kernel.dtype_arg])));
   }

@@ -89,10 +89,14 @@ const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type)
 /// one no kernel runs on ("meta").
 int32_t device_type_code(std::string_view name);
 
-/// Whether kernel `k` takes `dtype` (OpforgeDtype) for tensor argument `arg` (Note [Kernel
-/// dtypes] in opforge/op.h): true unless `k` declares a dtype set for `arg` without it.
+/// Whether kernel `k` declares the dtypes it takes for one argument (Note [Kernel dtypes] in
+/// opforge/op.h): a dtype_arg and a non-empty set.
+inline bool restricts_dtypes(const OpforgeKernel& k) { return k.dtype_arg >= 0 && k.dtypes != 0; }
+
+/// Whether kernel `k` takes `dtype` (OpforgeDtype) for tensor argument `arg`: true unless `k`
+/// declares a dtype set for `arg` without it.
 inline bool kernel_takes(const OpforgeKernel& k, int32_t arg, int32_t dtype) {
-  return k.dtype_arg != arg || (dtype >= 0 && ((k.dtypes >> dtype) & 1u));
+  return !restricts_dtypes(k) || k.dtype_arg != arg || (dtype >= 0 && ((k.dtypes >> dtype) & 1u));
 }
 
 /// True if `a` is a tensor argument the caller may leave out (`Tensor? name=None`). (The

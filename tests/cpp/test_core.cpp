@@ -17,6 +17,7 @@
 #include "../../src/core/dtypes.h"
 #include "../../src/core/library.h"
 #include "../../src/core/precompile.h"
+#include "../../src/core/schema.h"
 #include "../../src/core/sharding.h"
 #include "../../src/core/sizes.h"
 #include "../../src/core/span.h"
@@ -600,4 +601,16 @@ TEST(KernelDtypes, CombinationsPerDeviceAndPrecompileFollowTheKernel) {
                              .release());
   EXPECT_TRUE(opforge::core::dtype_combinations_on(*plain->spec(), OPFORGE_DEVICE_CUDA).empty())
       << "no CUDA kernel, no combination on cuda";
+}
+
+TEST(KernelDtypes, AZeroedKernelRecordRestrictsNothing) {
+  OpforgeKernel k{sizeof(OpforgeKernel), OPFORGE_DEVICE_CUDA, nullptr, nullptr};  // dtype_arg 0, dtypes 0
+  EXPECT_FALSE(opforge::core::restricts_dtypes(k));
+  EXPECT_TRUE(opforge::core::kernel_takes(k, 0, OPFORGE_DTYPE_FLOAT64));
+  k.dtypes = 1u << OPFORGE_DTYPE_FLOAT16;
+  EXPECT_TRUE(opforge::core::restricts_dtypes(k));
+  EXPECT_FALSE(opforge::core::kernel_takes(k, 0, OPFORGE_DTYPE_FLOAT64));
+  EXPECT_TRUE(opforge::core::kernel_takes(k, 0, OPFORGE_DTYPE_FLOAT16));
+  EXPECT_TRUE(opforge::core::kernel_takes(k, 1, OPFORGE_DTYPE_FLOAT64)) << "another argument is not restricted";
+  EXPECT_FALSE(opforge::core::kernel_takes(k, 0, -1)) << "a dtype opforge does not know";
 }
