@@ -440,7 +440,9 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
   }
   // Note [Kernel dtypes] in opforge/op.h: the kernel of the call's device may take fewer dtypes
   // than the declaration admits (meta, where a trace runs, has no kernel: not checked).
-  if (first >= 0) {
+  bool restricted = false;  // (most ops: no device name is looked at on their calls)
+  for (int32_t k = 1; k < op.num_kernels; ++k) restricted = restricted || restricts_dtypes(op.kernels[k]);
+  if (first >= 0 && restricted) {
     const int32_t device = device_type_code(args[first].device_type);
     const OpforgeKernel* k = device < 0 ? nullptr : device_kernel(op, device);
     if (k != nullptr && restricts_dtypes(*k) && k->dtype_arg < op.num_args) {
