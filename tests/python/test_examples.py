@@ -13,12 +13,13 @@ MAX_LINES = 30
 
 def description_lines(op_file: Path) -> list[str]:
     """Lines of an op file that are neither kernel, nor reference, nor grid function (part of the
-    kernel's launch), nor comment, nor blank."""
+    kernel's launch), nor a helper of those (a static or template function defined in the file),
+    nor comment, nor blank."""
     text = re.sub(r"/\*.*?\*/", "", op_file.read_text(), flags=re.S)
     lines = [line.split("//")[0].rstrip() for line in text.splitlines()]
     references = "|".join(re.findall(r"\.reference\((\w+)\)", text))
     grids = "|".join(re.findall(r"\.launch_grid\((\w+)\)", text)) or references
-    skipped = rf"(static )?(void ({references})|opforge::LaunchConfig ({grids}))\("
+    skipped = rf"(static )?(void ({references})|opforge::LaunchConfig ({grids}))\(|template <|static [^;]*$"
     out, skipping = [], False
     for line in lines:
         if re.match(skipped, line):
