@@ -73,10 +73,12 @@ std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op,
   return out;
 }
 
-bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype) {
+namespace {
+
+/// accepts_floating_as over the given combinations (those of one device's kernel).
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype, const std::vector<std::vector<int32_t>>& combinations) {
   constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DTYPE_FLOAT64) |
                                  (1u << OPFORGE_DTYPE_FLOAT16) | (1u << OPFORGE_DTYPE_BFLOAT16);
-  const auto combinations = dtype_combinations(op, size_t{1} << 16);
   std::vector<bool> floating(op.num_args, false);
   for (const auto& c : combinations)
     for (int32_t i = 0; i < op.num_args; ++i) floating[i] = floating[i] || (c[i] >= 0 && ((kFloating >> c[i]) & 1u));
@@ -88,32 +90,52 @@ bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype) {
   return false;
 }
 
-std::string autocast_problem(const OpforgeOpSpec& op) {
+/// The problem of `op`'s autocast policy with `combinations`, the dtypes of the kernel that
+/// `refuser` names ("its dtype rules", "its cuda kernel (kernel_dtypes)"); "" if none.
+std::string autocast_problem_with(const OpforgeOpSpec& op, const std::vector<std::vector<int32_t>>& combinations,
+                                  const std::string& refuser) {
   const int32_t policy = autocast_policy(op);
-  if (policy == OPFORGE_AUTOCAST_FLOAT32 && !accepts_floating_as(op, OPFORGE_DTYPE_FLOAT32))
-    return declared_at(op) + "autocast(kFloat32) casts every floating input to float32, which its dtype rules refuse";
-  if (policy == OPFORGE_AUTOCAST_LOWER_PRECISION && !accepts_floating_as(op, OPFORGE_DTYPE_FLOAT16) &&
-      !accepts_floating_as(op, OPFORGE_DTYPE_BFLOAT16))
-    return declared_at(op) +
-           "autocast(kLowerPrecision) casts every floating input to float16 or bfloat16, which its dtype rules refuse";
+  const auto takes = [&](int32_t dtype) { return accepts_floating_as(op, dtype, combinations); };
+  if (policy == OPFORGE_AUTOCAST_FLOAT32 && !takes(OPFORGE_DTYPE_FLOAT32))
+    return declared_at(op) + "autocast(kFloat32) casts every floating input to float32, which " + refuser + " refuse";
+  if (policy == OPFORGE_AUTOCAST_LOWER_PRECISION && !takes(OPFORGE_DTYPE_FLOAT16) && !takes(OPFORGE_DTYPE_BFLOAT16))
+    return declared_at(op) + "autocast(kLowerPrecision) casts every floating input to float16 or bfloat16, which " +
+           refuser + " refuse";
   if (policy == OPFORGE_AUTOCAST_PROMOTE) {
     // Each call's floating inputs are cast to the widest among them (torch.promote_types:
     // float16 with bfloat16 gives float32), which the op must then take for all of them.
-    // accepts_floating_as enumerates the combinations itself: ask it once per widest dtype.
     std::vector<int32_t> accepted(OPFORGE_NUM_DTYPES, -1);  // -1 not asked yet, 0 refused, 1 taken
-    for (const auto& c : dtype_combinations(op, size_t{1} << 16)) {
+    for (const auto& c : combinations) {
       const int32_t widest = widest_floating(c);
       if (widest < 0) continue;
-      if (accepted[widest] < 0) accepted[widest] = accepts_floating_as(op, widest) ? 1 : 0;
+      if (accepted[widest] < 0) accepted[widest] = takes(widest) ? 1 : 0;
       if (accepted[widest] == 0)
         return declared_at(op) + "autocast(kPromote) casts every floating input to the widest among them, " +
-               dtype_name(widest) + " for inputs of " + combination_string(op, c) + ", which its dtype rules refuse";
+               dtype_name(widest) + " for inputs of " + combination_string(op, c) + ", which " + refuser + " refuse";
     }
   }
+  return {};
+}
+
+}  // namespace
+
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype) {
+  return accepts_floating_as(op, dtype, dtype_combinations(op, size_t{1} << 16));
+}
+
+std::string autocast_problem(const OpforgeOpSpec& op) {
+  const int32_t policy = autocast_policy(op);
   if (policy < OPFORGE_AUTOCAST_NONE || policy > OPFORGE_AUTOCAST_PROMOTE)
     return declared_at(op) + "autocast policy " + std::to_string(policy) +
            " is not one of kNone, kFloat32, kLowerPrecision, kPromote";
-  return {};
+  if (policy == OPFORGE_AUTOCAST_NONE) return {};
+  std::string problem = autocast_problem_with(op, dtype_combinations(op, size_t{1} << 16), "its dtype rules");
+  // Autocast on CUDA casts for the CUDA kernel, which may take fewer dtypes (Note [Kernel dtypes]).
+  const OpforgeKernel* cuda = device_kernel(op, OPFORGE_DEVICE_CUDA);
+  if (problem.empty() && cuda != nullptr && restricts_dtypes(*cuda))
+    problem = autocast_problem_with(op, dtype_combinations_on(op, OPFORGE_DEVICE_CUDA, size_t{1} << 16),
+                                    "its cuda kernel's dtypes (kernel_dtypes)");
+  return problem;
 }
 
 }  // namespace opforge::core

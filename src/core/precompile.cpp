@@ -41,13 +41,12 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
     bad[i] = why.size() > before || d < 0;
   }
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
-  for (int32_t k = 0; k < op.num_kernels; ++k) {
-    const OpforgeKernel& kernel = op.kernels[k];
-    if (has_runtime_source(kernel) && restricts_dtypes(kernel) &&
-        !kernel_takes(kernel, kernel.dtype_arg, dtypes[kernel.dtype_arg]))
-      why.push_back(kernel_dtype_problem(op, kernel, dtype_name(dtypes[kernel.dtype_arg])));
-  }
-  if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
+  // A request for dtypes the CUDA kernel does not take (Note [Kernel dtypes]), whether it is a
+  // run-time kernel or one compiled ahead of time, as a call on that device would be refused.
+  const OpforgeKernel* cuda = device_kernel(op, OPFORGE_DEVICE_CUDA);
+  if (cuda != nullptr && restricts_dtypes(*cuda) && !kernel_takes(*cuda, cuda->dtype_arg, dtypes[cuda->dtype_arg]))
+    throw InvalidArgument(
+        invalid_arguments_message(op, {kernel_dtype_problem(op, *cuda, dtype_name(dtypes[cuda->dtype_arg]))}));
   bool hit = true;
   for (int32_t k = 0; k < op.num_kernels; ++k) {
     if (!has_runtime_source(op.kernels[k])) continue;

@@ -18,8 +18,9 @@ namespace opforge::core {
 /// user cache if empty). Returns true if every binary was already cached. Needs no GPU.
 ///
 /// The request is checked as a call would be first, so that nothing a call would refuse gets
-/// compiled: every required tensor has a dtype the description allows (same_dtype included),
-/// and every compile-time parameter is in its range and choices. Throws opforge::InvalidArgument
+/// compiled: every required tensor has a dtype the description allows (same_dtype included)
+/// and the CUDA kernel takes (Note [Kernel dtypes]), and every compile-time parameter is in
+/// its range and choices. Throws opforge::InvalidArgument
 /// with every problem on its own line (invalid_arguments_message), opforge::InternalError for a
 /// kernel that fails to compile or whose source cannot be read ("ns::op: " and the kernel's
 /// message, NVRTC's log with the source file and line).

@@ -180,36 +180,58 @@ class Resolver {
   int32_t* gate_ = nullptr;
 };
 
+/// The dtypes tensor input `a` may have in some call: its own set, or through same_dtype its
+/// model's (followed to the first input of the chain) within its own set, plus the rule's
+/// alternatives.
+uint32_t admitted_dtypes(const OpDef& def, const ArgDecl& a, int depth = 0) {
+  if (a.tensor.dtype_like.empty() || depth > static_cast<int>(def.args.size())) return a.tensor.dtypes.bits;
+  const auto model = std::find_if(def.args.begin(), def.args.end(),
+                                  [&](const ArgDecl& m) { return m.name == a.tensor.dtype_like; });
+  if (model == def.args.end()) return a.tensor.dtypes.bits;  // an unknown name is reported elsewhere
+  return (admitted_dtypes(def, *model, depth + 1) & a.tensor.dtypes.bits) | a.tensor.dtype_alternatives.bits;
+}
+
 /// Resolves .kernel_dtypes() declarations into their kernels' dtype_arg and dtypes (Note
-/// [Kernel dtypes] in opforge/op.h); every other kernel takes every dtype (dtype_arg -1).
+/// [Kernel dtypes] in opforge/op.h), keeping of each set the dtypes the input admits; every
+/// other kernel takes every dtype (dtype_arg -1).
 void resolve_kernel_dtypes(OpDef& def, Resolver& r) {
   for (auto& k : def.kernels) {
     k.dtype_arg = -1;
     k.dtypes = 0;
   }
+  std::string inputs;  // the names a declaration may give, for its message
+  for (const auto& a : def.args)
+    if (a.kind == OPFORGE_ARG_TENSOR && !a.tensor.optional) inputs += (inputs.empty() ? "" : ", ") + a.name;
   for (const auto& kd : def.kernel_dtypes) {
     const std::string ctx = "kernel_dtypes(\"" + kd.input + "\"): ";
     if (kd.kernel < 0) {
-      r.error(ctx, "follows the device kernel it applies to (.cuda() or .cuda_source())");
+      r.error(ctx, "must follow the device kernel it applies to (.cuda() or .cuda_source())");
       continue;
     }
     OpforgeKernel& k = def.kernels[static_cast<size_t>(kd.kernel)];
     const auto it = std::find_if(def.args.begin(), def.args.end(), [&](const ArgDecl& a) { return a.name == kd.input; });
     if (it == def.args.end() || it->kind != OPFORGE_ARG_TENSOR || it->tensor.optional) {
-      r.error(ctx, "expected the name of a required tensor input");
+      const std::string what = it == def.args.end()               ? "names no input"
+                               : it->kind != OPFORGE_ARG_TENSOR ? "names a parameter"
+                                                                : "names an optional input, which a call may leave out";
+      r.error(ctx, what + "; expected a required tensor input (" + inputs + ")");
       continue;
     }
     if (k.dtype_arg >= 0) {
       r.error(ctx, "a second kernel_dtypes() for one kernel (name one input, whose dtype the others follow)");
       continue;
     }
-    const uint32_t admitted = it->tensor.dtype_like.empty() ? it->tensor.dtypes.bits : ~0u;
+    if (kd.dtypes == 0) {
+      r.error(ctx, "the dtype set is empty");
+      continue;
+    }
+    const uint32_t admitted = admitted_dtypes(def, *it);
     if ((kd.dtypes & admitted) == 0) {
       r.error(ctx, "none of these dtypes is one the input admits, so the kernel would never run");
       continue;
     }
     k.dtype_arg = static_cast<int32_t>(it - def.args.begin());
-    k.dtypes = kd.dtypes;
+    k.dtypes = kd.dtypes & admitted;
   }
 }
 

@@ -594,6 +594,21 @@ TEST(KernelDtypes, CombinationsPerDeviceAndPrecompileFollowTheKernel) {
             }),
             "ns::hk(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
             "  x: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got float32");
+  // A set wider than the input admits keeps only what it admits (the message lists no other).
+  auto wide = finalized(opforge::detail::make_op("ns", "wide", "f.cpp", 1)
+                            .input("x", opforge::kFloat16 | opforge::kFloat32)
+                            .output("y", opforge::like("x"))
+                            .reference(+[](Tensor, MutableTensor) {})
+                            .cuda_source("w.cu", "w<{T}>")
+                            .launch(opforge::elementwise("y"))
+                            .kernel_dtypes("x", opforge::kFloat16 | opforge::kBFloat16 | opforge::kFloat64)
+                            .release());
+  EXPECT_EQ(message_of<opforge::InvalidArgument>([&] {
+              opforge::core::precompile(*wide->spec(), {OPFORGE_DTYPE_FLOAT32}, std::vector<OpforgeValue>(1), "sm_90",
+                                        "");
+            }),
+            "ns::wide(Tensor x) -> Tensor: invalid arguments\n"
+            "  x: expected dtype float16 on cuda (its cuda kernel takes no other), got float32");
   auto plain = finalized(opforge::detail::make_op("ns", "plain", "f.cpp", 1)
                              .input("x", opforge::floating)
                              .output("y", opforge::like("x"))

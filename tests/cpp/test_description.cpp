@@ -800,17 +800,40 @@ TEST(KernelDtypes, DeclarationMistakesAreNamed) {
   };
   EXPECT_EQ(declaration_errors("ok", with("x", opforge::kFloat16, true)), std::vector<std::string>{});
   EXPECT_EQ(declaration_errors("first", with("x", opforge::kFloat16, false)),
-            (std::vector<std::string>{pre("first") + "kernel_dtypes(\"x\"): follows the device kernel it applies to "
-                                                     "(.cuda() or .cuda_source())"}));
-  for (const char* name : {"alpha", "w", "nope"})
+            (std::vector<std::string>{pre("first") + "kernel_dtypes(\"x\"): must follow the device kernel it applies "
+                                                     "to (.cuda() or .cuda_source())"}));
+  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+           {"alpha", "names a parameter"},
+           {"w", "names an optional input, which a call may leave out"},
+           {"nope", "names no input"}})
     EXPECT_EQ(declaration_errors("arg", with(name, opforge::kFloat16, true)),
-              (std::vector<std::string>{pre("arg") + "kernel_dtypes(\"" + name +
-                                        "\"): expected the name of a required tensor input"}))
+              (std::vector<std::string>{pre("arg") + "kernel_dtypes(\"" + name + "\"): " + what +
+                                        "; expected a required tensor input (x)"}))
         << name;
+  EXPECT_EQ(declaration_errors("empty", with("x", opforge::DtypeSet(0), true)),
+            (std::vector<std::string>{pre("empty") + "kernel_dtypes(\"x\"): the dtype set is empty"}));
   EXPECT_EQ(declaration_errors("disjoint", with("x", opforge::kBFloat16, true)),
             (std::vector<std::string>{pre("disjoint") +
                                       "kernel_dtypes(\"x\"): none of these dtypes is one the input admits, so the "
                                       "kernel would never run"}));
+  // A same_dtype input admits its model's dtypes within its own set, and its alternatives.
+  const auto follower = [](opforge::DtypeSet dtypes) {
+    return [=](opforge::OpBuilder<false> b) {
+      return std::move(b)
+          .input("x", opforge::kFloat16 | opforge::kFloat32)
+          .input("w", opforge::same_dtype("x") | opforge::kFloat64)
+          .output("y", opforge::like("x"))
+          .reference(+[](opforge::Tensor, opforge::Tensor, opforge::MutableTensor) {})
+          .cuda_source("k.cu", "k<{T}>")
+          .launch(opforge::elementwise("y"))
+          .kernel_dtypes("w", dtypes);
+    };
+  };
+  EXPECT_EQ(declaration_errors("follower", follower(opforge::kInt32 | opforge::kBFloat16)),
+            (std::vector<std::string>{pre("follower") +
+                                      "kernel_dtypes(\"w\"): none of these dtypes is one the input admits, so the "
+                                      "kernel would never run"}));
+  EXPECT_EQ(declaration_errors("follower_ok", follower(opforge::kFloat64)), std::vector<std::string>{});
   EXPECT_EQ(declaration_errors("twice",
                                [](opforge::OpBuilder<false> b) {
                                  return std::move(b)

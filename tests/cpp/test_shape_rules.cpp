@@ -437,6 +437,20 @@ TEST(Autocast, APolicyTheDtypeRulesCannotTakeIsADeclarationProblem) {
   EXPECT_EQ(opforge::core::autocast_problem(*half_only->spec()),
             "f.cpp:9: ns::half_only: autocast(kFloat32) casts every floating input to float32, which its dtype rules "
             "refuse");
+  // The CUDA kernel's dtypes count too (Note [Kernel dtypes]): autocast on CUDA casts for it.
+  auto half_kernel = opforge::detail::make_op("ns", "half_kernel", "f.cpp", 10)
+                         .input("x", opforge::floating)
+                         .output("y", opforge::like("x"))
+                         .autocast(opforge::Autocast::kFloat32)
+                         .reference(vec_ref_1)
+                         .cuda_source("k.cu", "k<{T}>")
+                         .launch(opforge::elementwise("y"))
+                         .kernel_dtypes("x", opforge::half_precision)
+                         .release();
+  ASSERT_TRUE(half_kernel->finalize().empty());
+  EXPECT_EQ(opforge::core::autocast_problem(*half_kernel->spec()),
+            "f.cpp:10: ns::half_kernel: autocast(kFloat32) casts every floating input to float32, which its cuda "
+            "kernel's dtypes (kernel_dtypes) refuse");
   auto norm = norm_op();  // weight: x's dtype or float32, so every floating input may be float32 or bfloat16
   EXPECT_TRUE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_FLOAT32));
   EXPECT_TRUE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_BFLOAT16));

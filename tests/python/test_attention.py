@@ -321,3 +321,39 @@ def test_compiled_training_step_uses_the_backward_op():
     compiled(*leaves, m).backward()
     for got, want in zip(leaves, eager_leaves):
         torch.testing.assert_close(got.grad, want.grad)
+
+
+def fa2_grads(grad_o, q, k, v, o, mask=None, causal=False, scale=None):
+    """FlashAttention-2's backward formula in float64, with the softmax's row sums from o."""
+    grad_o, q, k, v, o = (t.double().cpu() for t in (grad_o, q, k, v, o))
+    s = scale or q.shape[-1] ** -0.5
+    bias = torch.zeros(q.shape[2], k.shape[2], dtype=torch.float64)
+    if causal:
+        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
+    if mask is not None:
+        bias = bias + mask.double().cpu()[:, None, None, :]
+    p = torch.softmax(q @ k.mT * s + bias, -1)
+    ds = p * (grad_o @ v.mT - (grad_o * o).sum(-1, keepdim=True))
+    return s * ds @ k, s * ds.mT @ q, p.mT @ grad_o
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_backward_op_takes_the_row_sums_from_the_given_o(device):
+    """o enters as FlashAttention-2 takes it (grad_o . o for each row), on every device alike, so
+    a kernel and the reference agree for any o (opforge verify draws it at random)."""
+    dtype = torch.float64 if device == "cpu" else torch.bfloat16
+    q, k, v, m = inputs(2, 3, 33, 70, 64, dtype, device, mask=True)
+    grad_o, o = torch.randn_like(q), torch.randn_like(q)
+    got = torch.ops.examples.attention_backward(grad_o, q, k, v, o, 64, m, True)
+    want = fa2_grads(grad_o, q, k, v, o, m, causal=True)
+    tol = 1e-10 if dtype == torch.float64 else 3e-2
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double().cpu(), w, atol=tol * (1 + w.abs().max().item()), rtol=tol)
+
+
+def test_precompile_refuses_what_the_cuda_kernels_do_not_take():
+    """Ahead-of-time kernels (attention_backward's) keep to their kernel_dtypes as run-time ones do."""
+    requests = (("attention", dict.fromkeys("qkv", torch.float32)), ("attention_backward", {"grad_o": torch.float32}))
+    for name, dtypes in requests:
+        with pytest.raises(ValueError, match="expected dtype one of {float16, bfloat16} on cuda"):
+            opforge.precompile(f"examples::{name}", dtypes, {"head_dim": 64})

@@ -124,13 +124,14 @@ OPFORGE_OP(examples, attention)
 
 
 // CPU reference of the gradients, in double, per (batch, head) and query row i, with p the
-// row's probabilities (row_probabilities) and g = grad_o[i]:
-//   dp_j = g . v_j,  ds_j = p_j (dp_j - sum_j p_j dp_j),
+// row's probabilities (row_probabilities), g = grad_o[i] and o_i the forward's output row:
+//   dp_j = g . v_j,  ds_j = p_j (dp_j - g . o_i),
 //   grad_q[i] = scale * sum_j ds_j k_j,  grad_k[j] += scale * ds_j q_i,  grad_v[j] += p_j g
-// (the softmax Jacobian diag(p) - p p^T applied to dp; FlashAttention-2's backward, Dao 2023,
-// Algorithm 2, computes the same sums blockwise, with sum_j p_j dp_j = g . o_i).
+// (the softmax Jacobian diag(p) - p p^T applied to dp, with sum_j p_j dp_j = g . o_i:
+// FlashAttention-2's backward, Dao 2023, Algorithm 2, which the CUDA kernels compute blockwise;
+// `o` must be the forward's output for these to be attention's gradients).
 static void attention_backward_cpu(opforge::Tensor grad_o, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
-                                   opforge::Tensor, int64_t head_dim, opforge::Tensor mask, bool causal, double scale,
+                                   opforge::Tensor o, int64_t head_dim, opforge::Tensor mask, bool causal, double scale,
                                    opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
                                    opforge::MutableTensor grad_v) {
   opforge::visit_dtype<opforge::floating>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
@@ -145,13 +146,14 @@ static void attention_backward_cpu(opforge::Tensor grad_o, opforge::Tensor q, op
         row_probabilities<T>(q, k, mask, causal, s, batch, head, i, d, p);
         const T* g = grad_o.data<T>() + row_offset(grad_o, batch, head, i);
         const T* qi = q.data<T>() + row_offset(q, batch, head, i);
-        double dot = 0;  // sum_j p_j dp_j
+        const T* oi = o.data<T>() + row_offset(o, batch, head, i);
+        double dot = 0;  // g . o_i
+        for (int64_t c = 0; c < d; ++c) dot += double(g[c]) * double(oi[c]);
         for (int64_t j = 0; j < sk; ++j) {
           const T* vj = v.data<T>() + row_offset(v, batch, head, j);
           double dp = 0;
           for (int64_t c = 0; c < d; ++c) dp += double(g[c]) * double(vj[c]);
           ds[j] = dp;
-          dot += p[j] * dp;
         }
         std::fill(gq.begin(), gq.end(), 0.0);
         for (int64_t j = 0; j < sk; ++j) {
@@ -180,8 +182,9 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_o
                              opforge::MutableTensor grad_k, opforge::MutableTensor grad_v);
 
 // The gradients of attention (Note [Backward ops] in opforge/op.h): grad_o, and q, k, v, o,
-// mask and the parameters saved from the forward call. A mask that requires grad gets none
-// (an additive padding mask is data, not a parameter): its backward raises, naming the op.
+// mask and the parameters saved from the forward call (o: the forward's output for them). A
+// mask that requires grad gets none (an additive padding mask is data, not a parameter): its
+// backward raises, naming the op.
 OPFORGE_OP(examples, attention_backward)
     .doc("attention's gradients grad_q, grad_k, grad_v; the score matrix is recomputed blockwise, never stored")
     .input("grad_o", opforge::floating,
@@ -201,10 +204,10 @@ OPFORGE_OP(examples, attention_backward)
     .output("grad_q", opforge::like("q"))
     .output("grad_k", opforge::like("k"))
     .output("grad_v", opforge::like("v"))
-    .equivalent(
-        "torch.func.vjp(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale or None, "
-        "attn_mask=(0 if mask is None else mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), "
-        "float('-inf'), dtype=q.dtype).triu(1 if causal else k.shape[2])), q, k, v)[1](grad_o)")
+    .equivalent(  // with the softmax's row sums from o, as the reference and kernels take them
+        "(lambda s: (lambda p: (lambda d: (s * d @ k, s * d.mT @ q, p.mT @ grad_o))(p * (grad_o @ v.mT - (grad_o * o)"
+        ".sum(-1, True))))(torch._safe_softmax(q @ k.mT * s + (0 if mask is None else mask[:, None, None]) + q.new_full"
+        "((q.shape[2], k.shape[2]), -torch.inf).triu(1 if causal else k.shape[2]), -1)))(scale or head_dim ** -0.5)")
     .reference(attention_backward_cpu)
     .cuda(attention_backward_cuda)
     .kernel_dtypes("grad_o", opforge::half_precision)
