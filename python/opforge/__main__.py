@@ -63,9 +63,13 @@ def _verify(args: argparse.Namespace) -> int:
     report = None
     try:
         for name in names:
+            try:
+                opforge.find_op(name)
+            except ValueError as e:  # a qualified name whose library was not given
+                return _fail("verify", f"{e} (pass the op library's path to load it)")
             report = verify.verify_op(name, device=args.device, seed=args.seed, dtypes=args.dtype, report=report)
     except (ValueError, opforge.OpforgeError) as e:
-        return _fail("verify", f"{e} (pass the op library's path to load it)")
+        return _fail("verify", e)
     if report is None:
         return _fail("verify", "no ops to verify")
     verify.print_report(report)

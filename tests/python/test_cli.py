@@ -110,12 +110,23 @@ def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
         (["stubs", "/nonexistent/libx.so"], "opforge stubs: /nonexistent/libx.so does not exist"),
         (["nonsense"], "invalid choice: 'nonsense'"),
         (["verify"], "the following arguments are required: targets"),
+        (
+            ["verify", "examples::nothing"],
+            "opforge verify: opforge: no loaded op named 'examples::nothing' (pass the op library's path to load it)",
+        ),
     ],
 )
 def test_bad_input_exits_2_and_says_what_is_wrong(args, message):
     proc = opforge_cli(*args)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_verify_of_a_dtype_the_op_does_not_take_says_which_it_takes():
+    proc = opforge_cli("verify", "softshrink", "--device", "cpu", "--dtype", "int8")
+    assert proc.returncode == 2
+    assert "examples::softshrink: no dtype combination has x in int8; x takes float32, float64" in proc.stderr
+    assert "pass the op library's path" not in proc.stderr  # the op is loaded: no hint about loading it
 
 
 @pytest.mark.parametrize("verb", ["build", "verify", "stubs"])
