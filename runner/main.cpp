@@ -11,6 +11,8 @@
 // cache) leaves its result in them, which --inputs-after saves; warm-up and timed runs work on
 // fresh copies of the original inputs, so each computes what the first did. Prints one JSON line:
 // {"device": ..., "outputs": N, "iters": N, "latency_ms": {"median": ..., "min": ..., "max": ...}}.
+// Inputs that do not match the package (dtype, sizes outside the export's bounds, device, layout)
+// fail the run with AOTInductor's message naming the input.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/custom_class.h>
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -156,6 +159,11 @@ void load_ops(const fs::path& package) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  // AOTInductor checks each run's inputs against what the package was compiled for (dtype,
+  // static sizes, strides, device, dynamic sizes within their export bounds) only when this is
+  // set: otherwise a float64 input given to a float32 graph is read as float32, silently. A
+  // value the caller set (0 to skip the checks) is kept.
+  setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0);
   try {
     load_ops(o.package);
     const c10::Device device(o.device);
@@ -188,7 +196,14 @@ int main(int argc, char** argv) {
     // undefined output: every run asks the adapter whether an op failed.
     auto run = [&] {
       opforge::torch::take_call_error();
-      std::vector<at::Tensor> out = loader.run(inputs);
+      std::vector<at::Tensor> out;
+      try {
+        out = loader.run(inputs);
+      } catch (const std::exception& e) {  // AOTInductor printed what failed (an input it refused) above
+        const auto* error = dynamic_cast<const c10::Error*>(&e);
+        fail("running " + o.package + " failed (AOTInductor's message is above): " +
+             (error ? error->what_without_backtrace() : e.what()));
+      }
       if (const std::string error = opforge::torch::take_call_error(); !error.empty())
         fail("an op failed while running " + o.package + ":\n" + error);
       return out;

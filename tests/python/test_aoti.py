@@ -74,6 +74,22 @@ def test_round_trip_in_cpp_runner(packaged, tmp_path, monkeypatch):
         assert not list((runner_cache / "kernels").glob("*.bin"))
 
 
+def test_the_runner_refuses_inputs_the_package_was_not_compiled_for(packaged):
+    """AOTInductor's input checks, which the runner turns on: a size past the export's bound and
+    a dtype the graph was not compiled for fail with AOTInductor's message naming the input (a
+    float64 input was read as float32 before); a batch of 1, under Inductor's lower bound of 2,
+    still runs."""
+    model, package, device = packaged
+    for x, message in (
+        (torch.randn(4097, 24, device=device), "input_handles[0]: dim value is too large at 0, expected to be <= 4096"),
+        (torch.randn(3, 24, device=device, dtype=torch.float64), "input_handles[0]: unmatched dtype"),
+    ):
+        with pytest.raises(OpforgeError) as err:
+            aoti.run(package, [x], device=device)
+        assert message in str(err.value) and "failed (AOTInductor's message is above)" in str(err.value)
+    assert aoti.run(package, [torch.randn(1, 24, device=device)], device=device).outputs[0].shape == (1, 40)
+
+
 @requires_two_gpus
 def test_cuda_package_runs_on_the_second_gpu(packaged):
     """A package exported on cuda:0, run by the C++ runner on cuda:1: the custom ops compute on
