@@ -91,7 +91,7 @@ bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype, const std::vect
 }
 
 /// The problem of `op`'s autocast policy with `combinations`, the dtypes of the kernel that
-/// `refuser` names ("its dtype rules", "its cuda kernel (kernel_dtypes)"); "" if none.
+/// `refuser` names ("its dtype rules", "its cuda kernel's dtypes (kernel_dtypes)"); "" if none.
 std::string autocast_problem_with(const OpforgeOpSpec& op, const std::vector<std::vector<int32_t>>& combinations,
                                   const std::string& refuser) {
   const int32_t policy = autocast_policy(op);
