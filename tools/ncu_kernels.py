@@ -64,7 +64,7 @@ def attention() -> None:
     for head_dim in (128, 64):
         q, k, v, grad_o = (torch.randn(8, 16, 4096, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         o = torch.ops.examples.attention(q, k, v, head_dim)
-        torch.ops.examples.attention_backward(grad_o, q, k, v, o, head_dim)
+        torch.ops.examples.attention_backward(q, k, v, grad_o, o, head_dim)
 
 
 GROUPS = {"elementwise": elementwise, "int8_linear": int8_linear, "backward": backward, "attention": attention}

@@ -58,7 +58,7 @@ def attention_cases() -> int:
                             failures += 1
                         # its backward op (examples::attention_backward) on the same views
                         grad_o = torch.randn_like(out)
-                        bwd = (grad_o, q, k, v, out, head_dim, mask, causal)
+                        bwd = (q, k, v, grad_o, out, head_dim, mask, causal)
                         grads = torch.ops.examples.attention_backward(*bwd)
                         refs = torch.ops.examples.attention_backward(
                             *[a.cpu() if isinstance(a, torch.Tensor) else a for a in bwd]

@@ -300,8 +300,8 @@ def test_the_cuda_kernels_take_16_bit_inputs_only():
     message = "q: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got"
     assert message in str(err.value)
     grad_o, o = torch.randn_like(q), torch.randn_like(q)
-    with pytest.raises(ValueError, match="grad_o: expected dtype one of {float16, bfloat16} on cuda"):
-        torch.ops.examples.attention_backward(grad_o, q, k, v, o, 64)
+    with pytest.raises(ValueError, match="q: expected dtype one of {float16, bfloat16} on cuda"):
+        torch.ops.examples.attention_backward(q, k, v, grad_o, o, 64)
 
 
 def test_compiled_training_step_uses_the_backward_op():
@@ -344,7 +344,7 @@ def test_the_backward_op_takes_the_row_sums_from_the_given_o(device):
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
     q, k, v, m = inputs(2, 3, 33, 70, 64, dtype, device, mask=True)
     grad_o, o = torch.randn_like(q), torch.randn_like(q)
-    got = torch.ops.examples.attention_backward(grad_o, q, k, v, o, 64, m, True)
+    got = torch.ops.examples.attention_backward(q, k, v, grad_o, o, 64, m, True)
     want = fa2_grads(grad_o, q, k, v, o, m, causal=True)
     tol = 1e-10 if dtype == torch.float64 else 3e-2
     for g, w in zip(got, want):
@@ -353,7 +353,7 @@ def test_the_backward_op_takes_the_row_sums_from_the_given_o(device):
 
 def test_precompile_refuses_what_the_cuda_kernels_do_not_take():
     """Ahead-of-time kernels (attention_backward's) keep to their kernel_dtypes as run-time ones do."""
-    requests = (("attention", dict.fromkeys("qkv", torch.float32)), ("attention_backward", {"grad_o": torch.float32}))
+    requests = (("attention", dict.fromkeys("qkv", torch.float32)), ("attention_backward", {"q": torch.float32}))
     for name, dtypes in requests:
         with pytest.raises(ValueError, match="expected dtype one of {float16, bfloat16} on cuda"):
             opforge.precompile(f"examples::{name}", dtypes, {"head_dim": 64})

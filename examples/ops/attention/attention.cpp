@@ -130,7 +130,7 @@ OPFORGE_OP(examples, attention)
 // (the softmax Jacobian diag(p) - p p^T applied to dp, with sum_j p_j dp_j = g . o_i:
 // FlashAttention-2's backward, Dao 2023, Algorithm 2, which the CUDA kernels compute blockwise;
 // `o` must be the forward's output for these to be attention's gradients).
-static void attention_backward_cpu(opforge::Tensor grad_o, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
+static void attention_backward_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, opforge::Tensor grad_o,
                                    opforge::Tensor o, int64_t head_dim, opforge::Tensor mask, bool causal, double scale,
                                    opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
                                    opforge::MutableTensor grad_v) {
@@ -176,8 +176,8 @@ static void attention_backward_cpu(opforge::Tensor grad_o, opforge::Tensor q, op
 }
 
 // attention_backward.cu
-void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_o, opforge::Tensor q,
-                             opforge::Tensor k, opforge::Tensor v, opforge::Tensor o, int64_t head_dim,
+void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
+                             opforge::Tensor grad_o, opforge::Tensor o, int64_t head_dim,
                              opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor grad_q,
                              opforge::MutableTensor grad_k, opforge::MutableTensor grad_v);
 
@@ -187,17 +187,17 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_o
 // backward raises, naming the op.
 OPFORGE_OP(examples, attention_backward)
     .doc("attention's gradients grad_q, grad_k, grad_v; the score matrix is recomputed blockwise, never stored")
-    .input("grad_o", opforge::floating,
+    .input("q", opforge::floating,
            opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
            opforge::contiguous_last_dim)
-    .input("q", opforge::same_dtype("grad_o"), opforge::same_shape("grad_o"), opforge::contiguous_last_dim)
-    .input("k", opforge::same_dtype("grad_o"),
+    .input("k", opforge::same_dtype("q"),
            opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}),
            opforge::contiguous_last_dim)
-    .input("v", opforge::same_dtype("grad_o"), opforge::same_shape("k"), opforge::contiguous_last_dim)
-    .input("o", opforge::same_dtype("grad_o"), opforge::same_shape("grad_o"), opforge::contiguous_last_dim)
+    .input("v", opforge::same_dtype("q"), opforge::same_shape("k"), opforge::contiguous_last_dim)
+    .input("grad_o", opforge::same_dtype("q"), opforge::same_shape("q"), opforge::contiguous_last_dim)
+    .input("o", opforge::same_dtype("q"), opforge::same_shape("q"), opforge::contiguous_last_dim)
     .param<int64_t>("head_dim", opforge::one_of({32, 64, 128}))
-    .input("mask", opforge::optional, opforge::same_dtype("grad_o"),
+    .input("mask", opforge::optional, opforge::same_dtype("q"),
            opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)}))
     .param<bool>("causal", false)
     .param<double>("scale", 0.0, opforge::at_least(0.0))
@@ -210,5 +210,5 @@ OPFORGE_OP(examples, attention_backward)
         "((q.shape[2], k.shape[2]), -torch.inf).triu(1 if causal else k.shape[2]), -1)))(scale or head_dim ** -0.5)")
     .reference(attention_backward_cpu)
     .cuda(attention_backward_cuda)
-    .kernel_dtypes("grad_o", opforge::half_precision)
+    .kernel_dtypes("q", opforge::half_precision)
     .sharding(opforge::shard_dims({0, 1}));

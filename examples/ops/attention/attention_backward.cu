@@ -374,9 +374,9 @@ void launch(const opforge::Context& ctx, const Problem<T>& p, int64_t batch, T* 
 
 }  // namespace attention_backward
 
-void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_o, opforge::Tensor q, opforge::Tensor k,
-                             opforge::Tensor v, opforge::Tensor o, int64_t head_dim, opforge::Tensor mask, bool causal,
-                             double scale, opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
+void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
+                             opforge::Tensor grad_o, opforge::Tensor o, int64_t head_dim, opforge::Tensor mask,
+                             bool causal, double scale, opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
                              opforge::MutableTensor grad_v) {
   namespace ab = attention_backward;
   OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535,
