@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import threading
 import warnings
 from pathlib import Path
@@ -23,6 +25,29 @@ _adapter: ctypes.CDLL | None = None
 
 
 _libraries: dict[Path, Library] = {}
+#: Per loaded library, a digest of its declarations (its description), for _tag_compile_caches.
+_fingerprints: dict[Path, str] = {}
+#: The torch.compile cache key tag as _tag_compile_caches last set it, and the caller's own tag
+#: that it extends.
+_tag_set: str | None = None
+_tag_base = ""
+
+
+def _tag_compile_caches() -> None:
+    """Make torch.compile's on-disk caches (FX graph and AOTAutograd; their key includes
+    ``torch.compiler.config.cache_key_tag``) depend on the declarations of the loaded op
+    libraries. A cached graph calls an op by its schema's argument positions, and the backward
+    graph calls an op's backward op as the adapter's Autograd kernel traced it; neither is part
+    of the graph the key hashes, so an op library rebuilt with another schema or backward op
+    would otherwise be given graphs compiled against the old one (a backward op whose arguments
+    were reordered received them in the old order). A tag the caller set is kept in front."""
+    global _tag_set, _tag_base
+    current = torch.compiler.config.cache_key_tag
+    if current != _tag_set:  # not ours: the caller's own (or none)
+        _tag_base = current
+    digest = hashlib.sha256(",".join(sorted(_fingerprints.values())).encode()).hexdigest()[:16]
+    _tag_set = f"{_tag_base}{'+' if _tag_base else ''}opforge-{digest}"
+    torch.compiler.config.cache_key_tag = _tag_set
 
 
 def _load_adapter() -> ctypes.CDLL:
@@ -77,7 +102,8 @@ def load_library(path: str | Path) -> Library:
         if resolved in _libraries:
             return _libraries[resolved]
         adapter = _load_adapter()
-        lib = library_from_json(resolved, _core.call(adapter.opforge_torch_load_library, str(resolved)))
+        description = _core.call(adapter.opforge_torch_load_library, str(resolved))
+        lib = library_from_json(resolved, description)
         for op in lib.ops:  # a missing run-time kernel source fails only at the first CUDA call: say so now
             for rk in op.runtime_kernels:
                 if lib.kernel_dir is not None and not (lib.kernel_dir / rk.source).is_file():
@@ -92,6 +118,8 @@ def load_library(path: str | Path) -> Library:
         register_batching_rules(lib.ops)
         register_fake_classes(lib.classes)
         _libraries[resolved] = lib
+        _fingerprints[resolved] = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
+        _tag_compile_caches()
         return lib
 
 
