@@ -1,8 +1,10 @@
 // attention: fused scaled-dot-product attention forward,
 //   o = softmax(q k^T * scale + mask [+ causal mask]) v   per batch and head
 // (Vaswani et al., "Attention Is All You Need", 2017; the semantics of
-// torch.nn.functional.scaled_dot_product_attention with is_causal's top-left alignment).
-// The CUDA kernel (kernels/attention.cu) is FlashAttention-2 style: no [Sq, Sk] matrix in memory.
+// torch.nn.functional.scaled_dot_product_attention with is_causal's top-left alignment),
+// and its backward op attention_backward (grad_q, grad_k, grad_v).
+// The CUDA kernels (kernels/attention.cu, compiled at run time, and attention_backward.cu) are
+// FlashAttention-2 style: no [Sq, Sk] matrix in memory.
 #include <opforge/op.h>
 
 #include <cmath>
