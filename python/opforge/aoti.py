@@ -24,7 +24,7 @@ import signal
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,7 +152,9 @@ def package(
 
     Args:
         program: an exported program whose graph may call opforge ops.
-        package_dir: folder to write (created; existing files of the same names are replaced).
+        package_dir: folder to write (created; existing files of the same names are replaced,
+            and the libraries a previous package's manifest there listed that this package
+            does not use are removed).
         archs: GPU architectures to precompile run-time kernels for, e.g. ``["sm_90"]``;
             default: those of the CUDA devices the program was exported on (none for CPU).
         inductor_configs: passed to ``torch._inductor.aoti_compile_and_package``.
@@ -220,10 +222,34 @@ def package(
                 precompile(name, dtypes, params, arch=arch, cache_dir=package_dir / lib.kernel_dir.name / "cache")
     if shims is not None:
         lines.add(f"shims {shims.path.name}")
+    stale = _manifest_files(package_dir) - _manifest_files(package_dir, lines)
     (package_dir / MANIFEST).write_text(
         "# op library for each custom op of model.pt2\n" + "\n".join(sorted(lines)) + "\n"
     )
+    for name in stale:  # a previous package's libraries that this one does not use
+        path = package_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     return pt2
+
+
+def _manifest_files(package_dir: Path, lines: Iterable[str] | None = None) -> set[str]:
+    """The files and folders a package's manifest accounts for (``lines``, else the manifest
+    already in ``package_dir``): each op library with its run-time kernel folder, and the C shim
+    library."""
+    if lines is None:
+        manifest = package_dir / MANIFEST
+        lines = manifest.read_text().splitlines() if manifest.is_file() else []
+    files = set()
+    for line in lines:
+        if not line.strip() or line.startswith("#"):
+            continue
+        name = line.split()[-1]
+        if Path(name).name != name:  # a manifest names files of its own folder only
+            continue
+        files.add(name)
+        if line.split()[0] != "shims":
+            files.add(Path(name).with_suffix(".kernels").name)
+    return files
 
 
 @dataclass

@@ -88,6 +88,28 @@ def test_a_package_without_its_shim_library_fails_naming_it(shimmed, tmp_path):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
 
 
+def test_repackaging_removes_what_the_previous_package_used_and_this_one_does_not(shimmed, tmp_path):
+    """A package written over another: the old manifest's libraries (op libraries, their kernel
+    folders, the shim library) that the new one does not use go; other files stay."""
+    _, package, device = shimmed
+    copy_package(package, tmp_path, lambda data: data)
+    (tmp_path / "libbias_gelu.kernels").mkdir()
+    (tmp_path / "notes.txt").write_text("the deployer's own file")
+    program = torch.export.export(Softshrink().to(device), (torch.randn(3, 24, device=device),))
+    aoti.package(program, tmp_path)
+    left = {f.name for f in tmp_path.iterdir()}
+    assert not any(name.startswith("libopforge_shims_") for name in left)
+    assert not {"libbias_gelu.so", "librms_norm.so", "libbias_gelu.kernels"} & left
+    assert {"libsoftshrink.so", "notes.txt", "model.pt2", aoti.MANIFEST} <= left
+    x = torch.randn(3, 24, device=device)  # the static export's shape
+    torch.testing.assert_close(aoti.run(tmp_path / "model.pt2", [x], device=device).outputs[0], Softshrink()(x).cpu())
+
+
+class Softshrink(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.examples.softshrink(x, 0.25)
+
+
 class OutCall(torch.nn.Module):
     """bias_gelu, then softshrink through its out= overload into a buffer."""
 
