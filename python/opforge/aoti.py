@@ -299,7 +299,8 @@ def run(
 
     Raises:
         OpforgeError: the runner is not built, or it failed (the message holds its stderr, e.g.
-            the missing ops and libraries, or a flag value it refused such as ``iters=0``).
+            the missing ops and libraries, an input whose dtype, device, strides or sizes the
+            package was not compiled for, or a flag value it refused such as ``iters=0``).
     """
     runner = runner_path()
     if not runner.exists():
