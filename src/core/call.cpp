@@ -289,7 +289,7 @@ void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const Opf
   const int32_t status = kernel.fn(&frame, kernel.user);
   if (status == OPFORGE_STATUS_OK) return;
   if (status == OPFORGE_STATUS_INVALID_ARGUMENT) throw InvalidArgument(qualified_name(op) + ": " + error);
-  std::string device = kernel.device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
+  std::string device = device_type_name(kernel.device_type);
   if (ctx.device_index >= 0) device += ":" + std::to_string(ctx.device_index);
   throw InternalError(qualified_name(op) + " (" + device + " kernel): " + error);
 }

@@ -275,7 +275,7 @@ inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeArgSpec& 
 /// dtypes] in opforge/op.h): "q: expected dtype one of {float16, bfloat16} on cuda (its cuda
 /// kernel takes no other), got float32".
 inline std::string kernel_dtype_problem(const OpforgeOpSpec& op, const OpforgeKernel& k, std::string_view label) {
-  const std::string device = k.device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
+  const std::string device = device_type_name(k.device_type);
   return std::string(op.args[k.dtype_arg].name) + ": expected dtype " + dtype_set_string(k.dtypes) + " on " + device +
          " (its " + device + " kernel takes no other), got " + std::string(label);
 }

@@ -258,7 +258,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   json devices = json::array(), kernels = json::array(), on = json::object();
   for (int32_t i = 0; i < op.num_kernels; ++i) {
     const OpforgeKernel& k = op.kernels[i];
-    const char* device = k.device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
+    const char* device = device_type_name(k.device_type);
     devices.push_back(device);
     if (!on.contains(device)) on[device] = combinations_json(dtype_combinations_on(op, k.device_type));
     if (has_runtime_source(k)) kernels.push_back({{"source", k.source}, {"name", k.name}});

@@ -169,7 +169,7 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
   const OpforgeOpSpec& op = *found;
   const auto absent_bits = attrs.get<int64_t>("opforge_absent");
   const int64_t absent = absent_bits.has_value() ? *absent_bits : 0;
-  const char* device_name = device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
+  const char* device_name = core::device_type_name(device_type);
 
   const int32_t n = op.num_args;
   std::vector<core::ArgInfo<int64_t>> info(n);

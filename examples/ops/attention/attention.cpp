@@ -98,18 +98,19 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
   return c;
 }
 
+// The shapes both ops ask of q (grad_o and o follow it), k (v follows it) and the mask.
+const auto q_shape = opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")});
+const auto k_shape =
+    opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")});
+const auto mask_shape = opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)});
+
 OPFORGE_OP(examples, attention)
     .doc("softmax(q k^T * scale + mask) v over [batch, heads, seq, head_dim]; causal: key j sees query i if j <= i")
-    .input("q", opforge::floating,
-           opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
-           opforge::contiguous_last_dim)
-    .input("k", opforge::same_dtype("q"),
-           opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}),
-           opforge::contiguous_last_dim)
+    .input("q", opforge::floating, q_shape, opforge::contiguous_last_dim)
+    .input("k", opforge::same_dtype("q"), k_shape, opforge::contiguous_last_dim)
     .input("v", opforge::same_dtype("q"), opforge::same_shape("k"), opforge::contiguous_last_dim)
     .param<int64_t>("head_dim", opforge::one_of({32, 64, 128}), opforge::compile_time)
-    .input("mask", opforge::optional, opforge::same_dtype("q"),
-           opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)}))
+    .input("mask", opforge::optional, opforge::same_dtype("q"), mask_shape)
     .param<bool>("causal", false, opforge::compile_time)
     .param<double>("scale", 0.0, opforge::at_least(0.0))  // 0: 1 / sqrt(head_dim)
     .output("o", opforge::like("q"))
@@ -123,7 +124,6 @@ OPFORGE_OP(examples, attention)
     .kernel_dtypes("q", opforge::half_precision)  // tensor-core MMAs on 16-bit inputs
     .backward("attention_backward")
     .sharding(opforge::shard_dims({0, 1}));  // batch and heads
-
 
 // CPU reference of the gradients, in double, per (batch, head) and query row i, with p the
 // row's probabilities (row_probabilities), g = grad_o[i] and o_i the forward's output row:
@@ -179,9 +179,9 @@ static void attention_backward_cpu(opforge::Tensor q, opforge::Tensor k, opforge
 
 // attention_backward.cu
 void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
-                             opforge::Tensor grad_o, opforge::Tensor o, int64_t head_dim,
-                             opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor grad_q,
-                             opforge::MutableTensor grad_k, opforge::MutableTensor grad_v);
+                             opforge::Tensor grad_o, opforge::Tensor o, int64_t head_dim, opforge::Tensor mask,
+                             bool causal, double scale, opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
+                             opforge::MutableTensor grad_v);
 
 // The gradients of attention (Note [Backward ops] in opforge/op.h): grad_o, and q, k, v, o,
 // mask and the parameters saved from the forward call (o: the forward's output for them). A
@@ -189,18 +189,13 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opf
 // backward raises, naming the op.
 OPFORGE_OP(examples, attention_backward)
     .doc("attention's gradients grad_q, grad_k, grad_v; the score matrix is recomputed blockwise, never stored")
-    .input("q", opforge::floating,
-           opforge::shape({opforge::any, opforge::any, opforge::any, opforge::int_param("head_dim")}),
-           opforge::contiguous_last_dim)
-    .input("k", opforge::same_dtype("q"),
-           opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")}),
-           opforge::contiguous_last_dim)
+    .input("q", opforge::floating, q_shape, opforge::contiguous_last_dim)
+    .input("k", opforge::same_dtype("q"), k_shape, opforge::contiguous_last_dim)
     .input("v", opforge::same_dtype("q"), opforge::same_shape("k"), opforge::contiguous_last_dim)
     .input("grad_o", opforge::same_dtype("q"), opforge::same_shape("q"), opforge::contiguous_last_dim)
     .input("o", opforge::same_dtype("q"), opforge::same_shape("q"), opforge::contiguous_last_dim)
     .param<int64_t>("head_dim", opforge::one_of({32, 64, 128}))
-    .input("mask", opforge::optional, opforge::same_dtype("q"),
-           opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)}))
+    .input("mask", opforge::optional, opforge::same_dtype("q"), mask_shape)
     .param<bool>("causal", false)
     .param<double>("scale", 0.0, opforge::at_least(0.0))
     .output("grad_q", opforge::like("q"))
