@@ -37,7 +37,10 @@ using attention_detail::TileAddress;
 
 constexpr int kThreads = attention_detail::kThreads;  // 4 warps: load_tile's thread count
 constexpr int kKeys = 64;                             // keys per kv block: 16 per warp
-constexpr int kQueries = 32;                          // query rows per kv step
+/// Query rows per kv step: 64 (more products per shared-memory load and per barrier) where the
+/// registers allow, 32 at head dim 128 (its grad_k and grad_v take 128 registers a thread).
+template <int D>
+constexpr int kQueriesFor = D == 128 ? 32 : 64;
 constexpr int kPrepRows = 64;                         // query rows per prep block: 16 per warp
 constexpr int kPrepKeys = 64;                         // keys per prep step
 
@@ -49,8 +52,9 @@ struct Problem {
   const T *grad_o, *q, *k, *v, *o, *mask;
   Strides s_grad_o, s_q, s_k, s_v, s_o;
   int64_t heads, sq, sk;
+  int64_t sq_stats;  // Sq rounded up to kPrepRows: the row count of lse and delta per (batch, head)
   float scale, scale_log2;
-  float *lse, *delta, *dq;  // [B * H, Sq], [B * H, Sq], [B * H, Sq, D]
+  float *lse, *delta, *dq;  // [B * H, sq_stats], [B * H, sq_stats], [B * H, Sq, D]
 };
 
 template <class T>
@@ -129,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) prep(Problem<T> p) {
       }
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    if (row < sq && (lane & 1) == 0) p.delta[bh * sq + row] = sum;
+    if ((lane & 1) == 0) p.delta[bh * p.sq_stats + row] = sum;  // rows past Sq: 0
   }
 
   load_tile<T, D, kPrepRows>(sQ, qb, p.s_q.row, m0, sq);
@@ -173,24 +177,55 @@ __global__ void __launch_bounds__(kThreads) prep(Problem<T> p) {
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int64_t row = m0 + row_in_block + h * 8;
-    // A row whose every key is masked has no probabilities: +inf makes each exp2(s - lse) zero.
+    // A row whose every key is masked, or past Sq, has no probabilities: +inf makes each
+    // exp2(s - lse) zero.
     const float base = row_max[h] == neg_inf() ? 0.0f : row_max[h];
-    if (row < sq && (lane & 3) == 0)
-      p.lse[bh * sq + row] = sum == 0.0f ? __int_as_float(0x7f800000) : base + log2f(sum);
+    if ((lane & 3) == 0)
+      p.lse[bh * p.sq_stats + row] = sum == 0.0f || row >= sq ? __int_as_float(0x7f800000) : base + log2f(sum);
   }
 }
 
-/// Shared memory of a kv block: K and V of its keys, Q and grad_o of the current query rows,
-/// dS^T of the step ([key][query]), and the rows' lse and delta.
+/// Shared memory of a kv block: K and V of its keys; two stages of Q and grad_o of a step's query
+/// rows and of their lse and delta (the next step's loads overlap this step's products); dS^T of
+/// the step ([key][query]).
 template <class T, int D>
 struct KvShared {
-  static constexpr size_t kK = 0, kV = kK + kKeys * D, kQ = kV + kKeys * D, kG = kQ + kQueries * D,
-                          kDs = kG + kQueries * D, kEnd = kDs + kKeys * kQueries;  // elements of T
-  static constexpr size_t kBytes = kEnd * sizeof(T) + 2 * kQueries * sizeof(float);
+  static constexpr int kQueries = kQueriesFor<D>;
+  static constexpr size_t kStage = 2 * kQueries * D;  // elements of T: Q, then grad_o
+  static constexpr size_t kK = 0, kV = kK + kKeys * D, kStages = kV + kKeys * D, kDs = kStages + 2 * kStage,
+                          kEnd = kDs + kKeys * kQueries;  // elements of T
+  static constexpr size_t kBytes = kEnd * sizeof(T) + 2 * 2 * kQueries * sizeof(float);
 };
 
+/// Starts the cp.async loads (committed by the caller) of one step's kQueriesFor<D> query rows from m0 into
+/// a stage: Q, then grad_o (rows past Sq zero), and into `stats` their lse, then their delta (the
+/// prep kernel wrote rows up to sq_stats, a multiple of the step).
+template <class T, int D>
+__device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, const T* gb, int64_t bh, int64_t m0,
+                                          T* stage, float* stats) {
+  constexpr int kQueries = kQueriesFor<D>;
+  load_tile<T, D, kQueries>(stage, qb, p.s_q.row, m0, p.sq);
+  load_tile<T, D, kQueries>(stage + kQueries * D, gb, p.s_grad_o.row, m0, p.sq);
+  constexpr int kChunks = kQueries / 4;  // 16-byte chunks of one statistic's rows
+  if (threadIdx.x < 2 * kChunks) {
+    const float* from = (threadIdx.x < kChunks ? p.lse : p.delta) + bh * p.sq_stats + m0 + (threadIdx.x % kChunks) * 4;
+    attention_detail::cp_async_16(stats + threadIdx.x * 4, from, true);
+  }
+}
+
+/// Adds a pair of adjacent float32 values into global memory (8-byte aligned): one vector atomic
+/// on sm_90 and later, two scalar ones before.
+__device__ __forceinline__ void atomic_add_pair(float* to, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(to), make_float2(a, b));
+#else
+  atomicAdd(to, a);
+  atomicAdd(to + 1, b);
+#endif
+}
+
 /// Kernel 2. Grid (ceil(Sk / 64), H, B), 128 threads, KvShared<T, D>::kBytes of dynamic shared
-/// memory. Warp w owns keys n0 + 16 w .. + 15; per step of 32 query rows (accumulator rows are
+/// memory. Warp w owns keys n0 + 16 w .. + 15; per step of kQueriesFor<D> query rows (accumulator rows are
 /// keys, columns queries):
 ///   S^T = K Q^T, P^T = exp2(S^T scale_log2 + mask - lse), dV += P^T dO, dP^T = V dO^T,
 ///   dS^T = P^T (dP^T - delta), dK += dS^T Q, and (all warps, through shared memory)
@@ -200,10 +235,10 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     kv(Problem<T> p, T* __restrict__ grad_k, T* __restrict__ grad_v) {
   extern __shared__ __align__(16) unsigned char shared[];
   using L = KvShared<T, D>;
+  constexpr int kQueries = kQueriesFor<D>;
   T* base = reinterpret_cast<T*>(shared);
-  T *sK = base + L::kK, *sV = base + L::kV, *sQ = base + L::kQ, *sG = base + L::kG, *sDs = base + L::kDs;
-  float* sLse = reinterpret_cast<float*>(base + L::kEnd);
-  float* sDelta = sLse + kQueries;
+  T *sK = base + L::kK, *sV = base + L::kV, *sDs = base + L::kDs;
+  float* sStats = reinterpret_cast<float*>(base + L::kEnd);  // per stage: 32 lse, then 32 delta
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
@@ -214,6 +249,9 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
 
   load_tile<T, D, kKeys>(sK, rows_of(p.k, p.s_k, batch, head), p.s_k.row, n0, sk);
   load_tile<T, D, kKeys>(sV, rows_of(p.v, p.s_v, batch, head), p.s_v.row, n0, sk);
+  // Causal: query rows before n0 see none of these keys.
+  const int64_t m_begin = kCausal ? (n0 / kQueries) * kQueries : 0;
+  load_step<T, D>(p, qb, gb, bh, m_begin, base + L::kStages, sStats);
   cp_async_commit();
 
   constexpr int kTilesD = D / 8, kTilesQ = kQueries / 8;
@@ -221,48 +259,50 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
   // This thread's keys (accumulator rows), relative to n0: warp * 16 + lane / 4 (+ 8); its
   // query columns, relative to the step: nt * 8 + (lane % 4) * 2 (+ 1).
   const int key_in_block = warp * 16 + lane / 4;
-  float add[2];  // the mask of the thread's two keys, in log2 units; keys past Sk are removed below
+  float add[2];  // the mask of the thread's two keys, in log2 units
+  bool key_in[2];  // whether the key is one of the Sk keys
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t key = n0 + key_in_block + h * 8;
-    add[h] = mb != nullptr && key < sk ? opforge::kernel::to_acc(mb[key]) * kLog2e : 0.0f;
+    key_in[h] = key < sk;
+    add[h] = mb != nullptr && key_in[h] ? opforge::kernel::to_acc(mb[key]) * kLog2e : 0.0f;
   }
   const TileAddress<D> k_rows(smem_address(sK), warp * 16 + (lane & 15), lane >> 4);                          // A: K
   const TileAddress<D> v_rows(smem_address(sV), warp * 16 + (lane & 15), lane >> 4);                          // A: V
-  const TileAddress<D> q_cols(smem_address(sQ), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);            // B: Q^T
-  const TileAddress<D> g_cols(smem_address(sG), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);            // B: dO^T
-  const TileAddress<D> q_rows(smem_address(sQ), lane & 15, lane >> 4);                                        // B: Q
-  const TileAddress<D> g_rows(smem_address(sG), lane & 15, lane >> 4);                                        // B: dO
   const TileAddress<D> k_trans(smem_address(sK), lane & 15, lane >> 4);                                       // B: K
   const TileAddress<kQueries> ds_trans(smem_address(sDs), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);  // A: dS
 
-  // Causal: query rows before n0 see none of these keys.
-  const int64_t m_begin = kCausal ? (n0 / kQueries) * kQueries : 0;
-  for (int64_t m0 = m_begin; m0 < sq; m0 += kQueries) {
-    __syncthreads();  // every warp is done with the previous step's Q, dO and dS
-    load_tile<T, D, kQueries>(sQ, qb, p.s_q.row, m0, sq);
-    load_tile<T, D, kQueries>(sG, gb, p.s_grad_o.row, m0, sq);
-    cp_async_commit();
-    if (threadIdx.x < kQueries) {
-      const int64_t row = m0 + threadIdx.x;
-      // A row past Sq takes no part: lse +inf gives it zero probabilities.
-      sLse[threadIdx.x] = row < sq ? p.lse[bh * sq + row] : __int_as_float(0x7f800000);
-      sDelta[threadIdx.x] = row < sq ? p.delta[bh * sq + row] : 0.0f;
-    }
+  for (int64_t m0 = m_begin, step = 0; m0 < sq; m0 += kQueries, ++step) {
+    // Stage `step % 2` holds this step's rows; the next step's loads go to the other stage while
+    // this step computes.
     cp_async_wait_all();
-    __syncthreads();
+    __syncthreads();  // this step's rows have landed; every warp is done with the previous step
+    T* stage = base + L::kStages + (step & 1) * L::kStage;
+    const float* sLse = sStats + (step & 1) * 2 * kQueries;
+    const float* sDelta = sLse + kQueries;
+    if (m0 + kQueries < sq)
+      load_step<T, D>(p, qb, gb, bh, m0 + kQueries, base + L::kStages + ((step + 1) & 1) * L::kStage,
+                      sStats + ((step + 1) & 1) * 2 * kQueries);
+    cp_async_commit();
+    const unsigned sQ = smem_address(stage), sG = smem_address(stage + kQueries * D);
+    const TileAddress<D> q_cols(sQ, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);  // B: Q^T
+    const TileAddress<D> g_cols(sG, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);  // B: dO^T
+    const TileAddress<D> q_rows(sQ, lane & 15, lane >> 4);                              // B: Q
+    const TileAddress<D> g_rows(sG, lane & 15, lane >> 4);                              // B: dO
 
-    // S^T = K Q^T for the warp's 16 keys and the step's 32 queries.
+    // S^T = K Q^T for the warp's 16 keys and the step's queries.
     float s[kTilesQ][4] = {};
     rows_times_rows<T, D, kQueries>(s, k_rows, q_cols);
-    // P^T: keys past Sk and (causal) keys after their query get zero.
+    // P^T: keys past Sk and (causal) keys after their query get zero. A key is after its query
+    // if key_in_block + 8 h - col > m0 - n0, which lies in (-kQueries, inf): clamped to kKeys, the
+    // difference keeps every outcome in 32 bits.
+    const int ahead = static_cast<int>(m0 - n0 < kKeys ? m0 - n0 : kKeys);
 #pragma unroll
     for (int nt = 0; nt < kTilesQ; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
-        const int64_t key = n0 + key_in_block + h * 8, query = m0 + col;
-        const bool keep = key < sk && !(kCausal && key > query);
+        const bool keep = key_in[h] && !(kCausal && key_in_block + h * 8 - col > ahead);
         s[nt][e] = keep ? fast_exp2(s[nt][e] * p.scale_log2 + add[h] - sLse[col]) : 0.0f;
       }
 
@@ -280,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     // dK += dS^T Q.
     registers_times_rows<T, D, kQueries>(dk, ds, q_rows);
 
-    // dS^T to shared memory, [key][query] (rows of 32 queries), for dQ across the warps.
+    // dS^T to shared memory, [key][query] (rows of the step's queries), for dQ across the warps.
 #pragma unroll
     for (int nt = 0; nt < kTilesQ; ++nt)
 #pragma unroll
@@ -291,21 +331,36 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
       }
     __syncthreads();
 
-    // dQ += dS K: warp w takes queries 16 (w % 2) .. + 15 and head-dim columns of half w / 2.
+    // dQ += dS K: the step's 16-row query tiles times the parts of the head dim make the four
+    // warps' shares; warp w takes query tile w % kMTiles and head-dim part w / kMTiles.
     {
-      const int mt = warp & 1, half = warp >> 1;
-      constexpr int kPairs = D / 32;  // 16-column pairs of n-tiles per warp
+      constexpr int kMTiles = kQueries / 16, kParts = 4 / kMTiles;
+      constexpr int kPairs = D / 16 / kParts;  // 16-column pairs of n-tiles per warp
+      const int mt = warp % kMTiles, part = warp / kMTiles;
       float dq[2 * kPairs][4] = {};
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
         unsigned a[4];
         // (Selects between compile-time chunk pairs: a run-time index into TileAddress's
         // registers would put them in local memory.)
-        ldmatrix_x4_trans(a, mt ? ds_trans(1, kk * 16) : ds_trans(0, kk * 16));
+        if constexpr (kMTiles == 2) {
+          ldmatrix_x4_trans(a, mt ? ds_trans(1, kk * 16) : ds_trans(0, kk * 16));
+        } else {
+          static_assert(kMTiles == 4);
+          ldmatrix_x4_trans(a, mt == 0   ? ds_trans(0, kk * 16)
+                               : mt == 1 ? ds_trans(1, kk * 16)
+                               : mt == 2 ? ds_trans(2, kk * 16)
+                                         : ds_trans(3, kk * 16));
+        }
 #pragma unroll
         for (int j = 0; j < kPairs; ++j) {
           unsigned b[4];
-          ldmatrix_x4_trans(b, half ? k_trans(kPairs + j, kk * 16) : k_trans(j, kk * 16));
+          if constexpr (kParts == 2) {
+            ldmatrix_x4_trans(b, part ? k_trans(kPairs + j, kk * 16) : k_trans(j, kk * 16));
+          } else {
+            static_assert(kParts == 1);
+            ldmatrix_x4_trans(b, k_trans(j, kk * 16));
+          }
           mma<T>(dq[2 * j], a, b[0], b[1]);
           mma<T>(dq[2 * j + 1], a, b[2], b[3]);
         }
@@ -314,12 +369,9 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
       for (int h = 0; h < 2; ++h) {
         const int64_t query = m0 + mt * 16 + lane / 4 + h * 8;
         if (query >= sq) continue;
-        float* row = p.dq + (bh * sq + query) * D + half * (D / 2) + (lane & 3) * 2;
+        float* row = p.dq + (bh * sq + query) * D + part * (D / kParts) + (lane & 3) * 2;
 #pragma unroll
-        for (int nt = 0; nt < 2 * kPairs; ++nt) {
-          atomicAdd(row + nt * 8, dq[nt][2 * h]);
-          atomicAdd(row + nt * 8 + 1, dq[nt][2 * h + 1]);
-        }
+        for (int nt = 0; nt < 2 * kPairs; ++nt) atomic_add_pair(row + nt * 8, dq[nt][2 * h], dq[nt][2 * h + 1]);
       }
     }
   }
@@ -394,10 +446,12 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opf
     return;
   }
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
-  const size_t rows = static_cast<size_t>(batch * heads * sq);
-  float* scratch = static_cast<float*>(ctx.allocate(rows * (2 + static_cast<size_t>(head_dim)) * sizeof(float)));
-  OPFORGE_CUDA_CHECK(
-      cudaMemsetAsync(scratch + 2 * rows, 0, rows * head_dim * sizeof(float), opforge::cuda::stream(ctx)));
+  const int64_t sq_stats = (sq + ab::kPrepRows - 1) / ab::kPrepRows * ab::kPrepRows;
+  const size_t rows = static_cast<size_t>(batch * heads * sq), stat_rows = static_cast<size_t>(batch * heads * sq_stats);
+  float* scratch =
+      static_cast<float*>(ctx.allocate((2 * stat_rows + rows * static_cast<size_t>(head_dim)) * sizeof(float)));
+  float* dq = scratch + 2 * stat_rows;
+  OPFORGE_CUDA_CHECK(cudaMemsetAsync(dq, 0, rows * head_dim * sizeof(float), opforge::cuda::stream(ctx)));
   opforge::cuda::visit_dtype<opforge::half_precision>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
     ab::Problem<T> p{grad_o.data<T>(),
                      q.data<T>(),
@@ -413,11 +467,12 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opf
                      heads,
                      sq,
                      sk,
+                     sq_stats,
                      static_cast<float>(s),
                      static_cast<float>(s) * ab::kLog2e,
                      scratch,
-                     scratch + rows,
-                     scratch + 2 * rows};
+                     scratch + stat_rows,
+                     dq};
     T *gq = grad_q.data<T>(), *gk = grad_k.data<T>(), *gv = grad_v.data<T>();
     const auto run = [&]<int D>() {
       if (causal) ab::launch<T, D, true>(ctx, p, batch, gq, gk, gv);
