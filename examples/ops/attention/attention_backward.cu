@@ -4,9 +4,10 @@
 // never stored. Three kernels on the call's stream:
 //   1. prep: per query row, the log-sum-exp of its scores in log2 units (the forward's softmax
 //      statistics, recomputed: the forward op returns only o) and delta = grad_o . o;
-//   2. kv: one block per 64 keys of one (batch, head) walks over the query rows 32 at a time and
-//      accumulates grad_k and grad_v of its keys in registers; grad_q's share of each step is
-//      added into a float32 buffer with atomics (the blocks of all key blocks meet there);
+//   2. kv: one block per 64 keys of one (batch, head) walks over the query rows kQueriesFor<D>
+//      at a time (the next step's rows loading while this one computes) and accumulates grad_k
+//      and grad_v of its keys in registers; grad_q's share of each step is added into a float32
+//      buffer with atomics (the blocks of all key blocks meet there);
 //   3. the float32 grad_q buffer, scaled, rounded to the input dtype.
 // Products use mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate) through the forward kernel's
 // tile helpers (attention_detail in kernels/attention.cu, included below for them alone: its
@@ -41,8 +42,8 @@ constexpr int kKeys = 64;                             // keys per kv block: 16 p
 /// registers allow, 32 at head dim 128 (its grad_k and grad_v take 128 registers a thread).
 template <int D>
 constexpr int kQueriesFor = D == 128 ? 32 : 64;
-constexpr int kPrepRows = 64;                         // query rows per prep block: 16 per warp
-constexpr int kPrepKeys = 64;                         // keys per prep step
+constexpr int kPrepRows = 64;  // query rows per prep block: 16 per warp
+constexpr int kPrepKeys = 64;  // keys per prep step
 
 /// What the three kernels share: the problem's sizes, the strides of the inputs (batch, head,
 /// row; rows contiguous and 16-byte aligned: opforge::contiguous_last_dim), the scale in log2
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
   // This thread's keys (accumulator rows), relative to n0: warp * 16 + lane / 4 (+ 8); its
   // query columns, relative to the step: nt * 8 + (lane % 4) * 2 (+ 1).
   const int key_in_block = warp * 16 + lane / 4;
-  float add[2];  // the mask of the thread's two keys, in log2 units
+  float add[2];    // the mask of the thread's two keys, in log2 units
   bool key_in[2];  // whether the key is one of the Sk keys
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -447,7 +448,8 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opf
   }
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
   const int64_t sq_stats = (sq + ab::kPrepRows - 1) / ab::kPrepRows * ab::kPrepRows;
-  const size_t rows = static_cast<size_t>(batch * heads * sq), stat_rows = static_cast<size_t>(batch * heads * sq_stats);
+  const size_t rows = static_cast<size_t>(batch * heads * sq),
+               stat_rows = static_cast<size_t>(batch * heads * sq_stats);
   float* scratch =
       static_cast<float*>(ctx.allocate((2 * stat_rows + rows * static_cast<size_t>(head_dim)) * sizeof(float)));
   float* dq = scratch + 2 * stat_rows;
