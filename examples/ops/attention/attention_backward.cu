@@ -226,8 +226,8 @@ __device__ __forceinline__ void atomic_add_pair(float* to, float a, float b) {
 }
 
 /// Kernel 2. Grid (ceil(Sk / 64), H, B), 128 threads, KvShared<T, D>::kBytes of dynamic shared
-/// memory. Warp w owns keys n0 + 16 w .. + 15; per step of kQueriesFor<D> query rows (accumulator rows are
-/// keys, columns queries):
+/// memory. Warp w owns keys n0 + 16 w .. + 15; per step of kQueriesFor<D> query rows
+/// (accumulator rows are keys, columns queries):
 ///   S^T = K Q^T, P^T = exp2(S^T scale_log2 + mask - lse), dV += P^T dO, dP^T = V dO^T,
 ///   dS^T = P^T (dP^T - delta), dK += dS^T Q, and (all warps, through shared memory)
 ///   dQ += dS K into the float32 buffer.
@@ -236,10 +236,10 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     kv(Problem<T> p, T* __restrict__ grad_k, T* __restrict__ grad_v) {
   extern __shared__ __align__(16) unsigned char shared[];
   using L = KvShared<T, D>;
-  constexpr int kQueries = kQueriesFor<D>;
+  constexpr int kQueries = L::kQueries;
   T* base = reinterpret_cast<T*>(shared);
   T *sK = base + L::kK, *sV = base + L::kV, *sDs = base + L::kDs;
-  float* sStats = reinterpret_cast<float*>(base + L::kEnd);  // per stage: 32 lse, then 32 delta
+  float* sStats = reinterpret_cast<float*>(base + L::kEnd);  // per stage: kQueries lse, then kQueries delta
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
