@@ -160,16 +160,17 @@ def backward_cases() -> int:
 def class_cases() -> int:
     """The custom classes' ops: int8_linear_pack and int8_linear (through Int8Linear, built on
     the GPU, against the CPU reference of an object built on the CPU) over rows on both sides of
-    the small-M kernel's 8-row variants (2 and 4 strips a block), its 16-row tiles and its 64-row
-    limit (larger: the cuBLAS path), output channels in odd strips, input channels past a warp's
-    ring of weight stages
-    (4672 = 73 chunks of 64), with and without bias, and no input channels (y = bias);
+    the persistent kernel's 8- and 16-row variants and the per-warp rings' 64-row limit (larger:
+    the cuBLAS path), output channels in odd strips and in more than 16 strips a multiprocessor
+    (two passes of the persistent kernel; rows <= 16 there), input channels past a warp's ring of
+    weight stages (4672 = 73 chunks of 64), with and without bias, and no input channels (y = bias);
     IdentityConvClass.forward on a permuted view."""
     for lib in ("int8_linear", "identity_conv"):
         opforge.load_library(opforge.example_library(lib))
     classes = torch.classes.examples
     failures = 0
-    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True), (72, 4672, True), (16, 0, True)):
+    many = 8 * (17 * torch.cuda.get_device_properties(0).multi_processor_count + 3)
+    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True), (72, 4672, True), (16, 0, True), (many, 320, True)):
         w = torch.randn(n, k)
         b = torch.randn(n) if bias else None
         cpu, gpu = classes.Int8Linear(w, b), classes.Int8Linear(w.cuda(), None if b is None else b.cuda())
@@ -178,6 +179,8 @@ def class_cases() -> int:
             failures += 1
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for rows in (0, 1, 4, 5, 8, 9, 15, 17, 64, 65, 300):
+                if n == many and rows > 16:  # the persistent kernel's two passes; the rest is above
+                    continue
                 if k > 1024 and rows > 64:  # the long rows are for the small-M kernel's ring; cuBLAS
                     continue  # picks split-K GEMMs there, whose own shared memory racecheck flags
                 x = torch.randn(rows, k, dtype=dtype)

@@ -1,13 +1,16 @@
 // int8_linear CUDA kernels: the pack (quantise, one block per output channel) and the forward.
-// Two shapes of the work:
-//   - M <= 64 rows (decode, small batches): memory-bound on the weights. Each warp streams its
-//     chunks of the int8 weights (packed layout of int8_linear.h) together with the same columns
-//     of x through a ring in shared memory with cp.async, converts the weights to x's 16-bit type
-//     as exact integers (|q| <= 127) and multiplies on tensor cores (mma.m16n8k16, float32
-//     accumulators; PTX ISA "Warp-level matrix multiply-accumulate instructions"); each output's
-//     sum is multiplied by its channel's scale once and the bias added. A block of 8 warps owns
-//     2 or 4 strips (8 output channels each) and 8 or 16 rows; its warps split K and sum through
-//     shared memory.
+// Three shapes of the work:
+//   - M <= 16 rows (decode) on sm_90 and newer: memory-bound on the weights. A persistent grid
+//     (one block per multiprocessor, the strips of 8 output channels split evenly over the
+//     blocks) streams the int8 weights (packed layout of int8_linear.h) with the same columns of
+//     x through a ring of shared-memory stages filled by the bulk-copy engine (cp.async.bulk
+//     completing on mbarriers; a producer thread, 8 consumer warps), converts the weights to x's
+//     16-bit type as exact integers (|q| <= 127) and multiplies on tensor cores (mma.m16n8k16,
+//     float32 accumulators; PTX ISA "Warp-level matrix multiply-accumulate instructions"); each
+//     output's sum is multiplied by its channel's scale once and the bias added.
+//   - M <= 64 rows (and M <= 16 where the image predates sm_90): the same arithmetic, each warp
+//     streaming its own chunks through a ring with cp.async. A block of 8 warps owns 4 strips
+//     and 16 rows; its warps split K and sum through shared memory.
 //   - larger M: compute-bound. The weight is dequantised (q * scale, rounded once to x's type)
 //     into scratch memory and multiplied by cuBLAS (cublasGemmEx, float32 accumulation), with y
 //     pre-filled with the bias and beta = 1: the weight-only-quantisation scheme of serving stacks
@@ -115,12 +118,12 @@ template <int kStrips, int kRows>
 constexpr int kStageBytes = kStrips * 512 + kRows * kXRowBytes;
 
 /// A fragments (mma.m16n8k16, PTX ISA "Matrix Fragments for mma.m16n8k16") of one k16 tile of
-/// kRows (8 or 16) rows of x in shared memory (rows kXRowBytes apart), by ldmatrix; with 8 rows,
+/// kRows (8 or 16) rows of x in shared memory (rows kPitch bytes apart), by ldmatrix; with 8 rows,
 /// the fragments of rows 8..15 are zeros.
-template <int kRows>
+template <int kRows, int kPitch = kXRowBytes>
 __device__ void load_a(const char* x_stage, int tile, int lane, uint32_t (&a)[4]) {
   const int row = kRows == 16 ? lane % 16 : lane % 8, col = tile * 16 + (kRows == 16 ? lane / 16 : (lane / 8) % 2) * 8;
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(x_stage + row * kXRowBytes + col * 2));
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(x_stage + row * kPitch + col * 2));
   if constexpr (kRows == 16) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
@@ -242,6 +245,248 @@ void small_m(const T* x, const int4* qw, const float* scales, const float* bias,
   opforge::cuda::allow_dynamic_smem(kernel, kSmem);
   const dim3 grid(static_cast<unsigned>((N / 8 + kStrips - 1) / kStrips), static_cast<unsigned>((M + 15) / 16));
   kernel<<<grid, kThreads, kSmem, stream>>>(x, qw, scales, bias, y, M, N, K);
+}
+
+// ---- M <= 16 on sm_90: a persistent grid fed by the bulk-copy engine ---------------------------
+
+// Each block owns a contiguous range of strips (the strips split evenly over one block per
+// multiprocessor, so no block has more than one strip more than another, and no wave is partly
+// empty) and streams their weights over all of K, with the same columns of x, through a ring of
+// stages in shared memory. One producer thread issues each stage as bulk copies
+// (cp.async.bulk, PTX ISA "Data Movement and Conversion Instructions: cp.async.bulk"), which
+// complete on the stage's "full" mbarrier; 8 consumer warps wait on it, multiply, and arrive on
+// the stage's "empty" mbarrier, which the producer waits on before it refills the slot (the
+// producer/consumer pipeline of CUTLASS's sm90 kernels and FlashAttention-3). A stage holds up to
+// kPersistentStrips strips x kPersistentChunks chunks of weights and the chunks' columns of the M rows of
+// x, so each column of x read from L2 serves every strip of the block. Warp w multiplies chunk
+// w % 4 of the stage for strips w / 4, w / 4 + 2, ... (the same chunk for all: its A fragments
+// load once a stage); the 4 warps of a strip meet in shared memory at the end of a pass.
+
+constexpr int kPersistentWarps = 8;                     // consumers; warp 8 is the producer
+constexpr int kPersistentThreads = (kPersistentWarps + 1) * 32;
+constexpr int kPersistentChunks = 4;                    // chunks of K a stage (a warp each, twice over)
+constexpr int kPersistentStrips = 16;                   // strips a pass at most
+constexpr int kPersistentSlots = kPersistentStrips * kPersistentChunks / kPersistentWarps;  // strips a warp a pass
+constexpr int kPersistentMaxStages = 16;
+constexpr int kPersistentXPitch = kPersistentChunks * 128 + 16;  // bytes of a row of x in a stage, padded so
+                                                         // that ldmatrix's 8 rows fall in distinct banks
+constexpr int kPersistentPartialBytes = kPersistentWarps * kPersistentSlots * 4 * 32 * sizeof(float);
+constexpr int kPersistentHeaderBytes = 2 * kPersistentMaxStages * sizeof(uint64_t);  // the mbarriers
+
+/// How the strips split over a persistent_kernel launch, computed once on the host.
+struct PersistentPlan {
+  int blocks;        // grid size: one block per multiprocessor, at most one per strip
+  int pass_strips;   // strips a pass (power of two, <= kPersistentStrips)
+  int stages;        // slots of the ring
+  int stage_bytes;   // weights (pass_strips x kPersistentChunks x 512) then kRows rows of x
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ uint32_t smem_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals));
+}
+
+/// Arrives on `bar` and adds `bytes` to the transaction count its phase waits for.
+__device__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+
+/// Waits until the phase of `bar` with parity `parity` has completed.
+__device__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+/// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
+/// bulk-copy engine, completing on `bar`; `policy` is an L2 cache policy (createpolicy).
+__device__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(smem_address(dst)),
+      "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+#endif
+
+/// y for M <= kRows rows of x (kRows 8 or 16) with the plan's split of the strips (PersistentPlan).
+/// Dynamic shared memory: the mbarriers, the consumers' partial sums, then plan.stages slots of
+/// plan.stage_bytes. Rows of x past M are zeros in every slot (written once, never copied over).
+template <class T, int kRows>
+__global__ void __launch_bounds__(kPersistentThreads)
+    persistent_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
+                  const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K,
+                  PersistentPlan plan) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) char smem[];
+  auto* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + kPersistentMaxStages;
+  auto* partial = reinterpret_cast<float*>(smem + kPersistentHeaderBytes);  // [warp][slot][4][32]
+  char* ring = smem + kPersistentHeaderBytes + kPersistentPartialBytes;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t strips = N / 8, chunks = K / int8_linear::kChunk;
+  const int64_t strip_begin = strips * blockIdx.x / gridDim.x, strip_end = strips * (blockIdx.x + 1) / gridDim.x;
+  const int passes = static_cast<int>((strip_end - strip_begin + plan.pass_strips - 1) / plan.pass_strips);
+  const int64_t steps = (chunks + kPersistentChunks - 1) / kPersistentChunks;  // stages a pass
+  const int weight_bytes = plan.pass_strips * kPersistentChunks * 512;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < plan.stages; ++s) {
+      mbarrier_init(&full[s], 1);              // the producer's arrive, plus the copies' bytes
+      mbarrier_init(&empty[s], kPersistentWarps);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < plan.stages * (kRows - M) * kPersistentXPitch / 4; i += blockDim.x) {
+    const int per_slot = (kRows - static_cast<int>(M)) * kPersistentXPitch / 4;
+    reinterpret_cast<uint32_t*>(ring + (i / per_slot) * plan.stage_bytes + weight_bytes + M * kPersistentXPitch)[i % per_slot] = 0;
+  }
+  __syncthreads();
+
+  if (warp == kPersistentWarps) {  // producer
+    if (lane != 0) return;
+    uint64_t evict_first;  // the weights are read once: let them leave L2 before x does
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
+    uint64_t evict_last;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(evict_last));
+    int64_t j = 0;
+    for (int pass = 0; pass < passes; ++pass) {
+      const int64_t p0 = strip_begin + int64_t{pass} * plan.pass_strips;
+      const int pstrips = static_cast<int>(std::min<int64_t>(plan.pass_strips, strip_end - p0));
+      for (int64_t step = 0; step < steps; ++step, ++j) {
+        const int slot = static_cast<int>(j % plan.stages);
+        if (j >= plan.stages) mbarrier_wait(&empty[slot], static_cast<uint32_t>((j / plan.stages - 1) & 1));
+        const int n = static_cast<int>(std::min<int64_t>(kPersistentChunks, chunks - step * kPersistentChunks));
+        mbarrier_arrive_expect_tx(&full[slot], static_cast<uint32_t>(n * (pstrips * 512 + M * 128)));
+        char* stage = ring + slot * plan.stage_bytes;
+        for (int p = 0; p < pstrips; ++p)
+          bulk_copy(stage + p * kPersistentChunks * 512, qw + ((p0 + p) * chunks + step * kPersistentChunks) * 32, n * 512,
+                    &full[slot], evict_first);
+        for (int64_t m = 0; m < M; ++m)
+          bulk_copy(stage + weight_bytes + m * kPersistentXPitch, x + m * K + step * kPersistentChunks * 64, n * 128,
+                    &full[slot], evict_last);
+      }
+    }
+    return;
+  }
+
+  const int chunk = warp % kPersistentChunks;  // this warp's chunk of every stage
+  int64_t j = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int64_t p0 = strip_begin + int64_t{pass} * plan.pass_strips;
+    const int pstrips = static_cast<int>(std::min<int64_t>(plan.pass_strips, strip_end - p0));
+    // The epilogue's scales and biases, read now so that their latency is not at the end.
+    constexpr int kPerThread = kPersistentStrips * 128 / (kPersistentWarps * 32);
+    float out_scale[kPerThread], out_bias[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = threadIdx.x + i * kPersistentWarps * 32, p = e / 128, l = e % 32, r = (e / 32) % 4;
+      const int64_t n = (p0 + p) * 8 + 2 * (l % 4) + (r & 1);
+      out_scale[i] = p < pstrips ? scales[n] : 0.0f;
+      out_bias[i] = p < pstrips && bias != nullptr ? bias[n] : 0.0f;
+    }
+    float acc[kPersistentSlots][4] = {};
+    for (int64_t step = 0; step < steps; ++step, ++j) {
+      const int slot = static_cast<int>(j % plan.stages);
+      mbarrier_wait(&full[slot], static_cast<uint32_t>((j / plan.stages) & 1));
+      const char* stage = ring + slot * plan.stage_bytes;
+      if (chunk < chunks - step * kPersistentChunks) {
+        uint32_t a[4][4];
+#pragma unroll
+        for (int tile = 0; tile < 4; ++tile)
+          load_a<kRows, kPersistentXPitch>(stage + weight_bytes + chunk * 128, tile, lane, a[tile]);
+#pragma unroll
+        for (int i = 0; i < kPersistentSlots; ++i) {
+          const int p = warp / kPersistentChunks + i * (kPersistentWarps / kPersistentChunks);
+          if (p >= pstrips) break;
+          const int4 b = reinterpret_cast<const int4*>(stage + (p * kPersistentChunks + chunk) * 512)[lane];
+          const uint32_t words[4] = {uint32_t(b.x), uint32_t(b.y), uint32_t(b.z), uint32_t(b.w)};
+#pragma unroll
+          for (int tile = 0; tile < 4; ++tile) {
+            uint32_t b0, b1;
+            int8x4_to_pairs<T>(words[tile], b0, b1);
+            mma<T>(acc[i], a[tile], b0, b1);
+          }
+        }
+      }
+      __syncwarp();  // every lane has read the stage
+      if (lane == 0) mbarrier_arrive(&empty[slot]);
+    }
+    // The 4 warps of each strip (one per chunk) add their sums; named barrier 1 holds the consumers
+    // only. The first barrier keeps this pass's writes behind the last pass's reads.
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kPersistentWarps * 32) : "memory");
+#pragma unroll
+    for (int i = 0; i < kPersistentSlots; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) partial[((warp * kPersistentSlots + i) * 4 + r) * 32 + lane] = acc[i][r];
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kPersistentWarps * 32) : "memory");
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = threadIdx.x + i * kPersistentWarps * 32, p = e / 128, r = (e / 32) % 4, l = e % 32;
+      if (p >= pstrips) break;
+      const int first = (p % (kPersistentWarps / kPersistentChunks)) * kPersistentChunks, slot = p / (kPersistentWarps / kPersistentChunks);
+      float sum = 0;
+#pragma unroll
+      for (int c = 0; c < kPersistentChunks; ++c) sum += partial[(((first + c) * kPersistentSlots + slot) * 4 + r) * 32 + l];
+      const int64_t m = l / 4 + (r >= 2 ? 8 : 0), n = (p0 + p) * 8 + 2 * (l % 4) + (r & 1);
+      if (m < M) y[m * N + n] = static_cast<T>(sum * out_scale[i] + out_bias[i]);
+    }
+  }
+#else
+  __trap();  // persistent_small_m() launches this kernel only where its image was built for sm_90 or newer
+#endif
+}
+
+/// True if the current device runs persistent_kernel's sm_90 body (its image was built for
+/// compute capability 9.0 or newer); cached per device.
+template <class T, int kRows>
+bool persistent_supported() {
+  constexpr int kMaxDevices = 64;
+  static int supported[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  OPFORGE_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) return false;
+  if (supported[device] == 0) {
+    cudaFuncAttributes attributes{};
+    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, persistent_kernel<T, kRows>));
+    supported[device] = attributes.binaryVersion >= 90 ? 1 : 2;
+  }
+  return supported[device] == 1;
+}
+
+/// The launch of persistent_kernel: one block per multiprocessor (at most one per strip), the
+/// strips of a pass the power of two that holds a block's share (at most kPersistentStrips, more
+/// passes past that), and as many ring slots as the rest of the block's shared memory holds.
+template <class T, int kRows>
+void persistent_small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N, int64_t K,
+            cudaStream_t stream) {
+  const auto kernel = persistent_kernel<T, kRows>;
+  const int64_t strips = N / 8;
+  PersistentPlan plan{};
+  plan.blocks = static_cast<int>(std::min<int64_t>(opforge::cuda::sm_count(), strips));
+  const int64_t share = (strips + plan.blocks - 1) / plan.blocks;
+  plan.pass_strips = 1;
+  while (plan.pass_strips < kPersistentStrips && plan.pass_strips < share) plan.pass_strips *= 2;
+  plan.stage_bytes = plan.pass_strips * kPersistentChunks * 512 + kRows * kPersistentXPitch;
+  const int64_t room = opforge::cuda::smem_per_block_optin() - kPersistentHeaderBytes - kPersistentPartialBytes;
+  plan.stages = static_cast<int>(std::min<int64_t>(kPersistentMaxStages, room / plan.stage_bytes));
+  if (plan.stages < 2) throw opforge::InternalError("int8_linear: too little shared memory for two ring stages");
+  const size_t smem = kPersistentHeaderBytes + kPersistentPartialBytes + size_t{static_cast<unsigned>(plan.stages)} * plan.stage_bytes;
+  opforge::cuda::allow_dynamic_smem(kernel, smem);
+  kernel<<<plan.blocks, kPersistentThreads, smem, stream>>>(x, qw, scales, bias, y, M, N, K, plan);
 }
 
 // ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
@@ -396,10 +641,10 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
     if constexpr (std::is_same_v<T, float>) {
       float_kernel<<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(
           x.data<float>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<float>(), M, N, K);
-    } else if (M <= 4) {  // x is read little: 2 strips a block, more blocks in flight
-      small_m<T, 2, 8>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
-    } else if (M <= 8) {  // each chunk of x read serves 4 strips
-      small_m<T, 4, 8>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+    } else if (M <= 8 && persistent_supported<T, 8>()) {
+      persistent_small_m<T, 8>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+    } else if (M <= 16 && persistent_supported<T, 16>()) {
+      persistent_small_m<T, 16>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else if (M <= 64) {
       small_m<T, 4, 16>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else {
