@@ -5,7 +5,7 @@
   not depend on the size past a few waves) and rms_norm bfloat16, float16 and float32 at
   [32768, 4096].
 - ``int8_linear``: Int8Linear.forward in float16 on the weights of bench_int8_linear.py at
-  M = 1 and 16 (the persistent kernel, which dequantises in registers).
+  M = 1 and 16 (the pass kernel, which dequantises in registers).
 - ``backward``: the backward ops of add_layer_norm and fused_add_rms_norm in bfloat16 and float16
   at [32768, 4096].
 - ``attention``: examples::attention and examples::attention_backward in bfloat16 at [8, 16, 4096,

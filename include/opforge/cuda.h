@@ -11,11 +11,13 @@
 //   }
 #pragma once
 
+#include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -159,6 +161,43 @@ using kernel::Vec;
 template <class... P>
 inline bool aligned(int bytes, const P*... ptrs) {
   return ((reinterpret_cast<uintptr_t>(ptrs) % bytes == 0) && ...);
+}
+
+/// A tensor map (CUDA Driver API, "Tensor Map Object Management": cuTensorMapEncodeTiled) for the
+/// bulk tensor copies of sm_90 (`cp.async.bulk.tensor`): the tensor at `base` of `dims` elements
+/// of `type` per dimension, innermost first, dense in dimension 0, with the byte strides of
+/// dimensions 1..kRank-1 in `strides` (multiples of 16, in any order), copied in boxes of `box`
+/// elements (each <= 256; box[0] times the element size a multiple of 16, and at most the swizzle
+/// span where there is one). Elements a box reads past `dims` arrive as zeros. The driver's entry
+/// point is looked up through the runtime (cudaGetDriverEntryPointByVersion), so nothing links
+/// libcuda. Throws opforge::InternalError with the driver's result where the encoding fails
+/// (a misaligned base or stride, a box out of range).
+template <int kRank>
+inline CUtensorMap tiled_tensor_map(CUtensorMapDataType type, const void* base, const std::array<uint64_t, kRank>& dims,
+                                    const std::array<uint64_t, kRank - 1>& strides,
+                                    const std::array<uint32_t, kRank>& box,
+                                    CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE,
+                                    CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+  using Encode = decltype(&::cuTensorMapEncodeTiled);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr) throw InternalError("the CUDA driver has no cuTensorMapEncodeTiled (it needs CUDA 12)");
+  CUtensorMap map{};
+  std::array<uint32_t, kRank> element_strides;
+  element_strides.fill(1);
+  const CUresult result = encode(&map, type, kRank, const_cast<void*>(base), dims.data(), strides.data(), box.data(),
+                                 element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    throw InternalError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(result)));
+  return map;
 }
 
 }  // namespace opforge::cuda

@@ -60,9 +60,9 @@ def test_identity_conv_class_keeps_its_field_and_checks_arguments(classes):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-# rows: the CUDA kernels' variants (on sm_90: the persistent kernel with 8 rows of x, 1-8, and 16,
+# rows: the CUDA kernels' variants (on sm_90: the pass kernel with 8 rows of x, 1-8, and 16,
 # 9-16; per-warp rings, 17-64; cuBLAS past 64); 4672 input features = 73 chunks of 64, past a warp's
-# ring of weight stages and one chunk into the persistent kernel's last stage of 4.
+# ring of weight stages and one chunk into the pass kernel's last stage of 8.
 @pytest.mark.parametrize("rows", [1, 5, 8, 9, 16, 40, 200])
 @pytest.mark.parametrize("in_features", [192, 4672])
 def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype, rows, in_features):
@@ -89,7 +89,7 @@ def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype,
 @pytest.mark.parametrize("strips_per_sm", [3.1, 17.2])
 def test_int8_linear_splits_many_strips_over_the_multiprocessors(classes, dtype, rows, strips_per_sm):
     """Output channels in strips of 8, a few more than a multiple of the multiprocessors: blocks
-    with unequal shares, and (past 16 strips a block) a second pass over K."""
+    with unequal shares, and (past 8 strips a block) more than one pass over K."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out_features, in_features = 8 * int(strips_per_sm * sms), 4672
     weight = torch.randn(out_features, in_features, device="cuda") / in_features**0.5

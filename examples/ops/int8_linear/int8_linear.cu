@@ -247,39 +247,43 @@ void small_m(const T* x, const int4* qw, const float* scales, const float* bias,
   kernel<<<grid, kThreads, kSmem, stream>>>(x, qw, scales, bias, y, M, N, K);
 }
 
-// ---- M <= 16 on sm_90: a persistent grid fed by the bulk-copy engine ---------------------------
+// ---- M <= 16 on sm_90: a persistent grid fed by the tensor-memory accelerator ------------------
 
 // Each block owns a contiguous range of strips (the strips split evenly over one block per
 // multiprocessor, so no block has more than one strip more than another, and no wave is partly
 // empty) and streams their weights over all of K, with the same columns of x, through a ring of
-// stages in shared memory. One producer thread issues each stage as bulk copies
-// (cp.async.bulk, PTX ISA "Data Movement and Conversion Instructions: cp.async.bulk"), which
-// complete on the stage's "full" mbarrier; 8 consumer warps wait on it, multiply, and arrive on
-// the stage's "empty" mbarrier, which the producer waits on before it refills the slot (the
-// producer/consumer pipeline of CUTLASS's sm90 kernels and FlashAttention-3). A stage holds up to
-// kPersistentStrips strips x kPersistentChunks chunks of weights and the chunks' columns of the M rows of
-// x, so each column of x read from L2 serves every strip of the block. Warp w multiplies chunk
-// w % 4 of the stage for strips w / 4, w / 4 + 2, ... (the same chunk for all: its A fragments
-// load once a stage); the 4 warps of a strip meet in shared memory at the end of a pass.
+// stages in shared memory. One producer thread issues each stage as bulk tensor copies
+// (cp.async.bulk.tensor, PTX ISA "Data Movement and Conversion Instructions"), which complete on
+// the stage's "full" mbarrier; 8 consumer warps wait on it, multiply, and arrive on the stage's
+// "empty" mbarrier, which the producer waits on before it refills the slot (the producer/consumer
+// pipeline of CUTLASS's sm90 kernels and FlashAttention-3). A stage holds kPassChunks chunks of
+// K: their columns of x (kRows rows; rows past M arrive as zeros, chunks past K are not copied and
+// their warps skip the stage), then the same chunks of each strip of the pass. Warp w multiplies chunk w of every stage for all the
+// pass's strips (kStrips independent accumulators, so the tensor cores' latency overlaps); the 8
+// warps' sums of a strip meet in shared memory at the end of a pass.
 
-constexpr int kPersistentWarps = 8;                     // consumers; warp 8 is the producer
-constexpr int kPersistentThreads = (kPersistentWarps + 1) * 32;
-constexpr int kPersistentChunks = 4;                    // chunks of K a stage (a warp each, twice over)
-constexpr int kPersistentStrips = 16;                   // strips a pass at most
-constexpr int kPersistentSlots = kPersistentStrips * kPersistentChunks / kPersistentWarps;  // strips a warp a pass
-constexpr int kPersistentMaxStages = 16;
-constexpr int kPersistentXPitch = kPersistentChunks * 128 + 16;  // bytes of a row of x in a stage, padded so
-                                                         // that ldmatrix's 8 rows fall in distinct banks
-constexpr int kPersistentPartialBytes = kPersistentWarps * kPersistentSlots * 4 * 32 * sizeof(float);
-constexpr int kPersistentHeaderBytes = 2 * kPersistentMaxStages * sizeof(uint64_t);  // the mbarriers
+constexpr int kPassWarps = 8;  // consumers; warp 8 is the producer
+constexpr int kPassThreads = (kPassWarps + 1) * 32;
+constexpr int kPassChunks = kPassWarps;  // chunks of K a stage: one a consumer warp
+constexpr int kPassMaxStrips = 8;        // strips a pass at most
+constexpr int kPassMaxStages = 16;
+constexpr int kStripStageBytes = kPassChunks * 512;  // one strip's weights of a stage
+constexpr int kPassHeaderBytes = 2 * kPassMaxStages * sizeof(uint64_t);  // the mbarriers
+constexpr int kPassPartialBytes = kPassWarps * kPassMaxStrips * 4 * 32 * sizeof(float);
+constexpr int kPassAlign = 1024;  // a stage's start: the 128-byte swizzle repeats every 1024 bytes
 
-/// How the strips split over a persistent_kernel launch, computed once on the host.
-struct PersistentPlan {
-  int blocks;        // grid size: one block per multiprocessor, at most one per strip
-  int pass_strips;   // strips a pass (power of two, <= kPersistentStrips)
-  int stages;        // slots of the ring
-  int stage_bytes;   // weights (pass_strips x kPersistentChunks x 512) then kRows rows of x
+/// How the strips split over a launch of pass_kernel, computed on the host.
+struct PassPlan {
+  int blocks;       // grid size: one block per multiprocessor, at most one per strip
+  int strips;       // strips a pass (1, 2, 4 or 8: the kernel's kStrips)
+  int stages;       // slots of the ring
+  int stage_bytes;  // x's tile (kPassChunks x kRows rows x 128 bytes), then strips x kStripStageBytes
 };
+
+/// Bytes of dynamic shared memory of a pass_kernel launch with `plan`.
+constexpr size_t pass_smem_bytes(const PassPlan& plan) {
+  return kPassHeaderBytes + kPassPartialBytes + kPassAlign + size_t(plan.stages) * size_t(plan.stage_bytes);
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ uint32_t smem_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -311,149 +315,184 @@ __device__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-/// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
-/// bulk-copy engine, completing on `bar`; `policy` is an L2 cache policy (createpolicy).
-__device__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+/// The box of the 2-d `map` at coordinates (c0, c1), innermost first, into shared memory at `dst`
+/// by the tensor-memory accelerator, completing on `bar`; `policy` is an L2 cache policy.
+__device__ void tensor_copy(void* dst, const CUtensorMap& map, int c0, int c1, uint64_t* bar, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::
-          "r"(smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(smem_address(bar)), "l"(policy)
       : "memory");
+}
+
+/// As above for a 3-d `map`, at (c0, c1, c2).
+__device__ void tensor_copy(void* dst, const CUtensorMap& map, int c0, int c1, int c2, uint64_t* bar,
+                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
+/// A fragments of k16 tile `tile` of kRows (8 or 16) rows of x in a tile of 128-byte rows written
+/// with the tensor map's 128-byte swizzle (16-byte unit u of row r at unit u ^ (r % 8)), by
+/// ldmatrix; with 8 rows, the fragments of rows 8..15 are zeros.
+template <int kRows>
+__device__ void load_a_swizzled(const char* tile_base, int tile, int lane, uint32_t (&a)[4]) {
+  const int row = kRows == 16 ? lane % 16 : lane % 8, unit = tile * 2 + (kRows == 16 ? lane / 16 : (lane / 8) % 2);
+  const auto addr = smem_address(tile_base + row * 128 + ((unit ^ (row % 8)) * 16));
+  if constexpr (kRows == 16) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(a[0]), "=r"(a[2]) : "r"(addr));
+    a[1] = a[3] = 0u;
+  }
 }
 #endif
 
-/// y for M <= kRows rows of x (kRows 8 or 16) with the plan's split of the strips (PersistentPlan).
-/// Dynamic shared memory: the mbarriers, the consumers' partial sums, then plan.stages slots of
-/// plan.stage_bytes. Rows of x past M are zeros in every slot (written once, never copied over).
-template <class T, int kRows>
-__global__ void __launch_bounds__(kPersistentThreads)
-    persistent_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
-                  const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K,
-                  PersistentPlan plan) {
+/// y for M <= kRows rows of x (kRows 8 or 16), kStrips strips a pass (PassPlan). `x_map`: x as
+/// [M][K] 16-bit elements, boxes of kRows x 64 (a chunk) with the 128-byte swizzle;
+/// `w_map`: the packed weights as [strips][chunks][64] 8-byte elements, boxes of one strip x
+/// kPassChunks x 64. Dynamic shared memory (pass_smem_bytes): the mbarriers, the consumers'
+/// partial sums, then plan.stages slots of plan.stage_bytes from the first 1024-byte boundary.
+template <class T, int kRows, int kStrips>
+__global__ void __launch_bounds__(kPassThreads, 1)
+    pass_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                const float* __restrict__ scales, const float* __restrict__ bias, T* __restrict__ y, int64_t M,
+                int64_t N, int64_t K, PassPlan plan) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) char smem[];
+  extern __shared__ __align__(16) char smem[];
   auto* full = reinterpret_cast<uint64_t*>(smem);
-  uint64_t* empty = full + kPersistentMaxStages;
-  auto* partial = reinterpret_cast<float*>(smem + kPersistentHeaderBytes);  // [warp][slot][4][32]
-  char* ring = smem + kPersistentHeaderBytes + kPersistentPartialBytes;
+  uint64_t* empty = full + kPassMaxStages;
+  auto* partial = reinterpret_cast<float*>(smem + kPassHeaderBytes);  // [warp][strip][4][32]
+  char* ring = smem + kPassHeaderBytes + kPassPartialBytes;
+  ring += (kPassAlign - smem_address(ring) % kPassAlign) % kPassAlign;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t strips = N / 8, chunks = K / int8_linear::kChunk;
+  const int64_t strips = N / 8;
+  const int chunks = static_cast<int>(K / int8_linear::kChunk);
   const int64_t strip_begin = strips * blockIdx.x / gridDim.x, strip_end = strips * (blockIdx.x + 1) / gridDim.x;
-  const int passes = static_cast<int>((strip_end - strip_begin + plan.pass_strips - 1) / plan.pass_strips);
-  const int64_t steps = (chunks + kPersistentChunks - 1) / kPersistentChunks;  // stages a pass
-  const int weight_bytes = plan.pass_strips * kPersistentChunks * 512;
+  const int passes = static_cast<int>((strip_end - strip_begin + kStrips - 1) / kStrips);
+  const int steps = (chunks + kPassChunks - 1) / kPassChunks;  // stages a pass
+  constexpr int kXTileBytes = kPassChunks * kRows * 128;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < plan.stages; ++s) {
-      mbarrier_init(&full[s], 1);              // the producer's arrive, plus the copies' bytes
-      mbarrier_init(&empty[s], kPersistentWarps);  // one arrive per consumer warp
+      mbarrier_init(&full[s], 1);            // the producer's arrive, plus the copies' bytes
+      mbarrier_init(&empty[s], kPassWarps);  // one arrive per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  for (int i = threadIdx.x; i < plan.stages * (kRows - M) * kPersistentXPitch / 4; i += blockDim.x) {
-    const int per_slot = (kRows - static_cast<int>(M)) * kPersistentXPitch / 4;
-    reinterpret_cast<uint32_t*>(ring + (i / per_slot) * plan.stage_bytes + weight_bytes + M * kPersistentXPitch)[i % per_slot] = 0;
-  }
   __syncthreads();
 
-  if (warp == kPersistentWarps) {  // producer
+  if (warp == kPassWarps) {  // producer
     if (lane != 0) return;
-    uint64_t evict_first;  // the weights are read once: let them leave L2 before x does
+    uint64_t evict_first, evict_last;  // the weights are read once; x by every block
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
-    uint64_t evict_last;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(evict_last));
-    int64_t j = 0;
+    int slot = 0;
+    uint32_t phase = 0;
     for (int pass = 0; pass < passes; ++pass) {
-      const int64_t p0 = strip_begin + int64_t{pass} * plan.pass_strips;
-      const int pstrips = static_cast<int>(std::min<int64_t>(plan.pass_strips, strip_end - p0));
-      for (int64_t step = 0; step < steps; ++step, ++j) {
-        const int slot = static_cast<int>(j % plan.stages);
-        if (j >= plan.stages) mbarrier_wait(&empty[slot], static_cast<uint32_t>((j / plan.stages - 1) & 1));
-        const int n = static_cast<int>(std::min<int64_t>(kPersistentChunks, chunks - step * kPersistentChunks));
-        mbarrier_arrive_expect_tx(&full[slot], static_cast<uint32_t>(n * (pstrips * 512 + M * 128)));
+      const int64_t p0 = strip_begin + int64_t{pass} * kStrips;
+      const int pstrips = static_cast<int>(std::min<int64_t>(kStrips, strip_end - p0));
+      for (int step = 0; step < steps; ++step) {
+        mbarrier_wait(&empty[slot], phase ^ 1);  // the slot's previous stage is consumed (a fresh
+                                                 // barrier passes parity 1: the first round waits not)
+        // x's chunks past K are not copied (their warps skip the stage); the weights' box past K
+        // arrives as zeros and counts whole.
+        const int present = min(int{kPassChunks}, chunks - step * kPassChunks);
+        mbarrier_arrive_expect_tx(&full[slot],
+                                  static_cast<uint32_t>(present * kRows * 128 + pstrips * kStripStageBytes));
         char* stage = ring + slot * plan.stage_bytes;
+        for (int c = 0; c < present; ++c)
+          tensor_copy(stage + c * kRows * 128, x_map, (step * kPassChunks + c) * 64, 0, &full[slot], evict_last);
         for (int p = 0; p < pstrips; ++p)
-          bulk_copy(stage + p * kPersistentChunks * 512, qw + ((p0 + p) * chunks + step * kPersistentChunks) * 32, n * 512,
-                    &full[slot], evict_first);
-        for (int64_t m = 0; m < M; ++m)
-          bulk_copy(stage + weight_bytes + m * kPersistentXPitch, x + m * K + step * kPersistentChunks * 64, n * 128,
-                    &full[slot], evict_last);
+          tensor_copy(stage + kXTileBytes + p * kStripStageBytes, w_map, 0, step * kPassChunks,
+                      static_cast<int>(p0 + p), &full[slot], evict_first);
+        if (++slot == plan.stages) slot = 0, phase ^= 1;
       }
     }
     return;
   }
 
-  const int chunk = warp % kPersistentChunks;  // this warp's chunk of every stage
-  int64_t j = 0;
+  int slot = 0;
+  uint32_t phase = 0;
   for (int pass = 0; pass < passes; ++pass) {
-    const int64_t p0 = strip_begin + int64_t{pass} * plan.pass_strips;
-    const int pstrips = static_cast<int>(std::min<int64_t>(plan.pass_strips, strip_end - p0));
+    const int64_t p0 = strip_begin + int64_t{pass} * kStrips;
+    const int pstrips = static_cast<int>(std::min<int64_t>(kStrips, strip_end - p0));
     // The epilogue's scales and biases, read now so that their latency is not at the end.
-    constexpr int kPerThread = kPersistentStrips * 128 / (kPersistentWarps * 32);
+    constexpr int kPerThread = (kStrips * 128 + kPassWarps * 32 - 1) / (kPassWarps * 32);
     float out_scale[kPerThread], out_bias[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int e = threadIdx.x + i * kPersistentWarps * 32, p = e / 128, l = e % 32, r = (e / 32) % 4;
+      const int e = threadIdx.x + i * kPassWarps * 32, p = e / 128, l = e % 32, r = (e / 32) % 4;
       const int64_t n = (p0 + p) * 8 + 2 * (l % 4) + (r & 1);
       out_scale[i] = p < pstrips ? scales[n] : 0.0f;
       out_bias[i] = p < pstrips && bias != nullptr ? bias[n] : 0.0f;
     }
-    float acc[kPersistentSlots][4] = {};
-    for (int64_t step = 0; step < steps; ++step, ++j) {
-      const int slot = static_cast<int>(j % plan.stages);
-      mbarrier_wait(&full[slot], static_cast<uint32_t>((j / plan.stages) & 1));
+    float acc[kStrips][4] = {};
+    for (int step = 0; step < steps; ++step) {
+      mbarrier_wait(&full[slot], phase);
+      if (step * kPassChunks + warp >= chunks) {  // this warp's chunk is past K
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(&empty[slot]);
+        if (++slot == plan.stages) slot = 0, phase ^= 1;
+        continue;
+      }
       const char* stage = ring + slot * plan.stage_bytes;
-      if (chunk < chunks - step * kPersistentChunks) {
-        uint32_t a[4][4];
+      uint32_t a[4][4];
 #pragma unroll
-        for (int tile = 0; tile < 4; ++tile)
-          load_a<kRows, kPersistentXPitch>(stage + weight_bytes + chunk * 128, tile, lane, a[tile]);
+      for (int tile = 0; tile < 4; ++tile) load_a_swizzled<kRows>(stage + warp * kRows * 128, tile, lane, a[tile]);
+      uint32_t words[kStrips][4];
 #pragma unroll
-        for (int i = 0; i < kPersistentSlots; ++i) {
-          const int p = warp / kPersistentChunks + i * (kPersistentWarps / kPersistentChunks);
-          if (p >= pstrips) break;
-          const int4 b = reinterpret_cast<const int4*>(stage + (p * kPersistentChunks + chunk) * 512)[lane];
-          const uint32_t words[4] = {uint32_t(b.x), uint32_t(b.y), uint32_t(b.z), uint32_t(b.w)};
-#pragma unroll
-          for (int tile = 0; tile < 4; ++tile) {
-            uint32_t b0, b1;
-            int8x4_to_pairs<T>(words[tile], b0, b1);
-            mma<T>(acc[i], a[tile], b0, b1);
-          }
-        }
+      for (int p = 0; p < kStrips; ++p) {  // a strip past the pass's end multiplies zeros
+        const int4 b = p < pstrips ? reinterpret_cast<const int4*>(stage + kXTileBytes + p * kStripStageBytes +
+                                                                   warp * 512)[lane]
+                                   : int4{0, 0, 0, 0};
+        words[p][0] = uint32_t(b.x), words[p][1] = uint32_t(b.y), words[p][2] = uint32_t(b.z),
+        words[p][3] = uint32_t(b.w);
       }
       __syncwarp();  // every lane has read the stage
       if (lane == 0) mbarrier_arrive(&empty[slot]);
+#pragma unroll
+      for (int tile = 0; tile < 4; ++tile)
+#pragma unroll
+        for (int p = 0; p < kStrips; ++p) {
+          uint32_t b0, b1;
+          int8x4_to_pairs<T>(words[p][tile], b0, b1);
+          mma<T>(acc[p], a[tile], b0, b1);
+        }
+      if (++slot == plan.stages) slot = 0, phase ^= 1;
     }
-    // The 4 warps of each strip (one per chunk) add their sums; named barrier 1 holds the consumers
-    // only. The first barrier keeps this pass's writes behind the last pass's reads.
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kPersistentWarps * 32) : "memory");
+    // The 8 warps of each strip (one per chunk of a stage) add their sums; named barrier 1 holds
+    // the consumers only. The first barrier keeps this pass's writes behind the last pass's reads.
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kPassWarps * 32) : "memory");
 #pragma unroll
-    for (int i = 0; i < kPersistentSlots; ++i)
+    for (int p = 0; p < kStrips; ++p)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) partial[((warp * kPersistentSlots + i) * 4 + r) * 32 + lane] = acc[i][r];
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kPersistentWarps * 32) : "memory");
+      for (int r = 0; r < 4; ++r) partial[((warp * kPassMaxStrips + p) * 4 + r) * 32 + lane] = acc[p][r];
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kPassWarps * 32) : "memory");
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int e = threadIdx.x + i * kPersistentWarps * 32, p = e / 128, r = (e / 32) % 4, l = e % 32;
+      const int e = threadIdx.x + i * kPassWarps * 32, p = e / 128, r = (e / 32) % 4, l = e % 32;
       if (p >= pstrips) break;
-      const int first = (p % (kPersistentWarps / kPersistentChunks)) * kPersistentChunks, slot = p / (kPersistentWarps / kPersistentChunks);
       float sum = 0;
 #pragma unroll
-      for (int c = 0; c < kPersistentChunks; ++c) sum += partial[(((first + c) * kPersistentSlots + slot) * 4 + r) * 32 + l];
+      for (int w = 0; w < kPassWarps; ++w) sum += partial[((w * kPassMaxStrips + p) * 4 + r) * 32 + l];
       const int64_t m = l / 4 + (r >= 2 ? 8 : 0), n = (p0 + p) * 8 + 2 * (l % 4) + (r & 1);
       if (m < M) y[m * N + n] = static_cast<T>(sum * out_scale[i] + out_bias[i]);
     }
   }
 #else
-  __trap();  // persistent_small_m() launches this kernel only where its image was built for sm_90 or newer
+  __trap();  // pass_small_m() launches this kernel only where its image was built for sm_90 or newer
 #endif
 }
 
-/// True if the current device runs persistent_kernel's sm_90 body (its image was built for
-/// compute capability 9.0 or newer); cached per device.
-template <class T, int kRows>
-bool persistent_supported() {
+/// True if the current device runs pass_kernel's sm_90 body (its image was built for compute
+/// capability 9.0 or newer); cached per device.
+inline bool pass_kernel_supported() {
   constexpr int kMaxDevices = 64;
   static int supported[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
   int device = 0;
@@ -461,32 +500,61 @@ bool persistent_supported() {
   if (device >= kMaxDevices) return false;
   if (supported[device] == 0) {
     cudaFuncAttributes attributes{};
-    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, persistent_kernel<T, kRows>));
+    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, pass_kernel<__half, 8, 1>));
     supported[device] = attributes.binaryVersion >= 90 ? 1 : 2;
   }
   return supported[device] == 1;
 }
 
-/// The launch of persistent_kernel: one block per multiprocessor (at most one per strip), the
-/// strips of a pass the power of two that holds a block's share (at most kPersistentStrips, more
-/// passes past that), and as many ring slots as the rest of the block's shared memory holds.
-template <class T, int kRows>
-void persistent_small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N, int64_t K,
-            cudaStream_t stream) {
-  const auto kernel = persistent_kernel<T, kRows>;
-  const int64_t strips = N / 8;
-  PersistentPlan plan{};
+template <class T, int kRows, int kStrips>
+void launch_pass_kernel(const CUtensorMap& x_map, const CUtensorMap& w_map, const float* scales, const float* bias,
+                        T* y, int64_t M, int64_t N, int64_t K, const PassPlan& plan, cudaStream_t stream) {
+  const auto kernel = pass_kernel<T, kRows, kStrips>;
+  const size_t smem = pass_smem_bytes(plan);
+  opforge::cuda::allow_dynamic_smem(kernel, smem);
+  kernel<<<plan.blocks, kPassThreads, smem, stream>>>(x_map, w_map, scales, bias, y, M, N, K, plan);
+}
+
+/// y [M, N] for M <= 16 rows of x [M, K] (16-bit T) on sm_90: one block per multiprocessor (at
+/// most one per strip), the strips of a pass the power of two that holds a block's share (at
+/// most kPassMaxStrips, more passes past that), and as many ring slots as the rest of the
+/// block's shared memory holds.
+template <class T>
+void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N,
+                  int64_t K, cudaStream_t stream) {
+  const int64_t strips = N / 8, chunks = K / int8_linear::kChunk;
+  const int rows = M <= 8 ? 8 : 16;
+  PassPlan plan{};
   plan.blocks = static_cast<int>(std::min<int64_t>(opforge::cuda::sm_count(), strips));
   const int64_t share = (strips + plan.blocks - 1) / plan.blocks;
-  plan.pass_strips = 1;
-  while (plan.pass_strips < kPersistentStrips && plan.pass_strips < share) plan.pass_strips *= 2;
-  plan.stage_bytes = plan.pass_strips * kPersistentChunks * 512 + kRows * kPersistentXPitch;
-  const int64_t room = opforge::cuda::smem_per_block_optin() - kPersistentHeaderBytes - kPersistentPartialBytes;
-  plan.stages = static_cast<int>(std::min<int64_t>(kPersistentMaxStages, room / plan.stage_bytes));
+  plan.strips = 1;
+  while (plan.strips < kPassMaxStrips && plan.strips < share) plan.strips *= 2;
+  plan.stage_bytes = kPassChunks * rows * 128 + plan.strips * kStripStageBytes;
+  const int64_t room = opforge::cuda::smem_per_block_optin() - pass_smem_bytes(PassPlan{0, 0, 0, 0});
+  plan.stages = static_cast<int>(std::min<int64_t>(kPassMaxStages, room / plan.stage_bytes));
   if (plan.stages < 2) throw opforge::InternalError("int8_linear: too little shared memory for two ring stages");
-  const size_t smem = kPersistentHeaderBytes + kPersistentPartialBytes + size_t{static_cast<unsigned>(plan.stages)} * plan.stage_bytes;
-  opforge::cuda::allow_dynamic_smem(kernel, smem);
-  kernel<<<plan.blocks, kPersistentThreads, smem, stream>>>(x, qw, scales, bias, y, M, N, K, plan);
+  CUtensorMap x_map{}, w_map{};
+  if (chunks > 0) {  // with K == 0 no stage is copied (y = bias), and a map of no elements is invalid
+    x_map = opforge::cuda::tiled_tensor_map<2>(CU_TENSOR_MAP_DATA_TYPE_UINT16, x,
+                                              {static_cast<uint64_t>(K), static_cast<uint64_t>(M)},
+                                              {static_cast<uint64_t>(K) * 2}, {64, static_cast<uint32_t>(rows)},
+                                              CU_TENSOR_MAP_SWIZZLE_128B);
+    w_map = opforge::cuda::tiled_tensor_map<3>(CU_TENSOR_MAP_DATA_TYPE_UINT64, qw,
+                                              {64, static_cast<uint64_t>(chunks), static_cast<uint64_t>(strips)},
+                                              {512, static_cast<uint64_t>(chunks) * 512}, {64, kPassChunks, 1});
+  }
+  auto launch = [&]<int kRows>() {
+    switch (plan.strips) {
+      case 1: return launch_pass_kernel<T, kRows, 1>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
+      case 2: return launch_pass_kernel<T, kRows, 2>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
+      case 4: return launch_pass_kernel<T, kRows, 4>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
+      default: return launch_pass_kernel<T, kRows, 8>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
+    }
+  };
+  if (rows == 8)
+    launch.template operator()<8>();
+  else
+    launch.template operator()<16>();
 }
 
 // ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
@@ -641,10 +709,8 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
     if constexpr (std::is_same_v<T, float>) {
       float_kernel<<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(
           x.data<float>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<float>(), M, N, K);
-    } else if (M <= 8 && persistent_supported<T, 8>()) {
-      persistent_small_m<T, 8>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
-    } else if (M <= 16 && persistent_supported<T, 16>()) {
-      persistent_small_m<T, 16>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+    } else if (M <= 16 && pass_kernel_supported()) {
+      pass_small_m<T>(x.data<T>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else if (M <= 64) {
       small_m<T, 4, 16>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else {
