@@ -257,8 +257,8 @@ void small_m(const T* x, const int4* qw, const float* scales, const float* bias,
 // the stage's "full" mbarrier; 8 consumer warps wait on it, multiply, and arrive on the stage's
 // "empty" mbarrier, which the producer waits on before it refills the slot (the producer/consumer
 // pipeline of CUTLASS's sm90 kernels and FlashAttention-3). A stage holds kPassChunks chunks of
-// K: their columns of x (kRows rows; rows past M arrive as zeros, chunks past K are not copied and
-// their warps skip the stage), then the same chunks of each strip of the pass. Warp w multiplies chunk w of every stage for all the
+// K: their columns of x (kRows rows, in one copy; rows past M and chunks past K arrive as zeros),
+// then the same chunks of the pass's strips (one copy per set bit of their count). Warp w multiplies chunk w of every stage for all the
 // pass's strips (kStrips independent accumulators, so the tensor cores' latency overlaps); the 8
 // warps' sums of a strip meet in shared memory at the end of a pass.
 
@@ -278,6 +278,13 @@ struct PassPlan {
   int strips;       // strips a pass (1, 2, 4 or 8: the kernel's kStrips)
   int stages;       // slots of the ring
   int stage_bytes;  // x's tile (kPassChunks x kRows rows x 128 bytes), then strips x kStripStageBytes
+};
+
+/// Tensor maps of the packed weights as [strips][chunks][64] 8-byte elements, with boxes of
+/// kPassChunks chunks of 1, 2, 4 and 8 strips: a pass's strips arrive in one copy per set bit of
+/// their count.
+struct WeightMaps {
+  CUtensorMap strips[4];  // box of 2^i strips
 };
 
 /// Bytes of dynamic shared memory of a pass_kernel launch with `plan`.
@@ -315,17 +322,8 @@ __device__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-/// The box of the 2-d `map` at coordinates (c0, c1), innermost first, into shared memory at `dst`
-/// by the tensor-memory accelerator, completing on `bar`; `policy` is an L2 cache policy.
-__device__ void tensor_copy(void* dst, const CUtensorMap& map, int c0, int c1, uint64_t* bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(smem_address(bar)), "l"(policy)
-      : "memory");
-}
-
-/// As above for a 3-d `map`, at (c0, c1, c2).
+/// The box of the 3-d `map` at coordinates (c0, c1, c2), innermost first, into shared memory at
+/// `dst` by the tensor-memory accelerator, completing on `bar`; `policy` is an L2 cache policy.
 __device__ void tensor_copy(void* dst, const CUtensorMap& map, int c0, int c1, int c2, uint64_t* bar,
                             uint64_t policy) {
   asm volatile(
@@ -354,13 +352,12 @@ __device__ void load_a_swizzled(const char* tile_base, int tile, int lane, uint3
 #endif
 
 /// y for M <= kRows rows of x (kRows 8 or 16), kStrips strips a pass (PassPlan). `x_map`: x as
-/// [M][K] 16-bit elements, boxes of kRows x 64 (a chunk) with the 128-byte swizzle;
-/// `w_map`: the packed weights as [strips][chunks][64] 8-byte elements, boxes of one strip x
-/// kPassChunks x 64. Dynamic shared memory (pass_smem_bytes): the mbarriers, the consumers'
+/// [chunks][M][64] 16-bit elements (strides 128 and K * 2 bytes), boxes of kPassChunks chunks of
+/// kRows rows with the 128-byte swizzle; `w_maps`: WeightMaps. Dynamic shared memory (pass_smem_bytes): the mbarriers, the consumers'
 /// partial sums, then plan.stages slots of plan.stage_bytes from the first 1024-byte boundary.
 template <class T, int kRows, int kStrips>
 __global__ void __launch_bounds__(kPassThreads, 1)
-    pass_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+    pass_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ WeightMaps w_maps,
                 const float* __restrict__ scales, const float* __restrict__ bias, T* __restrict__ y, int64_t M,
                 int64_t N, int64_t K, PassPlan plan) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -389,6 +386,9 @@ __global__ void __launch_bounds__(kPassThreads, 1)
 
   if (warp == kPassWarps) {  // producer
     if (lane != 0) return;
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    for (int i = 0; (1 << i) <= kStrips; ++i)
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&w_maps.strips[i])) : "memory");
     uint64_t evict_first, evict_last;  // the weights are read once; x by every block
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(evict_last));
@@ -400,17 +400,16 @@ __global__ void __launch_bounds__(kPassThreads, 1)
       for (int step = 0; step < steps; ++step) {
         mbarrier_wait(&empty[slot], phase ^ 1);  // the slot's previous stage is consumed (a fresh
                                                  // barrier passes parity 1: the first round waits not)
-        // x's chunks past K are not copied (their warps skip the stage); the weights' box past K
-        // arrives as zeros and counts whole.
-        const int present = min(int{kPassChunks}, chunks - step * kPassChunks);
-        mbarrier_arrive_expect_tx(&full[slot],
-                                  static_cast<uint32_t>(present * kRows * 128 + pstrips * kStripStageBytes));
+        // Boxes reaching past K (and x's rows past M) arrive as zeros and count whole.
+        mbarrier_arrive_expect_tx(&full[slot], static_cast<uint32_t>(kXTileBytes + pstrips * kStripStageBytes));
         char* stage = ring + slot * plan.stage_bytes;
-        for (int c = 0; c < present; ++c)
-          tensor_copy(stage + c * kRows * 128, x_map, (step * kPassChunks + c) * 64, 0, &full[slot], evict_last);
-        for (int p = 0; p < pstrips; ++p)
-          tensor_copy(stage + kXTileBytes + p * kStripStageBytes, w_map, 0, step * kPassChunks,
-                      static_cast<int>(p0 + p), &full[slot], evict_first);
+        tensor_copy(stage, x_map, 0, 0, step * kPassChunks, &full[slot], evict_last);
+        for (int i = 3, p = 0; i >= 0; --i)
+          if ((1 << i) <= kStrips && (pstrips >> i) & 1) {
+            tensor_copy(stage + kXTileBytes + p * kStripStageBytes, w_maps.strips[i], 0, step * kPassChunks,
+                        static_cast<int>(p0 + p), &full[slot], evict_first);
+            p += 1 << i;
+          }
         if (++slot == plan.stages) slot = 0, phase ^= 1;
       }
     }
@@ -435,12 +434,6 @@ __global__ void __launch_bounds__(kPassThreads, 1)
     float acc[kStrips][4] = {};
     for (int step = 0; step < steps; ++step) {
       mbarrier_wait(&full[slot], phase);
-      if (step * kPassChunks + warp >= chunks) {  // this warp's chunk is past K
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[slot]);
-        if (++slot == plan.stages) slot = 0, phase ^= 1;
-        continue;
-      }
       const char* stage = ring + slot * plan.stage_bytes;
       uint32_t a[4][4];
 #pragma unroll
@@ -507,12 +500,12 @@ inline bool pass_kernel_supported() {
 }
 
 template <class T, int kRows, int kStrips>
-void launch_pass_kernel(const CUtensorMap& x_map, const CUtensorMap& w_map, const float* scales, const float* bias,
+void launch_pass_kernel(const CUtensorMap& x_map, const WeightMaps& w_maps, const float* scales, const float* bias,
                         T* y, int64_t M, int64_t N, int64_t K, const PassPlan& plan, cudaStream_t stream) {
   const auto kernel = pass_kernel<T, kRows, kStrips>;
   const size_t smem = pass_smem_bytes(plan);
   opforge::cuda::allow_dynamic_smem(kernel, smem);
-  kernel<<<plan.blocks, kPassThreads, smem, stream>>>(x_map, w_map, scales, bias, y, M, N, K, plan);
+  kernel<<<plan.blocks, kPassThreads, smem, stream>>>(x_map, w_maps, scales, bias, y, M, N, K, plan);
 }
 
 /// y [M, N] for M <= 16 rows of x [M, K] (16-bit T) on sm_90: one block per multiprocessor (at
@@ -533,22 +526,25 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
   const int64_t room = opforge::cuda::smem_per_block_optin() - pass_smem_bytes(PassPlan{0, 0, 0, 0});
   plan.stages = static_cast<int>(std::min<int64_t>(kPassMaxStages, room / plan.stage_bytes));
   if (plan.stages < 2) throw opforge::InternalError("int8_linear: too little shared memory for two ring stages");
-  CUtensorMap x_map{}, w_map{};
+  CUtensorMap x_map{};
+  WeightMaps w_maps{};
   if (chunks > 0) {  // with K == 0 no stage is copied (y = bias), and a map of no elements is invalid
-    x_map = opforge::cuda::tiled_tensor_map<2>(CU_TENSOR_MAP_DATA_TYPE_UINT16, x,
-                                              {static_cast<uint64_t>(K), static_cast<uint64_t>(M)},
-                                              {static_cast<uint64_t>(K) * 2}, {64, static_cast<uint32_t>(rows)},
+    const auto K64 = static_cast<uint64_t>(K), chunks64 = static_cast<uint64_t>(chunks);
+    x_map = opforge::cuda::tiled_tensor_map<3>(CU_TENSOR_MAP_DATA_TYPE_UINT16, x,
+                                              {64, static_cast<uint64_t>(M), chunks64}, {K64 * 2, 128},
+                                              {64, static_cast<uint32_t>(rows), kPassChunks},
                                               CU_TENSOR_MAP_SWIZZLE_128B);
-    w_map = opforge::cuda::tiled_tensor_map<3>(CU_TENSOR_MAP_DATA_TYPE_UINT64, qw,
-                                              {64, static_cast<uint64_t>(chunks), static_cast<uint64_t>(strips)},
-                                              {512, static_cast<uint64_t>(chunks) * 512}, {64, kPassChunks, 1});
+    for (int i = 0; (1 << i) <= plan.strips; ++i)
+      w_maps.strips[i] = opforge::cuda::tiled_tensor_map<3>(
+          CU_TENSOR_MAP_DATA_TYPE_UINT64, qw, {64, chunks64, static_cast<uint64_t>(strips)}, {512, chunks64 * 512},
+          {64, kPassChunks, static_cast<uint32_t>(1 << i)});
   }
   auto launch = [&]<int kRows>() {
     switch (plan.strips) {
-      case 1: return launch_pass_kernel<T, kRows, 1>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
-      case 2: return launch_pass_kernel<T, kRows, 2>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
-      case 4: return launch_pass_kernel<T, kRows, 4>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
-      default: return launch_pass_kernel<T, kRows, 8>(x_map, w_map, scales, bias, y, M, N, K, plan, stream);
+      case 1: return launch_pass_kernel<T, kRows, 1>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+      case 2: return launch_pass_kernel<T, kRows, 2>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+      case 4: return launch_pass_kernel<T, kRows, 4>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+      default: return launch_pass_kernel<T, kRows, 8>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
     }
   };
   if (rows == 8)
