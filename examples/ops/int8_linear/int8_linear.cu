@@ -375,6 +375,11 @@ __global__ void __launch_bounds__(kPassThreads, 1)
   const int steps = (chunks + kPassChunks - 1) / kPassChunks;  // stages a pass
   constexpr int kXTileBytes = kPassChunks * kRows * 128;
 
+  if (threadIdx.x == kPassWarps * 32) {  // the producer: its tensor maps on their way while the block starts
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    for (int i = 0; (1 << i) <= kStrips; ++i)
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&w_maps.strips[i])) : "memory");
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < plan.stages; ++s) {
       mbarrier_init(&full[s], 1);            // the producer's arrive, plus the copies' bytes
@@ -386,9 +391,6 @@ __global__ void __launch_bounds__(kPassThreads, 1)
 
   if (warp == kPassWarps) {  // producer
     if (lane != 0) return;
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
-    for (int i = 0; (1 << i) <= kStrips; ++i)
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&w_maps.strips[i])) : "memory");
     uint64_t evict_first, evict_last;  // the weights are read once; x by every block
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(evict_last));
