@@ -104,7 +104,8 @@ inline unsigned resident_grid(Kernel kernel, int threads, int64_t items, size_t 
 template <class Kernel>
 inline void allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (bytes > 0)
-    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    OPFORGE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 namespace detail {

@@ -21,9 +21,9 @@
 #include <opforge/cuda.h>
 
 #include <cublas_v2.h>
-#include <cuda_pipeline_primitives.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline_primitives.h>
 
 #include <algorithm>
 #include <cstring>
@@ -66,18 +66,16 @@ __global__ void to_float_kernel(const T* __restrict__ in, float* __restrict__ ou
 // ---- tensor-core helpers ---------------------------------------------------------------------
 
 // D += A * B for one m16n8k16 tile, A and B of type `ab` ("f16" or "bf16", two per 32-bit register).
-#define INT8_LINEAR_MMA(ab)                                                                                        \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ab "." ab                                                 \
-               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                     \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                    \
+#define INT8_LINEAR_MMA(ab)                                                   \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ab "." ab             \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])               \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
 template <class T>
 __device__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>)
-    INT8_LINEAR_MMA("f16");
-  else
-    INT8_LINEAR_MMA("bf16");
+  if constexpr (std::is_same_v<T, __half>) INT8_LINEAR_MMA("f16");
+  else INT8_LINEAR_MMA("bf16");
 }
 #undef INT8_LINEAR_MMA
 
@@ -108,14 +106,14 @@ __device__ void int8x4_to_pairs(uint32_t word, uint32_t& b0, uint32_t& b1) {
 // ---- M <= 64: weights and x streamed through a shared-memory ring per warp --------------------
 
 constexpr int kWarps = kThreads / 32;
-constexpr int kStages = 4;      // chunks a warp has in flight
+constexpr int kStages = 4;       // chunks a warp has in flight
 constexpr int kXRowBytes = 144;  // a chunk's 64 elements of one row of x (128 bytes), padded so that
                                  // ldmatrix's 8 row addresses fall in distinct banks
 
 /// Bytes of one ring stage: the chunk's weights for kStrips strips (32 lanes x 16 bytes each),
 /// then the chunk's columns of kRows rows of x.
 template <int kStrips, int kRows>
-constexpr int kStageBytes = kStrips * 512 + kRows * kXRowBytes;
+constexpr int kStageBytes = kStrips * 512 + kRows* kXRowBytes;
 
 /// A fragments (mma.m16n8k16, PTX ISA "Matrix Fragments for mma.m16n8k16") of one k16 tile of
 /// kRows (8 or 16) rows of x in shared memory (rows kPitch bytes apart), by ldmatrix; with 8 rows,
@@ -149,7 +147,7 @@ __global__ void __launch_bounds__(kThreads)
     small_m_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
                    const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K) {
   constexpr int kStage = kStageBytes<kStrips, kRows>;
-  constexpr int kEntries = kStrips * 4 * 32;                  // (strip, accumulator, lane) sums of a block
+  constexpr int kEntries = kStrips * 4 * 32;  // (strip, accumulator, lane) sums of a block
   constexpr int kPerThread = (kEntries + kThreads - 1) / kThreads;
   static_assert(kStage % 16 == 0 && (kStrips * 512) % 16 == 0, "16-byte aligned stages");
   static_assert(kEntries * sizeof(float) <= kStages * kStage, "the sums fit a warp's ring");
@@ -197,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j = 0; j < my_chunks; ++j) {
     issue(j + kStages - 1);
     __pipeline_wait_prior(kStages - 1);  // chunk j's batch has landed (this lane's copies)
-    __syncwarp();                         // and every lane's: ldmatrix reads rows other lanes copied
+    __syncwarp();                        // and every lane's: ldmatrix reads rows other lanes copied
     const char* stage = my_ring + (j % kStages) * kStage;
     uint32_t a[4][4];
 #pragma unroll
@@ -238,8 +236,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class T, int kStrips, int kRows>
-void small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N,
-             int64_t K, cudaStream_t stream) {
+void small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N, int64_t K,
+             cudaStream_t stream) {
   const auto kernel = small_m_kernel<T, kStrips, kRows>;
   constexpr size_t kSmem = size_t{kWarps} * kStages * kStageBytes<kStrips, kRows>;
   opforge::cuda::allow_dynamic_smem(kernel, kSmem);
@@ -258,16 +256,18 @@ void small_m(const T* x, const int4* qw, const float* scales, const float* bias,
 // "empty" mbarrier, which the producer waits on before it refills the slot (the producer/consumer
 // pipeline of CUTLASS's sm90 kernels and FlashAttention-3). A stage holds kPassChunks chunks of
 // K: their columns of x (kRows rows, in one copy; rows past M and chunks past K arrive as zeros),
-// then the same chunks of the pass's strips (one copy per set bit of their count). Warp w multiplies chunk w of every stage for all the
-// pass's strips (kStrips independent accumulators, so the tensor cores' latency overlaps); the 8
-// warps' sums of a strip meet in shared memory at the end of a pass.
+// then the same chunks of the pass's strips (one copy per set bit of their count). Warp w
+// multiplies chunk w of every stage for all the pass's strips (independent accumulators, so the
+// tensor cores' latency overlaps); the 8 warps' sums of a strip meet in shared memory at the end
+// of a pass. With 8 rows of x (M <= 8) the operands swap: two strips' weights are the A operand
+// (16 output channels) and x the B operand (8 rows), so no mma multiplies padding rows.
 
 constexpr int kPassWarps = 8;  // consumers; warp 8 is the producer
 constexpr int kPassThreads = (kPassWarps + 1) * 32;
 constexpr int kPassChunks = kPassWarps;  // chunks of K a stage: one a consumer warp
 constexpr int kPassMaxStrips = 8;        // strips a pass at most
-constexpr int kPassMaxStages = 16;
-constexpr int kStripStageBytes = kPassChunks * 512;  // one strip's weights of a stage
+constexpr int kPassMaxStages = 4;        // bench/RESULTS.md: 6-8 stages were slower at M <= 8, no faster above
+constexpr int kStripStageBytes = kPassChunks * 512;                      // one strip's weights of a stage
 constexpr int kPassHeaderBytes = 2 * kPassMaxStages * sizeof(uint64_t);  // the mbarriers
 constexpr int kPassPartialBytes = kPassWarps * kPassMaxStrips * 4 * 32 * sizeof(float);
 constexpr int kPassAlign = 1024;  // a stage's start: the 128-byte swizzle repeats every 1024 bytes
@@ -275,7 +275,7 @@ constexpr int kPassAlign = 1024;  // a stage's start: the 128-byte swizzle repea
 /// How the strips split over a launch of pass_kernel, computed on the host.
 struct PassPlan {
   int blocks;       // grid size: one block per multiprocessor, at most one per strip
-  int strips;       // strips a pass (1, 2, 4 or 8: the kernel's kStrips)
+  int strips;       // strips a pass (1, 2, 4 or 8, at least 2 with 8 rows: the kernel's kStrips)
   int stages;       // slots of the ring
   int stage_bytes;  // x's tile (kPassChunks x kRows rows x 128 bytes), then strips x kStripStageBytes
 };
@@ -324,8 +324,7 @@ __device__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 
 /// The box of the 3-d `map` at coordinates (c0, c1, c2), innermost first, into shared memory at
 /// `dst` by the tensor-memory accelerator, completing on `bar`; `policy` is an L2 cache policy.
-__device__ void tensor_copy(void* dst, const CUtensorMap& map, int c0, int c1, int c2, uint64_t* bar,
-                            uint64_t policy) {
+__device__ void tensor_copy(void* dst, const CUtensorMap& map, int c0, int c1, int c2, uint64_t* bar, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
@@ -353,8 +352,8 @@ __device__ void load_a_swizzled(const char* tile_base, int tile, int lane, uint3
 
 /// y for M <= kRows rows of x (kRows 8 or 16), kStrips strips a pass (PassPlan). `x_map`: x as
 /// [chunks][M][64] 16-bit elements (strides 128 and K * 2 bytes), boxes of kPassChunks chunks of
-/// kRows rows with the 128-byte swizzle; `w_maps`: WeightMaps. Dynamic shared memory (pass_smem_bytes): the mbarriers, the consumers'
-/// partial sums, then plan.stages slots of plan.stage_bytes from the first 1024-byte boundary.
+/// kRows rows with the 128-byte swizzle; `w_maps`: WeightMaps. Dynamic shared memory (pass_smem_bytes): the mbarriers,
+/// the consumers' partial sums, then plan.stages slots of plan.stage_bytes from the first 1024-byte boundary.
 template <class T, int kRows, int kStrips>
 __global__ void __launch_bounds__(kPassThreads, 1)
     pass_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ WeightMaps w_maps,
@@ -374,6 +373,20 @@ __global__ void __launch_bounds__(kPassThreads, 1)
   const int passes = static_cast<int>((strip_end - strip_begin + kStrips - 1) / kStrips);
   const int steps = (chunks + kPassChunks - 1) / kPassChunks;  // stages a pass
   constexpr int kXTileBytes = kPassChunks * kRows * 128;
+  constexpr bool kSwap = kRows == 8;  // x as the B operand (block comment above)
+  static_assert(!kSwap || kStrips >= 2, "with 8 rows a pass has strips in pairs");
+  constexpr int kAccumulators = kSwap ? kStrips / 2 : kStrips;  // mma tiles (16 x 8) a warp holds
+  constexpr int kPerThread = (kAccumulators * 128 + kPassWarps * 32 - 1) / (kPassWarps * 32);
+  // Where entry e = (accumulator, register, lane) of the mma's D fragments (PTX ISA "Matrix
+  // Fragments for mma.m16n8k16") lands in y: its row, its strip of the pass and channel in it.
+  struct Output {
+    int row, strip, channel;
+  };
+  auto output_of = [](int e) {
+    const int q = e / 128, r = (e / 32) % 4, l = e % 32;
+    if constexpr (kSwap) return Output{2 * (l % 4) + (r & 1), 2 * q + (r >= 2), l / 4};
+    return Output{l / 4 + (r >= 2 ? 8 : 0), q, 2 * (l % 4) + (r & 1)};
+  };
 
   if (threadIdx.x == kPassWarps * 32) {  // the producer: its tensor maps on their way while the block starts
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
@@ -424,28 +437,27 @@ __global__ void __launch_bounds__(kPassThreads, 1)
     const int64_t p0 = strip_begin + int64_t{pass} * kStrips;
     const int pstrips = static_cast<int>(std::min<int64_t>(kStrips, strip_end - p0));
     // The epilogue's scales and biases, read now so that their latency is not at the end.
-    constexpr int kPerThread = (kStrips * 128 + kPassWarps * 32 - 1) / (kPassWarps * 32);
     float out_scale[kPerThread], out_bias[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int e = threadIdx.x + i * kPassWarps * 32, p = e / 128, l = e % 32, r = (e / 32) % 4;
-      const int64_t n = (p0 + p) * 8 + 2 * (l % 4) + (r & 1);
-      out_scale[i] = p < pstrips ? scales[n] : 0.0f;
-      out_bias[i] = p < pstrips && bias != nullptr ? bias[n] : 0.0f;
+      const Output o = output_of(threadIdx.x + i * kPassWarps * 32);
+      const int64_t n = (p0 + o.strip) * 8 + o.channel;
+      out_scale[i] = o.strip < pstrips ? scales[n] : 0.0f;
+      out_bias[i] = o.strip < pstrips && bias != nullptr ? bias[n] : 0.0f;
     }
-    float acc[kStrips][4] = {};
+    float acc[kAccumulators][4] = {};
     for (int step = 0; step < steps; ++step) {
       mbarrier_wait(&full[slot], phase);
       const char* stage = ring + slot * plan.stage_bytes;
-      uint32_t a[4][4];
+      uint32_t a[4][4];  // x's fragments: A (16 rows), or with 8 rows B in a[.][0] and a[.][2]
 #pragma unroll
       for (int tile = 0; tile < 4; ++tile) load_a_swizzled<kRows>(stage + warp * kRows * 128, tile, lane, a[tile]);
       uint32_t words[kStrips][4];
 #pragma unroll
       for (int p = 0; p < kStrips; ++p) {  // a strip past the pass's end multiplies zeros
-        const int4 b = p < pstrips ? reinterpret_cast<const int4*>(stage + kXTileBytes + p * kStripStageBytes +
-                                                                   warp * 512)[lane]
-                                   : int4{0, 0, 0, 0};
+        const int4 b =
+            p < pstrips ? reinterpret_cast<const int4*>(stage + kXTileBytes + p * kStripStageBytes + warp * 512)[lane]
+                        : int4{0, 0, 0, 0};
         words[p][0] = uint32_t(b.x), words[p][1] = uint32_t(b.y), words[p][2] = uint32_t(b.z),
         words[p][3] = uint32_t(b.w);
       }
@@ -454,10 +466,17 @@ __global__ void __launch_bounds__(kPassThreads, 1)
 #pragma unroll
       for (int tile = 0; tile < 4; ++tile)
 #pragma unroll
-        for (int p = 0; p < kStrips; ++p) {
-          uint32_t b0, b1;
-          int8x4_to_pairs<T>(words[p][tile], b0, b1);
-          mma<T>(acc[p], a[tile], b0, b1);
+        for (int q = 0; q < kAccumulators; ++q) {
+          if constexpr (kSwap) {  // A: strip 2q's channels in rows 0-7, strip 2q + 1's in rows 8-15
+            uint32_t w[4];
+            int8x4_to_pairs<T>(words[2 * q][tile], w[0], w[2]);
+            int8x4_to_pairs<T>(words[2 * q + 1][tile], w[1], w[3]);
+            mma<T>(acc[q], w, a[tile][0], a[tile][2]);
+          } else {
+            uint32_t b0, b1;
+            int8x4_to_pairs<T>(words[q][tile], b0, b1);
+            mma<T>(acc[q], a[tile], b0, b1);
+          }
         }
       if (++slot == plan.stages) slot = 0, phase ^= 1;
     }
@@ -465,19 +484,19 @@ __global__ void __launch_bounds__(kPassThreads, 1)
     // the consumers only. The first barrier keeps this pass's writes behind the last pass's reads.
     asm volatile("bar.sync 1, %0;\n" ::"n"(kPassWarps * 32) : "memory");
 #pragma unroll
-    for (int p = 0; p < kStrips; ++p)
+    for (int q = 0; q < kAccumulators; ++q)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) partial[((warp * kPassMaxStrips + p) * 4 + r) * 32 + lane] = acc[p][r];
+      for (int r = 0; r < 4; ++r) partial[((warp * kPassMaxStrips + q) * 4 + r) * 32 + lane] = acc[q][r];
     asm volatile("bar.sync 1, %0;\n" ::"n"(kPassWarps * 32) : "memory");
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int e = threadIdx.x + i * kPassWarps * 32, p = e / 128, r = (e / 32) % 4, l = e % 32;
-      if (p >= pstrips) break;
+      const int e = threadIdx.x + i * kPassWarps * 32;
+      const Output o = output_of(e);
+      if (e >= kAccumulators * 128 || o.strip >= pstrips || o.row >= M) continue;
       float sum = 0;
 #pragma unroll
-      for (int w = 0; w < kPassWarps; ++w) sum += partial[((w * kPassMaxStrips + p) * 4 + r) * 32 + l];
-      const int64_t m = l / 4 + (r >= 2 ? 8 : 0), n = (p0 + p) * 8 + 2 * (l % 4) + (r & 1);
-      if (m < M) y[m * N + n] = static_cast<T>(sum * out_scale[i] + out_bias[i]);
+      for (int w = 0; w < kPassWarps; ++w) sum += partial[w * kPassMaxStrips * 128 + e];
+      y[o.row * N + (p0 + o.strip) * 8 + o.channel] = static_cast<T>(sum * out_scale[i] + out_bias[i]);
     }
   }
 #else
@@ -495,7 +514,7 @@ inline bool pass_kernel_supported() {
   if (device >= kMaxDevices) return false;
   if (supported[device] == 0) {
     cudaFuncAttributes attributes{};
-    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, pass_kernel<__half, 8, 1>));
+    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, pass_kernel<__half, 16, 1>));
     supported[device] = attributes.binaryVersion >= 90 ? 1 : 2;
   }
   return supported[device] == 1;
@@ -522,7 +541,7 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
   PassPlan plan{};
   plan.blocks = static_cast<int>(std::min<int64_t>(opforge::cuda::sm_count(), strips));
   const int64_t share = (strips + plan.blocks - 1) / plan.blocks;
-  plan.strips = 1;
+  plan.strips = rows == 8 ? 2 : 1;
   while (plan.strips < kPassMaxStrips && plan.strips < share) plan.strips *= 2;
   plan.stage_bytes = kPassChunks * rows * 128 + plan.strips * kStripStageBytes;
   const int64_t room = opforge::cuda::smem_per_block_optin() - pass_smem_bytes(PassPlan{0, 0, 0, 0});
@@ -532,10 +551,9 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
   WeightMaps w_maps{};
   if (chunks > 0) {  // with K == 0 no stage is copied (y = bias), and a map of no elements is invalid
     const auto K64 = static_cast<uint64_t>(K), chunks64 = static_cast<uint64_t>(chunks);
-    x_map = opforge::cuda::tiled_tensor_map<3>(CU_TENSOR_MAP_DATA_TYPE_UINT16, x,
-                                              {64, static_cast<uint64_t>(M), chunks64}, {K64 * 2, 128},
-                                              {64, static_cast<uint32_t>(rows), kPassChunks},
-                                              CU_TENSOR_MAP_SWIZZLE_128B);
+    x_map = opforge::cuda::tiled_tensor_map<3>(
+        CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {64, static_cast<uint64_t>(M), chunks64}, {K64 * 2, 128},
+        {64, static_cast<uint32_t>(rows), kPassChunks}, CU_TENSOR_MAP_SWIZZLE_128B);
     for (int i = 0; (1 << i) <= plan.strips; ++i)
       w_maps.strips[i] = opforge::cuda::tiled_tensor_map<3>(
           CU_TENSOR_MAP_DATA_TYPE_UINT64, qw, {64, chunks64, static_cast<uint64_t>(strips)}, {512, chunks64 * 512},
@@ -543,16 +561,19 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
   }
   auto launch = [&]<int kRows>() {
     switch (plan.strips) {
-      case 1: return launch_pass_kernel<T, kRows, 1>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
-      case 2: return launch_pass_kernel<T, kRows, 2>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
-      case 4: return launch_pass_kernel<T, kRows, 4>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
-      default: return launch_pass_kernel<T, kRows, 8>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+      case 1:
+        return launch_pass_kernel < T, kRows,
+               kRows == 8 ? 2 : 1 > (x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+      case 2:
+        return launch_pass_kernel<T, kRows, 2>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+      case 4:
+        return launch_pass_kernel<T, kRows, 4>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+      default:
+        return launch_pass_kernel<T, kRows, 8>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
     }
   };
-  if (rows == 8)
-    launch.template operator()<8>();
-  else
-    launch.template operator()<16>();
+  if (rows == 8) launch.template operator()<8>();
+  else launch.template operator()<16>();
 }
 
 // ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
@@ -656,8 +677,8 @@ void dequantize_and_gemm(const opforge::Context& ctx, const T* x, const int4* qw
   check_cublas(cublasSetWorkspace(handle, ctx.allocate(kWorkspace), kWorkspace), "cublasSetWorkspace");
   // Column-major, as cuBLAS sees row-major buffers: y^T [N, M] = w [N, K] (from w^T, ld K) * x^T [K, M].
   check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                            static_cast<int>(K), &alpha, w, type, ld, x, type, ld,
-                            &beta, y, type, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            static_cast<int>(K), &alpha, w, type, ld, x, type, ld, &beta, y, type, static_cast<int>(N),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
 }
 
@@ -683,12 +704,13 @@ void int8_linear_pack_cuda(const opforge::Context& ctx, opforge::Tensor weight, 
   const int64_t N = weight.size(0), K = weight.size(1);
   const cudaStream_t stream = opforge::cuda::stream(ctx);
   opforge::cuda::visit_dtype<opforge::floating>(weight.dtype(), [&]<class T>(opforge::type_tag<T>) {
-    if (N > 0) pack_kernel<T><<<N, kThreads, 0, stream>>>(weight.data<T>(), qweight.data<int8_t>(), scales.data<float>(), K);
+    if (N > 0)
+      pack_kernel<T><<<N, kThreads, 0, stream>>>(weight.data<T>(), qweight.data<int8_t>(), scales.data<float>(), K);
   });
   if (bias.defined() && N > 0) {
     opforge::cuda::visit_dtype<opforge::floating>(bias.dtype(), [&]<class B>(opforge::type_tag<B>) {
-      to_float_kernel<B><<<opforge::cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(bias.data<B>(),
-                                                                                      bias_fp32.data<float>(), N);
+      to_float_kernel<B>
+          <<<opforge::cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(bias.data<B>(), bias_fp32.data<float>(), N);
     });
   }
   opforge::cuda::check_launch("int8_linear_pack");
