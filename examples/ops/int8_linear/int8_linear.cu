@@ -3,7 +3,7 @@
 //   - M <= 16 rows (decode) on sm_90 and newer: memory-bound on the weights. A persistent grid
 //     (one block per multiprocessor, the strips of 8 output channels split evenly over the
 //     blocks) streams the int8 weights (packed layout of int8_linear.h) with the same columns of
-//     x through a ring of shared-memory stages filled by the bulk-copy engine (cp.async.bulk
+//     x through a ring of shared-memory stages filled by bulk tensor copies (cp.async.bulk.tensor
 //     completing on mbarriers; a producer thread, 8 consumer warps), converts the weights to x's
 //     16-bit type as exact integers (|q| <= 127) and multiplies on tensor cores (mma.m16n8k16,
 //     float32 accumulators; PTX ISA "Warp-level matrix multiply-accumulate instructions"); each
@@ -520,6 +520,7 @@ inline bool pass_kernel_supported() {
   return supported[device] == 1;
 }
 
+/// Launches pass_kernel<T, kRows, kStrips> on `stream` with `plan`, its shared memory allowed first.
 template <class T, int kRows, int kStrips>
 void launch_pass_kernel(const CUtensorMap& x_map, const WeightMaps& w_maps, const float* scales, const float* bias,
                         T* y, int64_t M, int64_t N, int64_t K, const PassPlan& plan, cudaStream_t stream) {
@@ -560,10 +561,10 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
           {64, kPassChunks, static_cast<uint32_t>(1 << i)});
   }
   auto launch = [&]<int kRows>() {
+    constexpr int kFewest = kRows == 8 ? 2 : 1;  // with 8 rows strips go in pairs (plan.strips >= 2)
     switch (plan.strips) {
       case 1:
-        return launch_pass_kernel < T, kRows,
-               kRows == 8 ? 2 : 1 > (x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+        return launch_pass_kernel<T, kRows, kFewest>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
       case 2:
         return launch_pass_kernel<T, kRows, 2>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
       case 4:
