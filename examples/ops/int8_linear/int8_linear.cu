@@ -19,6 +19,7 @@
 // float32 x takes a plain CUDA-core loop (float64 accumulation, one output per thread): it has no
 // 16-bit tensor-core path.
 #include <opforge/cuda.h>
+#include <opforge/tma.cuh>
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -33,6 +34,8 @@
 #include "int8_linear.h"
 
 namespace {
+
+namespace tma = opforge::tma;
 
 constexpr int kThreads = 256;  // 8 warps
 
@@ -293,52 +296,13 @@ constexpr size_t pass_smem_bytes(const PassPlan& plan) {
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ uint32_t smem_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals));
-}
-
-/// Arrives on `bar` and adds `bytes` to the transaction count its phase waits for.
-__device__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
-}
-
-/// Waits until the phase of `bar` with parity `parity` has completed.
-__device__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(smem_address(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-/// The box of the 3-d `map` at coordinates (c0, c1, c2), innermost first, into shared memory at
-/// `dst` by the tensor-memory accelerator, completing on `bar`; `policy` is an L2 cache policy.
-__device__ void tensor_copy(void* dst, const CUtensorMap& map, int c0, int c1, int c2, uint64_t* bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar)), "l"(policy)
-      : "memory");
-}
-
 /// A fragments of k16 tile `tile` of kRows (8 or 16) rows of x in a tile of 128-byte rows written
 /// with the tensor map's 128-byte swizzle (16-byte unit u of row r at unit u ^ (r % 8)), by
 /// ldmatrix; with 8 rows, the fragments of rows 8..15 are zeros.
 template <int kRows>
 __device__ void load_a_swizzled(const char* tile_base, int tile, int lane, uint32_t (&a)[4]) {
   const int row = kRows == 16 ? lane % 16 : lane % 8, unit = tile * 2 + (kRows == 16 ? lane / 16 : (lane / 8) % 2);
-  const auto addr = smem_address(tile_base + row * 128 + ((unit ^ (row % 8)) * 16));
+  const auto addr = tma::smem_address(tile_base + row * 128 + ((unit ^ (row % 8)) * 16));
   if constexpr (kRows == 16) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
@@ -365,7 +329,7 @@ __global__ void __launch_bounds__(kPassThreads, 1)
   uint64_t* empty = full + kPassMaxStages;
   auto* partial = reinterpret_cast<float*>(smem + kPassHeaderBytes);  // [warp][strip][4][32]
   char* ring = smem + kPassHeaderBytes + kPassPartialBytes;
-  ring += (kPassAlign - smem_address(ring) % kPassAlign) % kPassAlign;
+  ring += (kPassAlign - tma::smem_address(ring) % kPassAlign) % kPassAlign;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t strips = N / 8;
   const int chunks = static_cast<int>(K / int8_linear::kChunk);
@@ -389,40 +353,38 @@ __global__ void __launch_bounds__(kPassThreads, 1)
   };
 
   if (threadIdx.x == kPassWarps * 32) {  // the producer: its tensor maps on their way while the block starts
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
-    for (int i = 0; (1 << i) <= kStrips; ++i)
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&w_maps.strips[i])) : "memory");
+    tma::prefetch_tensor_map(x_map);
+    for (int i = 0; (1 << i) <= kStrips; ++i) tma::prefetch_tensor_map(w_maps.strips[i]);
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < plan.stages; ++s) {
-      mbarrier_init(&full[s], 1);            // the producer's arrive, plus the copies' bytes
-      mbarrier_init(&empty[s], kPassWarps);  // one arrive per consumer warp
+      tma::mbarrier_init(&full[s], 1);            // the producer's arrive, plus the copies' bytes
+      tma::mbarrier_init(&empty[s], kPassWarps);  // one arrive per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    tma::fence_mbarrier_init();
   }
   __syncthreads();
 
   if (warp == kPassWarps) {  // producer
     if (lane != 0) return;
-    uint64_t evict_first, evict_last;  // the weights are read once; x by every block
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(evict_last));
+    const uint64_t evict_first = tma::evict_first(), evict_last = tma::evict_last();  // the weights are read
+                                                                                      // once; x by every block
     int slot = 0;
     uint32_t phase = 0;
     for (int pass = 0; pass < passes; ++pass) {
       const int64_t p0 = strip_begin + int64_t{pass} * kStrips;
       const int pstrips = static_cast<int>(std::min<int64_t>(kStrips, strip_end - p0));
       for (int step = 0; step < steps; ++step) {
-        mbarrier_wait(&empty[slot], phase ^ 1);  // the slot's previous stage is consumed (a fresh
-                                                 // barrier passes parity 1: the first round waits not)
+        tma::mbarrier_wait(&empty[slot], phase ^ 1);  // the slot's previous stage is consumed (a fresh
+                                                      // barrier passes parity 1: the first round waits not)
         // Boxes reaching past K (and x's rows past M) arrive as zeros and count whole.
-        mbarrier_arrive_expect_tx(&full[slot], static_cast<uint32_t>(kXTileBytes + pstrips * kStripStageBytes));
+        tma::mbarrier_arrive_expect_tx(&full[slot], static_cast<uint32_t>(kXTileBytes + pstrips * kStripStageBytes));
         char* stage = ring + slot * plan.stage_bytes;
-        tensor_copy(stage, x_map, 0, 0, step * kPassChunks, &full[slot], evict_last);
+        tma::copy_3d(stage, x_map, 0, 0, step * kPassChunks, &full[slot], evict_last);
         for (int i = 3, p = 0; i >= 0; --i)
           if ((1 << i) <= kStrips && (pstrips >> i) & 1) {
-            tensor_copy(stage + kXTileBytes + p * kStripStageBytes, w_maps.strips[i], 0, step * kPassChunks,
-                        static_cast<int>(p0 + p), &full[slot], evict_first);
+            tma::copy_3d(stage + kXTileBytes + p * kStripStageBytes, w_maps.strips[i], 0, step * kPassChunks,
+                         static_cast<int>(p0 + p), &full[slot], evict_first);
             p += 1 << i;
           }
         if (++slot == plan.stages) slot = 0, phase ^= 1;
@@ -447,7 +409,7 @@ __global__ void __launch_bounds__(kPassThreads, 1)
     }
     float acc[kAccumulators][4] = {};
     for (int step = 0; step < steps; ++step) {
-      mbarrier_wait(&full[slot], phase);
+      tma::mbarrier_wait(&full[slot], phase);
       const char* stage = ring + slot * plan.stage_bytes;
       uint32_t a[4][4];  // x's fragments: A (16 rows), or with 8 rows B in a[.][0] and a[.][2]
 #pragma unroll
@@ -462,7 +424,7 @@ __global__ void __launch_bounds__(kPassThreads, 1)
         words[p][3] = uint32_t(b.w);
       }
       __syncwarp();  // every lane has read the stage
-      if (lane == 0) mbarrier_arrive(&empty[slot]);
+      if (lane == 0) tma::mbarrier_arrive(&empty[slot]);
 #pragma unroll
       for (int tile = 0; tile < 4; ++tile)
 #pragma unroll
