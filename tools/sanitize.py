@@ -162,7 +162,7 @@ def class_cases() -> int:
     the GPU, against the CPU reference of an object built on the CPU) over rows on both sides of
     the pass kernel's 8- and 16-row variants and the per-warp rings' 64-row limit (larger:
     the cuBLAS path), output channels in odd strips and in more than 8 strips a multiprocessor
-    (two passes of the pass kernel; rows <= 16 there), input channels past a warp's ring of
+    (three passes of the pass kernel; rows <= 16 there), input channels past a warp's ring of
     weight stages (4672 = 73 chunks of 64), with and without bias, and no input channels (y = bias);
     IdentityConvClass.forward on a permuted view."""
     for lib in ("int8_linear", "identity_conv"):
@@ -179,7 +179,7 @@ def class_cases() -> int:
             failures += 1
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for rows in (0, 1, 4, 5, 8, 9, 15, 17, 64, 65, 300):
-                if n == many and rows > 16:  # the pass kernel's two passes; the rest is above
+                if n == many and rows > 16:  # the pass kernel's three passes; the rest is above
                     continue
                 if k > 1024 and rows > 64:  # the long rows are for the small-M kernel's ring; cuBLAS
                     continue  # picks split-K GEMMs there, whose own shared memory racecheck flags

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -46,30 +47,29 @@ inline void check_launch(const char* kernel) {
   if (e != cudaSuccess) throw InternalError(std::string("launching ") + kernel + " failed: " + cudaGetErrorString(e));
 }
 
-/// Number of streaming multiprocessors of the current device (cached per device).
-inline int sm_count() {
-  static int counts[64] = {0};
+/// Attribute kAttribute of the current device (cudaDeviceGetAttribute), cached per device
+/// (for attributes whose values are positive; one cache per attribute). Throws InternalError where
+/// the CUDA runtime fails.
+template <cudaDeviceAttr kAttribute>
+inline int device_attribute() {
+  static std::atomic<int> values[64] = {};
   int dev = 0;
   OPFORGE_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && counts[dev] > 0) return counts[dev];
+  if (dev < 64) {
+    if (const int v = values[dev].load(std::memory_order_relaxed); v > 0) return v;
+  }
   int n = 0;
-  OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  if (dev < 64) counts[dev] = n;
+  OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttribute, dev));
+  if (dev < 64) values[dev].store(n, std::memory_order_relaxed);
   return n;
 }
 
+/// Number of streaming multiprocessors of the current device (cached per device).
+inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
+
 /// Bytes of shared memory one block of the current device may take when its kernel opts in
 /// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on sm_90, 99 KiB on sm_86; cached per device).
-inline int smem_per_block_optin() {
-  static int bytes[64] = {0};
-  int dev = 0;
-  OPFORGE_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && bytes[dev] > 0) return bytes[dev];
-  int n = 0;
-  OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (dev < 64) bytes[dev] = n;
-  return n;
-}
+inline int smem_per_block_optin() { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
 
 /// Blocks for a grid-stride loop over `items` work items with `threads` per block: enough to
 /// cover the items, at most `blocks_per_sm` resident blocks per multiprocessor.
@@ -167,7 +167,9 @@ inline bool aligned(int bytes, const P*... ptrs) {
 /// A tensor map (CUDA Driver API, "Tensor Map Object Management": cuTensorMapEncodeTiled) for the
 /// bulk tensor copies of sm_90 (`cp.async.bulk.tensor`): the tensor at `base` of `dims` elements
 /// of `type` per dimension, innermost first, dense in dimension 0, with the byte strides of
-/// dimensions 1..kRank-1 in `strides` (multiples of 16, in any order), copied in boxes of `box`
+/// dimensions 1..kRank-1 in `strides` (multiples of 16 below 2^40; the driver's documentation shows
+/// them increasing, and a map whose strides decrease encodes and copies correctly on driver 580:
+/// int8_linear.cu's map of x), copied in boxes of `box`
 /// elements (each <= 256; box[0] times the element size a multiple of 16, and at most the swizzle
 /// span where there is one). Elements a box reads past `dims` arrive as zeros. The driver's entry
 /// point is looked up through the runtime (cudaGetDriverEntryPointByVersion), so nothing links
@@ -189,7 +191,8 @@ inline CUtensorMap tiled_tensor_map(CUtensorMapDataType type, const void* base, 
       fn = nullptr;
     return reinterpret_cast<Encode>(fn);
   }();
-  if (encode == nullptr) throw InternalError("the CUDA driver has no cuTensorMapEncodeTiled (it needs CUDA 12)");
+  if (encode == nullptr)
+    throw InternalError("the CUDA driver has no cuTensorMapEncodeTiled (it needs a CUDA 12 driver)");
   CUtensorMap map{};
   std::array<uint32_t, kRank> element_strides;
   element_strides.fill(1);
@@ -197,7 +200,11 @@ inline CUtensorMap tiled_tensor_map(CUtensorMapDataType type, const void* base, 
                                  element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS)
-    throw InternalError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(result)));
+    throw InternalError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(result)) +
+                        (result == CUDA_ERROR_INVALID_VALUE
+                             ? " (CUDA_ERROR_INVALID_VALUE: a misaligned base or stride, "
+                               "a dimension or box out of range)"
+                             : ""));
   return map;
 }
 

@@ -33,6 +33,14 @@ def quantised(weight: torch.Tensor):
     return torch.round(w / scales[:, None]).clamp(-127, 127), scales
 
 
+def dequantised_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """y in float64 with the weight dequantised in float32 and rounded to x's dtype once, as the
+    CPU reference and the cuBLAS path do (the small-M kernels scale exact integer sums instead,
+    which stays within the tests' tolerance), on x's device."""
+    w = (q * scales[:, None]).to(x.dtype).to(x.device)
+    return torch.nn.functional.linear(x.double(), w.double(), bias.double().to(x.device))
+
+
 class Model(torch.nn.Module):
     """x [b, 3, 128] -> IdentityConvClass(3) -> Int8Linear(128 -> 64) -> relu."""
 
@@ -66,7 +74,7 @@ def test_identity_conv_class_keeps_its_field_and_checks_arguments(classes):
 @pytest.mark.parametrize("rows", [1, 5, 8, 9, 16, 40, 200])
 @pytest.mark.parametrize("in_features", [192, 4672])
 def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype, rows, in_features):
-    linear = torch.nn.Linear(in_features, 72)  # 72 = 9 strips of 8 output channels: a partial tile
+    linear = torch.nn.Linear(in_features, 72)  # 72 = 9 strips of 8 output channels: an odd count
     weight = linear.weight.detach().to(device)
     q8 = classes.Int8Linear(weight, linear.bias.detach().to(device))
     q, scales = quantised(linear.weight.detach())
@@ -74,10 +82,7 @@ def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype,
     assert torch.equal(q8.qweight.cpu().flatten().sort().values, q.to(torch.int8).flatten().sort().values)
     x = torch.randn(rows, in_features, device=device).to(dtype)
     y = q8.forward(x)
-    # Dequantised in float32 and rounded to x's dtype once, as the reference and the cuBLAS path
-    # do (the small-M kernel scales exact integer sums instead: within the same tolerance).
-    w = (q * scales[:, None]).to(dtype)
-    ref = torch.nn.functional.linear(x.double().cpu(), w.double(), linear.bias.double())
+    ref = dequantised_linear(x.cpu(), q, scales, linear.bias.detach())
     tol = TOLERANCE[dtype] * in_features**0.5  # float32 sums of K products, in any order
     torch.testing.assert_close(y.double().cpu(), ref, atol=tol, rtol=tol)
     assert y.dtype == dtype and y.device == x.device
@@ -89,7 +94,8 @@ def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype,
 @pytest.mark.parametrize("strips_per_sm", [3.1, 17.2])
 def test_int8_linear_splits_many_strips_over_the_multiprocessors(classes, dtype, rows, strips_per_sm):
     """Output channels in strips of 8, a few more than a multiple of the multiprocessors: blocks
-    with unequal shares, and (past 8 strips a block) more than one pass over K."""
+    with unequal shares, in one pass over K (3-4 strips a block) and in three (17-18 strips, 8 a
+    pass)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out_features, in_features = 8 * int(strips_per_sm * sms), 4672
     weight = torch.randn(out_features, in_features, device="cuda") / in_features**0.5
@@ -97,7 +103,7 @@ def test_int8_linear_splits_many_strips_over_the_multiprocessors(classes, dtype,
     q8 = classes.Int8Linear(weight, bias)
     q, scales = quantised(weight)
     x = torch.randn(rows, in_features, device="cuda").to(dtype)
-    ref = torch.nn.functional.linear(x.double(), (q * scales[:, None]).to(dtype).double(), bias.double())
+    ref = dequantised_linear(x, q, scales, bias)
     tol = TOLERANCE[dtype] * in_features**0.5
     torch.testing.assert_close(q8.forward(x).double(), ref, atol=tol, rtol=tol)
 

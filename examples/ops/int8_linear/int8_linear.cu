@@ -27,6 +27,7 @@
 #include <cuda_pipeline_primitives.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -113,30 +114,47 @@ constexpr int kStages = 4;       // chunks a warp has in flight
 constexpr int kXRowBytes = 144;  // a chunk's 64 elements of one row of x (128 bytes), padded so that
                                  // ldmatrix's 8 row addresses fall in distinct banks
 
-/// Bytes of one ring stage: the chunk's weights for kStrips strips (32 lanes x 16 bytes each),
-/// then the chunk's columns of kRows rows of x.
-template <int kStrips, int kRows>
-constexpr int kStageBytes = kStrips * 512 + kRows* kXRowBytes;
+constexpr int kRingRows = 16;  // rows of x a block of the per-warp rings multiplies (grid.y: the rest)
 
-/// A fragments (mma.m16n8k16, PTX ISA "Matrix Fragments for mma.m16n8k16") of one k16 tile of
-/// kRows (8 or 16) rows of x in shared memory (rows kPitch bytes apart), by ldmatrix; with 8 rows,
-/// the fragments of rows 8..15 are zeros.
-template <int kRows, int kPitch = kXRowBytes>
-__device__ void load_a(const char* x_stage, int tile, int lane, uint32_t (&a)[4]) {
-  const int row = kRows == 16 ? lane % 16 : lane % 8, col = tile * 16 + (kRows == 16 ? lane / 16 : (lane / 8) % 2) * 8;
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(x_stage + row * kPitch + col * 2));
-  if constexpr (kRows == 16) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(addr));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(a[0]), "=r"(a[2]) : "r"(addr));
-    a[1] = a[3] = 0u;
-  }
+/// Bytes of one ring stage: the chunk's weights for kStrips strips (32 lanes x 16 bytes each),
+/// then the chunk's columns of kRingRows rows of x.
+template <int kStrips>
+constexpr int kStageBytes = kStrips * 512 + kRingRows* kXRowBytes;
+
+/// Four (x4) or two (x2: r0, r1) 8 x 8 matrices of 16-bit elements from shared memory, lanes
+/// 8i..8i+7 addressing matrix i's rows (PTX ISA "ldmatrix").
+__device__ void ldmatrix_x4(uint32_t addr, uint32_t (&a)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+__device__ void ldmatrix_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
-/// y for kRows rows of x (row block blockIdx.y of 16; kRows = 8 when M <= 8) and kStrips strips of
-/// 8 output channels (blockIdx.x). The block's warps take every kWarps-th chunk of K. Each warp
+/// A fragments (mma.m16n8k16, PTX ISA "Matrix Fragments for mma.m16n8k16") of one k16 tile of
+/// 16 rows of x in shared memory, rows kXRowBytes apart.
+__device__ void load_a(const char* x_stage, int tile, int lane, uint32_t (&a)[4]) {
+  const int row = lane % 16, col = tile * 16 + lane / 16 * 8;
+  ldmatrix_x4(static_cast<uint32_t>(__cvta_generic_to_shared(x_stage + row * kXRowBytes + col * 2)), a);
+}
+
+/// Where entry e = (accumulator, register, lane) of a warp's mma.m16n8k16 D fragments (PTX ISA
+/// "Matrix Fragments for mma.m16n8k16") lands: its row of x, strip (of the block or pass) and
+/// output channel in the strip. Accumulator q covers strip q with x as the A operand; with the
+/// operands swapped (kSwapped: two strips' weights as A, x as B) it covers strips 2q and 2q + 1.
+struct Output {
+  int row, strip, channel;
+};
+template <bool kSwapped>
+__device__ Output output_of(int e) {
+  const int q = e / 128, r = (e / 32) % 4, l = e % 32;
+  if constexpr (kSwapped) return Output{2 * (l % 4) + (r & 1), 2 * q + (r >= 2), l / 4};
+  return Output{l / 4 + (r >= 2 ? 8 : 0), q, 2 * (l % 4) + (r & 1)};
+}
+
+/// y for 16 rows of x (row block blockIdx.y) and kStrips strips of 8 output channels
+/// (blockIdx.x). The block's warps take every kWarps-th chunk of K. Each warp
 /// streams its chunks through its own ring of kStages stages in shared memory with cp.async (CUDA
 /// C++ Programming Guide, "Pipeline Primitives Interface"): a stage holds the chunk's weights and
 /// the same 64 columns of x, so a chunk's operands arrive in one round trip and the loop never
@@ -145,11 +163,11 @@ __device__ void load_a(const char* x_stage, int tile, int lane, uint32_t (&a)[4]
 /// multiplied by its scale once: scale * sum(x * q) equals sum(x * (q * scale)) up to the rounding
 /// of that product, which the reference rounds to T per weight instead. The warps' sums meet in
 /// shared memory (each over its own ring, once drained).
-template <class T, int kStrips, int kRows>
+template <class T, int kStrips>
 __global__ void __launch_bounds__(kThreads)
     small_m_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
                    const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K) {
-  constexpr int kStage = kStageBytes<kStrips, kRows>;
+  constexpr int kStage = kStageBytes<kStrips>;
   constexpr int kEntries = kStrips * 4 * 32;  // (strip, accumulator, lane) sums of a block
   constexpr int kPerThread = (kEntries + kThreads - 1) / kThreads;
   static_assert(kStage % 16 == 0 && (kStrips * 512) % 16 == 0, "16-byte aligned stages");
@@ -182,7 +200,7 @@ __global__ void __launch_bounds__(kThreads)
           __pipeline_memcpy_async(reinterpret_cast<int4*>(stage) + s * 32 + lane,
                                   qw + ((strip0 + s) * chunks + c) * 32 + lane, sizeof(int4));
 #pragma unroll
-      for (int v = 0; v < kRows / 4; ++v) {  // kRows rows of 8 16-byte vectors, kRows / 4 a lane
+      for (int v = 0; v < kRingRows / 4; ++v) {  // 16 rows of 8 16-byte vectors, 4 a lane
         const int idx = lane + 32 * v, row = idx / 8, col = idx % 8;
         const bool in = m0 + row < M;
         __pipeline_memcpy_async(stage + kStrips * 512 + row * kXRowBytes + col * 16,
@@ -202,7 +220,7 @@ __global__ void __launch_bounds__(kThreads)
     const char* stage = my_ring + (j % kStages) * kStage;
     uint32_t a[4][4];
 #pragma unroll
-    for (int tile = 0; tile < 4; ++tile) load_a<kRows>(stage + kStrips * 512, tile, lane, a[tile]);
+    for (int tile = 0; tile < 4; ++tile) load_a(stage + kStrips * 512, tile, lane, a[tile]);
 #pragma unroll
     for (int s = 0; s < kStrips; ++s) {
       if (strip0 + s >= strips) continue;
@@ -238,11 +256,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class T, int kStrips, int kRows>
+template <class T, int kStrips>
 void small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N, int64_t K,
              cudaStream_t stream) {
-  const auto kernel = small_m_kernel<T, kStrips, kRows>;
-  constexpr size_t kSmem = size_t{kWarps} * kStages * kStageBytes<kStrips, kRows>;
+  const auto kernel = small_m_kernel<T, kStrips>;
+  constexpr size_t kSmem = size_t{kWarps} * kStages * kStageBytes<kStrips>;
   opforge::cuda::allow_dynamic_smem(kernel, kSmem);
   const dim3 grid(static_cast<unsigned>((N / 8 + kStrips - 1) / kStrips), static_cast<unsigned>((M + 15) / 16));
   kernel<<<grid, kThreads, kSmem, stream>>>(x, qw, scales, bias, y, M, N, K);
@@ -267,10 +285,10 @@ void small_m(const T* x, const int4* qw, const float* scales, const float* bias,
 
 constexpr int kPassWarps = 8;  // consumers; warp 8 is the producer
 constexpr int kPassThreads = (kPassWarps + 1) * 32;
-constexpr int kPassChunks = kPassWarps;  // chunks of K a stage: one a consumer warp
-constexpr int kPassMaxStrips = 8;        // strips a pass at most
-constexpr int kPassMaxStages = 4;        // bench/RESULTS.md: 6-8 stages were slower at M <= 8, no faster above
-constexpr int kStripStageBytes = kPassChunks * 512;                      // one strip's weights of a stage
+constexpr int kPassChunks = kPassWarps;              // chunks of K a stage: one a consumer warp
+constexpr int kPassMaxStrips = 8;                    // strips a pass at most
+constexpr int kPassMaxStages = 4;                    // bench/RESULTS.md: at M = 1 faster than 6-8, at M = 16 as fast
+constexpr int kStripStageBytes = kPassChunks * 512;  // one strip's weights of a stage
 constexpr int kPassHeaderBytes = 2 * kPassMaxStages * sizeof(uint64_t);  // the mbarriers
 constexpr int kPassPartialBytes = kPassWarps * kPassMaxStrips * 4 * 32 * sizeof(float);
 constexpr int kPassAlign = 1024;  // a stage's start: the 128-byte swizzle repeats every 1024 bytes
@@ -298,17 +316,16 @@ constexpr size_t pass_smem_bytes(const PassPlan& plan) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /// A fragments of k16 tile `tile` of kRows (8 or 16) rows of x in a tile of 128-byte rows written
 /// with the tensor map's 128-byte swizzle (16-byte unit u of row r at unit u ^ (r % 8)), by
-/// ldmatrix; with 8 rows, the fragments of rows 8..15 are zeros.
+/// ldmatrix; with 8 rows, the fragments of rows 8..15 are zeros (and a[0], a[2] are the B
+/// fragments of x as mma's B operand).
 template <int kRows>
 __device__ void load_a_swizzled(const char* tile_base, int tile, int lane, uint32_t (&a)[4]) {
   const int row = kRows == 16 ? lane % 16 : lane % 8, unit = tile * 2 + (kRows == 16 ? lane / 16 : (lane / 8) % 2);
   const auto addr = tma::smem_address(tile_base + row * 128 + ((unit ^ (row % 8)) * 16));
   if constexpr (kRows == 16) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(addr));
+    ldmatrix_x4(addr, a);
   } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(a[0]), "=r"(a[2]) : "r"(addr));
+    ldmatrix_x2(addr, a[0], a[2]);
     a[1] = a[3] = 0u;
   }
 }
@@ -341,16 +358,6 @@ __global__ void __launch_bounds__(kPassThreads, 1)
   static_assert(!kSwap || kStrips >= 2, "with 8 rows a pass has strips in pairs");
   constexpr int kAccumulators = kSwap ? kStrips / 2 : kStrips;  // mma tiles (16 x 8) a warp holds
   constexpr int kPerThread = (kAccumulators * 128 + kPassWarps * 32 - 1) / (kPassWarps * 32);
-  // Where entry e = (accumulator, register, lane) of the mma's D fragments (PTX ISA "Matrix
-  // Fragments for mma.m16n8k16") lands in y: its row, its strip of the pass and channel in it.
-  struct Output {
-    int row, strip, channel;
-  };
-  auto output_of = [](int e) {
-    const int q = e / 128, r = (e / 32) % 4, l = e % 32;
-    if constexpr (kSwap) return Output{2 * (l % 4) + (r & 1), 2 * q + (r >= 2), l / 4};
-    return Output{l / 4 + (r >= 2 ? 8 : 0), q, 2 * (l % 4) + (r & 1)};
-  };
 
   if (threadIdx.x == kPassWarps * 32) {  // the producer: its tensor maps on their way while the block starts
     tma::prefetch_tensor_map(x_map);
@@ -402,7 +409,7 @@ __global__ void __launch_bounds__(kPassThreads, 1)
     float out_scale[kPerThread], out_bias[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const Output o = output_of(threadIdx.x + i * kPassWarps * 32);
+      const Output o = output_of<kSwap>(threadIdx.x + i * kPassWarps * 32);
       const int64_t n = (p0 + o.strip) * 8 + o.channel;
       out_scale[i] = o.strip < pstrips ? scales[n] : 0.0f;
       out_bias[i] = o.strip < pstrips && bias != nullptr ? bias[n] : 0.0f;
@@ -453,7 +460,7 @@ __global__ void __launch_bounds__(kPassThreads, 1)
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int e = threadIdx.x + i * kPassWarps * 32;
-      const Output o = output_of(e);
+      const Output o = output_of<kSwap>(e);
       if (e >= kAccumulators * 128 || o.strip >= pstrips || o.row >= M) continue;
       float sum = 0;
 #pragma unroll
@@ -470,14 +477,15 @@ __global__ void __launch_bounds__(kPassThreads, 1)
 /// capability 9.0 or newer); cached per device.
 inline bool pass_kernel_supported() {
   constexpr int kMaxDevices = 64;
-  static int supported[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  static std::atomic<int> supported[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
   int device = 0;
   OPFORGE_CUDA_CHECK(cudaGetDevice(&device));
   if (device >= kMaxDevices) return false;
   if (supported[device] == 0) {
     cudaFuncAttributes attributes{};
     OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, pass_kernel<__half, 16, 1>));
-    supported[device] = attributes.binaryVersion >= 90 ? 1 : 2;
+    // The PTX version, not the binary's: PTX for an older target compiled on sm_90 runs the other body.
+    supported[device] = attributes.ptxVersion >= 90 ? 1 : 2;
   }
   return supported[device] == 1;
 }
@@ -493,9 +501,11 @@ void launch_pass_kernel(const CUtensorMap& x_map, const WeightMaps& w_maps, cons
 }
 
 /// y [M, N] for M <= 16 rows of x [M, K] (16-bit T) on sm_90: one block per multiprocessor (at
-/// most one per strip), the strips of a pass the power of two that holds a block's share (at
-/// most kPassMaxStrips, more passes past that), and as many ring slots as the rest of the
-/// block's shared memory holds.
+/// most one per strip); the strips of a pass the power of two that holds a block's share (at most
+/// kPassMaxStrips, more passes past that; halved while fewer than 2 stages fit); as many ring
+/// slots (up to kPassMaxStages) as the rest of the block's shared memory holds. Throws
+/// opforge::InternalError where not even 2 stages of the fewest strips fit, or where the driver
+/// refuses a tensor map.
 template <class T>
 void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N,
                   int64_t K, cudaStream_t stream) {
@@ -504,12 +514,17 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
   PassPlan plan{};
   plan.blocks = static_cast<int>(std::min<int64_t>(opforge::cuda::sm_count(), strips));
   const int64_t share = (strips + plan.blocks - 1) / plan.blocks;
-  plan.strips = rows == 8 ? 2 : 1;
+  const int fewest = rows == 8 ? 2 : 1;  // with 8 rows strips go in pairs
+  plan.strips = fewest;
   while (plan.strips < kPassMaxStrips && plan.strips < share) plan.strips *= 2;
-  plan.stage_bytes = kPassChunks * rows * 128 + plan.strips * kStripStageBytes;
   const int64_t room = opforge::cuda::smem_per_block_optin() - pass_smem_bytes(PassPlan{0, 0, 0, 0});
-  plan.stages = static_cast<int>(std::min<int64_t>(kPassMaxStages, room / plan.stage_bytes));
-  if (plan.stages < 2) throw opforge::InternalError("int8_linear: too little shared memory for two ring stages");
+  for (;; plan.strips /= 2) {  // fewer strips a pass where shared memory holds fewer than 2 stages
+    plan.stage_bytes = kPassChunks * rows * 128 + plan.strips * kStripStageBytes;
+    plan.stages = static_cast<int>(std::min<int64_t>(kPassMaxStages, room / plan.stage_bytes));
+    if (plan.stages >= 2) break;
+    if (plan.strips == fewest)
+      throw opforge::InternalError("int8_linear: the device's shared memory per block holds no two ring stages");
+  }
   CUtensorMap x_map{};
   WeightMaps w_maps{};
   if (chunks > 0) {  // with K == 0 no stage is copied (y = bias), and a map of no elements is invalid
@@ -695,7 +710,7 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
     } else if (M <= 16 && pass_kernel_supported()) {
       pass_small_m<T>(x.data<T>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else if (M <= 64) {
-      small_m<T, 4, 16>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+      small_m<T, 4>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else {
       dequantize_and_gemm<T>(ctx, x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
     }
