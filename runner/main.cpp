@@ -15,12 +15,12 @@
 // fail the run with AOTInductor's message naming the input.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torch/custom_class.h>
 #include <torch/cuda.h>
+#include <torch/custom_class.h>
 #include <torch/serialize.h>
 
-#include <CLI/CLI.hpp>
 #include <dlfcn.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -62,7 +62,10 @@ Options parse(int argc, char** argv) {
   app.add_option("--inputs", o.inputs, "the model's inputs: a tensor or a list of tensors saved with torch.save")
       ->required()
       ->check(CLI::ExistingFile);
-  app.add_option("--output", o.output, "where to torch.save the outputs (a tuple of CPU tensors, None for an output the model returns as None)")->required();
+  app.add_option(
+         "--output", o.output,
+         "where to torch.save the outputs (a tuple of CPU tensors, None for an output the model returns as None)")
+      ->required();
   app.add_option("--inputs-after", o.inputs_after,
                  "where to torch.save the inputs after the first run, with what the model wrote into them");
   app.add_option("--device", o.device, "cpu, cuda or cuda:N; the inputs are moved there")->capture_default_str();
@@ -150,8 +153,12 @@ void load_ops(const fs::path& package) {
   }
   for (const auto& lib : shims) {
     const fs::path path = dir / lib;
-    if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)
-      fail(package.string() + " links the C shim library " + path.string() + ", which cannot be loaded: " + dlerror());
+    try {
+      opforge::torch::open_shared_object(path.string(), "the C shim library", RTLD_NOW | RTLD_GLOBAL);
+    } catch (const c10::Error& e) {
+      fail(package.string() + " links the C shim library " + path.string() +
+           ", which cannot be loaded: " + e.what_without_backtrace());
+    }
   }
 }
 
@@ -201,8 +208,8 @@ int main(int argc, char** argv) {
         out = loader.run(inputs);
       } catch (const std::exception& e) {  // AOTInductor printed what failed (an input it refused) above
         const auto* error = dynamic_cast<const c10::Error*>(&e);
-        fail("running " + o.package + " failed (AOTInductor's message is above): " +
-             (error ? error->what_without_backtrace() : e.what()));
+        fail("running " + o.package +
+             " failed (AOTInductor's message is above): " + (error ? error->what_without_backtrace() : e.what()));
       }
       if (const std::string error = opforge::torch::take_call_error(); !error.empty())
         fail("an op failed while running " + o.package + ":\n" + error);

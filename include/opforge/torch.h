@@ -27,6 +27,14 @@ namespace opforge::torch {
 /// it cannot be opened or loaded.
 std::string load_library(const std::string& path);
 
+/// dlopen(path, flags) for a shared object the host needs besides op libraries (the runner's C shim
+/// libraries), after the check op libraries get too: a file shorter than its ELF headers describe
+/// is an error, not a process killed by SIGBUS when the loader touches its missing pages. `what`
+/// names the file in messages ("the C shim library"). Returns dlopen's handle. Throws
+/// c10::ValueError for a truncated file, c10::Error where the file cannot be read or dlopen fails
+/// (its message).
+void* open_shared_object(const std::string& path, const std::string& what, int flags);
+
 /// Qualified names ("ns::name") of every op registered by load_library so far.
 std::vector<std::string> registered_ops();
 

@@ -328,8 +328,8 @@ def run(
         if proc.returncode < 0:  # a signal: a library or package file the loader mapped is damaged, or a crash
             name = signal.Signals(-proc.returncode).name
             raise OpforgeError(
-                f"opforge-runner was killed by {name} running {package_path} (a truncated or damaged library or "
-                f"package file beside it gives SIGBUS):\n{proc.stderr.strip()}"
+                f"opforge-runner was killed by {name} running {package_path} (a damaged library or package file "
+                f"beside it, one the runner's checks let through, can give SIGBUS):\n{proc.stderr.strip()}"
             )
         if proc.returncode != 0:
             raise OpforgeError(f"opforge-runner failed (exit {proc.returncode}):\n{proc.stderr.strip()}")

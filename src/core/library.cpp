@@ -18,6 +18,7 @@
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
 #include "schema.h"
+#include "shared_object.h"
 
 namespace opforge::core {
 namespace {
@@ -94,8 +95,7 @@ const Library& load_library(const std::string& path) {
   for (const Library& l : libraries())
     if (l.path == real) return l;
 
-  void* handle = dlopen(real.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) throw InternalError("opforge: cannot load the op library " + path + ": " + dlerror());
+  void* handle = open_shared_object(real, "the op library", RTLD_NOW | RTLD_LOCAL);
   auto entry = reinterpret_cast<OpforgeLibraryFn>(dlsym(handle, OPFORGE_LIBRARY_SYMBOL));
   // A library that fails a check stays mapped (dlclose could run static destructors of code we
   // never asked to run); its ops are never registered.

@@ -15,6 +15,7 @@
 #include "../core/classes.h"
 #include "../core/library.h"
 #include "../core/schema.h"
+#include "../core/shared_object.h"
 #include "autocast.h"
 #include "autograd.h"
 #include "classes.h"
@@ -66,7 +67,8 @@ class FunctionalizeOut final : public c10::OperatorKernel {
 /// An op with data-dependent sizes gets no Meta kernel: its fake kernel, registered from Python,
 /// creates the unbacked sizes and calls the fake companion's (Note [Data-dependent sizes]).
 void register_kernels(::torch::Library& reg, const char* name, const OpforgeOpSpec& op, bool out) {
-  reg.impl(name, ::torch::dispatch(c10::DispatchKey::CPU, make_kernel(op, Mode::kCpu, kernel_for(op, Mode::kCpu), out)));
+  reg.impl(name,
+           ::torch::dispatch(c10::DispatchKey::CPU, make_kernel(op, Mode::kCpu, kernel_for(op, Mode::kCpu), out)));
   if (!core::has_data_dependent_sizes(op))
     reg.impl(name, ::torch::dispatch(c10::DispatchKey::Meta, make_kernel(op, Mode::kMeta, nullptr, out)));
   if (const OpforgeKernel* cuda = kernel_for(op, Mode::kCuda))
@@ -150,6 +152,10 @@ std::string load_library(const std::string& path) {
     register_classes(*l.lib);  // after the ops: methods call them through the dispatcher
     return l.json;
   });
+}
+
+void* open_shared_object(const std::string& path, const std::string& what, int flags) {
+  return with_torch_errors([&] { return core::open_shared_object(path, what, flags); });
 }
 
 std::vector<std::string> registered_ops() {

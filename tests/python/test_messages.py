@@ -48,6 +48,22 @@ def test_a_file_that_is_no_shared_object(tmp_path):
     assert str(err.value) == f"opforge: cannot load the op library {junk}: {junk}: invalid ELF header"
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.999])
+def test_a_truncated_op_library_is_refused_not_a_crash(tmp_path, keep):
+    """The dynamic loader maps a file by its ELF headers' sizes; a truncated one killed the process
+    with SIGBUS. Run in a child process, so that a crash fails this test and not the session."""
+    whole = Path(opforge.example_library("softshrink")).read_bytes()
+    cut = tmp_path / "libsoftshrink.so"
+    cut.write_bytes(whole[: int(len(whole) * keep)])
+    code = "import opforge, sys\ntry:\n    opforge.load_library(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n"
+    proc = subprocess.run([sys.executable, "-c", code, str(cut)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        f"opforge: the op library {cut} is truncated: its ELF headers describe {len(whole)} bytes and the file has "
+        f"{cut.stat().st_size} (build or copy it again)"
+    )
+
+
 def test_a_library_built_for_another_abi(tmp_path):
     src = tmp_path / "old_abi.c"
     src.write_text(
