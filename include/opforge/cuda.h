@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "opforge/detail/driver.h"
 #include "opforge/dtype.h"
 #include "opforge/error.h"
 #include "opforge/kernel.cuh"
@@ -171,26 +172,17 @@ inline bool aligned(int bytes, const P*... ptrs) {
 /// them increasing, and a map whose strides decrease encodes and copies correctly on driver 580:
 /// int8_linear.cu's map of x), copied in boxes of `box`
 /// elements (each <= 256; box[0] times the element size a multiple of 16, and at most the swizzle
-/// span where there is one). Elements a box reads past `dims` arrive as zeros. The driver's entry
-/// point is looked up through the runtime (cudaGetDriverEntryPointByVersion), so nothing links
-/// libcuda. Throws opforge::InternalError with the driver's result where the encoding fails
-/// (a misaligned base or stride, a box out of range).
+/// span where there is one). Elements a box reads past `dims` arrive as zeros. The driver is
+/// reached through the runtime (opforge/detail/driver.h). Throws opforge::InternalError with the
+/// driver's description where the encoding fails (a misaligned base or stride, a box out of range).
 template <int kRank>
 inline CUtensorMap tiled_tensor_map(CUtensorMapDataType type, const void* base, const std::array<uint64_t, kRank>& dims,
                                     const std::array<uint64_t, kRank - 1>& strides,
                                     const std::array<uint32_t, kRank>& box,
                                     CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE,
                                     CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
-  using Encode = decltype(&::cuTensorMapEncodeTiled);
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<Encode>(fn);
-  }();
+  static const auto encode =
+      opforge::detail::driver_entry_point<decltype(&::cuTensorMapEncodeTiled)>("cuTensorMapEncodeTiled");
   if (encode == nullptr)
     throw InternalError("the CUDA driver has no cuTensorMapEncodeTiled (it needs a CUDA 12 driver)");
   CUtensorMap map{};
@@ -199,12 +191,7 @@ inline CUtensorMap tiled_tensor_map(CUtensorMapDataType type, const void* base, 
   const CUresult result = encode(&map, type, kRank, const_cast<void*>(base), dims.data(), strides.data(), box.data(),
                                  element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS)
-    throw InternalError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(result)) +
-                        (result == CUDA_ERROR_INVALID_VALUE
-                             ? " (CUDA_ERROR_INVALID_VALUE: a misaligned base or stride, "
-                               "a dimension or box out of range)"
-                             : ""));
+  if (result != CUDA_SUCCESS) throw InternalError(opforge::detail::driver_error(result, "cuTensorMapEncodeTiled"));
   return map;
 }
 

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "opforge/detail/driver.h"
 #include "runtime_kernel.h"
 
 namespace opforge::detail {
@@ -96,42 +97,25 @@ const Nvrtc& nvrtc() {
 }
 
 struct Driver {
-  decltype(&::cuModuleLoadData) module_load = nullptr;
-  decltype(&::cuModuleGetFunction) get_function = nullptr;
-  decltype(&::cuLaunchKernel) launch = nullptr;
-  decltype(&::cuFuncSetAttribute) set_attribute = nullptr;
-  decltype(&::cuGetErrorString) error_string = nullptr;
-  decltype(&::cuCtxGetCurrent) get_current_context = nullptr;
+  decltype(&::cuModuleLoadData) module_load = driver_entry_point<decltype(&::cuModuleLoadData)>("cuModuleLoadData");
+  decltype(&::cuModuleGetFunction) get_function =
+      driver_entry_point<decltype(&::cuModuleGetFunction)>("cuModuleGetFunction");
+  decltype(&::cuLaunchKernel) launch = driver_entry_point<decltype(&::cuLaunchKernel)>("cuLaunchKernel");
+  decltype(&::cuFuncSetAttribute) set_attribute =
+      driver_entry_point<decltype(&::cuFuncSetAttribute)>("cuFuncSetAttribute");
+  decltype(&::cuCtxGetCurrent) get_current_context =
+      driver_entry_point<decltype(&::cuCtxGetCurrent)>("cuCtxGetCurrent");
 };
 
 const Driver& driver() {
-  static const Driver d = [] {
-    Driver r;
-    auto get = [](const char* sym, auto& fn) {
-      cudaDriverEntryPointQueryResult status{};
-      void* p = nullptr;
-      if (cudaGetDriverEntryPointByVersion(sym, &p, 12000, cudaEnableDefault, &status) == cudaSuccess &&
-          status == cudaDriverEntryPointSuccess)
-        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-    };
-    get("cuModuleLoadData", r.module_load);
-    get("cuModuleGetFunction", r.get_function);
-    get("cuLaunchKernel", r.launch);
-    get("cuFuncSetAttribute", r.set_attribute);
-    get("cuGetErrorString", r.error_string);
-    get("cuCtxGetCurrent", r.get_current_context);
-    return r;
-  }();
+  static const Driver d;
   if (!d.module_load || !d.get_function || !d.launch || !d.get_current_context)
     throw InternalError("opforge: the CUDA driver API is not available (no GPU driver?)");
   return d;
 }
 
 void check_cu(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* msg = nullptr;
-  if (driver().error_string) driver().error_string(r, &msg);
-  throw InternalError(std::string(what) + " failed: " + (msg ? msg : std::to_string(static_cast<int>(r))));
+  if (r != CUDA_SUCCESS) throw InternalError(driver_error(r, what));
 }
 
 /// check_cu for the CUDA runtime; the error is cleared, not left for an unrelated launch check.
@@ -427,8 +411,8 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
     target.shared_allowed = cfg->shared_bytes;
   }
   const CUresult r =
-      driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1],
-                      cfg->block[2], cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
+      driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
+                      cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
   if (r != CUDA_SUCCESS) check_cu(r, ("cuLaunchKernel(" + target.name + ")").c_str());
 }
 

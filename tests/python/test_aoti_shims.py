@@ -83,7 +83,9 @@ def test_a_package_without_its_shim_library_fails_naming_it(shimmed, tmp_path):
     _, package, device = shimmed
     copy_package(package, tmp_path, lambda data: None)
     with pytest.raises(
-        OpforgeError, match=r"links the C shim library .*libopforge_shims_\w+\.so, which cannot be loaded"
+        OpforgeError,
+        match=r"links the C shim library (.*libopforge_shims_\w+\.so), which cannot be loaded: opforge: cannot read "
+        r"the C shim library \1: No such file or directory",
     ):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
 
