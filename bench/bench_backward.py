@@ -21,7 +21,10 @@ x + residual in the forward, 3 x); fused_add_rms_norm reads the gradients of x a
 the op and residual, and writes the one gradient of x and residual as given (4 x). Parameter gradients ([cols]) and the
 per-block partial sums are negligible beside them. Times are medians of triton.testing.do_bench.
 
-    python3 bench/bench_backward.py [--rows 32768] [--cols 4096] [--dtype bfloat16 ...] [--json out.json]
+With ``--profile``, the GPU kernels of each opforge backward op are traced (common.kernel_times):
+the row kernel's and the parameter gradients' column sums' device times apart.
+
+    python3 bench/bench_backward.py [--rows 32768] [--cols 4096] [--dtype bfloat16 ...] [--profile] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from common import median_ms, report
+from common import kernel_times, median_ms, print_kernel_times, report
 
 import opforge
 
@@ -104,11 +107,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=32768)
     parser.add_argument("--cols", type=int, default=4096)
     parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float16", "float32"])
+    parser.add_argument("--profile", action="store_true", help="trace each opforge backward op's GPU kernels")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     for op in ("bias_gelu", "rms_norm", "add_layer_norm", "fused_add_rms_norm"):
         opforge.load_library(opforge.example_library(op))
-    rows = []
+    rows, profiles = [], {}
     for dtype in (getattr(torch, d) for d in args.dtype):
         x = torch.randn(args.rows, args.cols, device="cuda", dtype=dtype)
         y = torch.empty_like(x)
@@ -128,6 +132,8 @@ def main() -> int:
                 ("torch.compile backward", backward_ms(compiled, leaves, grad_y), nbytes),
             ]
             ours = timings[1][1]
+            if args.profile:
+                profiles[group] = kernel_times(direct)
             for impl, ms, moved_bytes in timings:
                 gbs = moved_bytes / ms / 1e6
                 rows.append(
@@ -148,7 +154,10 @@ def main() -> int:
             f"  opforge op {r['opforge_speedup']:.2f} x faster"
         ),
         args.json,
+        {"profiles": profiles},
     )
+    for group, table in profiles.items():
+        print_kernel_times(f"GPU kernels of opforge's backward op, {group}", table)
     return 0
 
 

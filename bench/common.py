@@ -23,6 +23,38 @@ def median_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
 
 
+def kernel_times(fn: Callable[[], object], repeats: int = 10, rows: int = 25) -> list[dict]:
+    """GPU kernels ``fn`` launches, by name: count and device time (us) per call of ``fn``.
+
+    Three warm-up calls, then ``repeats`` calls traced with ``torch.profiler`` (CUDA activity
+    only); sorted by time, at most ``rows`` names, then a ``(total)`` row.
+    """
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, dict] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        k = kernels.setdefault(event.name, {"name": event.name, "count": 0, "us": 0.0})
+        k["count"] += 1 / repeats
+        k["us"] += event.device_time_total / repeats
+    table = sorted(kernels.values(), key=lambda k: -k["us"])
+    total = {"name": "(total)", "count": sum(k["count"] for k in table), "us": sum(k["us"] for k in table)}
+    return table[:rows] + [total]
+
+
+def print_kernel_times(title: str, table: list[dict]) -> None:
+    """Prints a kernel_times table under ``title``: count, device time, name."""
+    print(f"{title} (count, device time):")
+    for k in table:
+        print(f"  {k['count']:6.1f}  {k['us']:9.1f} us  {k['name'][:110]}")
+
+
 class SmClock:
     """Mean SM clock (MHz, NVML) over a timed region, sampled every 20 ms in a thread: a GPU
     that lowers its clock under load slows arithmetic-heavy kernels but not a copy."""

@@ -20,6 +20,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "opforge/detail/driver.h"
@@ -48,21 +49,94 @@ inline void check_launch(const char* kernel) {
   if (e != cudaSuccess) throw InternalError(std::string("launching ") + kernel + " failed: " + cudaGetErrorString(e));
 }
 
+namespace detail {
+/// query(device) for the current device, cached in `cache` (one slot per device, the first 64;
+/// for values that are positive). Throws InternalError where the CUDA runtime fails.
+template <class Query>
+inline int per_device(std::atomic<int> (&cache)[64], Query query) {
+  int dev = 0;
+  OPFORGE_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64) {
+    if (const int v = cache[dev].load(std::memory_order_relaxed); v > 0) return v;
+  }
+  const int v = query(dev);
+  if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+}  // namespace detail
+
 /// Attribute kAttribute of the current device (cudaDeviceGetAttribute), cached per device
 /// (for attributes whose values are positive; one cache per attribute). Throws InternalError where
 /// the CUDA runtime fails.
 template <cudaDeviceAttr kAttribute>
 inline int device_attribute() {
   static std::atomic<int> values[64] = {};
-  int dev = 0;
-  OPFORGE_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64) {
-    if (const int v = values[dev].load(std::memory_order_relaxed); v > 0) return v;
+  return detail::per_device(values, [](int dev) {
+    int n = 0;
+    OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttribute, dev));
+    return n;
+  });
+}
+
+/// The PTX version `kKernel`'s image for the current device was compiled from
+/// (cudaFuncGetAttributes' ptxVersion, 10 * major + minor: 90 for compute_90), cached per device.
+/// Code under `#if __CUDA_ARCH__ >= 900` runs exactly where this is at least 90: PTX for an older
+/// target, JIT-compiled on a newer GPU, runs the other branch. Throws InternalError where the CUDA
+/// runtime fails.
+template <auto kKernel>
+inline int ptx_version() {
+  static std::atomic<int> versions[64] = {};
+  return detail::per_device(versions, [](int) {
+    cudaFuncAttributes attributes{};
+    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kKernel));
+    return attributes.ptxVersion;
+  });
+}
+
+/// Programmatic dependent launch (CUDA C++ Programming Guide, "Programmatic Dependent Launch and
+/// Synchronization"; PTX `griddepcontrol`, sm_90): a kernel whose blocks call this lets the next
+/// kernel on the stream, where that one was launched by launch_after, start its blocks once every
+/// block of this grid has called it or exited. Call it after a block's main work, before its last
+/// writes: the dependent kernel still waits for them in wait_for_prior_grid(). A no-op before sm_90.
+__device__ inline void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/// Waits until the grids this kernel depends on have completed and their memory writes are
+/// visible (PTX `griddepcontrol.wait`). A kernel launched by launch_after must call it before it
+/// reads what those grids wrote. A no-op before sm_90 and for a kernel launched without the
+/// dependency.
+__device__ inline void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Launches kKernel<<<grid, block, dynamic_smem, stream>>>(args...) so that it may start before
+/// the previous kernel on `stream` has finished (cudaLaunchKernelEx with
+/// cudaLaunchAttributeProgrammaticStreamSerialization) where kKernel's image calls
+/// wait_for_prior_grid() (built from PTX for sm_90 or newer: ptx_version), and as a plain launch
+/// elsewhere: its launch latency hides behind the previous kernel's last blocks. kKernel must call
+/// wait_for_prior_grid() before it reads what earlier kernels wrote. Throws InternalError (CUDA's
+/// message, naming `name`) where the launch fails.
+template <auto kKernel, class... Args>
+void launch_after(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, const char* name, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = dynamic_smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (ptx_version<kKernel>() >= 90) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
   }
-  int n = 0;
-  OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttribute, dev));
-  if (dev < 64) values[dev].store(n, std::memory_order_relaxed);
-  return n;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kKernel, args...);
+  if (e != cudaSuccess) throw InternalError(std::string("launching ") + name + " failed: " + cudaGetErrorString(e));
 }
 
 /// Number of streaming multiprocessors of the current device (cached per device).
@@ -89,13 +163,18 @@ inline int64_t resident_blocks(Kernel kernel, int threads, size_t dynamic_smem =
   return int64_t{std::max(per_sm, 1)} * sm_count();
 }
 
-/// resident_blocks, at most `items` (0 if `items` is 0): the grid of a kernel whose blocks loop
-/// over items (rows) and keep per-block partial sums, so that there are as few partials as keep
-/// every multiprocessor busy.
+/// Blocks for a kernel whose blocks loop over `items` work items (rows) and keep per-block
+/// partial sums: as few as keep every multiprocessor busy. That is resident_blocks' count of
+/// rounds, ceil(items / resident), with the items spread evenly over the fewest blocks that take
+/// no more rounds (ceil(items / rounds)), so that the last round runs on almost every block
+/// instead of a few (with 32768 rows and 528 resident blocks: 521 blocks of 62 or 63 rows, where
+/// 528 left 32 blocks a 63rd row alone). 0 if `items` is 0.
 template <class Kernel>
 inline unsigned resident_grid(Kernel kernel, int threads, int64_t items, size_t dynamic_smem = 0) {
   if (items <= 0) return 0;
-  return static_cast<unsigned>(std::min<int64_t>(items, resident_blocks(kernel, threads, dynamic_smem)));
+  const int64_t resident = resident_blocks(kernel, threads, dynamic_smem);
+  const int64_t rounds = (items + resident - 1) / resident;
+  return static_cast<unsigned>((items + rounds - 1) / rounds);
 }
 
 /// Lets `kernel` launch with `bytes` of dynamic shared memory (cudaFuncSetAttribute's
@@ -110,40 +189,76 @@ inline void allow_dynamic_smem(Kernel kernel, size_t bytes) {
 }
 
 namespace detail {
-/// out[c] = sum over p of partial[p * cols + c], a 32-column tile per block: threadIdx.x picks
-/// the column, the 8 rows of threads take every 8th part, shared memory adds the 8 sums.
+/// Up to four outputs of one sum_partials launch, by value in the kernel's parameters.
+template <class W>
+struct PartialOutputs {
+  W* out[4];
+};
+
+/// out[blockIdx.y][c] = sum over p of partial[(blockIdx.y * parts + p) * cols + c], a 32-column
+/// tile per block: threadIdx.x picks the column, the 32 rows of threads take every 32nd part into
+/// kSums independent sums (kSums loads in flight together), then warp threadIdx.y adds the 32 sums
+/// of column threadIdx.y by shuffles. The order of the additions depends only on `parts`.
 template <class A, class W>
-__global__ void __launch_bounds__(256)
-    sum_partials_kernel(const A* __restrict__ partial, int64_t parts, int64_t cols, W* __restrict__ out) {
-  __shared__ A sums[8][33];
+__global__ void __launch_bounds__(1024)
+    sum_partials_kernel(const A* __restrict__ partial, int64_t parts, int64_t cols, PartialOutputs<W> outs) {
+  constexpr int kSums = 8;
+  __shared__ A sums[32][33];
   const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
-  A s = 0;
-  if (c < cols)
-    for (int64_t p = threadIdx.y; p < parts; p += 8) s += partial[p * cols + c];
-  sums[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
+  const A* const rows = partial + int64_t{blockIdx.y} * parts * cols;
+  wait_for_prior_grid();  // launched by launch_after, behind the kernel that writes `partial`
+  A s[kSums] = {};
+  if (c < cols) {
+    int64_t p = threadIdx.y;
+    for (; p + 32 * (kSums - 1) < parts; p += 32 * kSums) {
 #pragma unroll
-    for (int k = 1; k < 8; ++k) s += sums[k][threadIdx.x];
-    out[c] = static_cast<W>(s);
+      for (int j = 0; j < kSums; ++j) s[j] += rows[(p + 32 * j) * cols + c];
+    }
+#pragma unroll
+    for (int j = 0; j < kSums - 1; ++j)
+      if (p + 32 * j < parts) s[j] += rows[(p + 32 * j) * cols + c];
   }
+#pragma unroll
+  for (int width = kSums / 2; width > 0; width /= 2) {
+#pragma unroll
+    for (int j = 0; j < width; ++j) s[j] += s[j + width];
+  }
+  sums[threadIdx.y][threadIdx.x] = s[0];
+  __syncthreads();
+  A v = sums[threadIdx.x][threadIdx.y];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int64_t column = int64_t{blockIdx.x} * 32 + threadIdx.y;
+  if (threadIdx.x == 0 && column < cols) outs.out[blockIdx.y][column] = static_cast<W>(v);
 }
 }  // namespace detail
 
-/// Second pass of a reduction over rows: out[c] = sum over p < parts of partial[p * cols + c]
-/// (`partial` row-major [parts, cols] of float or double, one row of partial sums per block
-/// of a first pass; `out` [cols] of W, a float type or CUDA's __half / __nv_bfloat16, written
-/// once, rounded to nearest), launched on `stream`. parts == 0 writes zeros. The scheme of
-/// the weight gradients of Apex's and PyTorch's LayerNorm backward (a per-block partial pass,
-/// then a column sum), which needs no atomics and gives the same bits on every run.
+/// Second pass of a reduction over rows, for up to four reductions at once: outs[o][c] = sum
+/// over p < parts of partial[(o * parts + p) * cols + c] (`partial` row-major [outs.size(), parts,
+/// cols] of float or double, one row of partial sums per block of a first pass and reduction;
+/// each output [cols] of W, a float type or CUDA's __half / __nv_bfloat16, written once, rounded
+/// to nearest), one launch on `stream` by launch_after (the first pass may call
+/// allow_dependent_launch() once its rows are done). parts == 0 writes zeros. The scheme of the weight gradients
+/// of Apex's and PyTorch's LayerNorm backward (a per-block partial pass, then a column sum), which
+/// needs no atomics and gives the same bits on every run. Throws opforge::InternalError for more
+/// than four outputs or more columns than one launch covers.
 template <class A, class W>
-void sum_partials(const A* partial, int64_t parts, int64_t cols, W* out, cudaStream_t stream) {
-  if (cols == 0) return;
+void sum_partials(const A* partial, int64_t parts, int64_t cols, std::initializer_list<W*> outs, cudaStream_t stream) {
+  if (cols == 0 || outs.size() == 0) return;
+  OPFORGE_CHECK(outs.size() <= 4, "sum_partials: ", outs.size(), " outputs, more than the 4 of one launch");
   const int64_t blocks = (cols + 31) / 32;
   OPFORGE_CHECK(blocks <= 0x7fffffff, "sum_partials: ", cols, " columns, more than one launch covers");
-  detail::sum_partials_kernel<A, W>
-      <<<static_cast<unsigned>(blocks), dim3(32, 8), 0, stream>>>(partial, parts, cols, out);
-  check_launch("opforge::cuda::sum_partials");
+  detail::PartialOutputs<W> out{};
+  std::copy(outs.begin(), outs.end(), out.out);
+  launch_after<detail::sum_partials_kernel<A, W>>(
+      dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(outs.size())), dim3(32, 32), 0, stream,
+      "opforge::cuda::sum_partials", partial, parts, cols, out);
+}
+
+/// sum_partials of one reduction: out[c] = sum over p < parts of partial[p * cols + c].
+template <class A, class W>
+void sum_partials(const A* partial, int64_t parts, int64_t cols, W* out, cudaStream_t stream) {
+  sum_partials(partial, parts, cols, {out}, stream);
 }
 
 /// Like opforge::visit_dtype, but hands out CUDA's device types: __half for float16 and

@@ -131,6 +131,44 @@ __device__ __forceinline__ void block_sum(A (&v)[N]) {
   }
 }
 
+/// `v` with `shuffle` (a warp shuffle of one 32-bit word, e.g. __shfl_down_sync) applied to each
+/// of its words: S is trivially copyable and a whole number of 32-bit words.
+template <class S, class Shuffle>
+__device__ __forceinline__ S shuffle_words(const S& v, Shuffle shuffle) {
+  static_assert(sizeof(S) % 4 == 0, "opforge::kernel::shuffle_words: a whole number of 32-bit words");
+  uint32_t words[sizeof(S) / 4];
+  __builtin_memcpy(words, &v, sizeof(S));
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(S) / 4); ++i) words[i] = shuffle(words[i]);
+  S out;
+  __builtin_memcpy(&out, words, sizeof(S));
+  return out;
+}
+
+/// Reduction of one value of S per thread over the thread block with `merge(a, b)` (associative;
+/// a covers lower threads than b), in a fixed order: a shuffle tree within each warp, then every
+/// thread merges the warps' results in warp order, so every thread gets the same bits. S is
+/// trivially copyable, a whole number of 32-bit words. blockDim.x a multiple of 32, at most 1024,
+/// every thread of the block calls it. One barrier: `buffer` (shared memory, 32 values) is written
+/// before it and read after, so consecutive calls must alternate between two buffers (the row
+/// loop's parity): the barrier of a call is what makes the previous call's reads of the other
+/// buffer finish before it is written again.
+template <class S, class Merge>
+__device__ __forceinline__ S block_reduce(S v, Merge merge, S* buffer) {
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const S up = shuffle_words(v, [offset](uint32_t w) { return __shfl_down_sync(0xffffffffu, w, offset); });
+    if (threadIdx.x % (2 * offset) == 0) v = merge(v, up);
+  }
+  if (blockDim.x == 32)  // one warp: lane 0 holds the block's value
+    return shuffle_words(v, [](uint32_t w) { return __shfl_sync(0xffffffffu, w, 0); });
+  if (threadIdx.x % 32 == 0) buffer[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = buffer[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) v = merge(v, buffer[w]);
+  return v;
+}
+
 /// The 16 / sizeof(T) elements of a 16-byte vector of T, given as the four 32-bit words it was
 /// loaded as (element 0 in the low bits of v.x), widened to the accumulator type. Working on
 /// whole words keeps two 16-bit elements in one register and widens them with one shift or mask

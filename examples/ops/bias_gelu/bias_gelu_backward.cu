@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kThreads)
       reinterpret_cast<V*>(grad_x)[r * vec_cols + j] = out;
     }
   }
+  opforge::cuda::allow_dependent_launch();  // sum_partials' blocks may start; they wait for these writes
   float* part = partial + int64_t{blockIdx.y} * cols + j * N;
 #pragma unroll
   for (int e = 0; e < N; ++e) part[e] = acc[e];

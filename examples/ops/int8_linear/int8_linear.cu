@@ -27,7 +27,6 @@
 #include <cuda_pipeline_primitives.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -473,22 +472,9 @@ __global__ void __launch_bounds__(kPassThreads, 1)
 #endif
 }
 
-/// True if the current device runs pass_kernel's sm_90 body (its image was built for compute
-/// capability 9.0 or newer); cached per device.
-inline bool pass_kernel_supported() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> supported[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  OPFORGE_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) return false;
-  if (supported[device] == 0) {
-    cudaFuncAttributes attributes{};
-    OPFORGE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, pass_kernel<__half, 16, 1>));
-    // The PTX version, not the binary's: PTX for an older target compiled on sm_90 runs the other body.
-    supported[device] = attributes.ptxVersion >= 90 ? 1 : 2;
-  }
-  return supported[device] == 1;
-}
+/// True if the current device runs pass_kernel's sm_90 body (its image was built from PTX for
+/// compute capability 9.0 or newer; cached per device).
+inline bool pass_kernel_supported() { return opforge::cuda::ptx_version<pass_kernel<__half, 16, 1>>() >= 90; }
 
 /// Launches pass_kernel<T, kRows, kStrips> on `stream` with `plan`, its shared memory allowed first.
 template <class T, int kRows, int kStrips>

@@ -103,16 +103,15 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         Row::store(grad_x + r * cols + Row::offset(k), gv);
       }
     }
+    opforge::cuda::allow_dependent_launch();  // sum_partials' blocks may start; they wait for these writes
 #pragma unroll
     for (int k = 0; k < Row::kVectors; ++k) {
       if (!Row::has(k, cols)) continue;
       if constexpr (kShared) Row::read_sums(shared_sums, k, w[k]);  // w[k] is free by now
 #pragma unroll
       for (int i = 0; i < Row::kWidth; ++i) {
-        if constexpr (kShared)
-          part[Row::offset(k) + i] = w[k][i];
-        else
-          part[Row::offset(k) + i] = gw[k][i];
+        if constexpr (kShared) part[Row::offset(k) + i] = w[k][i];
+        else part[Row::offset(k) + i] = gw[k][i];
       }
     }
   } else {
