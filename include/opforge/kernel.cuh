@@ -104,12 +104,12 @@ __device__ __forceinline__ A block_sum(A v) {
 }
 
 /// Sums of each of the N values of `v` (float or double) over the thread block, in place, with
-/// one pair of barriers for all N (a norm's backward needs two or three sums of a row; block_sum
-/// of each would pay a pair apiece). Same conditions as block_sum: blockDim.x a multiple of 32,
-/// at most 1024, called by every thread of the block; uses N * 32 values of shared memory.
+/// one barrier, through `buffer` (shared memory): it is written before the barrier and read after,
+/// so the caller makes sure a barrier separates the previous reads of `buffer` from this call,
+/// e.g. by alternating two buffers between consecutive calls (each call's barrier then orders the
+/// other buffer's reads before its next writes). Conditions otherwise as block_sum's.
 template <class A, int N>
-__device__ __forceinline__ void block_sum(A (&v)[N]) {
-  __shared__ A partial[N][32];
+__device__ __forceinline__ void block_sum(A (&v)[N], A (&buffer)[N][32]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
 #pragma unroll
@@ -117,56 +117,28 @@ __device__ __forceinline__ void block_sum(A (&v)[N]) {
   }
   if (blockDim.x == 32) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial[] may still be read by a previous call
   if (lane == 0) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) partial[i][warp] = v[i];
+    for (int i = 0; i < N; ++i) buffer[i][warp] = v[i];
   }
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    v[i] = lane < static_cast<int>(blockDim.x / 32) ? partial[i][lane] : A(0);
+    v[i] = lane < static_cast<int>(blockDim.x / 32) ? buffer[i][lane] : A(0);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
   }
 }
 
-/// `v` with `shuffle` (a warp shuffle of one 32-bit word, e.g. __shfl_down_sync) applied to each
-/// of its words: S is trivially copyable and a whole number of 32-bit words.
-template <class S, class Shuffle>
-__device__ __forceinline__ S shuffle_words(const S& v, Shuffle shuffle) {
-  static_assert(sizeof(S) % 4 == 0, "opforge::kernel::shuffle_words: a whole number of 32-bit words");
-  uint32_t words[sizeof(S) / 4];
-  __builtin_memcpy(words, &v, sizeof(S));
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(S) / 4); ++i) words[i] = shuffle(words[i]);
-  S out;
-  __builtin_memcpy(&out, words, sizeof(S));
-  return out;
-}
-
-/// Reduction of one value of S per thread over the thread block with `merge(a, b)` (associative;
-/// a covers lower threads than b), in a fixed order: a shuffle tree within each warp, then every
-/// thread merges the warps' results in warp order, so every thread gets the same bits. S is
-/// trivially copyable, a whole number of 32-bit words. blockDim.x a multiple of 32, at most 1024,
-/// every thread of the block calls it. One barrier: `buffer` (shared memory, 32 values) is written
-/// before it and read after, so consecutive calls must alternate between two buffers (the row
-/// loop's parity): the barrier of a call is what makes the previous call's reads of the other
-/// buffer finish before it is written again.
-template <class S, class Merge>
-__device__ __forceinline__ S block_reduce(S v, Merge merge, S* buffer) {
-#pragma unroll
-  for (int offset = 1; offset < 32; offset *= 2) {
-    const S up = shuffle_words(v, [offset](uint32_t w) { return __shfl_down_sync(0xffffffffu, w, offset); });
-    if (threadIdx.x % (2 * offset) == 0) v = merge(v, up);
-  }
-  if (blockDim.x == 32)  // one warp: lane 0 holds the block's value
-    return shuffle_words(v, [](uint32_t w) { return __shfl_sync(0xffffffffu, w, 0); });
-  if (threadIdx.x % 32 == 0) buffer[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = buffer[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) v = merge(v, buffer[w]);
-  return v;
+/// Sums of each of the N values of `v` (float or double) over the thread block, in place, with
+/// one pair of barriers for all N (a norm's backward needs two or three sums of a row; block_sum
+/// of each would pay a pair apiece). Same conditions as block_sum: blockDim.x a multiple of 32,
+/// at most 1024, called by every thread of the block; uses N * 32 values of shared memory.
+template <class A, int N>
+__device__ __forceinline__ void block_sum(A (&v)[N]) {
+  __shared__ A partial[N][32];
+  if (blockDim.x != 32) __syncthreads();  // partial[] may still be read by a previous call
+  block_sum(v, partial);
 }
 
 /// The 16 / sizeof(T) elements of a 16-byte vector of T, given as the four 32-bit words it was

@@ -6,9 +6,8 @@
 // One pass over the rows, as rms_norm_backward.cu: blocks loop over rows, each thread owns the
 // same columns of every row and keeps its share of grad_weight and grad_bias in registers, one
 // row of per-block partial sums each is written at the end and opforge::cuda::sum_partials adds
-// them up. mean and inv are recomputed from x and residual: on the register path by one block
-// reduction a row of each thread's own mean and squared deviations (merge: RowMoments), in the
-// loops by the mean first and then the variance around it, as the forward computes them.
+// them up. mean and inv are recomputed from x and residual as the forward computes them (the
+// mean first, then the variance around it).
 #include <opforge/cuda.h>
 
 #include <algorithm>
@@ -42,27 +41,6 @@ constexpr bool kSharedColumns = sizeof(T) == 2;
 /// 16-bit kernel a resident block, 0.810 against 0.879 x copy).
 /// Else plain loops that read each row three times and keep the partial sums in `partial` itself
 /// (each thread its own columns). partial: [2, gridDim.x, cols], grad_weight's then grad_bias's.
-/// The statistics of a row, or of part of one, that its gradient needs, with h = x + residual and
-/// dx = grad_y * weight: the count n of columns, their mean of h, m2 = sum of (h - mean)^2, sum_dx
-/// and sum_dx_d = sum of dx * (h - mean).
-template <class A>
-struct RowMoments {
-  A n, mean, m2, sum_dx, sum_dx_d;
-};
-
-/// RowMoments of the columns of a and b together: the pairwise update of Chan, Golub & LeVeque
-/// ("Updating formulae and a pairwise algorithm for computing sample variances", 1979) for mean
-/// and m2, extended to sum_dx_d (sum of dx * (h - mean) moves by (old mean - new mean) * sum_dx).
-/// One block reduction of these replaces the two of a mean first and then the sums around it.
-template <class A>
-__device__ __forceinline__ RowMoments<A> merge(const RowMoments<A>& a, const RowMoments<A>& b) {
-  const A n = a.n + b.n;
-  if (n == 0) return a;
-  const A mean = (a.n * a.mean + b.n * b.mean) / n, delta = b.mean - a.mean;
-  return {n, mean, a.m2 + b.m2 + delta * delta * (a.n * b.n / n), a.sum_dx + b.sum_dx,
-          a.sum_dx_d + b.sum_dx_d + (a.mean - mean) * a.sum_dx + (b.mean - mean) * b.sum_dx};
-}
-
 template <class T, bool kRegisters>
 __global__ void __launch_bounds__(kMaxRowThreads<T>)
     add_layer_norm_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ x,
@@ -101,7 +79,8 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
           *reinterpret_cast<uint4*>(s_weight + Row::offset(k)) =
               *reinterpret_cast<const uint4*>(weight + Row::offset(k));
     }
-    __shared__ RowMoments<A> moments[2][32];  // block_reduce's buffers, alternating by row
+    // The row's two block sums take turns with these buffers: one barrier each (block_sum's).
+    __shared__ A mean_buffer[1][32], sums_buffer[3][32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
       const int64_t base = r * cols;
       A h[Row::kVectors][Row::kWidth];
@@ -120,15 +99,16 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
           for (int i = 0; i < Row::kWidth; ++i) h[k][i] += rv[i];
         }
       }
-      RowMoments<A> local{};  // this thread's columns, about their own mean
+      A mean = 0;
 #pragma unroll
       for (int k = 0; k < Row::kVectors; ++k) {
-        if (!Row::has(k, cols)) continue;
-        local.n += Row::kWidth;
 #pragma unroll
-        for (int i = 0; i < Row::kWidth; ++i) local.mean += h[k][i];
+        for (int i = 0; i < Row::kWidth; ++i) mean += h[k][i];  // zeros past the row's end
       }
-      local.mean = local.n > 0 ? local.mean / local.n : A(0);
+      A mean_sum[1] = {mean};
+      opforge::kernel::block_sum(mean_sum, mean_buffer);
+      mean = mean_sum[0] / n;
+      A sums[3] = {0, 0, 0};  // sum of (h - m)^2, of dxhat, of dxhat * (h - m)
 #pragma unroll
       for (int k = 0; k < Row::kVectors; ++k) {
         if (!Row::has(k, cols)) continue;
@@ -137,15 +117,15 @@ __global__ void __launch_bounds__(kMaxRowThreads<T>)
         opforge::kernel::unpack<T>(gy[k], g);
 #pragma unroll
         for (int i = 0; i < Row::kWidth; ++i) {
-          const A d = h[k][i] - local.mean, dx = g[i] * w[i];
-          local.m2 += d * d;
-          local.sum_dx += dx;
-          local.sum_dx_d += dx * d;
+          const A d = h[k][i] - mean, dx = g[i] * w[i];
+          sums[0] += d * d;
+          sums[1] += dx;
+          sums[2] += dx * d;
         }
       }
-      const RowMoments<A> row = opforge::kernel::block_reduce(local, merge<A>, moments[r / gridDim.x % 2]);
-      const A mean = row.mean, inv = A(1) / sqrt(row.m2 / n + static_cast<A>(eps));
-      const A mean_dx = row.sum_dx / n, mean_dx_xhat = row.sum_dx_d * inv / n;
+      opforge::kernel::block_sum(sums, sums_buffer);
+      const A inv = A(1) / sqrt(sums[0] / n + static_cast<A>(eps));
+      const A mean_dx = sums[1] / n, mean_dx_xhat = sums[2] * inv / n;
 #pragma unroll
       for (int k = 0; k < Row::kVectors; ++k) {
         if (!Row::has(k, cols)) continue;
