@@ -20,7 +20,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 
 #include "opforge/detail/driver.h"
@@ -135,8 +134,8 @@ void launch_after(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t strea
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
-  const cudaError_t e = cudaLaunchKernelEx(&config, kKernel, args...);
-  if (e != cudaSuccess) throw InternalError(std::string("launching ") + name + " failed: " + cudaGetErrorString(e));
+  cudaLaunchKernelEx(&config, kKernel, args...);
+  check_launch(name);  // the launch's error, if any, is the runtime's last error
 }
 
 /// Number of streaming multiprocessors of the current device (cached per device).
@@ -233,26 +232,26 @@ __global__ void __launch_bounds__(1024)
 }
 }  // namespace detail
 
-/// Second pass of a reduction over rows, for up to four reductions at once: outs[o][c] = sum
-/// over p < parts of partial[(o * parts + p) * cols + c] (`partial` row-major [outs.size(), parts,
-/// cols] of float or double, one row of partial sums per block of a first pass and reduction;
-/// each output [cols] of W, a float type or CUDA's __half / __nv_bfloat16, written once, rounded
-/// to nearest), one launch on `stream` by launch_after (the first pass may call
-/// allow_dependent_launch() once its rows are done). parts == 0 writes zeros. The scheme of the weight gradients
-/// of Apex's and PyTorch's LayerNorm backward (a per-block partial pass, then a column sum), which
-/// needs no atomics and gives the same bits on every run. Throws opforge::InternalError for more
-/// than four outputs or more columns than one launch covers.
-template <class A, class W>
-void sum_partials(const A* partial, int64_t parts, int64_t cols, std::initializer_list<W*> outs, cudaStream_t stream) {
-  if (cols == 0 || outs.size() == 0) return;
-  OPFORGE_CHECK(outs.size() <= 4, "sum_partials: ", outs.size(), " outputs, more than the 4 of one launch");
+/// Second pass of a reduction over rows, for N <= 4 reductions at once: outs[o][c] = sum over
+/// p < parts of partial[(o * parts + p) * cols + c] (`partial` row-major [N, parts, cols] of float
+/// or double, one row of partial sums per block of a first pass and reduction; each output [cols]
+/// of W, a float type or CUDA's __half / __nv_bfloat16, written once, rounded to nearest), one
+/// launch on `stream` by launch_after (the first pass may call allow_dependent_launch() once its
+/// rows are done). parts == 0 writes zeros. The scheme of the weight gradients of Apex's and
+/// PyTorch's LayerNorm backward (a per-block partial pass, then a column sum), which needs no
+/// atomics and gives the same bits on every run. Throws opforge::InternalError for more columns
+/// than one launch covers.
+template <class A, class W, size_t N>
+void sum_partials(const A* partial, int64_t parts, int64_t cols, W* const (&outs)[N], cudaStream_t stream) {
+  static_assert(N >= 1 && N <= 4, "opforge::cuda::sum_partials: one to four outputs a launch");
+  if (cols == 0) return;
   const int64_t blocks = (cols + 31) / 32;
   OPFORGE_CHECK(blocks <= 0x7fffffff, "sum_partials: ", cols, " columns, more than one launch covers");
   detail::PartialOutputs<W> out{};
-  std::copy(outs.begin(), outs.end(), out.out);
-  launch_after<detail::sum_partials_kernel<A, W>>(
-      dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(outs.size())), dim3(32, 32), 0, stream,
-      "opforge::cuda::sum_partials", partial, parts, cols, out);
+  std::copy(outs, outs + N, out.out);
+  launch_after<detail::sum_partials_kernel<A, W>>(dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(N)),
+                                                  dim3(32, 32), 0, stream, "opforge::cuda::sum_partials", partial,
+                                                  parts, cols, out);
 }
 
 /// sum_partials of one reduction: out[c] = sum over p < parts of partial[p * cols + c].
