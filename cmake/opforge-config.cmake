@@ -19,7 +19,7 @@ endif()
 # Builds lib<name>.so from op files (.cpp) and ahead-of-time CUDA sources (.cu, compiled by
 # nvcc). KERNELS are run-time kernel sources (see Note [Run-time kernels] in opforge/op.h): they
 # are not compiled here but linked into the library's kernel folder, lib<name>.kernels/ beside
-# the .so, together with opforge/kernel.cuh, so that editing the source and running again (or
+# the .so, together with opforge/kernel.cuh and opforge/tma.cuh, so that editing the source and running again (or
 # calling opforge.reload()) is the whole redeploy. Symbols are hidden except the library's
 # entry point, so several op libraries coexist in one process.
 find_package(CUDAToolkit REQUIRED)
@@ -130,7 +130,9 @@ function(opforge_add_library name)
   endif()
   set(kernel_dir "${out_dir}/lib${name}.kernels")
   file(MAKE_DIRECTORY "${kernel_dir}/opforge")
-  file(CREATE_LINK "${OPFORGE_INCLUDE_DIR}/opforge/kernel.cuh" "${kernel_dir}/opforge/kernel.cuh" SYMBOLIC)
+  foreach(header kernel.cuh tma.cuh)  # rtc_cuda.cpp's kShippedHeaders
+    file(CREATE_LINK "${OPFORGE_INCLUDE_DIR}/opforge/${header}" "${kernel_dir}/opforge/${header}" SYMBOLIC)
+  endforeach()
   foreach(kernel ${ARG_KERNELS})
     get_filename_component(kernel_path "${kernel}" ABSOLUTE)
     get_filename_component(kernel_name "${kernel}" NAME)

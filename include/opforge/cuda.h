@@ -295,16 +295,12 @@ inline CUtensorMap tiled_tensor_map(CUtensorMapDataType type, const void* base, 
                                     const std::array<uint32_t, kRank>& box,
                                     CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE,
                                     CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
-  static const auto encode =
-      opforge::detail::driver_entry_point<decltype(&::cuTensorMapEncodeTiled)>("cuTensorMapEncodeTiled");
-  if (encode == nullptr)
-    throw InternalError("the CUDA driver has no cuTensorMapEncodeTiled (it needs a CUDA 12 driver)");
+  static_assert(kRank >= 1 && kRank <= 5, "tensor maps have 1 to 5 dims");
   CUtensorMap map{};
-  std::array<uint32_t, kRank> element_strides;
-  element_strides.fill(1);
-  const CUresult result = encode(&map, type, kRank, const_cast<void*>(base), dims.data(), strides.data(), box.data(),
-                                 element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result = opforge::detail::encode_tiled_tensor_map(map, type, kRank, base, dims.data(), strides.data(),
+                                                                   box.data(), swizzle, promotion);
+  if (result == CUDA_ERROR_NOT_SUPPORTED)
+    throw InternalError("the CUDA driver has no cuTensorMapEncodeTiled (it needs a CUDA 12 driver)");
   if (result != CUDA_SUCCESS) throw InternalError(opforge::detail::driver_error(result, "cuTensorMapEncodeTiled"));
   return map;
 }

@@ -30,6 +30,13 @@ typedef unsigned long long uintptr_t;
 
 namespace opforge::kernel {
 
+/// A tensor map a grid function passes (opforge::tensor_map, LaunchConfig::tensor_maps): CUDA's
+/// CUtensorMap, 128 opaque bytes. Take it as `const __grid_constant__ opforge::kernel::TensorMap
+/// map` and copy through it with opforge/tma.cuh (the copies read the parameter in place).
+struct alignas(128) TensorMap {
+  unsigned char bytes[128];
+};
+
 template <bool B, class T, class F>
 struct conditional {
   using type = T;

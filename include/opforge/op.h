@@ -47,7 +47,9 @@
 // the first tensor input's CUDA type (float, double, __half, __nv_bfloat16, ...),
 // `{T_<tensor>}` another tensor's, `{<param>}` the value of an opforge::compile_time parameter.
 // The kernel receives the tensors' data pointers (inputs, then outputs), the launch rule's
-// int64 values (elementwise: n; rows: rows, cols; grid: the LaunchConfig's args), then the
+// int64 values (elementwise: n; rows: rows, cols; grid: the LaunchConfig's args), a grid
+// function's tensor maps (`const __grid_constant__ opforge::kernel::TensorMap`, for Hopper's
+// bulk tensor copies: opforge::tensor_map and opforge/tma.cuh), then the
 // other parameters with their declared C types (int64_t, double, bool); a kernel whose parameter
 // list differs (an `int` for an int64_t, a pointer to another element type, a const pointer to an
 // output, a missing parameter) is refused when it is compiled or loaded from the cache, naming
@@ -64,7 +66,8 @@
 // opforge.reload(); the op's name and schema do not change. opforge.aoti.package compiles the
 // instantiations a graph uses into the package (lib<name>.kernels/cache/) so a deployed model
 // compiles nothing on its first inference. The source may `#include <opforge/kernel.cuh>`
-// (device helpers), cuda_fp16.h and cuda_bf16.h.
+// (device helpers), <opforge/tma.cuh> (mbarriers and bulk tensor copies), cuda_fp16.h and
+// cuda_bf16.h.
 //
 // Note [Kernel dtypes]
 // --------------------
@@ -97,9 +100,9 @@
 //     optional inputs left out get none, and an input without one that needs a gradient raises
 //     NotImplementedError, as torch's own ops do ("the derivative ... is not implemented").
 // A backward op takes at least one gradient and writes none of its inputs (no opforge::mutated:
-// they are the forward call's saved values and the caller's gradients). Loading checks these rules and, on a mismatch, raises
-// naming each argument and what it may be called, and registers nothing. The backward op is an op of its own: CPU reference, device
-// kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
+// they are the forward call's saved values and the caller's gradients). Loading checks these rules and, on a mismatch,
+// raises naming each argument and what it may be called, and registers nothing. The backward op is an op of its own:
+// CPU reference, device kernels, verify and sanitize apply to it as to any op, and it may name a backward op in turn
 // (double backward; without one, a second derivative raises "derivative for ... is not
 // implemented" when it is taken). Forward-mode AD (jvp, jacfwd) and compiled autograd are not
 // supported. An op that names no backward op is forward only, as torch's own ops without a
@@ -316,6 +319,27 @@ enum class Autocast : int32_t {
 // ---- launch rules of run-time kernels -------------------------------------------------------
 
 using detail::LaunchConfig;
+using detail::TensorMap;
+
+/// How a tensor map's box is laid out in shared memory: rows as they are, or with their 16-byte
+/// chunks XOR-swizzled over spans of 32, 64 or 128 bytes (CU_TENSOR_MAP_SWIZZLE_*; the 128-byte
+/// swizzle is the layout wgmma's descriptors of layout type 1 read).
+enum class TensorMapSwizzle : int32_t { kNone = 0, k32B = 1, k64B = 2, k128B = 3 };
+
+/// The tensor map of CUDA tensor `t` for a run-time kernel's bulk tensor copies (TMA: PTX's
+/// cp.async.bulk.tensor), for a grid function to put in LaunchConfig::tensor_maps. The map's
+/// dims are t's, innermost first (a [B, H, S, D] tensor gives coordinates (d, s, h, b)), with
+/// t's strides, so a strided view is copied in place; `box` gives the box a copy moves, one
+/// size (1 to 256) per dim, innermost first. Elements a box reads past a dim's end arrive as
+/// zeros. The kernel takes the map as `const __grid_constant__ opforge::kernel::TensorMap`,
+/// after the grid function's int64 args and before the op's parameters (Note [Run-time
+/// kernels]).
+/// Requires: rank 1 to 5; the last dim contiguous; t's data and its other strides 16-byte
+/// aligned; the box's innermost bytes a multiple of 16, and at most the swizzle's span when
+/// swizzled. Throws InvalidArgument naming what is off, InternalError where the CUDA driver
+/// cannot encode the map (cuTensorMapEncodeTiled; it needs a CUDA 12 driver).
+TensorMap tensor_map(const Tensor& t, std::initializer_list<uint32_t> box,
+                     TensorMapSwizzle swizzle = TensorMapSwizzle::kNone);
 
 /// The NVRTC target opforge compiles run-time kernels for on the CUDA device holding `t`:
 /// "sm_90a" on a compute capability 9.0 GPU (an H100 or H200; NVRTC 12.0 or newer), "sm_XY"
@@ -662,6 +686,6 @@ struct ClassRegistration {
 
 /// Declares the custom class `ns::Name` in the enclosing op library (Note [Custom classes]);
 /// follow it with the builder chain and a semicolon. At namespace scope only.
-#define OPFORGE_CLASS(ns, name)                                                                                   \
+#define OPFORGE_CLASS(ns, name)                                                                                    \
   [[maybe_unused]] static const ::opforge::detail::ClassRegistration OPFORGE_CONCAT(opforge_class_, __COUNTER__) = \
       ::opforge::detail::make_class(#ns, #name, __FILE__, __LINE__)

@@ -1,7 +1,10 @@
 // opforge/tma.cuh -- device helpers for Hopper's asynchronous copies: mbarriers and the bulk
-// tensor copies of the tensor-memory accelerator (TMA), for kernels compiled by nvcc for sm_90 or
-// newer. The host half is opforge::cuda::tiled_tensor_map (opforge/cuda.h), whose map a kernel
-// takes as a `const __grid_constant__ CUtensorMap` parameter.
+// tensor copies of the tensor-memory accelerator (TMA), for kernels compiled for sm_90 or newer,
+// by nvcc or by NVRTC (run-time kernels, where opforge ships this header in the kernel folder).
+// The host half is opforge::cuda::tiled_tensor_map (opforge/cuda.h), whose map a kernel takes as
+// a `const __grid_constant__ CUtensorMap` parameter, or, for run-time kernels,
+// opforge::tensor_map (opforge/op.h), taken as `const __grid_constant__
+// opforge::kernel::TensorMap`; the copies below take either.
 //
 // The producer/consumer pipeline these serve (CUTLASS's sm90 pipelines, FlashAttention-3): each
 // stage of a ring in shared memory has a "full" mbarrier (1 arrival: the producer's
@@ -23,9 +26,13 @@
 // thread, so it neither reports nor checks them (FlashAttention's note RACECHECK_TMA_HAZARD).
 #pragma once
 
+#if defined(__CUDACC_RTC__)
+#include "kernel.cuh"  // the fixed-width integer types
+#else
 #include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
+#endif
 
 namespace opforge::tma {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the device passes for sm_90 and newer only
@@ -70,7 +77,8 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 
 /// Starts fetching the tensor map `map` (a kernel parameter) so that its first copy does not wait
 /// for it.
-__device__ inline void prefetch_tensor_map(const CUtensorMap& map) {
+template <class Map>
+__device__ inline void prefetch_tensor_map(const Map& map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
 }
 
@@ -92,12 +100,23 @@ __device__ inline uint64_t evict_last() {
 /// into shared memory at `dst` (128-byte aligned; 1024 with the 128-byte swizzle), completing on
 /// `bar` with the box's bytes (elements past the tensor's end arrive as zeros and count);
 /// `policy` from evict_first / evict_last.
-__device__ inline void copy_3d(void* dst, const CUtensorMap& map, int c0, int c1, int c2, uint64_t* bar,
-                               uint64_t policy) {
+template <class Map>
+__device__ inline void copy_3d(void* dst, const Map& map, int c0, int c1, int c2, uint64_t* bar, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
+/// copy_3d for a 4-d tensor map, e.g. a [B, H, S, D] tensor's at (d, s, h, b).
+template <class Map>
+__device__ inline void copy_4d(void* dst, const Map& map, int c0, int c1, int c2, int c3, uint64_t* bar,
+                               uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_address(bar)), "l"(policy)
       : "memory");
 }
 

@@ -235,6 +235,10 @@ struct Job {
   std::vector<std::string> options;
 };
 
+/// The headers a run-time kernel may include from the kernel folder's opforge/ (the build links
+/// them there: opforge_add_library); their text is part of every cache key.
+constexpr const char* kShippedHeaders[] = {"kernel.cuh", "tma.cuh"};
+
 /// How many int64 launch values precede the parameters: elementwise 1 (n), rows 2 (rows,
 /// cols), a grid function's as many as it returns (-1: known only once it has run).
 int32_t launch_values(const RuntimeKernel& rk) {
@@ -252,8 +256,12 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
   j.display_path = rtc::real_path(j.path);
   j.name = name;
   j.arch = with_arch_features(arch);
-  std::string header;
-  rtc::read_file(kernel_dir() + "/opforge/kernel.cuh", header);
+  std::string header;  // the device headers opforge ships in the kernel folder
+  for (const char* h : kShippedHeaders) {
+    std::string text;
+    rtc::read_file(kernel_dir() + "/opforge/" + h, text);
+    header += text;
+  }
   j.options = {"--std=c++17",       "-arch=" + j.arch,         "-lineinfo",
                "-I" + kernel_dir(), "-I" + cuda_include_dir(), "-I" + cuda_include_dir() + "/cccl",
                "-DOPFORGE_RTC=1"};
@@ -302,10 +310,11 @@ std::map<std::tuple<const RuntimeKernel*, std::string, int>, CUfunction>& functi
 }
 
 /// The loaded function of instantiation `name` on `device`, compiled (or found cached) and its
-/// signature checked on first use; `launch_count`: the launch's int64 values.
+/// signature checked on first use; `launch_count`: the launch's int64 values, `map_count` its
+/// tensor maps.
 CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int device,
                         const std::vector<int32_t>& arg_dtypes, const std::vector<int32_t>& out_dtypes,
-                        int32_t launch_count) {
+                        int32_t launch_count, int32_t map_count) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto key = std::make_tuple(&rk, name, device);
   auto it = functions().find(key);
@@ -314,7 +323,7 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   const std::string parameters =
       rtc::parameters_text(rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_values(rk)), cuda_type);
   const Binary b = binary_for(make_job(rk, name, device_target(device), parameters), rtc::user_cache_dir(), hit);
-  check_signature(rk, name, b, rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_count), true);
+  check_signature(rk, name, b, rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_count, map_count), true);
   // Loaded into the device's primary context (current: the adapter's device guard and
   // bind_primary_context made it so).
   // Modules are never unloaded: after reload() work already queued may still use them.
@@ -389,7 +398,8 @@ CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f
   }
   for (int32_t o = 0; o < f->num_outputs; ++o) out_dtypes[o] = f->outputs[o].dtype;
   probe.name = rtc::instantiate(rk, arg_dtypes, out_dtypes, values.data(), cuda_type);
-  probe.fn = function_for(rk, probe.name, probe.device, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg.args.size()));
+  probe.fn = function_for(rk, probe.name, probe.device, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg.args.size()),
+                          static_cast<int32_t>(cfg.tensor_maps.size()));
   probe.generation = generation;
   probe.shared_allowed = kDefaultSharedBytes;
   if (!keyed) return probe;
@@ -473,6 +483,46 @@ void rtc_reload() {
 }  // namespace opforge::detail
 
 namespace opforge {
+
+TensorMap tensor_map(const Tensor& t, std::initializer_list<uint32_t> box, TensorMapSwizzle swizzle) {
+  const detail::rtc::TensorMapLayout l = detail::rtc::tensor_map_layout(t, box.begin(), box.size(), swizzle);
+  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // int8, uint8, bool: copies move bits
+  switch (t.dtype()) {
+    case kFloat16:
+      type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+      break;
+    case kBFloat16:
+      type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+      break;
+    case kFloat32:
+      type = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+      break;
+    case kFloat64:
+      type = CU_TENSOR_MAP_DATA_TYPE_FLOAT64;
+      break;
+    case kInt16:
+      type = CU_TENSOR_MAP_DATA_TYPE_UINT16;
+      break;
+    case kInt32:
+      type = CU_TENSOR_MAP_DATA_TYPE_INT32;
+      break;
+    case kInt64:
+      type = CU_TENSOR_MAP_DATA_TYPE_INT64;
+      break;
+    default:
+      break;
+  }
+  static_assert(sizeof(CUtensorMap) == sizeof(TensorMap::bytes) && alignof(CUtensorMap) <= alignof(TensorMap));
+  TensorMap out;
+  const CUresult r = detail::encode_tiled_tensor_map(
+      *reinterpret_cast<CUtensorMap*>(out.bytes), type, l.rank, t.raw_data(), l.dims, l.strides, box.begin(),
+      static_cast<CUtensorMapSwizzle>(swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  if (r == CUDA_ERROR_NOT_SUPPORTED)
+    throw InternalError(
+        "opforge::tensor_map: the CUDA driver has no cuTensorMapEncodeTiled (it needs a CUDA 12 driver)");
+  if (r != CUDA_SUCCESS) throw InternalError(detail::driver_error(r, "opforge::tensor_map: cuTensorMapEncodeTiled"));
+  return out;
+}
 
 const std::string& kernel_target(const Tensor& t) {
   static const std::string none;

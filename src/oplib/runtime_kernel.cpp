@@ -321,8 +321,53 @@ std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const Opforge
   throw InternalError("run-time kernel without a launch rule");
 }
 
+TensorMapLayout tensor_map_layout(const Tensor& t, const uint32_t* box, size_t box_size, TensorMapSwizzle swizzle) {
+  const int32_t rank = t.ndim();
+  const int64_t size = static_cast<int64_t>(dtype_size(t.dtype()));
+  std::string problem;
+  if (!t.is_cuda()) problem = "the tensor is not on a CUDA device";
+  else if (rank < 1 || rank > 5) problem = "rank " + std::to_string(rank) + " (tensor maps take 1 to 5 dims)";
+  else if (box_size != static_cast<size_t>(rank))
+    problem = "a box of " + std::to_string(box_size) + " sizes for " + std::to_string(rank) + " dims";
+  else if (t.stride(rank - 1) != 1 && t.size(rank - 1) > 1) problem = "the last dim is not contiguous";
+  else if (reinterpret_cast<uintptr_t>(t.raw_data()) % 16 != 0) problem = "the data is not 16-byte aligned";
+  for (int32_t i = 0; problem.empty() && i < rank; ++i) {
+    const int32_t d = rank - 1 - i;  // innermost first
+    if (box[i] < 1 || box[i] > 256) problem = "box size " + std::to_string(box[i]) + " (1 to 256)";
+    else if (i > 0 && t.size(d) > 1 && t.stride(d) * size % 16 != 0)
+      problem = "dim " + std::to_string(d) + "'s stride of " + std::to_string(t.stride(d) * size) +
+                " bytes (a multiple of 16 is needed)";
+  }
+  const int64_t span = swizzle == TensorMapSwizzle::k32B    ? 32
+                       : swizzle == TensorMapSwizzle::k64B  ? 64
+                       : swizzle == TensorMapSwizzle::k128B ? 128
+                                                            : 0;
+  if (problem.empty() && box[0] * size % 16 != 0)
+    problem = "a box row of " + std::to_string(box[0] * size) + " bytes (a multiple of 16 is needed)";
+  if (problem.empty() && span > 0 && box[0] * size > span)
+    problem = "a box row of " + std::to_string(box[0] * size) + " bytes under a " + std::to_string(span) +
+              "-byte swizzle (at most its span)";
+  if (!problem.empty()) {
+    std::string shape;
+    for (int32_t d = 0; d < rank; ++d) shape += (d ? ", " : "") + std::to_string(t.size(d));
+    throw InvalidArgument("opforge::tensor_map of a " + std::string(dtype_name(t.dtype())) + " tensor of shape [" +
+                          shape + "]: " + problem);
+  }
+  TensorMapLayout l;
+  l.rank = static_cast<uint32_t>(rank);
+  for (int32_t i = 0; i < rank; ++i) {
+    const int32_t d = rank - 1 - i;
+    l.dims[i] = static_cast<uint64_t>(t.size(d));
+    if (i > 0)
+      l.strides[i - 1] =
+          static_cast<uint64_t>(t.size(d) > 1 ? t.stride(d) * size : 16);  // any stride serves a single index
+  }
+  return l;
+}
+
 std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
-                                               const std::vector<int32_t>& out_dtypes, int32_t launch_values) {
+                                               const std::vector<int32_t>& out_dtypes, int32_t launch_values,
+                                               int32_t tensor_maps) {
   const OpDef& def = *rk.def;
   std::vector<KernelParameter> out;
   for (size_t i = 0; i < def.args.size(); ++i)
@@ -339,6 +384,8 @@ std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const st
                                                                           : "args[" + std::to_string(k) + "]";
     out.push_back({KernelParameter::kInt64, "launch value " + name});
   }
+  for (int32_t m = 0; m < tensor_maps; ++m)
+    out.push_back({KernelParameter::kTensorMap, "tensor map " + std::to_string(m)});
   for (const ArgDecl& a : def.args) {
     if (a.kind == OPFORGE_ARG_TENSOR || a.param.compile_time) continue;
     const auto kind = a.kind == OPFORGE_ARG_FLOAT  ? KernelParameter::kDouble
@@ -351,6 +398,12 @@ std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const st
 
 namespace {
 
+/// The device type of a tensor map parameter (opforge/kernel.cuh), as the demangler prints it.
+constexpr const char* kTensorMapType = "opforge::kernel::TensorMap";
+
+/// Whether a declared parameter (demangled text) is an int64_t.
+bool is_int64(const std::string& declared) { return declared == "long long" || declared == "long"; }
+
 /// The C type a parameter must have, as the demangler prints it (int64_t is long long).
 std::string expected_type(const KernelParameter& p, const char* (*type_name)(int32_t)) {
   switch (p.kind) {
@@ -362,6 +415,8 @@ std::string expected_type(const KernelParameter& p, const char* (*type_name)(int
       return "double";
     case KernelParameter::kBool:
       return "bool";
+    case KernelParameter::kTensorMap:
+      return kTensorMapType;
   }
   return "";
 }
@@ -392,10 +447,11 @@ std::vector<std::string> split_parameters(const std::string& text) {
 
 /// Whether a declared parameter (demangled text) takes what `p` passes.
 bool matches(const std::string& declared, const KernelParameter& p, const char* (*type_name)(int32_t)) {
-  const bool is_int64 = declared == "long long" || declared == "long";
   switch (p.kind) {
     case KernelParameter::kInt64:
-      return is_int64;
+      return is_int64(declared);
+    case KernelParameter::kTensorMap:
+      return declared == kTensorMapType;
     case KernelParameter::kDouble:
       return declared == "double";
     case KernelParameter::kBool:
@@ -429,16 +485,21 @@ std::string parameters_text(const std::vector<KernelParameter>& params, const ch
 std::vector<std::string> signature_problems(const std::string& declared, const std::vector<KernelParameter>& expected,
                                             bool launch_values_known, const char* (*type_name)(int32_t dtype)) {
   const std::vector<std::string> found = split_parameters(declared);
-  // Align `expected` to `found`: with the launch values unknown, the int64s between the
-  // pointers and the parameters stand for them, as many as `found` leaves room for.
+  // Align `expected` to `found`: with the launch values unknown, the parameters between the
+  // pointers and the op's parameters stand for a grid function's int64 args and then its tensor
+  // maps, as many as `found` leaves room for: the trailing tensor maps among them are maps, the
+  // rest args.
   std::vector<KernelParameter> want = expected;
   if (!launch_values_known && found.size() > want.size()) {
     size_t pointers = 0;
     while (pointers < want.size() && want[pointers].kind == KernelParameter::kPointer) ++pointers;
     const size_t extra = found.size() - want.size();
+    size_t args = extra;
+    while (args > 0 && found[pointers + args - 1] == kTensorMapType) --args;
     for (size_t k = 0; k < extra; ++k)
       want.insert(want.begin() + static_cast<std::ptrdiff_t>(pointers + k),
-                  {KernelParameter::kInt64, "launch value args[" + std::to_string(k) + "]"});
+                  k < args ? KernelParameter{KernelParameter::kInt64, "launch value args[" + std::to_string(k) + "]"}
+                           : KernelParameter{KernelParameter::kTensorMap, "tensor map " + std::to_string(k - args)});
   }
   std::vector<std::string> problems;
   for (size_t i = 0; i < std::max(want.size(), found.size()); ++i) {
@@ -476,7 +537,7 @@ std::optional<std::string> demangled_parameters(const std::string& lowered_name)
 KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg) {
   const OpDef& def = *rk.def;
   const int32_t num_args = f->num_args;
-  const size_t most = static_cast<size_t>(num_args + f->num_outputs) + cfg.args.size();
+  const size_t most = static_cast<size_t>(num_args + f->num_outputs) + cfg.args.size() + cfg.tensor_maps.size();
   if (most > kInline) {
     heap_slots_.resize(most);
     heap_params_.resize(most);
@@ -493,6 +554,7 @@ KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame
     if (def.args[i].kind == OPFORGE_ARG_TENSOR) add(Slot{.pointer = f->args[i].tensor.data});
   for (int32_t o = 0; o < f->num_outputs; ++o) add(Slot{.pointer = f->outputs[o].data});
   for (int64_t v : cfg.args) add(Slot{.integer = v});
+  for (const TensorMap& m : cfg.tensor_maps) params_[n++] = const_cast<unsigned char*>(m.bytes);  // by value: its bytes
   for (int32_t i = 0; i < num_args; ++i) {
     const ArgDecl& a = def.args[i];
     if (a.kind == OPFORGE_ARG_TENSOR || a.param.compile_time) continue;

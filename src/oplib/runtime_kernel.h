@@ -76,13 +76,27 @@ int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg
 /// exceed a launch's limits.
 std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f);
 
+// ---- tensor maps ----------------------------------------------------------------------------
+
+/// The dims (elements) and strides (bytes, of dims 1 and up) of a tensor map, innermost first.
+struct TensorMapLayout {
+  uint32_t rank = 0;
+  uint64_t dims[5] = {};
+  uint64_t strides[4] = {};
+};
+
+/// The layout of opforge::tensor_map(t, box, swizzle): t's dims and strides reversed. Throws
+/// InvalidArgument naming the tensor's dtype and shape and what the bulk tensor copies cannot
+/// take (Requires of opforge::tensor_map in opforge/op.h).
+TensorMapLayout tensor_map_layout(const Tensor& t, const uint32_t* box, size_t box_size, TensorMapSwizzle swizzle);
+
 // ---- kernel signatures ----------------------------------------------------------------------
 
 /// One parameter a run-time kernel must declare: what KernelArguments passes in its place.
 struct KernelParameter {
-  enum Kind { kPointer, kInt64, kDouble, kBool };
+  enum Kind { kPointer, kInt64, kDouble, kBool, kTensorMap };
   Kind kind = kInt64;
-  std::string what;       ///< "input x", "output y", "launch value n", "parameter eps"
+  std::string what;       ///< "input x", "output y", "launch value n", "tensor map 0", "parameter eps"
   int32_t dtype = -1;     ///< kPointer: the tensor's OpforgeDtype; -1: an optional input left out
   bool writes = false;    ///< kPointer: an output or mutated input (the pointee is not const)
   bool optional = false;  ///< kPointer: an opforge::optional input, or an output that exists only with
@@ -92,9 +106,11 @@ struct KernelParameter {
 /// The parameters a kernel instantiation takes, in order, for these dtypes: the tensors'
 /// pointers (inputs, then outputs), `launch_values` int64 values of the launch rule
 /// (elementwise: n; rows: rows, cols; a grid function: its args; -1 when unknown, i.e. a grid
-/// function's before it runs), then the parameters that are not compile-time.
+/// function's before it runs), `tensor_maps` tensor maps (a grid function's; none when
+/// `launch_values` is -1), then the parameters that are not compile-time.
 std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
-                                               const std::vector<int32_t>& out_dtypes, int32_t launch_values);
+                                               const std::vector<int32_t>& out_dtypes, int32_t launch_values,
+                                               int32_t tensor_maps = 0);
 
 /// A one-line text of `params` for cache keys ("float const*, float*, int64_t, double"); an
 /// optional input is "optional*" whether given or not (one binary serves both calls).
@@ -104,8 +120,9 @@ std::string parameters_text(const std::vector<KernelParameter>& params, const ch
 /// demangler prints it, e.g. "float const*, float*, long long, double") and `expected`, one
 /// line per parameter: "parameter 3 (launch value n): expected int64_t, found int". A pointer
 /// matches its tensor's element type (`type_name`, e.g. "__half"; int64 also as "long") or
-/// void (any type for an optional input left out); an output's or mutated input's must not point to const. With
-/// `launch_values_known` false, any number of int64 parameters may stand for the launch values. Empty if they match.
+/// void (any type for an optional input left out); an output's or mutated input's must not point to const; a
+/// tensor map is "opforge::kernel::TensorMap". With `launch_values_known` false, any number of int64 parameters
+/// and then of tensor maps may stand for a grid function's values and maps. Empty if they match.
 std::vector<std::string> signature_problems(const std::string& declared, const std::vector<KernelParameter>& expected,
                                             bool launch_values_known, const char* (*type_name)(int32_t dtype));
 
@@ -115,8 +132,9 @@ std::vector<std::string> signature_problems(const std::string& declared, const s
 std::optional<std::string> demangled_parameters(const std::string& lowered_name);
 
 /// The kernel's arguments in their order: the tensors' data pointers (inputs, then outputs; an
-/// absent optional input's is null), the launch's int64 values, then the parameters that are
-/// not compile-time, each with its declared C type (int64_t, double, bool). Held inline for up
+/// absent optional input's is null), the launch's int64 values, its tensor maps (pointed to in
+/// `cfg`, which must outlive the launch), then the parameters that are not compile-time, each
+/// with its declared C type (int64_t, double, bool). Held inline for up
 /// to kInline arguments (built on every launch: no allocation on that path), else on the heap.
 class KernelArguments {
  public:

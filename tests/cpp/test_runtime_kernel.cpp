@@ -148,15 +148,19 @@ TEST(KernelArguments, PointersThenLaunchValuesThenParameters) {
   const auto* frame = f.get();
   opforge::LaunchConfig cfg;
   cfg.args = {8};
+  cfg.tensor_maps.resize(2);
+  cfg.tensor_maps[1].bytes[5] = 42;
   rtc::KernelArguments args(*def->runtime_kernels[0], frame, cfg);
   void** p = args.params();
   EXPECT_EQ(*static_cast<void**>(p[0]), reinterpret_cast<void*>(0x1000));  // x
   EXPECT_EQ(*static_cast<void**>(p[1]), nullptr);                          // w, absent
   EXPECT_EQ(*static_cast<void**>(p[2]), reinterpret_cast<void*>(0x2000));  // y
   EXPECT_EQ(*static_cast<int64_t*>(p[3]), 8);                              // n of the launch rule
-  EXPECT_EQ(*static_cast<int64_t*>(p[4]), 7);                              // n
-  EXPECT_EQ(*static_cast<double*>(p[5]), 1.5);                             // alpha
-  EXPECT_EQ(*static_cast<bool*>(p[6]), true);                              // flag; k is compile-time
+  EXPECT_EQ(p[4], cfg.tensor_maps[0].bytes);                               // the maps, by value: their bytes
+  EXPECT_EQ(static_cast<unsigned char*>(p[5])[5], 42);
+  EXPECT_EQ(*static_cast<int64_t*>(p[6]), 7);   // n
+  EXPECT_EQ(*static_cast<double*>(p[7]), 1.5);  // alpha
+  EXPECT_EQ(*static_cast<bool*>(p[8]), true);   // flag; k is compile-time
   std::vector<OpforgeValue> values;
   for (const auto& a : f.args) values.push_back(a.value);
   values[4].kind = OPFORGE_ARG_BOOL;
@@ -190,8 +194,8 @@ TEST(KernelArguments, MoreArgumentsThanHeldInlineKeepTheirOrder) {
 }
 
 /// pair_op's instantiation key for x in `x_dtype`, y in `y_dtype`, compile-time k and run-time n.
-std::vector<int64_t> pair_key(const opforge::detail::OpDef& def, int32_t x_dtype, int32_t y_dtype, int64_t k,
-                              int64_t n, int32_t capacity = 16) {
+std::vector<int64_t> pair_key(const opforge::detail::OpDef& def, int32_t x_dtype, int32_t y_dtype, int64_t k, int64_t n,
+                              int32_t capacity = 16) {
   Frame f;
   f.args.resize(6);
   f.args[0].tensor = f.tensor({8}, x_dtype);
@@ -291,6 +295,91 @@ TEST(KernelSignature, AGridFunctionsValuesAreAnyNumberOfInt64s) {
       (std::vector<std::string>{"parameter 6 (parameter n): expected int64_t, found double",
                                 "parameter 7 (parameter alpha): expected double, found bool",
                                 "parameter 8 (parameter flag): expected bool, the kernel has no such parameter"}));
+}
+
+TEST(KernelSignature, TensorMapsFollowAGridFunctionsValues) {
+  auto def = pair_op(opforge::rows("x"));
+  const auto& rk = *def->runtime_kernels[0];
+  const std::vector<int32_t> dtypes = {OPFORGE_DTYPE_FLOAT32, OPFORGE_DTYPE_FLOAT32}, out = {OPFORGE_DTYPE_FLOAT32};
+  const std::string map = "opforge::kernel::TensorMap";
+  // Before the grid function runs: its int64 args, then its maps, any number of each.
+  const auto unknown = rtc::kernel_parameters(rk, dtypes, out, -1);
+  EXPECT_TRUE(rtc::signature_problems(
+                  "float const*, float const*, float*, long long, " + map + ", " + map + ", long long, double, bool",
+                  unknown, false, cuda_name)
+                  .empty());
+  EXPECT_EQ(rtc::signature_problems(
+                "float const*, float const*, float*, long long, int, " + map + ", long long, double, bool", unknown,
+                false, cuda_name),
+            (std::vector<std::string>{"parameter 5 (launch value args[1]): expected int64_t, found int"}));
+  // Once it has run: exactly its args and maps, in that order.
+  const auto known = rtc::kernel_parameters(rk, dtypes, out, 1, 2);
+  EXPECT_EQ(rtc::parameters_text(known, cuda_name),
+            "float const*, optional*, float*, int64_t, " + map + ", " + map + ", int64_t, double, bool");
+  EXPECT_TRUE(rtc::signature_problems(
+                  "float const*, float const*, float*, long long, " + map + ", " + map + ", long long, double, bool",
+                  known, true, cuda_name)
+                  .empty());
+  EXPECT_EQ(rtc::signature_problems(
+                "float const*, float const*, float*, " + map + ", long long, " + map + ", long long, double, bool",
+                known, true, cuda_name),
+            (std::vector<std::string>{"parameter 4 (launch value rows): expected int64_t, found " + map,
+                                      "parameter 5 (tensor map 0): expected " + map + ", found long long"}));
+  EXPECT_EQ(rtc::signature_problems("float const*, float const*, float*, long long, " + map + ", CUtensorMap_st" +
+                                        ", long long, double, bool",
+                                    known, true, cuda_name),
+            (std::vector<std::string>{"parameter 6 (tensor map 1): expected " + map + ", found CUtensorMap_st"}));
+}
+
+/// tensor_map_layout's error for `t` with `box`, or "" if it takes them.
+std::string tensor_map_problem(const OpforgeTensor& t, std::vector<uint32_t> box,
+                               opforge::TensorMapSwizzle swizzle = opforge::TensorMapSwizzle::k128B) {
+  try {
+    rtc::tensor_map_layout(Tensor(t), box.data(), box.size(), swizzle);
+    return "";
+  } catch (const opforge::InvalidArgument& e) {
+    return e.what();
+  }
+}
+
+TEST(TensorMap, LayoutIsTheTensorsDimsInnermostFirst) {
+  Frame f;
+  // A head-split view [2, 4, 100, 64] of a [2, 100, 3 * 4 * 64] bfloat16 projection.
+  OpforgeTensor q = f.tensor({2, 4, 100, 64}, OPFORGE_DTYPE_BFLOAT16);
+  f.strides.back() = {100 * 768, 64, 768, 1};
+  const uint32_t box[] = {64, 128, 1, 1};
+  const rtc::TensorMapLayout l = rtc::tensor_map_layout(Tensor(q), box, 4, opforge::TensorMapSwizzle::k128B);
+  EXPECT_EQ(l.rank, 4u);
+  EXPECT_EQ(std::vector<uint64_t>(l.dims, l.dims + 4), (std::vector<uint64_t>{64, 100, 4, 2}));
+  EXPECT_EQ(std::vector<uint64_t>(l.strides, l.strides + 3), (std::vector<uint64_t>{1536, 128, 153600}));
+}
+
+TEST(TensorMap, WhatTheCopyEngineCannotTakeIsRefused) {
+  Frame f;
+  const std::string prefix = "opforge::tensor_map of a bfloat16 tensor of shape [2, 100, 64]: ";
+  OpforgeTensor t = f.tensor({2, 100, 64}, OPFORGE_DTYPE_BFLOAT16);
+  f.strides.back() = {6400, 64, 1};
+  EXPECT_EQ(tensor_map_problem(t, {64, 128, 1}), "");
+  EXPECT_EQ(tensor_map_problem(t, {64, 128}), prefix + "a box of 2 sizes for 3 dims");
+  EXPECT_EQ(tensor_map_problem(t, {64, 512, 1}), prefix + "box size 512 (1 to 256)");
+  EXPECT_EQ(tensor_map_problem(t, {128, 128, 1}),
+            prefix + "a box row of 256 bytes under a 128-byte swizzle (at most its span)");
+  EXPECT_EQ(tensor_map_problem(t, {4, 128, 1}, opforge::TensorMapSwizzle::kNone),
+            prefix + "a box row of 8 bytes (a multiple of 16 is needed)");
+  f.strides.back() = {6400, 68, 1};  // rows 136 bytes apart
+  EXPECT_EQ(tensor_map_problem(t, {64, 128, 1}), prefix + "dim 1's stride of 136 bytes (a multiple of 16 is needed)");
+  f.strides.back() = {6400, 1, 100};  // a transpose: the last dim is not contiguous
+  EXPECT_EQ(tensor_map_problem(t, {64, 128, 1}), prefix + "the last dim is not contiguous");
+  f.strides.back() = {6400, 64, 1};
+  t.data = reinterpret_cast<void*>(0x1008);
+  EXPECT_EQ(tensor_map_problem(t, {64, 128, 1}), prefix + "the data is not 16-byte aligned");
+  t.data = reinterpret_cast<void*>(0x1000);
+  t.device_type = OPFORGE_DEVICE_CPU;
+  EXPECT_EQ(tensor_map_problem(t, {64, 128, 1}), prefix + "the tensor is not on a CUDA device");
+  OpforgeTensor wide = f.tensor({1, 1, 1, 1, 1, 16}, OPFORGE_DTYPE_BFLOAT16);
+  EXPECT_EQ(tensor_map_problem(wide, {16, 1, 1, 1, 1, 1}),
+            "opforge::tensor_map of a bfloat16 tensor of shape [1, 1, 1, 1, 1, 16]: rank 6 (tensor maps take 1 to 5 "
+            "dims)");
 }
 
 TEST(KernelSignature, DemangledParameterLists) {

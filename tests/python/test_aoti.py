@@ -109,7 +109,7 @@ def test_package_ships_run_time_kernels_precompiled(packaged):
     _, package, _ = packaged
     kernels = package.parent / "libsoftshrink.kernels"
     assert (kernels / "softshrink.cu").is_file() and not (kernels / "softshrink.cu").is_symlink()
-    assert (kernels / "opforge" / "kernel.cuh").is_file()
+    assert (kernels / "opforge" / "kernel.cuh").is_file() and (kernels / "opforge" / "tma.cuh").is_file()
     assert len(list((kernels / "cache").glob("*.bin"))) == 1  # float32 is the one instantiation
     assert not (package.parent / "libbias_gelu.kernels" / "cache").exists()  # ahead-of-time kernel
 

@@ -79,13 +79,22 @@ void set_output(OutputDecl& o, const Like& rule);
 /// Fills an output with explicit dims and the dtype of `dtype_like` (if not empty) or `dtype`.
 void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like, int32_t dtype);
 
-/// Grid and block of a kernel launch, and extra int64 kernel arguments; returned by the
-/// function given to opforge::grid().
+/// An encoded tensor map of the tensor-memory accelerator (CUDA's CUtensorMap: 128 opaque
+/// bytes, 128-byte aligned), made by opforge::tensor_map for a run-time kernel's bulk tensor
+/// copies. All zeros (the default) is no map: a kernel path that copies nothing through it may
+/// be passed one.
+struct TensorMap {
+  alignas(128) unsigned char bytes[128] = {};
+};
+
+/// Grid and block of a kernel launch, extra int64 kernel arguments and tensor maps; returned by
+/// the function given to opforge::grid().
 struct LaunchConfig {
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {256, 1, 1};
   unsigned shared_bytes = 0;
   std::vector<int64_t> args;
+  std::vector<TensorMap> tensor_maps;
 };
 
 /// How a run-time kernel is launched (see opforge::elementwise, opforge::rows, opforge::grid).
@@ -125,8 +134,8 @@ struct OpDef {
   std::string ns, name, doc, file, equivalent;
   std::string backward;  // "ns::name" of the backward op, or empty
   int32_t line = 0;
-  int32_t sharding = -1;               // OpforgeSharding; -1: derived from the run-time kernel's launch rule
-  std::vector<int32_t> sharding_dims;  // OPFORGE_SHARDING_DIMS
+  int32_t sharding = -1;                     // OpforgeSharding; -1: derived from the run-time kernel's launch rule
+  std::vector<int32_t> sharding_dims;        // OPFORGE_SHARDING_DIMS
   int32_t autocast = OPFORGE_AUTOCAST_NONE;  // OpforgeAutocast
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;

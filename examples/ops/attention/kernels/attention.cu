@@ -13,21 +13,27 @@
 // ldmatrix reads are free of bank conflicts. Products use mma.sync m16n8k16 (fp16/bf16 in,
 // fp32 accumulate); P is rounded to the input dtype before P V, as in FlashAttention-2.
 //
-// On Hopper (compiled as sm_90a), head dim 128 takes another path, attention_sm90 below:
-// warpgroup MMAs (wgmma) read Q and K straight from shared memory and P from registers,
-// 128 keys per step, two warpgroups of 64 query rows each, and the P V product of one step
-// runs on the tensor cores while the softmax of the next is computed (FlashAttention-3's
-// intra-warpgroup overlap: Shah et al., "FlashAttention-3: Fast and Accurate Attention with
-// Asynchrony and Low-precision", 2024, Algorithm 2; without its TMA and warp specialisation).
+// On Hopper (compiled as sm_90a), head dim 128 takes another path, attention_sm90 below, in the
+// manner of FlashAttention-3 (Shah et al., "FlashAttention-3: Fast and Accurate Attention with
+// Asynchrony and Low-precision", 2024): warp specialisation, a producer warpgroup whose one
+// thread moves Q and a two-stage ring of K and V tiles by bulk tensor copies (TMA) onto
+// mbarriers, and two consumer warpgroups of 64 query rows each that run warpgroup MMAs (wgmma:
+// Q and K from 128-byte-swizzled shared memory, P from registers) over 128 keys per step. Each
+// consumer overlaps the P V product of one step with the softmax of the next (Algorithm 2,
+// intra-warpgroup overlap), and the two take turns issuing their products (ping-pong, named
+// barriers) so that one's softmax runs while the other's MMAs do; setmaxnreg moves registers
+// from the producer to the consumers.
 //
 // Arguments (opforge run-time kernel convention): q, k, v [B, H, Sq|Sk, D] with contiguous,
 // 16-byte aligned rows (opforge::contiguous_last_dim), mask [B, Sk] or null, o [B, H, Sq, D]
 // dense; then the grid function's heads, Sq, Sk and the batch, head and row strides of q, k,
-// v; then scale (0: 1/sqrt(D)).
+// v; its tensor maps of q, k and v (boxes of 64 columns by 128 rows, 128-byte swizzle; used by
+// the Hopper path only, all zeros otherwise); then scale (0: 1/sqrt(D)).
 // Grid: (ceil(Sq / 128), H, B); 128 threads and (128 + 2 * kBlockN) * D * sizeof(T) bytes of
-// dynamic shared memory, or on the Hopper path 256 threads and attention_sm90::kSharedBytes
+// dynamic shared memory, or on the Hopper path 384 threads and attention_sm90::kSharedBytes
 // (attention.cpp's grid function, which asks opforge::kernel_target).
 #include <opforge/kernel.cuh>
+#include <opforge/tma.cuh>
 
 namespace attention_detail {
 
@@ -46,7 +52,7 @@ constexpr bool kHopper = false;
 template <int D>
 constexpr bool kUsesWgmma = (kHopper && D == 128);
 template <int D>
-constexpr int kThreadsFor = kUsesWgmma<D> ? 256 : kThreads;
+constexpr int kThreadsFor = kUsesWgmma<D> ? 384 : kThreads;
 template <int D>
 constexpr int kMinBlocksFor = kUsesWgmma<D> ? 1 : 2;
 
@@ -418,32 +424,51 @@ using attention_detail::kLog2e;
 using attention_detail::neg_inf;
 using attention_detail::pack2;
 
-constexpr int kBlockM = 128, kBlockN = 128, kD = 128, kThreads = 256;
-/// One 64-column half of a 128-row tile: 128 rows of 128 bytes.
+constexpr int kBlockN = 128, kD = 128, kThreads = 384, kStages = 2;
+/// One 64-column half of a 128-row tile: 128 rows of 128 bytes, a box of the tensor maps
+/// (64 columns by 128 rows); the copy engine's 128-byte swizzle stores row r's 16-byte chunk c
+/// at chunk c ^ (r % 8) (cute's Swizzle<3, 4, 3>), the layout descriptors of layout type 1 read.
 constexpr unsigned kHalf = 128 * 128;
-/// Shared memory, from a 1024-byte-aligned base: Q, then K in two stages, then V in two
-/// stages, each a tile of two halves. The 1024 spare bytes pay for aligning the base.
-constexpr unsigned kQ = 0, kK = 2 * kHalf, kV = 6 * kHalf, kSharedBytes = 10 * kHalf + 1024;
+/// Shared memory, from a 1024-byte-aligned base: Q, then K in kStages stages, then V in kStages
+/// stages, each a tile of two halves; then the mbarriers (Q's, and full and empty ones per stage
+/// of K and of V). The 1024 spare bytes pay for aligning the base.
+constexpr unsigned kQ = 0, kK = 2 * kHalf, kV = kK + kStages * 2 * kHalf, kBarriers = kV + kStages * 2 * kHalf,
+                   kSharedBytes = kBarriers + (1 + 4 * kStages) * 8 + 1024;
+static_assert(kSharedBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
+/// Registers a thread of the producer and of a consumer warpgroup holds after setmaxnreg
+/// (128 x 24 + 256 x 240 <= 65536, FlashAttention-3's split for three warpgroups).
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 
 __device__ __forceinline__ unsigned k_tile(int stage) { return kK + stage * 2 * kHalf; }
 __device__ __forceinline__ unsigned v_tile(int stage) { return kV + stage * 2 * kHalf; }
 
-/// Copies rows [row0, row0 + 128) of a [rows, 128] matrix (rows `row_stride` elements apart,
-/// 16-byte aligned) into the tile at shared address
-/// `tile` with cp.async: columns 64 h .. 64 h + 63 go to half h, whose row r holds its 16-byte
-/// chunk c at chunk c ^ (r % 8), the 128-byte swizzle (cute's Swizzle<3, 4, 3>) that
-/// descriptors of layout type 1 describe. Rows at or past `limit` become zeros.
-template <class T>
-__device__ __forceinline__ void load_tile(unsigned tile, const T* src, int64_t row_stride, int64_t row0,
-                                          int64_t limit) {
-#pragma unroll
-  for (int it = 0; it < kBlockM * 16 / kThreads; ++it) {
-    const int i = it * kThreads + threadIdx.x, r = i / 16, c = i % 16;
-    const bool valid = row0 + r < limit;
-    const T* from = src + (valid ? (row0 + r) * row_stride + c * 8 : 0);
-    const unsigned to = tile + (c / 8) * kHalf + r * 128 + (((c % 8) ^ (r % 8)) << 4);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(valid ? 16 : 0));
-  }
+/// The mbarriers in shared memory: Q's full one, and per stage K's and V's full and empty ones.
+struct Barriers {
+  uint64_t* base;
+  __device__ uint64_t* q_full() const { return base; }
+  __device__ uint64_t* k_full(int stage) const { return base + 1 + stage; }
+  __device__ uint64_t* k_empty(int stage) const { return base + 1 + kStages + stage; }
+  __device__ uint64_t* v_full(int stage) const { return base + 1 + 2 * kStages + stage; }
+  __device__ uint64_t* v_empty(int stage) const { return base + 1 + 3 * kStages + stage; }
+};
+
+/// Copies rows [row0, row0 + 128) of (batch, head) of the [B, H, S, 128] tensor of `map` into
+/// the tile at `tile` (generic address) as two halves, completing on `full`, which expects
+/// their bytes (rows past S arrive as zeros and count).
+__device__ __forceinline__ void copy_tile(unsigned char* tile, const opforge::kernel::TensorMap& map, int row0,
+                                          int head, int batch, uint64_t* full, uint64_t policy) {
+  opforge::tma::mbarrier_arrive_expect_tx(full, 2 * kHalf);
+  opforge::tma::copy_4d(tile, map, 0, row0, head, batch, full, policy);
+  opforge::tma::copy_4d(tile + kHalf, map, 64, row0, head, batch, full, policy);
+}
+
+/// Named barriers of the consumer warpgroups' ping-pong (ids 1 and 2; 0 is __syncthreads):
+/// warpgroup g waits on barrier 1 + g until the other warpgroup has issued its products.
+__device__ __forceinline__ void turn_wait(int group) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + group) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int group) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - group) : "memory");
 }
 
 /// A wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start
@@ -547,31 +572,69 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
-/// Head dim 128 on Hopper. Block: 2 warpgroups, 128 query rows (warpgroup g owns rows
-/// 64 g .. 64 g + 63; within it, warp w rows 16 w .. 16 w + 15). Per key block j: wait for K_j
-/// (and V_{j-1}), start loading K_{j+1} and V_j, issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1},
-/// wait for S_j only, mask and exponentiate S_j while the P V product runs, wait for it, rescale
-/// O by the new row maxima and round S_j to P_j. P_{n-1} V_{n-1} closes the loop.
+/// Head dim 128 on Hopper. Block: 3 warpgroups, 128 query rows. Warpgroup 0 produces: one
+/// thread copies Q, then K_j and V_j into stage j % 2 once the consumers have released the
+/// stage's previous tiles. Consumer warpgroup g = 1, 2 owns rows 64 (g - 1) .. 64 (g - 1) + 63
+/// (within it, warp w rows 16 w .. 16 w + 15). Per key block j a consumer waits for K_j, takes
+/// its turn, issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, passes the turn, waits for
+/// S_j only and releases K_j, masks and exponentiates S_j while the P V product runs, waits for
+/// it and releases V_{j-1}, rescales O by the new row maxima and rounds S_j to P_j.
+/// P_{n-1} V_{n-1} closes the loop.
 template <class T, bool kCausal>
 __device__ __forceinline__ void attention(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
                                           const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
-                                          const attention_detail::Layout& l, double scale) {
+                                          const attention_detail::Layout& l, double scale,
+                                          const opforge::kernel::TensorMap& q_map,
+                                          const opforge::kernel::TensorMap& k_map,
+                                          const opforge::kernel::TensorMap& v_map) {
   const int64_t sq = l.sq, sk = l.sk;
-  using attention_detail::cp_async_commit;
-  using attention_detail::cp_async_wait_all;
   if (blockDim.x != kThreads) __trap();  // the grid function and this path disagree: fail, never compute wrong
-  const unsigned base = (attention_detail::smem_address(shared) + 1023u) & ~1023u;
+  const unsigned raw = attention_detail::smem_address(shared);
+  const unsigned base = (raw + 1023u) & ~1023u;
+  unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
+  const Barriers bars{reinterpret_cast<uint64_t*>(tiles + kBarriers)};
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const attention_detail::BlockWork<T, kD, kBlockN, kCausal> work(q, k, v, mask, l, scale);
   const int64_t bh = work.bh, m0 = work.m0;
-  const T *qb = work.q, *kb = work.k, *vb = work.v, *mb = work.mask;
+  const T* mb = work.mask;
   const float scale_log2 = work.scale_log2;
   const int n_blocks = work.n_blocks;
 
-  load_tile<T>(base + kQ, qb, l.q.row, m0, sq);
-  if (n_blocks > 0) load_tile<T>(base + k_tile(0), kb, l.k.row, 0, sk);
-  cp_async_commit();
+  if (threadIdx.x == 0) {
+    opforge::tma::mbarrier_init(bars.q_full(), 1);
+    for (int st = 0; st < kStages; ++st) {
+      opforge::tma::mbarrier_init(bars.k_full(st), 1);
+      opforge::tma::mbarrier_init(bars.v_full(st), 1);
+      opforge::tma::mbarrier_init(bars.k_empty(st), 8);  // one arrival per consumer warp
+      opforge::tma::mbarrier_init(bars.v_empty(st), 8);
+    }
+    opforge::tma::fence_mbarrier_init();
+  }
+  __syncthreads();
 
+  if (group == 0) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (threadIdx.x != 0) return;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    opforge::tma::prefetch_tensor_map(q_map);
+    opforge::tma::prefetch_tensor_map(k_map);
+    opforge::tma::prefetch_tensor_map(v_map);
+    // Q is read by this block only; K and V by every block of the (batch, head).
+    const uint64_t once = opforge::tma::evict_first(), shared_kv = opforge::tma::evict_last();
+    copy_tile(tiles + kQ, q_map, static_cast<int>(m0), head, batch, bars.q_full(), once);
+    for (int nb = 0; nb < n_blocks; ++nb) {
+      const int stage = nb % kStages;
+      const unsigned parity = (nb / kStages) & 1;
+      opforge::tma::mbarrier_wait(bars.k_empty(stage), parity ^ 1);
+      copy_tile(tiles + k_tile(stage), k_map, nb * kBlockN, head, batch, bars.k_full(stage), shared_kv);
+      opforge::tma::mbarrier_wait(bars.v_empty(stage), parity ^ 1);
+      copy_tile(tiles + v_tile(stage), v_map, nb * kBlockN, head, batch, bars.v_full(stage), shared_kv);
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  const int consumer = group - 1;
   float acc[kD / 8][4], s[kBlockN / 8][4];
   unsigned p[kBlockN / 16][4];
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
@@ -580,18 +643,17 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = s[j][e] = 0.0f;
   // This thread's rows, relative to m0: row_in_block (+ 8 for accumulator elements 2, 3).
-  const int row_in_block = group * 64 + warp * 16 + lane / 4;
-  const unsigned q_rows = base + kQ + group * 64 * 128;
+  const int row_in_block = consumer * 64 + warp * 16 + lane / 4;
+  const unsigned q_rows = base + kQ + consumer * 64 * 128;
+  opforge::tma::mbarrier_wait(bars.q_full(), 0);
 
   for (int nb = 0; nb < n_blocks; ++nb) {
-    const int stage = nb & 1;
+    const int stage = nb % kStages, previous = (nb + kStages - 1) % kStages;
+    const unsigned parity = (nb / kStages) & 1, previous_parity = ((nb - 1) / kStages) & 1;
     const int64_t n0 = static_cast<int64_t>(nb) * kBlockN;
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // K_nb and V_{nb-1} landed; every wgmma of the previous step is done
-    if (nb + 1 < n_blocks) load_tile<T>(base + k_tile(stage ^ 1), kb, l.k.row, n0 + kBlockN, sk);
-    load_tile<T>(base + v_tile(stage), vb, l.v.row, n0, sk);
-    cp_async_commit();
+    opforge::tma::mbarrier_wait(bars.k_full(stage), parity);
+    if (nb > 0) opforge::tma::mbarrier_wait(bars.v_full(previous), previous_parity);
+    if (nb > 0 || consumer == 1) turn_wait(consumer);  // consumer 0 issues first
 
     wgmma_fence();
 #pragma unroll
@@ -603,13 +665,17 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     if (nb > 0) {
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)  // keys 16 kk ..: 16 rows of 128 bytes per step
-        wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile(stage ^ 1) + kk * 16 * 128, kHalf, 1024));
+        wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile(previous) + kk * 16 * 128, kHalf, 1024));
       wgmma_commit();
+      turn_pass(consumer);
       wgmma_wait<1>();  // S_nb done; P V may still run
     } else {
+      turn_pass(consumer);
       wgmma_wait<0>();
     }
     fence_operands(s);
+    __syncwarp();
+    if (lane == 0) opforge::tma::mbarrier_arrive(bars.k_empty(stage));  // this warp is done with K_nb
 
     // Scores in log2 units, masked as on the mma.sync path.
     const int keys = static_cast<int>(sk - n0 < kBlockN ? sk - n0 : kBlockN);
@@ -635,19 +701,24 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     wgmma_wait<0>();  // P_{nb-1} V_{nb-1} done: acc and p are free
     fence_operands(acc);
     fence_operands(p);
+    if (nb > 0) {
+      __syncwarp();
+      if (lane == 0) opforge::tma::mbarrier_arrive(bars.v_empty(previous));  // this warp is done with V_{nb-1}
+    }
     attention_detail::rescale(acc, correction);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) attention_detail::pack_p<T>(s, kk, p[kk]);
   }
-  cp_async_wait_all();
   if (n_blocks > 0) {
-    fence_proxy_async();
-    __syncthreads();  // V_{n-1} landed
+    const int last = (n_blocks - 1) % kStages;
+    opforge::tma::mbarrier_wait(bars.v_full(last), ((n_blocks - 1) / kStages) & 1);
+    turn_wait(consumer);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile((n_blocks - 1) & 1) + kk * 16 * 128, kHalf, 1024));
+      wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile(last) + kk * 16 * 128, kHalf, 1024));
     wgmma_commit();
+    if (consumer == 0) turn_pass(consumer);  // consumer 1 issues last
     wgmma_wait<0>();
     fence_operands(acc);
     fence_operands(p);
@@ -664,14 +735,16 @@ __global__ void __launch_bounds__(attention_detail::kThreadsFor<D>, attention_de
     attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ mask,
               T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, int64_t q_batch, int64_t q_head, int64_t q_row,
               int64_t k_batch, int64_t k_head, int64_t k_row, int64_t v_batch, int64_t v_head, int64_t v_row,
-              double scale) {
+              const __grid_constant__ opforge::kernel::TensorMap q_map,
+              const __grid_constant__ opforge::kernel::TensorMap k_map,
+              const __grid_constant__ opforge::kernel::TensorMap v_map, double scale) {
   static_assert(D == 32 || D == 64 || D == 128, "head dim 32, 64 or 128");
   const attention_detail::Layout l{
       heads, sq, sk, {q_batch, q_head, q_row}, {k_batch, k_head, k_row}, {v_batch, v_head, v_row}};
   extern __shared__ __align__(1024) unsigned char shared[];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (attention_detail::kUsesWgmma<D>)
-    attention_sm90::attention<T, kCausal>(shared, q, k, v, mask, o, l, scale);
+    attention_sm90::attention<T, kCausal>(shared, q, k, v, mask, o, l, scale, q_map, k_map, v_map);
   else
 #endif
     attention_detail::attention_mma<T, D, kCausal>(shared, q, k, v, mask, o, l, scale);
