@@ -71,12 +71,12 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
 // Grid of kernels/attention.cu: 128 query rows per block, one block row per (head, batch);
 // the kernel also gets the batch, head and row strides of q, k and v (declared
 // contiguous_last_dim, so a model's head split is read in place) and three tensor maps.
-// Head dim 128 on a compute capability 9.0 device takes the kernel's Hopper path (compiled as
-// sm_90a, opforge::kernel_target): 384 threads (a producer and two consumer warpgroups), Q and
-// two stages of K and V in 161 KiB of shared memory (attention_sm90::kSharedBytes), copied by
-// the copy engine through the tensor maps of q, k and v (boxes of 64 columns by 128 rows,
-// 128-byte swizzle). Otherwise 128 threads; keys per step 32 (head dim 128) or 64, in shared
-// memory with the 128 query rows, and the maps are left empty.
+// Head dims 64 and 128 on a compute capability 9.0 device take the kernel's Hopper path
+// (compiled as sm_90a, opforge::kernel_target): 384 threads (a producer and two consumer
+// warpgroups), Q and two stages of K and V (161 KiB of shared memory at head dim 128, 81 at 64:
+// attention_sm90::Smem), copied by the copy engine through the tensor maps of q, k and v (boxes
+// of 64 columns by 128 rows, 128-byte swizzle). Otherwise 128 threads; keys per step 32 (head
+// dim 128) or 64, in shared memory with the 128 query rows, and the maps are left empty.
 static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
                                             opforge::Tensor, bool, double, opforge::MutableTensor) {
   OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535,
@@ -88,10 +88,10 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
   c.grid[1] = static_cast<unsigned>(q.size(1));
   c.grid[2] = static_cast<unsigned>(q.size(0));
   c.tensor_maps.resize(3);
-  if (head_dim == 128 && opforge::kernel_target(q) == "sm_90a") {
-    constexpr unsigned kHalf = 128 * 128, kStages = 2;
+  if (head_dim >= 64 && opforge::kernel_target(q) == "sm_90a") {
+    constexpr unsigned kHalf = 128 * 128, kStages = 2;  // attention_sm90::Smem<head_dim>::kBytes
     c.block[0] = 384;
-    c.shared_bytes = 2 * kHalf * (1 + 2 * kStages) + (1 + 4 * kStages) * 8 + 1024;
+    c.shared_bytes = static_cast<unsigned>(head_dim / 64) * kHalf * (1 + 2 * kStages) + (1 + 4 * kStages) * 8 + 1024;
     const opforge::Tensor* qkv[] = {&q, &k, &v};
     for (int i = 0; i < 3; ++i)
       if (qkv[i]->numel() > 0)  // an empty tensor has no map (and no copy reads it)

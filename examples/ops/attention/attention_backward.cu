@@ -154,22 +154,10 @@ __global__ void __launch_bounds__(kThreads) prep(Problem<T> p) {
     float s[kTilesN][4] = {};
     rows_times_rows<T, D, kPrepKeys>(s, q_at, k_at);
     const int keys = static_cast<int>(sk - n0 < kPrepKeys ? sk - n0 : kPrepKeys);
-    const int64_t diagonal = m0 - n0;  // causal: key col is after query row if col > row + diagonal
-#pragma unroll
-    for (int nt = 0; nt < kTilesN; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = nt * 8 + (lane & 3) * 2 + c;
-        const float add = mb != nullptr && col < keys ? opforge::kernel::to_acc(mb[n0 + col]) * kLog2e : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float& x = s[nt][2 * h + c];
-          x = x * p.scale_log2 + add;
-          if (col >= keys || (kCausal && col > row_in_block + h * 8 + diagonal)) x = neg_inf();
-        }
-      }
+    if (mb != nullptr) attention_detail::add_mask(s, mb + n0, keys, p.scale_log2, lane);
+    attention_detail::mask_edge<kCausal>(s, keys, static_cast<int>(row_in_block - lane / 4 + m0 - n0), lane);
     float correction[2];
-    attention_detail::online_softmax(s, row_max, row_sum, correction);
+    attention_detail::online_softmax(s, row_max, row_sum, correction, mb != nullptr ? 1.0f : p.scale_log2);
   }
   cp_async_wait_all();
 #pragma unroll

@@ -13,7 +13,7 @@
 // ldmatrix reads are free of bank conflicts. Products use mma.sync m16n8k16 (fp16/bf16 in,
 // fp32 accumulate); P is rounded to the input dtype before P V, as in FlashAttention-2.
 //
-// On Hopper (compiled as sm_90a), head dim 128 takes another path, attention_sm90 below, in the
+// On Hopper (compiled as sm_90a), head dims 64 and 128 take another path, attention_sm90 below, in the
 // manner of FlashAttention-3 (Shah et al., "FlashAttention-3: Fast and Accurate Attention with
 // Asynchrony and Low-precision", 2024): warp specialisation, a producer warpgroup whose one
 // thread moves Q and a two-stage ring of K and V tiles by bulk tensor copies (TMA) onto
@@ -50,7 +50,7 @@ constexpr bool kHopper = false;
 #endif
 /// Whether head dim D takes the wgmma path, and that path's block size.
 template <int D>
-constexpr bool kUsesWgmma = (kHopper && D == 128);
+constexpr bool kUsesWgmma = (kHopper && D >= 64);
 template <int D>
 constexpr int kThreadsFor = kUsesWgmma<D> ? 384 : kThreads;
 template <int D>
@@ -123,30 +123,66 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 // "Register Fragments" of wgmma); each row's values are spread over the 4 threads of a quad.
 
 /// One online-softmax step (Milakov & Gimelshein 2018) for the thread's two rows of a tile of
-/// scores in log2 units: the new row maxima (over the quad), the scores exponentiated in place
-/// relative to them, the running sums rescaled and extended, and in `correction` the factor by
-/// which each row's output accumulators must be rescaled.
+/// scores that are `scale` times smaller than log2 units (1: in log2 units; the scale in log2
+/// units for raw scores, so that scaling and subtracting the maximum are one multiply-add, as
+/// FlashAttention-2 does; scale > 0, so the maximum of raw scores is the raw maximum): the new
+/// row maxima (over the quad, in log2 units), the scores exponentiated in place relative to
+/// them, the running sums rescaled and extended, and in `correction` the factor by which each
+/// row's output accumulators must be rescaled.
 template <int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&row_max)[2], float (&row_sum)[2],
-                                               float (&correction)[2]) {
+                                               float (&correction)[2], float scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = row_max[h];
+    float mx = s[0][2 * h];
 #pragma unroll
     for (int j = 0; j < N; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(row_max[h], mx * scale);
     const float base = mx == neg_inf() ? 0.0f : mx;  // a row masked so far stays at zero
     correction[h] = fast_exp2(row_max[h] - base);
     row_max[h] = mx;
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      s[j][2 * h] = fast_exp2(s[j][2 * h] - base);
-      s[j][2 * h + 1] = fast_exp2(s[j][2 * h + 1] - base);
+      s[j][2 * h] = fast_exp2(fmaf(s[j][2 * h], scale, -base));
+      s[j][2 * h + 1] = fast_exp2(fmaf(s[j][2 * h + 1], scale, -base));
       sum += s[j][2 * h] + s[j][2 * h + 1];
     }
     row_sum[h] = row_sum[h] * correction[h] + sum;
+  }
+}
+
+/// Scales a tile of raw scores to log2 units and adds the padding mask, `mask` pointing at the
+/// tile's first key: s = s * scale_log2 + mask * log2(e) for key columns below `keys` (those at
+/// or past it are mask_edge's).
+template <class T, int N>
+__device__ __forceinline__ void add_mask(float (&s)[N][4], const T* mask, int keys, float scale_log2, int lane) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = j * 8 + (lane & 3) * 2 + c;
+      const float add = col < keys ? opforge::kernel::to_acc(mask[col]) * kLog2e : 0.0f;
+      s[j][c] = s[j][c] * scale_log2 + add;
+      s[j][2 + c] = s[j][2 + c] * scale_log2 + add;
+    }
+  }
+}
+
+/// Removes (sets to -inf) the scores of key columns at or past `keys` and, with kCausal, of key
+/// columns after the query: column col of the thread's row r (lane / 4, + 8 for elements 2, 3)
+/// is after it if col > r + `diagonal` (the tile's first query minus its first key).
+template <bool kCausal, int N>
+__device__ __forceinline__ void mask_edge(float (&s)[N][4], int keys, int diagonal, int lane) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + (lane & 3) * 2 + e % 2, row = lane / 4 + (e / 2) * 8;
+      if (col >= keys || (kCausal && col > row + diagonal)) s[j][e] = neg_inf();
+    }
   }
 }
 
@@ -359,34 +395,21 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
       cp_async_commit();
     }
 
-    // Scores in log2 units, masked: padding mask added, keys past Sk and (causal) keys after
-    // the query removed. Columns and rows relative to the block: key n0 + col, query m0 + row.
+    // Masks: the padding mask added (scores then in log2 units), keys past Sk and (causal)
+    // keys after the query removed (key n0 + col of query m0 + row, col > row + m0 - n0);
+    // without a padding mask the scale is applied in the exponent.
     const int keys = static_cast<int>(sk - n0 < kBlockN ? sk - n0 : kBlockN);
-    const int diagonal = kCausal ? static_cast<int>(m0 - n0) : 0;  // key col is after query row if col > row + diagonal
+    const int diagonal = kCausal ? static_cast<int>(m0 - n0) : 0;
     const bool edge = keys < kBlockN || (kCausal && diagonal < kBlockN);
 #pragma unroll
-    for (int nt = 0; nt < kTilesN; ++nt) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = nt * 8 + (lane & 3) * 2 + c;
-        const float add = mb != nullptr && col < keys ? opforge::kernel::to_acc(mb[n0 + col]) * kLog2e : 0.0f;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& x = s[mt][nt][2 * h + c];
-            x = x * scale_log2 + add;
-            if (edge && (col >= keys || (kCausal && col > row_in_block + mt * 16 + h * 8 + diagonal))) x = neg_inf();
-          }
-        }
-      }
+    for (int mt = 0; mt < 2; ++mt) {
+      if (mb != nullptr) add_mask(s[mt], mb + n0, keys, scale_log2, lane);
+      if (edge) mask_edge<kCausal>(s[mt], keys, warp * 32 + mt * 16 + diagonal, lane);
     }
-
-    // Online softmax: new row maxima, rescale the accumulator and the running sums.
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       float correction[2];
-      online_softmax(s[mt], row_max[mt], row_sum[mt], correction);
+      online_softmax(s[mt], row_max[mt], row_sum[mt], correction, mb != nullptr ? 1.0f : scale_log2);
       rescale(acc[mt], correction);
     }
 
@@ -424,23 +447,27 @@ using attention_detail::kLog2e;
 using attention_detail::neg_inf;
 using attention_detail::pack2;
 
-constexpr int kBlockN = 128, kD = 128, kThreads = 384, kStages = 2;
+constexpr int kBlockN = 128, kThreads = 384, kStages = 2;
 /// One 64-column half of a 128-row tile: 128 rows of 128 bytes, a box of the tensor maps
 /// (64 columns by 128 rows); the copy engine's 128-byte swizzle stores row r's 16-byte chunk c
 /// at chunk c ^ (r % 8) (cute's Swizzle<3, 4, 3>), the layout descriptors of layout type 1 read.
 constexpr unsigned kHalf = 128 * 128;
-/// Shared memory, from a 1024-byte-aligned base: Q, then K in kStages stages, then V in kStages
-/// stages, each a tile of two halves; then the mbarriers (Q's, and full and empty ones per stage
-/// of K and of V). The 1024 spare bytes pay for aligning the base.
-constexpr unsigned kQ = 0, kK = 2 * kHalf, kV = kK + kStages * 2 * kHalf, kBarriers = kV + kStages * 2 * kHalf,
-                   kSharedBytes = kBarriers + (1 + 4 * kStages) * 8 + 1024;
-static_assert(kSharedBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
 /// Registers a thread of the producer and of a consumer warpgroup holds after setmaxnreg
 /// (128 x 24 + 256 x 240 <= 65536, FlashAttention-3's split for three warpgroups).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 
-__device__ __forceinline__ unsigned k_tile(int stage) { return kK + stage * 2 * kHalf; }
-__device__ __forceinline__ unsigned v_tile(int stage) { return kV + stage * 2 * kHalf; }
+/// Shared memory for head dim D, from a 1024-byte-aligned base: Q, then K in kStages stages,
+/// then V in kStages stages, each a tile of D / 64 halves; then the mbarriers (Q's, and full and
+/// empty ones per stage of K and of V). The 1024 spare bytes pay for aligning the base
+/// (attention.cpp's grid function asks the same).
+template <int D>
+struct Smem {
+  static constexpr unsigned kTile = D / 64 * kHalf, kQ = 0, kK = kTile, kV = kK + kStages * kTile,
+                            kBarriers = kV + kStages * kTile, kBytes = kBarriers + (1 + 4 * kStages) * 8 + 1024;
+  static_assert(kBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
+  static __device__ unsigned k_tile(int stage) { return kK + stage * kTile; }
+  static __device__ unsigned v_tile(int stage) { return kV + stage * kTile; }
+};
 
 /// The mbarriers in shared memory: Q's full one, and per stage K's and V's full and empty ones.
 struct Barriers {
@@ -452,14 +479,16 @@ struct Barriers {
   __device__ uint64_t* v_empty(int stage) const { return base + 1 + 3 * kStages + stage; }
 };
 
-/// Copies rows [row0, row0 + 128) of (batch, head) of the [B, H, S, 128] tensor of `map` into
-/// the tile at `tile` (generic address) as two halves, completing on `full`, which expects
+/// Copies rows [row0, row0 + 128) of (batch, head) of the [B, H, S, D] tensor of `map` into
+/// the tile at `tile` (generic address) as D / 64 halves, completing on `full`, which expects
 /// their bytes (rows past S arrive as zeros and count).
+template <int D>
 __device__ __forceinline__ void copy_tile(unsigned char* tile, const opforge::kernel::TensorMap& map, int row0,
                                           int head, int batch, uint64_t* full, uint64_t policy) {
-  opforge::tma::mbarrier_arrive_expect_tx(full, 2 * kHalf);
-  opforge::tma::copy_4d(tile, map, 0, row0, head, batch, full, policy);
-  opforge::tma::copy_4d(tile + kHalf, map, 64, row0, head, batch, full, policy);
+  opforge::tma::mbarrier_arrive_expect_tx(full, D / 64 * kHalf);
+#pragma unroll
+  for (int h = 0; h < D / 64; ++h)
+    opforge::tma::copy_4d(tile + h * kHalf, map, 64 * h, row0, head, batch, full, policy);
 }
 
 /// Named barriers of the consumer warpgroups' ping-pong (ids 1 and 2; 0 is __syncthreads):
@@ -544,6 +573,39 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned (&a)[
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
   }
 }
+
+// The 32 accumulator operands of an m64n64 wgmma, laid out as the m64n128 ones' first 8 j.
+#define ATTENTION_WGMMA_D64                                                                                    \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define ATTENTION_WGMMA_D64_REGS                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+/// wgmma_rs for a 64 x 64 tile (head dim 64's P V product).
+template <class T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {
+  if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ATTENTION_WGMMA_D64_REGS
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : ATTENTION_WGMMA_D64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ATTENTION_WGMMA_D64_REGS
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : ATTENTION_WGMMA_D64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+#undef ATTENTION_WGMMA_D64
+#undef ATTENTION_WGMMA_D64_REGS
 #undef ATTENTION_WGMMA_D
 #undef ATTENTION_WGMMA_D_REGS
 
@@ -572,7 +634,7 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
-/// Head dim 128 on Hopper. Block: 3 warpgroups, 128 query rows. Warpgroup 0 produces: one
+/// Head dims 64 and 128 on Hopper. Block: 3 warpgroups, 128 query rows. Warpgroup 0 produces: one
 /// thread copies Q, then K_j and V_j into stage j % 2 once the consumers have released the
 /// stage's previous tiles. Consumer warpgroup g = 1, 2 owns rows 64 (g - 1) .. 64 (g - 1) + 63
 /// (within it, warp w rows 16 w .. 16 w + 15). Per key block j a consumer waits for K_j, takes
@@ -580,7 +642,7 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
 /// S_j only and releases K_j, masks and exponentiates S_j while the P V product runs, waits for
 /// it and releases V_{j-1}, rescales O by the new row maxima and rounds S_j to P_j.
 /// P_{n-1} V_{n-1} closes the loop.
-template <class T, bool kCausal>
+template <class T, int D, bool kCausal>
 __device__ __forceinline__ void attention(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
                                           const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
                                           const attention_detail::Layout& l, double scale,
@@ -592,9 +654,10 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
   const unsigned raw = attention_detail::smem_address(shared);
   const unsigned base = (raw + 1023u) & ~1023u;
   unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
-  const Barriers bars{reinterpret_cast<uint64_t*>(tiles + kBarriers)};
+  using S = Smem<D>;
+  const Barriers bars{reinterpret_cast<uint64_t*>(tiles + S::kBarriers)};
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const attention_detail::BlockWork<T, kD, kBlockN, kCausal> work(q, k, v, mask, l, scale);
+  const attention_detail::BlockWork<T, D, kBlockN, kCausal> work(q, k, v, mask, l, scale);
   const int64_t bh = work.bh, m0 = work.m0;
   const T* mb = work.mask;
   const float scale_log2 = work.scale_log2;
@@ -621,30 +684,34 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     opforge::tma::prefetch_tensor_map(v_map);
     // Q is read by this block only; K and V by every block of the (batch, head).
     const uint64_t once = opforge::tma::evict_first(), shared_kv = opforge::tma::evict_last();
-    copy_tile(tiles + kQ, q_map, static_cast<int>(m0), head, batch, bars.q_full(), once);
+    copy_tile<D>(tiles + S::kQ, q_map, static_cast<int>(m0), head, batch, bars.q_full(), once);
     for (int nb = 0; nb < n_blocks; ++nb) {
       const int stage = nb % kStages;
       const unsigned parity = (nb / kStages) & 1;
       opforge::tma::mbarrier_wait(bars.k_empty(stage), parity ^ 1);
-      copy_tile(tiles + k_tile(stage), k_map, nb * kBlockN, head, batch, bars.k_full(stage), shared_kv);
+      copy_tile<D>(tiles + S::k_tile(stage), k_map, nb * kBlockN, head, batch, bars.k_full(stage), shared_kv);
       opforge::tma::mbarrier_wait(bars.v_empty(stage), parity ^ 1);
-      copy_tile(tiles + v_tile(stage), v_map, nb * kBlockN, head, batch, bars.v_full(stage), shared_kv);
+      copy_tile<D>(tiles + S::v_tile(stage), v_map, nb * kBlockN, head, batch, bars.v_full(stage), shared_kv);
     }
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   const int consumer = group - 1;
-  float acc[kD / 8][4], s[kBlockN / 8][4];
+  float acc[D / 8][4], s[kBlockN / 8][4];
   unsigned p[kBlockN / 16][4];
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int j = 0; j < kD / 8; ++j)
+  for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = s[j][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
   // This thread's rows, relative to m0: row_in_block (+ 8 for accumulator elements 2, 3).
   const int row_in_block = consumer * 64 + warp * 16 + lane / 4;
-  const unsigned q_rows = base + kQ + consumer * 64 * 128;
+  const unsigned q_rows = base + S::kQ + consumer * 64 * 128;
   opforge::tma::mbarrier_wait(bars.q_full(), 0);
 
   for (int nb = 0; nb < n_blocks; ++nb) {
@@ -657,15 +724,15 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
 
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
+    for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned at = (kk / 4) * kHalf + (kk % 4) * 32;  // columns 16 kk ..: half kk / 4, 32 bytes per step
-      wgmma_ss<T>(s, descriptor(q_rows + at, 16, 1024), descriptor(base + k_tile(stage) + at, 16, 1024), kk > 0);
+      wgmma_ss<T>(s, descriptor(q_rows + at, 16, 1024), descriptor(base + S::k_tile(stage) + at, 16, 1024), kk > 0);
     }
     wgmma_commit();
     if (nb > 0) {
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)  // keys 16 kk ..: 16 rows of 128 bytes per step
-        wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile(previous) + kk * 16 * 128, kHalf, 1024));
+        wgmma_rs<T>(acc, p[kk], descriptor(base + S::v_tile(previous) + kk * 16 * 128, kHalf, 1024));
       wgmma_commit();
       turn_pass(consumer);
       wgmma_wait<1>();  // S_nb done; P V may still run
@@ -677,26 +744,16 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     __syncwarp();
     if (lane == 0) opforge::tma::mbarrier_arrive(bars.k_empty(stage));  // this warp is done with K_nb
 
-    // Scores in log2 units, masked as on the mma.sync path.
+    // Masks: the padding mask added (scores then in log2 units), keys past Sk and (causal)
+    // keys after the query removed; without a padding mask the scale is applied in the
+    // exponent (attention_detail::online_softmax).
     const int keys = static_cast<int>(sk - n0 < kBlockN ? sk - n0 : kBlockN);
     const int diagonal = kCausal ? static_cast<int>(m0 - n0) : 0;
-    const bool edge = keys < kBlockN || (kCausal && diagonal < kBlockN);
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = j * 8 + (lane & 3) * 2 + c;
-        const float add = mb != nullptr && col < keys ? opforge::kernel::to_acc(mb[n0 + col]) * kLog2e : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float& x = s[j][2 * h + c];
-          x = x * scale_log2 + add;
-          if (edge && (col >= keys || (kCausal && col > row_in_block + h * 8 + diagonal))) x = neg_inf();
-        }
-      }
-    }
+    if (mb != nullptr) attention_detail::add_mask(s, mb + n0, keys, scale_log2, lane);
+    if (keys < kBlockN || (kCausal && diagonal < kBlockN))
+      attention_detail::mask_edge<kCausal>(s, keys, consumer * 64 + warp * 16 + diagonal, lane);
     float correction[2];
-    attention_detail::online_softmax(s, row_max, row_sum, correction);  // while P V runs
+    attention_detail::online_softmax(s, row_max, row_sum, correction, mb != nullptr ? 1.0f : scale_log2);
 
     wgmma_wait<0>();  // P_{nb-1} V_{nb-1} done: acc and p are free
     fence_operands(acc);
@@ -716,7 +773,7 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_rs<T>(acc, p[kk], descriptor(base + v_tile(last) + kk * 16 * 128, kHalf, 1024));
+      wgmma_rs<T>(acc, p[kk], descriptor(base + S::v_tile(last) + kk * 16 * 128, kHalf, 1024));
     wgmma_commit();
     if (consumer == 0) turn_pass(consumer);  // consumer 1 issues last
     wgmma_wait<0>();
@@ -724,7 +781,7 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     fence_operands(p);
   }
 
-  attention_detail::store_rows<T, kD>(acc, row_sum, o, bh, sq, m0 + row_in_block, lane);
+  attention_detail::store_rows<T, D>(acc, row_sum, o, bh, sq, m0 + row_in_block, lane);
 }
 
 }  // namespace attention_sm90
@@ -744,7 +801,7 @@ __global__ void __launch_bounds__(attention_detail::kThreadsFor<D>, attention_de
   extern __shared__ __align__(1024) unsigned char shared[];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (attention_detail::kUsesWgmma<D>)
-    attention_sm90::attention<T, kCausal>(shared, q, k, v, mask, o, l, scale, q_map, k_map, v_map);
+    attention_sm90::attention<T, D, kCausal>(shared, q, k, v, mask, o, l, scale, q_map, k_map, v_map);
   else
 #endif
     attention_detail::attention_mma<T, D, kCausal>(shared, q, k, v, mask, o, l, scale);
