@@ -1,13 +1,13 @@
 """``examples::attention`` and its backward against ``torch.nn.functional.scaled_dot_product_attention``.
 
-bf16, batch 8, 16 heads, sequence 4096, head dim 128 (and 64), causal and not, in the same
+bf16 (or fp16: --dtype), batch 8, 16 heads, sequence 4096, head dim 128 (and 64), causal and not, in the same
 process: opforge's kernels against SDPA as a user calls it (torch picks the backend) and
 against each SDPA backend forced (flash, cuDNN, memory-efficient), so the table shows which
 kernel the default is. The backward pass is timed the same way for both: torch.autograd.grad of
 q, k and v from a retained forward graph (only the backward kernels run).
 
     python3 bench/bench_attention.py [--batch 8] [--heads 16] [--seq 4096] [--pass forward|backward|both]
-                                     [--json out.json]
+                                     [--dtype bfloat16|float16] [--json out.json]
 
 FLOPs: forward 4 * batch * heads * seq^2 * head_dim (two matmuls), backward 2.5 times that
 (five matmuls; FlashAttention-2's convention, which leaves out the recomputation), halved for
@@ -49,21 +49,23 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--pass", dest="passes", choices=("forward", "backward", "both"), default="both")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("attention"))
+    dtype = getattr(torch, args.dtype)
     rows = []
     for backward in {"forward": (False,), "backward": (True,), "both": (False, True)}[args.passes]:
         for head_dim in (128, 64):
             for causal in (False, True):
                 q, k, v, grad_o = (
-                    torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=torch.bfloat16)
+                    torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=dtype)
                     for _ in range(4)
                 )
                 flops = 4 * args.batch * args.heads * args.seq**2 * head_dim / (2 if causal else 1)
                 flops *= 2.5 if backward else 1
                 group = (
-                    f"{'backward' if backward else 'forward'} bf16 [{args.batch}, {args.heads}, {args.seq}, "
+                    f"{'backward' if backward else 'forward'} {args.dtype} [{args.batch}, {args.heads}, {args.seq}, "
                     f"{head_dim}] {'causal' if causal else 'non-causal'}"
                 )
 

@@ -132,26 +132,42 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 template <int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&row_max)[2], float (&row_sum)[2],
                                                float (&correction)[2], float scale) {
+  // Both rows at once, each over four independent partial maxima and sums: the chains of
+  // dependent max and add instructions are a quarter as long.
+  static_assert(N % 4 == 0, "whole groups of four 8-column chunks");
+  float part[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[h][i] = fmaxf(s[i][2 * h], s[i][2 * h + 1]);
+#pragma unroll
+  for (int j = 4; j < N; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) part[h][j % 4] = fmaxf(part[h][j % 4], fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+  float base[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = s[0][2 * h];
-#pragma unroll
-    for (int j = 0; j < N; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+    float mx = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     mx = fmaxf(row_max[h], mx * scale);
-    const float base = mx == neg_inf() ? 0.0f : mx;  // a row masked so far stays at zero
-    correction[h] = fast_exp2(row_max[h] - base);
+    base[h] = mx == neg_inf() ? 0.0f : mx;  // a row masked so far stays at zero
+    correction[h] = fast_exp2(row_max[h] - base[h]);
     row_max[h] = mx;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      s[j][2 * h] = fast_exp2(fmaf(s[j][2 * h], scale, -base));
-      s[j][2 * h + 1] = fast_exp2(fmaf(s[j][2 * h + 1], scale, -base));
-      sum += s[j][2 * h] + s[j][2 * h + 1];
-    }
-    row_sum[h] = row_sum[h] * correction[h] + sum;
   }
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = fast_exp2(fmaf(s[j][e], scale, -base[e / 2]));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float pair = s[j][2 * h] + s[j][2 * h + 1];
+      part[h][j % 4] = j < 4 ? pair : part[h][j % 4] + pair;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    row_sum[h] = row_sum[h] * correction[h] + ((part[h][0] + part[h][1]) + (part[h][2] + part[h][3]));
 }
 
 /// Scales a tile of raw scores to log2 units and adds the padding mask, `mask` pointing at the
@@ -635,7 +651,7 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
 }
 
 /// Head dims 64 and 128 on Hopper. Block: 3 warpgroups, 128 query rows. Warpgroup 0 produces: one
-/// thread copies Q, then K_j and V_j into stage j % 2 once the consumers have released the
+/// thread copies Q, then K_j and V_j into stage j % kStages once the consumers have released the
 /// stage's previous tiles. Consumer warpgroup g = 1, 2 owns rows 64 (g - 1) .. 64 (g - 1) + 63
 /// (within it, warp w rows 16 w .. 16 w + 15). Per key block j a consumer waits for K_j, takes
 /// its turn, issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, passes the turn, waits for
