@@ -305,3 +305,75 @@ def test_precompile_infers_the_dtypes_the_description_fixes(tmp_path):
         {"positions": torch.int64, "query": torch.bfloat16, "cos_sin_cache": torch.bfloat16},
         cache_dir=tmp_path,
     )
+
+
+TMA_OP = """
+#include <opforge/op.h>
+static void ref(opforge::Tensor x, opforge::MutableTensor y) {
+  for (int64_t b = 0; b < x.size(0); ++b)
+    for (int64_t r = 0; r < 64; ++r)
+      for (int64_t c = 0; c < 32; ++c)
+        y.data<float>()[(b * 64 + r) * 32 + c] = x.data<float>()[b * x.stride(0) + r * x.stride(1) + c];
+}
+static opforge::LaunchConfig grid(opforge::Tensor x, opforge::MutableTensor) {
+  opforge::LaunchConfig c;
+  c.grid[0] = static_cast<unsigned>(x.size(0));
+  c.block[0] = 128;
+  c.args = {x.size(0)};
+  c.tensor_maps = {opforge::tensor_map(x, {32, 64, 1})};
+  return c;
+}
+OPFORGE_OP(rtc_test, tma_copy)
+    .input("x", opforge::kFloat32, opforge::shape({opforge::any, 64, 32}), opforge::contiguous_last_dim)
+    .output("y", opforge::like("x"))
+    .reference(ref)
+    .cuda_source("tma_copy.cu", "tma_copy")
+    .launch_grid(grid);
+"""
+
+TMA_KERNEL = """#include <opforge/kernel.cuh>
+#include <opforge/tma.cuh>
+// One block per batch: its [64, 32] box lands in shared memory by one bulk tensor copy.
+__global__ void tma_copy(const float* x, float* y, int64_t batches,
+                         const __grid_constant__ opforge::kernel::TensorMap x_map) {
+  __shared__ alignas(128) float tile[64 * 32];
+  __shared__ alignas(8) uint64_t full;
+  if (threadIdx.x == 0) {
+    opforge::tma::mbarrier_init(&full, 1);
+    opforge::tma::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    opforge::tma::mbarrier_arrive_expect_tx(&full, sizeof(tile));
+    opforge::tma::copy_3d(tile, x_map, 0, 0, blockIdx.x, &full, opforge::tma::evict_first());
+  }
+  opforge::tma::mbarrier_wait(&full, 0);
+  for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) y[blockIdx.x * 64 * 32 + i] = tile[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def tma_copy(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tma")
+    (tmp / "tma_copy.cpp").write_text(TMA_OP)
+    (tmp / "tma_copy.cu").write_text(TMA_KERNEL)
+    return opforge.load_library(
+        opforge.build_library("tma_copy_lib", [tmp / "tma_copy.cpp"], kernels=[tmp / "tma_copy.cu"], build_dir=tmp / "b")
+    )
+
+
+def test_a_kernel_taking_tensor_maps_compiles_with_the_shipped_tma_header(tma_copy, tmp_path):
+    assert (tma_copy.kernel_dir / "opforge" / "tma.cuh").is_file()
+    # NVRTC with the kernel folder's headers; the signature check lets the grid function's int64
+    # args and then its tensor maps stand between the pointers and the parameters.
+    assert opforge.precompile("rtc_test::tma_copy", {"x": torch.float32}, arch="sm_90", cache_dir=tmp_path) is False
+
+
+@requires_cuda
+def test_tensor_maps_copy_a_strided_view_in_place(tma_copy):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk tensor copies need a compute capability 9.0 GPU")
+    base = torch.randn(3, 64, 48, device="cuda")
+    x = base[:, :, 8:40]  # rows 192 bytes apart, a view the kernel reads in place
+    torch.testing.assert_close(torch.ops.rtc_test.tma_copy(x), x.contiguous(), rtol=0, atol=0)
