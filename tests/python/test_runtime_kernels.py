@@ -358,9 +358,10 @@ def tma_copy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tma")
     (tmp / "tma_copy.cpp").write_text(TMA_OP)
     (tmp / "tma_copy.cu").write_text(TMA_KERNEL)
-    return opforge.load_library(
-        opforge.build_library("tma_copy_lib", [tmp / "tma_copy.cpp"], kernels=[tmp / "tma_copy.cu"], build_dir=tmp / "b")
+    library = opforge.build_library(
+        "tma_copy_lib", [tmp / "tma_copy.cpp"], kernels=[tmp / "tma_copy.cu"], build_dir=tmp / "b"
     )
+    return opforge.load_library(library)
 
 
 def test_a_kernel_taking_tensor_maps_compiles_with_the_shipped_tma_header(tma_copy, tmp_path):
