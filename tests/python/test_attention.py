@@ -115,6 +115,19 @@ def test_misaligned_and_strided_inputs(device):
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_keys_and_values_shared_by_every_head(device, head_dim):
+    """Multi-query attention as a model writes it: one head of k and v expanded over the heads
+    (stride 0), which the kernel reads as it is (the Hopper path through tensor maps)."""
+    q, k, v, _ = inputs(2, 4, 140, 130, head_dim, torch.bfloat16, device)
+    k1, v1 = k[:, :1].expand_as(k), v[:, :1].expand_as(v)
+    assert k1.stride(1) == 0
+    out = torch.ops.examples.attention(q, k1, v1, head_dim, causal=True)
+    dense = torch.ops.examples.attention(q, k1.contiguous(), v1.contiguous(), head_dim, causal=True)
+    torch.testing.assert_close(out, dense, atol=0, rtol=0)
+
+
 def copies_made(fn) -> int:
     """ATen copies (aten::copy_) that running ``fn`` dispatches, counted with torch.profiler."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True) as prof:
