@@ -513,6 +513,10 @@ TensorMap tensor_map(const Tensor& t, std::initializer_list<uint32_t> box, Tenso
       break;
   }
   static_assert(sizeof(CUtensorMap) == sizeof(TensorMap::bytes) && alignof(CUtensorMap) <= alignof(TensorMap));
+  static_assert(static_cast<int>(TensorMapSwizzle::kNone) == CU_TENSOR_MAP_SWIZZLE_NONE &&
+                static_cast<int>(TensorMapSwizzle::k32B) == CU_TENSOR_MAP_SWIZZLE_32B &&
+                static_cast<int>(TensorMapSwizzle::k64B) == CU_TENSOR_MAP_SWIZZLE_64B &&
+                static_cast<int>(TensorMapSwizzle::k128B) == CU_TENSOR_MAP_SWIZZLE_128B);
   TensorMap out;
   const CUresult r = detail::encode_tiled_tensor_map(
       *reinterpret_cast<CUtensorMap*>(out.bytes), type, l.rank, t.raw_data(), l.dims, l.strides, box.begin(),
