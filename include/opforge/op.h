@@ -333,7 +333,7 @@ enum class TensorMapSwizzle : int32_t { kNone = 0, k32B = 1, k64B = 2, k128B = 3
 /// size (1 to 256) per dim, innermost first. Elements a box reads past a dim's end arrive as
 /// zeros. The kernel takes the map as `const __grid_constant__ opforge::kernel::TensorMap`,
 /// after the grid function's int64 args and before the op's parameters (Note [Run-time
-/// kernels]).
+/// kernels]), and copies through it with opforge/tma.cuh under `#if __CUDA_ARCH__ >= 900`.
 /// Requires: rank 1 to 5; the last dim contiguous; t's data and its other strides 16-byte
 /// aligned; the box's innermost bytes a multiple of 16, and at most the swizzle's span when
 /// swizzled. Throws InvalidArgument naming what is off, InternalError where the CUDA driver

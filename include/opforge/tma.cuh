@@ -27,15 +27,41 @@
 #pragma once
 
 #if defined(__CUDACC_RTC__)
-#include "kernel.cuh"  // the fixed-width integer types
+#include "kernel.cuh"  // the fixed-width integer types, opforge::kernel::TensorMap
+/// NVRTC cannot include cuda.h: a run-time kernel's CUtensorMap is opforge's map type, so a
+/// kernel written for nvcc compiles unchanged and takes what a grid function passes.
+typedef opforge::kernel::TensorMap CUtensorMap;
 #else
 #include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
 #endif
 
+// A tensor map must be read where the launch put it: the kernel takes it as a
+// `const __grid_constant__` parameter. One taken by plain value is copied into local memory,
+// whose address the copy engine cannot use; the copies below stop the kernel there (a trap,
+// after a message naming the rule) rather than copy from it. The check costs nothing where the
+// map is a grid constant (the compiler folds __isGridConstant).
+//
+// The instructions need sm_90; opforge verify and opforge.precompile also compile run-time
+// kernels for sm_80, so code that copies through tensor maps sits under
+// `#if __CUDA_ARCH__ >= 900` (or `#if defined(__CUDA_ARCH_FEAT_SM90_ALL)` with wgmma), as
+// examples/ops/attention/kernels/attention.cu does.
+
 namespace opforge::tma {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the device passes for sm_90 and newer only
+
+namespace detail {
+/// Stops the kernel unless `map` is a `const __grid_constant__` kernel parameter.
+template <class Map>
+__device__ inline void require_grid_constant(const Map& map) {
+  if (!__isGridConstant(&map)) {
+    printf("opforge/tma.cuh: a tensor map must be a `const __grid_constant__` kernel parameter (block %d)\n",
+           static_cast<int>(blockIdx.x));
+    __trap();
+  }
+}
+}  // namespace detail
 
 /// The 32-bit shared-memory address of a generic pointer into shared memory.
 __device__ inline uint32_t smem_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -79,6 +105,7 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 /// for it.
 template <class Map>
 __device__ inline void prefetch_tensor_map(const Map& map) {
+  detail::require_grid_constant(map);
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
 }
 
@@ -102,6 +129,7 @@ __device__ inline uint64_t evict_last() {
 /// `policy` from evict_first / evict_last.
 template <class Map>
 __device__ inline void copy_3d(void* dst, const Map& map, int c0, int c1, int c2, uint64_t* bar, uint64_t policy) {
+  detail::require_grid_constant(map);
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
@@ -113,6 +141,7 @@ __device__ inline void copy_3d(void* dst, const Map& map, int c0, int c1, int c2
 template <class Map>
 __device__ inline void copy_4d(void* dst, const Map& map, int c0, int c1, int c2, int c3, uint64_t* bar,
                                uint64_t policy) {
+  detail::require_grid_constant(map);
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_address(dst)),
@@ -120,5 +149,17 @@ __device__ inline void copy_4d(void* dst, const Map& map, int c0, int c1, int c2
       : "memory");
 }
 
+#elif defined(__CUDA_ARCH__)
+// Device passes for older architectures: the copies say why they are missing.
+template <class Map>
+__device__ void copy_3d(void*, const Map&, int, int, int, uint64_t*, uint64_t) {
+  static_assert(sizeof(Map) == 0,
+                "opforge/tma.cuh: bulk tensor copies need sm_90; put this code under #if __CUDA_ARCH__ >= 900");
+}
+template <class Map>
+__device__ void copy_4d(void*, const Map&, int, int, int, int, uint64_t*, uint64_t) {
+  static_assert(sizeof(Map) == 0,
+                "opforge/tma.cuh: bulk tensor copies need sm_90; put this code under #if __CUDA_ARCH__ >= 900");
+}
 #endif
 }  // namespace opforge::tma

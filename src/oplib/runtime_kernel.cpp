@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -401,6 +402,14 @@ namespace {
 /// The device type of a tensor map parameter (opforge/kernel.cuh), as the demangler prints it.
 constexpr const char* kTensorMapType = "opforge::kernel::TensorMap";
 
+/// Whether a declared parameter (demangled text) names a tensor map type (opforge's or CUDA's
+/// CUtensorMap), by value or not.
+bool mentions_tensor_map(const std::string& declared) {
+  std::string lower(declared);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return lower.find("tensormap") != std::string::npos;
+}
+
 /// Whether a declared parameter (demangled text) is an int64_t.
 bool is_int64(const std::string& declared) { return declared == "long long" || declared == "long"; }
 
@@ -475,10 +484,19 @@ bool matches(const std::string& declared, const KernelParameter& p, const char* 
 
 }  // namespace
 
-std::string parameters_text(const std::vector<KernelParameter>& params, const char* (*type_name)(int32_t dtype)) {
+std::string parameters_text(const std::vector<KernelParameter>& params, const char* (*type_name)(int32_t dtype),
+                            bool grid_values_unknown) {
   std::string text;
-  for (const auto& p : params)
+  bool pointers = true;
+  for (const auto& p : params) {
+    if (grid_values_unknown && pointers && p.kind != KernelParameter::kPointer) {
+      text += std::string(text.empty() ? "" : ", ") + "the grid function's int64 args and tensor maps";
+      pointers = false;
+    }
     text += (text.empty() ? "" : ", ") + (p.optional ? "optional*" : expected_type(p, type_name));
+  }
+  if (grid_values_unknown && pointers)
+    text += std::string(text.empty() ? "" : ", ") + "the grid function's int64 args and tensor maps";
   return text;
 }
 
@@ -511,8 +529,12 @@ std::vector<std::string> signature_problems(const std::string& declared, const s
       problems.push_back(index + ": the kernel declares " + found[i] + ", but opforge passes only " +
                          std::to_string(want.size()) + " arguments");
     else if (!matches(found[i], want[i], type_name))
-      problems.push_back(index + " (" + want[i].what + "): expected " + expected_type(want[i], type_name) + ", found " +
-                         found[i]);
+      problems.push_back(
+          index + " (" + want[i].what + "): expected " + expected_type(want[i], type_name) + ", found " + found[i] +
+          (mentions_tensor_map(found[i])
+               ? " (a tensor map is taken by value, `const __grid_constant__ opforge::kernel::TensorMap`, "
+                 "after the grid function's int64 args and before the op's parameters)"
+               : ""));
   }
   return problems;
 }

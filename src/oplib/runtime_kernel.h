@@ -113,8 +113,11 @@ std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const st
                                                int32_t tensor_maps = 0);
 
 /// A one-line text of `params` for cache keys ("float const*, float*, int64_t, double"); an
-/// optional input is "optional*" whether given or not (one binary serves both calls).
-std::string parameters_text(const std::vector<KernelParameter>& params, const char* (*type_name)(int32_t dtype));
+/// optional input is "optional*" whether given or not (one binary serves both calls). With
+/// `grid_values_unknown` (messages, before a grid function has run) the text says where the
+/// grid function's values and maps go.
+std::string parameters_text(const std::vector<KernelParameter>& params, const char* (*type_name)(int32_t dtype),
+                            bool grid_values_unknown = false);
 
 /// The differences between a kernel's declared parameter list `declared` (as the Itanium
 /// demangler prints it, e.g. "float const*, float*, long long, double") and `expected`, one

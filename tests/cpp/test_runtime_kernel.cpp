@@ -312,6 +312,16 @@ TEST(KernelSignature, TensorMapsFollowAGridFunctionsValues) {
                 "float const*, float const*, float*, long long, int, " + map + ", long long, double, bool", unknown,
                 false, cuda_name),
             (std::vector<std::string>{"parameter 5 (launch value args[1]): expected int64_t, found int"}));
+  EXPECT_EQ(rtc::parameters_text(unknown, cuda_name, /*grid_values_unknown=*/true),
+            "float const*, optional*, float*, the grid function's int64 args and tensor maps, int64_t, double, bool");
+  const std::string by_value =
+      " (a tensor map is taken by value, `const __grid_constant__ opforge::kernel::TensorMap`, after the grid "
+      "function's int64 args and before the op's parameters)";
+  EXPECT_EQ(rtc::signature_problems(
+                "float const*, float const*, float*, long long, " + map + " const*, long long, double, bool", unknown,
+                false, cuda_name),
+            (std::vector<std::string>{"parameter 5 (launch value args[1]): expected int64_t, found " + map + " const*" +
+                                      by_value}));
   // Once it has run: exactly its args and maps, in that order.
   const auto known = rtc::kernel_parameters(rk, dtypes, out, 1, 2);
   EXPECT_EQ(rtc::parameters_text(known, cuda_name),
@@ -323,12 +333,13 @@ TEST(KernelSignature, TensorMapsFollowAGridFunctionsValues) {
   EXPECT_EQ(rtc::signature_problems(
                 "float const*, float const*, float*, " + map + ", long long, " + map + ", long long, double, bool",
                 known, true, cuda_name),
-            (std::vector<std::string>{"parameter 4 (launch value rows): expected int64_t, found " + map,
+            (std::vector<std::string>{"parameter 4 (launch value rows): expected int64_t, found " + map + by_value,
                                       "parameter 5 (tensor map 0): expected " + map + ", found long long"}));
-  EXPECT_EQ(rtc::signature_problems("float const*, float const*, float*, long long, " + map + ", CUtensorMap_st" +
-                                        ", long long, double, bool",
-                                    known, true, cuda_name),
-            (std::vector<std::string>{"parameter 6 (tensor map 1): expected " + map + ", found CUtensorMap_st"}));
+  EXPECT_EQ(
+      rtc::signature_problems(
+          "float const*, float const*, float*, long long, " + map + ", CUtensorMap_st" + ", long long, double, bool",
+          known, true, cuda_name),
+      (std::vector<std::string>{"parameter 6 (tensor map 1): expected " + map + ", found CUtensorMap_st" + by_value}));
 }
 
 /// tensor_map_layout's error for `t` with `box`, or "" if it takes them.

@@ -336,6 +336,7 @@ TMA_KERNEL = """#include <opforge/kernel.cuh>
 // One block per batch: its [64, 32] box lands in shared memory by one bulk tensor copy.
 __global__ void tma_copy(const float* x, float* y, int64_t batches,
                          const __grid_constant__ opforge::kernel::TensorMap x_map) {
+#if __CUDA_ARCH__ >= 900  // bulk tensor copies; opforge verify also compiles for sm_80
   __shared__ alignas(128) float tile[64 * 32];
   __shared__ alignas(8) uint64_t full;
   if (threadIdx.x == 0) {
@@ -349,26 +350,40 @@ __global__ void tma_copy(const float* x, float* y, int64_t batches,
   }
   opforge::tma::mbarrier_wait(&full, 0);
   for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) y[blockIdx.x * 64 * 32 + i] = tile[i];
+#endif
 }
 """
 
 
-@pytest.fixture(scope="module")
-def tma_copy(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tma")
-    (tmp / "tma_copy.cpp").write_text(TMA_OP)
-    (tmp / "tma_copy.cu").write_text(TMA_KERNEL)
+def build_tma_copy(tmp: Path, name: str, kernel: str):
+    (tmp / f"{name}.cpp").write_text(TMA_OP.replace("tma_copy)", f"{name})"))
+    (tmp / "tma_copy.cu").write_text(kernel)
     library = opforge.build_library(
-        "tma_copy_lib", [tmp / "tma_copy.cpp"], kernels=[tmp / "tma_copy.cu"], build_dir=tmp / "b"
+        f"{name}_lib", [tmp / f"{name}.cpp"], kernels=[tmp / "tma_copy.cu"], build_dir=tmp / "b"
     )
     return opforge.load_library(library)
+
+
+@pytest.fixture(scope="module")
+def tma_copy(tmp_path_factory):
+    return build_tma_copy(tmp_path_factory.mktemp("tma"), "tma_copy", TMA_KERNEL)
 
 
 def test_a_kernel_taking_tensor_maps_compiles_with_the_shipped_tma_header(tma_copy, tmp_path):
     assert (tma_copy.kernel_dir / "opforge" / "tma.cuh").is_file()
     # NVRTC with the kernel folder's headers; the signature check lets the grid function's int64
     # args and then its tensor maps stand between the pointers and the parameters.
-    assert opforge.precompile("rtc_test::tma_copy", {"x": torch.float32}, arch="sm_90", cache_dir=tmp_path) is False
+    for arch in ("sm_90", "sm_80"):
+        assert opforge.precompile("rtc_test::tma_copy", {"x": torch.float32}, arch=arch, cache_dir=tmp_path) is False
+
+
+def test_bulk_tensor_copies_outside_an_sm90_guard_are_refused_for_older_gpus(tmp_path):
+    unguarded = TMA_KERNEL.replace("#if __CUDA_ARCH__ >= 900", "").replace("#endif\n}", "}")
+    build_tma_copy(tmp_path, "tma_unguarded", unguarded)
+    dtypes = {"x": torch.float32}
+    assert opforge.precompile("rtc_test::tma_unguarded", dtypes, arch="sm_90", cache_dir=tmp_path) is False
+    with pytest.raises(opforge.OpforgeError, match="bulk tensor copies need sm_90; put this code under #if"):
+        opforge.precompile("rtc_test::tma_unguarded", dtypes, arch="sm_80", cache_dir=tmp_path)
 
 
 @requires_cuda
