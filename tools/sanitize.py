@@ -27,14 +27,15 @@ from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
 
 def attention_cases() -> int:
     """examples::attention and its backward op (not in CASES: they take q, k, v, head_dim and an
-    optional mask) over lengths that straddle the forward's 128-query and 32/64-key tiles and
+    optional mask) over lengths that straddle the forward's 128-query and 32/64/128-key tiles (and
+    pass its Hopper path's two-stage K/V ring more than once) and
     the backward's 64-key and 32-query ones, every head dim, with and without mask and causal,
     head-split (strided) views and a misaligned q; returns the number of mismatches."""
     opforge.load_library(opforge.example_library("attention"))
     failures = 0
     for dtype in (torch.float16, torch.bfloat16):
         for head_dim in (32, 64, 128):
-            for sq, sk in ((1, 1), (129, 65), (64, 31), (200, 0)):
+            for sq, sk in ((1, 1), (129, 65), (64, 31), (200, 0), (130, 400)):  # 400: the K/V ring turns over
                 for causal in (False, True):
                     for offset in (0, 1):
                         if offset:  # misaligned q (copied by the adapter), dense k and v
