@@ -58,6 +58,13 @@ constexpr int kMinBlocksFor = kUsesWgmma<D> ? 1 : 2;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
+/// The dynamic shared memory the launch gave the block, in bytes (PTX %dynamic_smem_size).
+__device__ __forceinline__ unsigned dynamic_shared_bytes() {
+  unsigned bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
+  return bytes;
+}
+
 __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -338,7 +345,8 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
                                               const Layout& l, double scale) {
   const int64_t sq = l.sq, sk = l.sk;
   constexpr int kBlockN = attention_detail::kBlockN<D>, kTilesN = kBlockN / 8, kTilesD = D / 8;
-  if (blockDim.x != kThreads) __trap();  // the grid function and this path disagree: fail, never compute wrong
+  // The grid function and this path disagree: fail, never compute wrong.
+  if (blockDim.x != kThreads || dynamic_shared_bytes() < (kBlockM + 2 * kBlockN) * D * sizeof(T)) __trap();
   T* sQ = reinterpret_cast<T*>(shared);
   T* sK = sQ + kBlockM * D;
   T* sV = sK + kBlockN * D;
@@ -666,11 +674,12 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
                                           const opforge::kernel::TensorMap& k_map,
                                           const opforge::kernel::TensorMap& v_map) {
   const int64_t sq = l.sq, sk = l.sk;
-  if (blockDim.x != kThreads) __trap();  // the grid function and this path disagree: fail, never compute wrong
+  using S = Smem<D>;
+  // The grid function and this path disagree: fail, never compute wrong.
+  if (blockDim.x != kThreads || attention_detail::dynamic_shared_bytes() < S::kBytes) __trap();
   const unsigned raw = attention_detail::smem_address(shared);
   const unsigned base = (raw + 1023u) & ~1023u;
   unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
-  using S = Smem<D>;
   const Barriers bars{reinterpret_cast<uint64_t*>(tiles + S::kBarriers)};
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const attention_detail::BlockWork<T, D, kBlockN, kCausal> work(q, k, v, mask, l, scale);
