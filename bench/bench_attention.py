@@ -7,7 +7,11 @@ kernel the default is. The backward pass is timed the same way for both: torch.a
 q, k and v from a retained forward graph (only the backward kernels run).
 
     python3 bench/bench_attention.py [--batch 8] [--heads 16] [--seq 4096] [--pass forward|backward|both]
-                                     [--dtype bfloat16|float16] [--json out.json]
+                                     [--dtype bfloat16|float16] [--head-dims 128 64] [--no-backends]
+                                     [--json out.json]
+
+--no-backends leaves out the forced SDPA backends (SDPA as a user calls it stays the baseline),
+for quick runs while a kernel is being changed.
 
 FLOPs: forward 4 * batch * heads * seq^2 * head_dim (two matmuls), backward 2.5 times that
 (five matmuls; FlashAttention-2's convention, which leaves out the recomputation), halved for
@@ -50,13 +54,15 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--pass", dest="passes", choices=("forward", "backward", "both"), default="both")
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--head-dims", type=int, nargs="+", choices=(32, 64, 128), default=[128, 64])
+    parser.add_argument("--no-backends", action="store_true", help="only opforge and SDPA's default backend")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("attention"))
     dtype = getattr(torch, args.dtype)
     rows = []
     for backward in {"forward": (False,), "backward": (True,), "both": (False, True)}[args.passes]:
-        for head_dim in (128, 64):
+        for head_dim in args.head_dims:
             for causal in (False, True):
                 q, k, v, grad_o = (
                     torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=dtype)
@@ -80,7 +86,7 @@ def main() -> int:
                     ("opforge examples::attention", timings(opforge_forward, q, k, v, grad_o, backward)),
                     ("torch SDPA (default backend)", sdpa),
                 ]
-                for name, backend in BACKENDS.items():
+                for name, backend in {} if args.no_backends else BACKENDS.items():
                     try:
                         with sdpa_kernel(backend):
                             impls.append(
