@@ -86,7 +86,7 @@ def main() -> int:
                     ("opforge examples::attention", timings(opforge_forward, q, k, v, grad_o, backward)),
                     ("torch SDPA (default backend)", sdpa),
                 ]
-                for name, backend in {} if args.no_backends else BACKENDS.items():
+                for name, backend in ({} if args.no_backends else BACKENDS).items():
                     try:
                         with sdpa_kernel(backend):
                             impls.append(

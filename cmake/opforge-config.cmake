@@ -130,7 +130,7 @@ function(opforge_add_library name)
   endif()
   set(kernel_dir "${out_dir}/lib${name}.kernels")
   file(MAKE_DIRECTORY "${kernel_dir}/opforge")
-  foreach(header kernel.cuh tma.cuh)  # rtc_cuda.cpp's kShippedHeaders
+  foreach(header kernel.cuh tma.cuh)  # each is part of the kernels' cache key (rtc_cuda.cpp's make_job)
     file(CREATE_LINK "${OPFORGE_INCLUDE_DIR}/opforge/${header}" "${kernel_dir}/opforge/${header}" SYMBOLIC)
   endforeach()
   foreach(kernel ${ARG_KERNELS})

@@ -235,10 +235,6 @@ struct Job {
   std::vector<std::string> options;
 };
 
-/// The headers a run-time kernel may include from the kernel folder's opforge/ (the build links
-/// them there: opforge_add_library); their text is part of every cache key.
-constexpr const char* kShippedHeaders[] = {"kernel.cuh", "tma.cuh"};
-
 /// How many int64 launch values precede the parameters: elementwise 1 (n), rows 2 (rows,
 /// cols), a grid function's as many as it returns (-1: known only once it has run).
 int32_t launch_values(const RuntimeKernel& rk) {
@@ -256,11 +252,13 @@ Job make_job(const RuntimeKernel& rk, const std::string& name, const std::string
   j.display_path = rtc::real_path(j.path);
   j.name = name;
   j.arch = with_arch_features(arch);
-  std::string header;  // the device headers opforge ships in the kernel folder
-  for (const char* h : kShippedHeaders) {
+  // The device headers the build put in the kernel folder's opforge/ (opforge_add_library): a
+  // kernel may include any of them, so each one's text is part of the key.
+  std::string header;
+  for (const std::string& h : rtc::files_in(kernel_dir() + "/opforge")) {
     std::string text;
     rtc::read_file(kernel_dir() + "/opforge/" + h, text);
-    header += text;
+    header += h + "\n" + text;
   }
   j.options = {"--std=c++17",       "-arch=" + j.arch,         "-lineinfo",
                "-I" + kernel_dir(), "-I" + cuda_include_dir(), "-I" + cuda_include_dir() + "/cccl",

@@ -1,6 +1,7 @@
 // The backend-neutral half of run-time kernels (see runtime_kernel.h).
 #include "runtime_kernel.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <sys/stat.h>
@@ -114,6 +115,17 @@ std::atomic<bool> g_warned_unwritable{false};
 bool is_file(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (const dirent* e = ::readdir(d))
+    if (is_file(dir + "/" + e->d_name)) names.emplace_back(e->d_name);
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::string real_path(const std::string& path) {
@@ -410,9 +422,6 @@ bool mentions_tensor_map(const std::string& declared) {
   return lower.find("tensormap") != std::string::npos;
 }
 
-/// Whether a declared parameter (demangled text) is an int64_t.
-bool is_int64(const std::string& declared) { return declared == "long long" || declared == "long"; }
-
 /// The C type a parameter must have, as the demangler prints it (int64_t is long long).
 std::string expected_type(const KernelParameter& p, const char* (*type_name)(int32_t)) {
   switch (p.kind) {
@@ -458,7 +467,7 @@ std::vector<std::string> split_parameters(const std::string& text) {
 bool matches(const std::string& declared, const KernelParameter& p, const char* (*type_name)(int32_t)) {
   switch (p.kind) {
     case KernelParameter::kInt64:
-      return is_int64(declared);
+      return declared == "long long" || declared == "long";
     case KernelParameter::kTensorMap:
       return declared == kTensorMapType;
     case KernelParameter::kDouble:

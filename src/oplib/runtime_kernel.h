@@ -17,6 +17,9 @@ namespace opforge::detail::rtc {
 
 bool read_file(const std::string& path, std::string& out);
 bool is_file(const std::string& path);
+/// The names of the regular files in folder `dir` (symbolic links followed), sorted; empty if
+/// it cannot be read.
+std::vector<std::string> files_in(const std::string& dir);
 std::string real_path(const std::string& path);
 std::string env(const char* name);
 

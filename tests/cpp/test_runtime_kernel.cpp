@@ -400,6 +400,18 @@ TEST(KernelSignature, DemangledParameterLists) {
   EXPECT_EQ(rtc::demangled_parameters("_Znot a name"), std::nullopt);
 }
 
+TEST(KernelFolder, FilesInListsRegularFilesAndLinksSorted) {
+  const auto dir = std::filesystem::temp_directory_path() / ("opforge-files-in-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "sub");
+  std::ofstream(dir / "tma.cuh") << "b";
+  std::ofstream(dir / "kernel.cuh") << "a";
+  std::filesystem::create_symlink(dir / "kernel.cuh", dir / "linked.cuh");  // the build links the headers
+  EXPECT_EQ(rtc::files_in(dir.string()), (std::vector<std::string>{"kernel.cuh", "linked.cuh", "tma.cuh"}));
+  EXPECT_TRUE(rtc::files_in((dir / "missing").string()).empty());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BinaryCache, EntriesRoundTripAndDamagedOnesAreIgnored) {
   const auto dir = std::filesystem::temp_directory_path() / ("opforge-cache-test-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

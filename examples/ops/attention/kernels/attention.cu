@@ -466,10 +466,7 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace attention_sm90 {
 
-using attention_detail::fast_exp2;
-using attention_detail::kLog2e;
 using attention_detail::neg_inf;
-using attention_detail::pack2;
 
 constexpr int kBlockN = 128, kThreads = 384, kStages = 2;
 /// One 64-column half of a 128-row tile: 128 rows of 128 bytes, a box of the tensor maps
