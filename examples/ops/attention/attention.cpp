@@ -68,15 +68,17 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
   });
 }
 
-// Grid of kernels/attention.cu: 128 query rows per block, one block row per (head, batch);
+// Grid of kernels/attention.cu: one block per `rows` query rows, one block row per (head, batch);
 // the kernel also gets the batch, head and row strides of q, k and v (declared
 // contiguous_last_dim, so a model's head split is read in place) and three tensor maps.
 // Head dims 64 and 128 on a compute capability 9.0 device take the kernel's Hopper path
-// (compiled as sm_90a, opforge::kernel_target): 384 threads (a producer and two consumer
-// warpgroups), Q and two stages of K and V (161 KiB of shared memory at head dim 128, 81 at 64:
-// attention_sm90::Smem), copied by the copy engine through the tensor maps of q, k and v (boxes
-// of 64 columns by 128 rows, 128-byte swizzle). Otherwise 128 threads; keys per step 32 (head
-// dim 128) or 64, in shared memory with the 128 query rows, and the maps are left empty.
+// (compiled as sm_90a, opforge::kernel_target): a producer warpgroup and 64-row consumer
+// warpgroups (attention_detail::kConsumers: three at head dim 64, so 192 rows and 512 threads;
+// two at 128, so 128 rows and 384 threads), Q and two stages of 128 keys and values in shared
+// memory (attention_sm90::Smem: 161 KiB at head dim 128, 89 at 64), copied by the copy engine
+// through the tensor maps of q, k and v (boxes of 64 columns by 128 rows, q's by `rows`, 128-byte
+// swizzle). Otherwise 128 rows and threads; keys per step 32 (head dim 128) or 64, in shared
+// memory with the query rows, and the maps are left empty.
 static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
                                             opforge::Tensor, bool, double, opforge::MutableTensor) {
   OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535,
@@ -84,22 +86,26 @@ static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k
                 "65535 each (one grid dim each), got ",
                 q.size(0), " and ", q.size(1));
   opforge::LaunchConfig c;
-  c.grid[0] = static_cast<unsigned>((q.size(2) + 127) / 128);
-  c.grid[1] = static_cast<unsigned>(q.size(1));
-  c.grid[2] = static_cast<unsigned>(q.size(0));
   c.tensor_maps.resize(3);
+  unsigned rows = 128;
   if (head_dim >= 64 && opforge::kernel_target(q) == "sm_90a") {
+    const unsigned consumers = head_dim == 64 ? 3 : 2, halves = static_cast<unsigned>(head_dim / 64);
     constexpr unsigned kHalf = 128 * 128, kStages = 2;  // attention_sm90::Smem<head_dim>::kBytes
-    c.block[0] = 384;
-    c.shared_bytes = static_cast<unsigned>(head_dim / 64) * kHalf * (1 + 2 * kStages) + (1 + 4 * kStages) * 8 + 1024;
+    rows = 64 * consumers;
+    c.block[0] = 128 * (1 + consumers);
+    c.shared_bytes = halves * (rows * 128 + 2 * kStages * kHalf) + (1 + 4 * kStages) * 8 + 1024;
     const opforge::Tensor* qkv[] = {&q, &k, &v};
     for (int i = 0; i < 3; ++i)
       if (qkv[i]->numel() > 0)  // an empty tensor has no map (and no copy reads it)
-        c.tensor_maps[i] = opforge::tensor_map(*qkv[i], {64, 128, 1, 1}, opforge::TensorMapSwizzle::k128B);
+        c.tensor_maps[i] =
+            opforge::tensor_map(*qkv[i], {64, i == 0 ? rows : 128u, 1, 1}, opforge::TensorMapSwizzle::k128B);
   } else {
     c.block[0] = 128;
     c.shared_bytes = static_cast<unsigned>((128 + 2 * (head_dim == 128 ? 32 : 64)) * head_dim * 2);
   }
+  c.grid[0] = static_cast<unsigned>((q.size(2) + rows - 1) / rows);
+  c.grid[1] = static_cast<unsigned>(q.size(1));
+  c.grid[2] = static_cast<unsigned>(q.size(0));
   c.args = {q.size(1), q.size(2), k.size(2)};
   for (const opforge::Tensor* t : {&q, &k, &v})  // batch, head and row strides (elements) of q, k, v
     for (int d = 0; d < 3; ++d) c.args.push_back(t->stride(d));

@@ -17,21 +17,23 @@
 // manner of FlashAttention-3 (Shah et al., "FlashAttention-3: Fast and Accurate Attention with
 // Asynchrony and Low-precision", 2024): warp specialisation, a producer warpgroup whose one
 // thread moves Q and a two-stage ring of K and V tiles by bulk tensor copies (TMA) onto
-// mbarriers, and two consumer warpgroups of 64 query rows each that run warpgroup MMAs (wgmma:
-// Q and K from 128-byte-swizzled shared memory, P from registers) over 128 keys per step. Each
-// consumer overlaps the P V product of one step with the softmax of the next (Algorithm 2,
-// intra-warpgroup overlap), and the two take turns issuing their products (ping-pong, named
-// barriers) so that one's softmax runs while the other's MMAs do; setmaxnreg moves registers
-// from the producer to the consumers.
+// mbarriers, and consumer warpgroups of 64 query rows each (two at head dim 128, three at 64)
+// that run warpgroup MMAs (wgmma: Q and K from 128-byte-swizzled shared memory, P from
+// registers) over 128 keys per step. Each consumer overlaps the P V product of one step with the
+// softmax of the next (Algorithm 2, intra-warpgroup overlap), and the consumers take turns
+// issuing their products (ping-pong, named barriers) so that one's softmax runs while another's
+// MMAs do; setmaxnreg moves registers from the producer to the consumers.
 //
 // Arguments (opforge run-time kernel convention): q, k, v [B, H, Sq|Sk, D] with contiguous,
 // 16-byte aligned rows (opforge::contiguous_last_dim), mask [B, Sk] or null, o [B, H, Sq, D]
 // dense; then the grid function's heads, Sq, Sk and the batch, head and row strides of q, k,
-// v; its tensor maps of q, k and v (boxes of 64 columns by 128 rows, 128-byte swizzle; used by
-// the Hopper path only, all zeros otherwise); then scale (0: 1/sqrt(D)).
+// v; its tensor maps of q, k and v (boxes of 64 columns by 128 rows, q's by attention_sm90::kRows
+// rows, 128-byte swizzle; used by the Hopper path only, all zeros otherwise); then scale
+// (0: 1/sqrt(D)).
 // Grid: (ceil(Sq / 128), H, B); 128 threads and (128 + 2 * kBlockN) * D * sizeof(T) bytes of
-// dynamic shared memory, or on the Hopper path 384 threads and attention_sm90::kSharedBytes
-// (attention.cpp's grid function, which asks opforge::kernel_target).
+// dynamic shared memory, or on the Hopper path (ceil(Sq / kRows), H, B),
+// attention_detail::kThreadsFor threads and attention_sm90::Smem::kBytes (attention.cpp's grid
+// function, which asks opforge::kernel_target).
 #include <opforge/kernel.cuh>
 #include <opforge/tma.cuh>
 
@@ -48,11 +50,16 @@ constexpr bool kHopper = true;  // compiled as sm_90a: wgmma available
 #else
 constexpr bool kHopper = false;
 #endif
-/// Whether head dim D takes the wgmma path, and that path's block size.
+/// Whether head dim D takes the wgmma path; that path's consumer warpgroups (64 query rows
+/// each: three at head dim 64, where a step's softmax costs about as much as its products and
+/// two consumers cannot hide each other's, two at 128; FlashAttention-3's 192- and 128-row
+/// tiles), and threads per block (a producer warpgroup and the consumers).
 template <int D>
 constexpr bool kUsesWgmma = (kHopper && D >= 64);
 template <int D>
-constexpr int kThreadsFor = kUsesWgmma<D> ? 384 : kThreads;
+constexpr int kConsumers = D == 64 ? 3 : 2;
+template <int D>
+constexpr int kThreadsFor = kUsesWgmma<D> ? 128 * (1 + kConsumers<D>) : kThreads;
 template <int D>
 constexpr int kMinBlocksFor = kUsesWgmma<D> ? 1 : 2;
 
@@ -314,8 +321,8 @@ struct Layout {
 /// What one block of either path works on: its (batch, head) `bh`, its first query row `m0`
 /// (causal grids run the heaviest blocks, the last rows, first), the slices of q, k, v and the
 /// mask, the scale in log2 units, and the number of key blocks of kBlockN it visits (causal:
-/// none past its last row).
-template <class T, int D, int kBlockN, bool kCausal>
+/// none past its last row); kRows query rows per block.
+template <class T, int D, int kRows, int kBlockN, bool kCausal>
 struct BlockWork {
   int64_t bh, m0;
   const T *q, *k, *v, *mask;
@@ -324,13 +331,13 @@ struct BlockWork {
   __device__ BlockWork(const T* q_, const T* k_, const T* v_, const T* mask_, const Layout& l, double scale) {
     const int64_t batch = blockIdx.z, head = blockIdx.y, sk = l.sk;
     bh = batch * l.heads + head;
-    m0 = static_cast<int64_t>(kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockM;
+    m0 = static_cast<int64_t>(kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows;
     q = q_ + batch * l.q.batch + head * l.q.head;
     k = k_ + batch * l.k.batch + head * l.k.head;
     v = v_ + batch * l.v.batch + head * l.v.head;
     mask = mask_ ? mask_ + batch * sk : nullptr;
     scale_log2 = static_cast<float>(scale > 0 ? scale : 1.0 / sqrt(static_cast<double>(D))) * kLog2e;
-    const int64_t n_end = kCausal ? (sk < m0 + kBlockM ? sk : m0 + kBlockM) : sk;
+    const int64_t n_end = kCausal ? (sk < m0 + kRows ? sk : m0 + kRows) : sk;
     n_blocks = static_cast<int>((n_end + kBlockN - 1) / kBlockN);
   }
 };
@@ -352,7 +359,7 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
   T* sV = sK + kBlockN * D;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const BlockWork<T, D, kBlockN, kCausal> work(q, k, v, mask, l, scale);
+  const BlockWork<T, D, kBlockM, kBlockN, kCausal> work(q, k, v, mask, l, scale);
   const int64_t bh = work.bh, m0 = work.m0;
   const T *qb = work.q, *kb = work.k, *vb = work.v, *mb = work.mask;
   const float scale_log2 = work.scale_log2;
@@ -468,23 +475,33 @@ namespace attention_sm90 {
 
 using attention_detail::neg_inf;
 
-constexpr int kBlockN = 128, kThreads = 384, kStages = 2;
-/// One 64-column half of a 128-row tile: 128 rows of 128 bytes, a box of the tensor maps
-/// (64 columns by 128 rows); the copy engine's 128-byte swizzle stores row r's 16-byte chunk c
-/// at chunk c ^ (r % 8) (cute's Swizzle<3, 4, 3>), the layout descriptors of layout type 1 read.
-constexpr unsigned kHalf = 128 * 128;
-/// Registers a thread of the producer and of a consumer warpgroup holds after setmaxnreg
-/// (128 x 24 + 256 x 240 <= 65536, FlashAttention-3's split for three warpgroups).
-constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+constexpr int kBlockN = 128, kStages = 2;
+using attention_detail::kConsumers;
+/// Query rows per block: 64 per consumer warpgroup.
+template <int D>
+constexpr int kRows = 64 * kConsumers<D>;
+/// One 64-column half of a tile of 128 keys: 128 rows of 128 bytes, a box of the tensor maps
+/// of k and v (64 columns by 128 rows; q's boxes are kRows<D> rows); the copy engine's 128-byte
+/// swizzle stores row r's 16-byte chunk c at chunk c ^ (r % 8) (cute's Swizzle<3, 4, 3>), the
+/// layout descriptors of layout type 1 read.
+constexpr unsigned kHalf = kBlockN * 128;
+/// Registers a thread of the producer and of a consumer warpgroup holds after setmaxnreg:
+/// FlashAttention-3's splits, 128 x 24 + 256 x 240 <= 65536 for two consumers and
+/// 128 x 32 + 384 x 160 = 65536 for three.
+template <int D>
+constexpr int kProducerRegisters = kConsumers<D> == 3 ? 32 : 24;
+template <int D>
+constexpr int kConsumerRegisters = kConsumers<D> == 3 ? 160 : 240;
 
-/// Shared memory for head dim D, from a 1024-byte-aligned base: Q, then K in kStages stages,
-/// then V in kStages stages, each a tile of D / 64 halves; then the mbarriers (Q's, and full and
-/// empty ones per stage of K and of V). The 1024 spare bytes pay for aligning the base
-/// (attention.cpp's grid function asks the same).
+/// Shared memory for head dim D, from a 1024-byte-aligned base: Q (D / 64 halves of kRows<D>
+/// rows), then K in kStages stages, then V in kStages stages, each a tile of D / 64 halves of
+/// kHalf; then the mbarriers (Q's, and full and empty ones per stage of K and of V). The 1024
+/// spare bytes pay for aligning the base (attention.cpp's grid function asks the same).
 template <int D>
 struct Smem {
-  static constexpr unsigned kTile = D / 64 * kHalf, kQ = 0, kK = kTile, kV = kK + kStages * kTile,
-                            kBarriers = kV + kStages * kTile, kBytes = kBarriers + (1 + 4 * kStages) * 8 + 1024;
+  static constexpr unsigned kQHalf = kRows<D> * 128, kTile = D / 64 * kHalf, kQ = 0, kK = D / 64 * kQHalf,
+                            kV = kK + kStages * kTile, kBarriers = kV + kStages * kTile,
+                            kBytes = kBarriers + (1 + 4 * kStages) * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
   static __device__ unsigned k_tile(int stage) { return kK + stage * kTile; }
   static __device__ unsigned v_tile(int stage) { return kV + stage * kTile; }
@@ -500,25 +517,27 @@ struct Barriers {
   __device__ uint64_t* v_empty(int stage) const { return base + 1 + 3 * kStages + stage; }
 };
 
-/// Copies rows [row0, row0 + 128) of (batch, head) of the [B, H, S, D] tensor of `map` into
-/// the tile at `tile` (generic address) as D / 64 halves, completing on `full`, which expects
-/// their bytes (rows past S arrive as zeros and count).
-template <int D>
+/// Copies rows [row0, row0 + ROWS) of (batch, head) of the [B, H, S, D] tensor of `map` (boxes
+/// of 64 columns by ROWS rows) into the tile at `tile` (generic address) as D / 64 halves,
+/// completing on `full`, which expects their bytes (rows past S arrive as zeros and count).
+template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(unsigned char* tile, const opforge::kernel::TensorMap& map, int row0,
                                           int head, int batch, uint64_t* full, uint64_t policy) {
-  opforge::tma::mbarrier_arrive_expect_tx(full, D / 64 * kHalf);
+  opforge::tma::mbarrier_arrive_expect_tx(full, D / 64 * ROWS * 128);
 #pragma unroll
   for (int h = 0; h < D / 64; ++h)
-    opforge::tma::copy_4d(tile + h * kHalf, map, 64 * h, row0, head, batch, full, policy);
+    opforge::tma::copy_4d(tile + h * ROWS * 128, map, 64 * h, row0, head, batch, full, policy);
 }
 
-/// Named barriers of the consumer warpgroups' ping-pong (ids 1 and 2; 0 is __syncthreads):
-/// warpgroup g waits on barrier 1 + g until the other warpgroup has issued its products.
-__device__ __forceinline__ void turn_wait(int group) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + group) : "memory");
+/// Named barriers of the consumer warpgroups' round-robin turns (ping-pong for two; ids
+/// 1 .. C, 0 is __syncthreads): consumer c waits on barrier 1 + c until consumer c - 1 (mod C)
+/// has issued its products, then passes the turn on to consumer c + 1 (mod C).
+__device__ __forceinline__ void turn_wait(int consumer) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
 }
-__device__ __forceinline__ void turn_pass(int group) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - group) : "memory");
+template <int C>
+__device__ __forceinline__ void turn_pass(int consumer) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (consumer + 1) % C) : "memory");
 }
 
 /// A wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start
@@ -655,14 +674,16 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
-/// Head dims 64 and 128 on Hopper. Block: 3 warpgroups, 128 query rows. Warpgroup 0 produces: one
-/// thread copies Q, then K_j and V_j into stage j % kStages once the consumers have released the
-/// stage's previous tiles. Consumer warpgroup g = 1, 2 owns rows 64 (g - 1) .. 64 (g - 1) + 63
-/// (within it, warp w rows 16 w .. 16 w + 15). Per key block j a consumer waits for K_j, takes
-/// its turn, issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, passes the turn, waits for
-/// S_j only and releases K_j, masks and exponentiates S_j while the P V product runs, waits for
-/// it and releases V_{j-1}, rescales O by the new row maxima and rounds S_j to P_j.
-/// P_{n-1} V_{n-1} closes the loop.
+/// Head dims 64 and 128 on Hopper. Block: 1 + C warpgroups (C = kConsumers<D>), 64 C query rows.
+/// Warpgroup 0 produces: one thread copies Q, then K_j and V_j into stage j % kStages once the
+/// consumers have released the stage's previous tiles. Consumer warpgroup g = 1 .. C owns rows
+/// 64 (g - 1) .. 64 (g - 1) + 63 (within it, warp w rows 16 w .. 16 w + 15). Per key block j a
+/// consumer waits for K_j, takes its turn, issues S_j = Q K_j^T and then
+/// O += P_{j-1} V_{j-1}, passes the turn, waits for S_j only and releases K_j, masks and
+/// exponentiates S_j while the P V product runs, waits for it and releases V_{j-1}, rescales O
+/// by the new row maxima and rounds S_j to P_j. P_{n-1} V_{n-1} closes the loop. Turns go
+/// round the consumers in order; consumer 0 takes its first without waiting and consumer C - 1
+/// passes none after its last, so every named barrier sees as many arrivals as waits.
 template <class T, int D, bool kCausal>
 __device__ __forceinline__ void attention(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
                                           const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
@@ -673,13 +694,14 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
   const int64_t sq = l.sq, sk = l.sk;
   using S = Smem<D>;
   // The grid function and this path disagree: fail, never compute wrong.
-  if (blockDim.x != kThreads || attention_detail::dynamic_shared_bytes() < S::kBytes) __trap();
+  constexpr int C = kConsumers<D>;
+  if (blockDim.x != 128 * (1 + C) || attention_detail::dynamic_shared_bytes() < S::kBytes) __trap();
   const unsigned raw = attention_detail::smem_address(shared);
   const unsigned base = (raw + 1023u) & ~1023u;
   unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
   const Barriers bars{reinterpret_cast<uint64_t*>(tiles + S::kBarriers)};
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const attention_detail::BlockWork<T, D, kBlockN, kCausal> work(q, k, v, mask, l, scale);
+  const attention_detail::BlockWork<T, D, kRows<D>, kBlockN, kCausal> work(q, k, v, mask, l, scale);
   const int64_t bh = work.bh, m0 = work.m0;
   const T* mb = work.mask;
   const float scale_log2 = work.scale_log2;
@@ -690,15 +712,15 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     for (int st = 0; st < kStages; ++st) {
       opforge::tma::mbarrier_init(bars.k_full(st), 1);
       opforge::tma::mbarrier_init(bars.v_full(st), 1);
-      opforge::tma::mbarrier_init(bars.k_empty(st), 8);  // one arrival per consumer warp
-      opforge::tma::mbarrier_init(bars.v_empty(st), 8);
+      opforge::tma::mbarrier_init(bars.k_empty(st), 4 * C);  // one arrival per consumer warp
+      opforge::tma::mbarrier_init(bars.v_empty(st), 4 * C);
     }
     opforge::tma::fence_mbarrier_init();
   }
   __syncthreads();
 
   if (group == 0) {  // the producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters<D>));
     if (threadIdx.x != 0) return;
     const int head = blockIdx.y, batch = blockIdx.z;
     opforge::tma::prefetch_tensor_map(q_map);
@@ -706,19 +728,19 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     opforge::tma::prefetch_tensor_map(v_map);
     // Q is read by this block only; K and V by every block of the (batch, head).
     const uint64_t once = opforge::tma::evict_first(), shared_kv = opforge::tma::evict_last();
-    copy_tile<D>(tiles + S::kQ, q_map, static_cast<int>(m0), head, batch, bars.q_full(), once);
+    copy_tile<D, kRows<D>>(tiles + S::kQ, q_map, static_cast<int>(m0), head, batch, bars.q_full(), once);
     for (int nb = 0; nb < n_blocks; ++nb) {
       const int stage = nb % kStages;
       const unsigned parity = (nb / kStages) & 1;
       opforge::tma::mbarrier_wait(bars.k_empty(stage), parity ^ 1);
-      copy_tile<D>(tiles + S::k_tile(stage), k_map, nb * kBlockN, head, batch, bars.k_full(stage), shared_kv);
+      copy_tile<D, kBlockN>(tiles + S::k_tile(stage), k_map, nb * kBlockN, head, batch, bars.k_full(stage), shared_kv);
       opforge::tma::mbarrier_wait(bars.v_empty(stage), parity ^ 1);
-      copy_tile<D>(tiles + S::v_tile(stage), v_map, nb * kBlockN, head, batch, bars.v_full(stage), shared_kv);
+      copy_tile<D, kBlockN>(tiles + S::v_tile(stage), v_map, nb * kBlockN, head, batch, bars.v_full(stage), shared_kv);
     }
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters<D>));
   const int consumer = group - 1;
   float acc[D / 8][4], s[kBlockN / 8][4];
   unsigned p[kBlockN / 16][4];
@@ -742,13 +764,14 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     const int64_t n0 = static_cast<int64_t>(nb) * kBlockN;
     opforge::tma::mbarrier_wait(bars.k_full(stage), parity);
     if (nb > 0) opforge::tma::mbarrier_wait(bars.v_full(previous), previous_parity);
-    if (nb > 0 || consumer == 1) turn_wait(consumer);  // consumer 0 issues first
+    if (nb > 0 || consumer > 0) turn_wait(consumer);  // consumer 0 issues first
 
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const unsigned at = (kk / 4) * kHalf + (kk % 4) * 32;  // columns 16 kk ..: half kk / 4, 32 bytes per step
-      wgmma_ss<T>(s, descriptor(q_rows + at, 16, 1024), descriptor(base + S::k_tile(stage) + at, 16, 1024), kk > 0);
+      const unsigned at = (kk % 4) * 32;  // columns 16 kk ..: half kk / 4, 32 bytes per step
+      wgmma_ss<T>(s, descriptor(q_rows + (kk / 4) * S::kQHalf + at, 16, 1024),
+                  descriptor(base + S::k_tile(stage) + (kk / 4) * kHalf + at, 16, 1024), kk > 0);
     }
     wgmma_commit();
     if (nb > 0) {
@@ -756,10 +779,10 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
       for (int kk = 0; kk < kBlockN / 16; ++kk)  // keys 16 kk ..: 16 rows of 128 bytes per step
         wgmma_rs<T>(acc, p[kk], descriptor(base + S::v_tile(previous) + kk * 16 * 128, kHalf, 1024));
       wgmma_commit();
-      turn_pass(consumer);
+      turn_pass<C>(consumer);
       wgmma_wait<1>();  // S_nb done; P V may still run
     } else {
-      turn_pass(consumer);
+      turn_pass<C>(consumer);
       wgmma_wait<0>();
     }
     fence_operands(s);
@@ -797,7 +820,7 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     for (int kk = 0; kk < kBlockN / 16; ++kk)
       wgmma_rs<T>(acc, p[kk], descriptor(base + S::v_tile(last) + kk * 16 * 128, kHalf, 1024));
     wgmma_commit();
-    if (consumer == 0) turn_pass(consumer);  // consumer 1 issues last
+    if (consumer < C - 1) turn_pass<C>(consumer);  // consumer C - 1 issues last
     wgmma_wait<0>();
     fence_operands(acc);
     fence_operands(p);
