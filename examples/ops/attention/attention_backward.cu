@@ -7,12 +7,16 @@
 //   2. kv: one block per 64 keys of one (batch, head) walks over the query rows kQueriesFor<D>
 //      at a time (the next step's rows loading while this one computes) and accumulates grad_k
 //      and grad_v of its keys in registers; grad_q's share of each step is added into a float32
-//      buffer with atomics (the blocks of all key blocks meet there);
+//      buffer with atomics (the blocks of all key blocks meet there); on compute capability 9.0,
+//      head dims 64 and 128, kv_sm90 instead: 128 keys a block, the same products as warpgroup
+//      MMAs (wgmma) of two warpgroups;
 //   3. the float32 grad_q buffer, scaled, rounded to the input dtype.
 // Products use mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate) through the forward kernel's
-// tile helpers (attention_detail in kernels/attention.cu, included below for them alone: its
-// run-time kernel is not instantiated here); P and dS are rounded to the input dtype before they
-// enter a product, as in FlashAttention-2.
+// tile helpers, or its wgmma helpers in kv_sm90 (attention_detail and attention_sm90 in
+// kernels/attention.cu, included below for them alone: its run-time kernel is not instantiated
+// here); P and dS are rounded to the input dtype before they enter a product, as in
+// FlashAttention-2. The library carries sm_90a code for kv_sm90 where the build targets compute
+// capability 9.0 (CMakeLists.txt).
 #include <opforge/cuda.h>
 
 #include <cmath>
@@ -213,6 +217,26 @@ __device__ __forceinline__ void atomic_add_pair(float* to, float a, float b) {
 #endif
 }
 
+/// grad_k = scale * dK and grad_v = dV for the thread's keys `key` and key + 8 (accumulator
+/// rows of a 16-row tile, columns the head dim): dense [B, H, Sk, D] rows; keys at or past Sk
+/// are not stored.
+template <class T, int D>
+__device__ __forceinline__ void store_key_rows(const float (&dk)[D / 8][4], const float (&dv)[D / 8][4],
+                                               const Problem<T>& p, int64_t bh, int64_t key, int lane, T* grad_k,
+                                               T* grad_v) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key + h * 8 >= p.sk) continue;
+    T* gk = grad_k + (bh * p.sk + key + h * 8) * D + (lane & 3) * 2;
+    T* gv = grad_v + (bh * p.sk + key + h * 8) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      *reinterpret_cast<unsigned*>(gk + nt * 8) = pack2<T>(dk[nt][2 * h] * p.scale, dk[nt][2 * h + 1] * p.scale);
+      *reinterpret_cast<unsigned*>(gv + nt * 8) = pack2<T>(dv[nt][2 * h], dv[nt][2 * h + 1]);
+    }
+  }
+}
+
 /// Kernel 2. Grid (ceil(Sk / 64), H, B), 128 threads, KvShared<T, D>::kBytes of dynamic shared
 /// memory. Warp w owns keys n0 + 16 w .. + 15; per step of kQueriesFor<D> query rows
 /// (accumulator rows are keys, columns queries):
@@ -365,20 +389,241 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     }
   }
   cp_async_wait_all();
+  store_key_rows<T, D>(dk, dv, p, bh, n0 + key_in_block, lane, grad_k, grad_v);
+}
 
-  // grad_k = scale * dK, grad_v = dV: dense [B, H, Sk, D] rows of the thread's keys.
+/// The kv kernel's Hopper form (compiled as sm_90a: warpgroup MMAs). Block: two warpgroups,
+/// kKeys keys; per step of kQueries query rows, warpgroup g computes for its keys
+/// n0 + 64 g .. + 63 (accumulator rows; columns are the step's queries) the products kv does:
+/// S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), P^T and dS^T in registers,
+/// dV += P^T dO and dK += dS^T Q (P^T and dS^T from registers), then dS^T to shared memory and
+/// dQ = dS K over its keys (both operands transposed from shared memory) into the float32
+/// buffer, 64 columns at a time. Tiles are 128-byte-swizzled halves of 64 columns
+/// (Shared), loaded with cp.async by all threads; the next step's Q, dO, lse and delta load
+/// while this step computes.
+namespace sm90 {
+constexpr int kKeys = 128, kQueries = 64, kThreads = 256;
+constexpr unsigned kRow = 128;  // bytes of a tile row: 64 columns
+
+/// Shared memory for head dim D, from a 1024-byte-aligned base: K and V of the block's keys
+/// (D / 64 halves of kKeys rows each), two stages of a step's Q and dO (D / 64 halves of
+/// kQueries rows each), dS^T per warpgroup (64 keys by kQueries queries), and two stages of the
+/// step's lse, then delta. The 1024 spare bytes pay for aligning the base.
+template <int D>
+struct Shared {
+  static constexpr unsigned kKeyTile = D / 64 * kKeys * kRow, kQueryTile = D / 64 * kQueries * kRow;
+  static constexpr unsigned kK = 0, kV = kKeyTile, kStages = 2 * kKeyTile, kStage = 2 * kQueryTile,
+                            kDs = kStages + 2 * kStage, kStats = kDs + 2 * 64 * kRow,
+                            kBytes = kStats + 2 * 2 * kQueries * sizeof(float) + 1024;
+  static_assert(kBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
+};
+
+/// Copies rows [row0, row0 + ROWS) of a [rows, D] matrix (rows `row_stride` elements apart)
+/// into a tile of D / 64 halves of ROWS rows of 128 bytes with cp.async, chunk c of row r at
+/// chunk c ^ (r % 8) (the 128-byte swizzle of the wgmma layout descriptors); rows at or past
+/// `limit` become zeros.
+template <class T, int D, int ROWS>
+__device__ __forceinline__ void load_tile(unsigned char* tile, const T* src, int64_t row_stride, int64_t row0,
+                                          int64_t limit) {
+  attention_detail::load_rows<T, D, ROWS, kThreads>(src, row_stride, row0, limit, [tile](int r, int c) {
+    return tile + (c / 8) * ROWS * kRow + r * kRow + (((c % 8) ^ (r % 8)) << 4);
+  });
+}
+
+/// Starts the cp.async loads (committed by the caller) of one step's kQueries query rows from m0:
+/// Q, then dO, into `stage`, their lse, then delta into `stats`.
+template <class T, int D>
+__device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, const T* gb, int64_t bh, int64_t m0,
+                                          unsigned char* stage, float* stats) {
+  load_tile<T, D, kQueries>(stage, qb, p.s_q.row, m0, p.sq);
+  load_tile<T, D, kQueries>(stage + Shared<D>::kQueryTile, gb, p.s_grad_o.row, m0, p.sq);
+  constexpr int kChunks = kQueries / 4;  // 16-byte chunks of one statistic's rows
+  if (threadIdx.x < 2 * kChunks) {
+    const float* from = (threadIdx.x < kChunks ? p.lse : p.delta) + bh * p.sq_stats + m0 + (threadIdx.x % kChunks) * 4;
+    attention_detail::cp_async_16(stats + threadIdx.x * 4, from, true);
+  }
+}
+}  // namespace sm90
+
+/// Kernel 2 on Hopper. Grid (ceil(Sk / 128), H, B), 256 threads, sm90::Shared<D>::kBytes of
+/// dynamic shared memory; launched only where the library carries sm_90a code and the device is
+/// compute capability 9.0 (elsewhere the kernel stops).
+template <class T, int D, bool kCausal>
+__global__ void __launch_bounds__(sm90::kThreads, 1)
+    kv_sm90(Problem<T> p, T* __restrict__ grad_k, T* __restrict__ grad_v) {
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using attention_sm90::descriptor;
+  using attention_sm90::fence_operands;
+  using attention_sm90::fence_proxy_async;
+  using attention_sm90::wgmma_commit;
+  using attention_sm90::wgmma_fence;
+  using attention_sm90::wgmma_rs;
+  using attention_sm90::wgmma_ss;
+  using attention_sm90::wgmma_wait;
+  using L = sm90::Shared<D>;
+  using sm90::kKeys;
+  using sm90::kQueries;
+  using sm90::kRow;
+  extern __shared__ __align__(1024) unsigned char shared[];
+  // The launch and this kernel disagree: fail, never compute wrong.
+  if (blockDim.x != sm90::kThreads || attention_detail::dynamic_shared_bytes() < L::kBytes) __trap();
+  const unsigned raw = smem_address(shared), base = (raw + 1023u) & ~1023u;
+  unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
+  float* const stats = reinterpret_cast<float*>(tiles + L::kStats);
+
+  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
+  const int64_t n0 = int64_t{blockIdx.x} * kKeys, sq = p.sq, sk = p.sk;
+  const T* qb = rows_of(p.q, p.s_q, batch, head);
+  const T* gb = rows_of(p.grad_o, p.s_grad_o, batch, head);
+  const T* mb = p.mask ? p.mask + batch * sk : nullptr;
+
+  sm90::load_tile<T, D, kKeys>(tiles + L::kK, rows_of(p.k, p.s_k, batch, head), p.s_k.row, n0, sk);
+  sm90::load_tile<T, D, kKeys>(tiles + L::kV, rows_of(p.v, p.s_v, batch, head), p.s_v.row, n0, sk);
+  // Causal: query rows before n0 see none of these keys.
+  const int64_t m_begin = kCausal ? (n0 / kQueries) * kQueries : 0;
+  sm90::load_step<T, D>(p, qb, gb, bh, m_begin, tiles + L::kStages, stats);
+  cp_async_commit();
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+  // This thread's keys (accumulator rows), relative to n0: key_in_block (+ 8); its query columns,
+  // relative to the step: nt * 8 + (lane % 4) * 2 (+ 1).
+  const int key_in_block = group * 64 + warp * 16 + lane / 4;
+  float add[2];    // the mask of the thread's two keys, in log2 units
+  bool key_in[2];  // whether the key is one of the Sk keys
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t key = n0 + key_in_block + h * 8;
-    if (key >= sk) continue;
-    T* gk = grad_k + (bh * sk + key) * D + (lane & 3) * 2;
-    T* gv = grad_v + (bh * sk + key) * D + (lane & 3) * 2;
-#pragma unroll
-    for (int nt = 0; nt < kTilesD; ++nt) {
-      *reinterpret_cast<unsigned*>(gk + nt * 8) = pack2<T>(dk[nt][2 * h] * p.scale, dk[nt][2 * h + 1] * p.scale);
-      *reinterpret_cast<unsigned*>(gv + nt * 8) = pack2<T>(dv[nt][2 * h], dv[nt][2 * h + 1]);
-    }
+    key_in[h] = key < sk;
+    add[h] = mb != nullptr && key_in[h] ? opforge::kernel::to_acc(mb[key]) * kLog2e : 0.0f;
   }
+  // The warpgroup's rows of K and V (in half 0; half h is kKeys rows further), and its dS^T.
+  const unsigned k_rows = base + L::kK + group * 64 * kRow, v_rows = base + L::kV + group * 64 * kRow;
+  const unsigned ds_rows = base + L::kDs + group * 64 * kRow;
+  unsigned char* const ds_tile = tiles + L::kDs + group * 64 * kRow;
+
+  for (int64_t m0 = m_begin, step = 0; m0 < sq; m0 += kQueries, ++step) {
+    // Stage `step % 2` holds this step's rows; the next step's loads go to the other stage, whose
+    // readers (the previous step's products) every warpgroup has waited for.
+    cp_async_wait_all();
+    fence_proxy_async();  // this thread's cp.async writes, visible to wgmma
+    __syncthreads();
+    const int st = static_cast<int>(step & 1);
+    if (m0 + kQueries < sq)
+      sm90::load_step<T, D>(p, qb, gb, bh, m0 + kQueries, tiles + L::kStages + (st ^ 1) * L::kStage,
+                            stats + (st ^ 1) * 2 * kQueries);
+    cp_async_commit();
+    const unsigned q_at = base + L::kStages + st * L::kStage, g_at = q_at + L::kQueryTile;
+    const float* lse = stats + st * 2 * kQueries;
+    const float* delta = lse + kQueries;
+
+    // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys and the step's queries.
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // head-dim columns 16 kk ..: half kk / 4, 32 bytes per step
+      const unsigned at = (kk / 4) * kKeys * kRow + (kk % 4) * 32, q_col = (kk / 4) * kQueries * kRow + (kk % 4) * 32;
+      wgmma_ss<T, 0, 0>(s, descriptor(k_rows + at, 16, 1024), descriptor(q_at + q_col, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned at = (kk / 4) * kKeys * kRow + (kk % 4) * 32, g_col = (kk / 4) * kQueries * kRow + (kk % 4) * 32;
+      wgmma_ss<T, 0, 0>(dp, descriptor(v_rows + at, 16, 1024), descriptor(g_at + g_col, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_operands(s);
+    // P^T: keys past Sk and (causal) keys after their query get zero (kv's rule).
+    const int ahead = static_cast<int>(m0 - n0 < kKeys ? m0 - n0 : kKeys);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
+        const bool keep = key_in[h] && !(kCausal && key_in_block + h * 8 - col > ahead);
+        s[nt][e] = keep ? fast_exp2(s[nt][e] * p.scale_log2 + add[h] - lse[col]) : 0.0f;
+      }
+    wgmma_wait<0>();
+    fence_operands(dp);
+    // dS^T = P^T (dP^T - delta), in place.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - delta[nt * 8 + (lane & 3) * 2 + (e & 1)]);
+
+    // dV += P^T dO and dK += dS^T Q: P^T and dS^T rounded to T as A operands; dO and Q as
+    // transposed B operands (queries 16 kk .. are 16 rows of 128 bytes).
+    unsigned pa[kQueries / 16][4], da[kQueries / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kQueries / 16; ++kk) {
+      attention_detail::pack_p<T>(s, kk, pa[kk]);
+      attention_detail::pack_p<T>(dp, kk, da[kk]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQueries / 16; ++kk)
+      wgmma_rs<T>(dv, pa[kk], descriptor(g_at + kk * 16 * kRow, kQueries * kRow, 1024));
+#pragma unroll
+    for (int kk = 0; kk < kQueries / 16; ++kk)
+      wgmma_rs<T>(dk, da[kk], descriptor(q_at + kk * 16 * kRow, kQueries * kRow, 1024));
+    wgmma_commit();
+
+    // dS^T to shared memory, [key][query], swizzled as the tiles; then dQ += dS K over the
+    // warpgroup's keys: dS (M = queries) and K (N = head dim) both MN-major.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = warp * 16 + lane / 4 + h * 8;
+        *reinterpret_cast<unsigned*>(ds_tile + key * kRow + ((nt ^ (key % 8)) << 4) + (lane & 3) * 4) =
+            pack2<T>(dp[nt][2 * h], dp[nt][2 * h + 1]);
+      }
+    fence_proxy_async();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");  // the warpgroup's dS^T is whole
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half) {
+      float dq[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // keys 16 kk ..: 16 rows of 128 bytes
+        wgmma_ss<T, 1, 1>(dq, descriptor(ds_rows + kk * 16 * kRow, 64 * kRow, 1024),
+                          descriptor(k_rows + half * kKeys * kRow + kk * 16 * kRow, kKeys * kRow, 1024), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dq);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t query = m0 + warp * 16 + lane / 4 + h * 8;
+        if (query >= sq) continue;
+        float* row = p.dq + (bh * sq + query) * D + half * 64 + (lane & 3) * 2;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) atomic_add_pair(row + nt * 8, dq[nt][2 * h], dq[nt][2 * h + 1]);
+      }
+    }
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(da);
+  }
+  cp_async_wait_all();
+  store_key_rows<T, D>(dk, dv, p, bh, n0 + key_in_block, lane, grad_k, grad_v);
+#else
+  __trap();  // launched only where sm_90a code is carried (attention_backward_cuda)
+#endif
 }
 
 /// Kernel 3. grad_q = scale * the float32 buffer, rounded to T; a grid-stride loop over n
@@ -392,6 +637,39 @@ __global__ void __launch_bounds__(256)
 
 Strides strides_of(const opforge::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
+/// Whether kv_sm90 runs here: the library carries sm_90a code (OPFORGE_ATTENTION_SM90A, set by
+/// the build where it targets compute capability 9.0) and the device is compute capability 9.0,
+/// whose images the driver takes from that code.
+inline bool uses_sm90a() {
+#if defined(OPFORGE_ATTENTION_SM90A)
+  return opforge::cuda::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9 &&
+         opforge::cuda::device_attribute<cudaDevAttrComputeCapabilityMinor>() == 0;
+#else
+  return false;
+#endif
+}
+
+/// Kernel 2 on `stream`: kv_sm90 where uses_sm90a() (head dims 64 and 128), kv elsewhere.
+template <class T, int D, bool kCausal>
+void launch_kv(cudaStream_t stream, const Problem<T>& p, int64_t batch, T* grad_k, T* grad_v) {
+  if constexpr (D >= 64) {
+    if (uses_sm90a()) {
+      const dim3 grid(static_cast<unsigned>((p.sk + sm90::kKeys - 1) / sm90::kKeys), static_cast<unsigned>(p.heads),
+                      static_cast<unsigned>(batch));
+      constexpr size_t kBytes = sm90::Shared<D>::kBytes;
+      opforge::cuda::allow_dynamic_smem(kv_sm90<T, D, kCausal>, kBytes);
+      kv_sm90<T, D, kCausal><<<grid, sm90::kThreads, kBytes, stream>>>(p, grad_k, grad_v);
+      opforge::cuda::check_launch("attention_backward::kv_sm90");
+      return;
+    }
+  }
+  const dim3 grid(static_cast<unsigned>((p.sk + kKeys - 1) / kKeys), static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>(batch));
+  opforge::cuda::allow_dynamic_smem(kv<T, D, kCausal>, KvShared<T, D>::kBytes);
+  kv<T, D, kCausal><<<grid, kThreads, KvShared<T, D>::kBytes, stream>>>(p, grad_k, grad_v);
+  opforge::cuda::check_launch("attention_backward::kv");
+}
+
 template <class T, int D, bool kCausal>
 void launch(const opforge::Context& ctx, const Problem<T>& p, int64_t batch, T* grad_q, T* grad_k, T* grad_v) {
   const cudaStream_t stream = opforge::cuda::stream(ctx);
@@ -402,11 +680,7 @@ void launch(const opforge::Context& ctx, const Problem<T>& p, int64_t batch, T* 
   prep<T, D, kCausal><<<prep_grid, kThreads, prep_bytes, stream>>>(p);
   opforge::cuda::check_launch("attention_backward::prep");
 
-  const dim3 kv_grid(static_cast<unsigned>((p.sk + kKeys - 1) / kKeys), static_cast<unsigned>(p.heads),
-                     static_cast<unsigned>(batch));
-  opforge::cuda::allow_dynamic_smem(kv<T, D, kCausal>, KvShared<T, D>::kBytes);
-  kv<T, D, kCausal><<<kv_grid, kThreads, KvShared<T, D>::kBytes, stream>>>(p, grad_k, grad_v);
-  opforge::cuda::check_launch("attention_backward::kv");
+  launch_kv<T, D, kCausal>(stream, p, batch, grad_k, grad_v);
 
   const int64_t n = batch * p.heads * p.sq * D;
   finish_q<T><<<opforge::cuda::grid_for(n, 256), 256, 0, stream>>>(p.dq, p.scale, grad_q, n);

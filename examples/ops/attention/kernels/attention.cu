@@ -292,19 +292,25 @@ struct TileAddress {
 };
 
 /// Copies rows [row0, row0 + ROWS) of a [rows, D] matrix (rows `row_stride` elements apart)
-/// into a swizzled shared tile with cp.async (16-byte chunks: opforge passes rows 16-byte
-/// aligned); rows at or past `limit` become zeros.
+/// into shared memory with cp.async by THREADS threads, 16-byte chunk c of row r to
+/// `to(r, c)` (opforge passes rows 16-byte aligned); rows at or past `limit` become zeros.
+template <class T, int D, int ROWS, int THREADS, class To>
+__device__ __forceinline__ void load_rows(const T* src, int64_t row_stride, int64_t row0, int64_t limit, To to) {
+  constexpr int kChunks = D / 8;
+  static_assert(ROWS * kChunks % THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int it = 0; it < ROWS * kChunks / THREADS; ++it) {
+    const int i = it * THREADS + threadIdx.x, r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < limit;
+    cp_async_16(to(r, c), src + (valid ? (row0 + r) * row_stride + c * 8 : 0), valid);
+  }
+}
+
+/// load_rows by the block's kThreads threads into a swizzled shared tile of rows of D elements.
 template <class T, int D, int ROWS>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row_stride, int64_t row0, int64_t limit) {
-  constexpr int kChunks = D / 8;
-  static_assert(ROWS * kChunks % kThreads == 0, "whole chunks per thread");
-#pragma unroll
-  for (int it = 0; it < ROWS * kChunks / kThreads; ++it) {
-    const int i = it * kThreads + threadIdx.x, r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < limit;
-    const T* from = src + (valid ? (row0 + r) * row_stride + c * 8 : 0);
-    cp_async_16(tile + swizzled<D>(r, c), from, valid);
-  }
+  load_rows<T, D, ROWS, kThreads>(src, row_stride, row0, limit,
+                                  [tile](int r, int c) { return tile + swizzled<D>(r, c); });
 }
 
 /// Batch, head and row strides (elements) of one of q, k, v, whose rows are contiguous and
@@ -642,6 +648,27 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const unsigned (&a)[4
         ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
         : ATTENTION_WGMMA_D64
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+/// d (+)= A B for a 64 x 64 tile, k = 16; A and B from shared memory, each K-major, or MN-major
+/// (transposed) where kTransA / kTransB is 1 (attention_backward's products). `accumulate` 0
+/// overwrites d.
+template <class T, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], unsigned long long a, unsigned long long b, int accumulate) {
+  if constexpr (opforge::kernel::is_same<T, __nv_bfloat16>::value) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ATTENTION_WGMMA_D64_REGS
+        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : ATTENTION_WGMMA_D64
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ATTENTION_WGMMA_D64_REGS
+        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : ATTENTION_WGMMA_D64
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }
 }
 #undef ATTENTION_WGMMA_D64
