@@ -46,8 +46,9 @@ constexpr int kKeys = 64;                             // keys per kv block: 16 p
 /// registers allow, 32 at head dim 128 (its grad_k and grad_v take 128 registers a thread).
 template <int D>
 constexpr int kQueriesFor = D == 128 ? 32 : 64;
-constexpr int kPrepRows = 64;  // query rows per prep block: 16 per warp
-constexpr int kPrepKeys = 64;  // keys per prep step
+constexpr int kPrepRows = 64;   // query rows per prep block: 16 per warp
+constexpr int kStatRows = 128;  // sq_stats is a multiple of it: prep_sm90's rows per block
+constexpr int kPrepKeys = 64;   // keys per prep step
 
 /// What the three kernels share: the problem's sizes, the strides of the inputs (batch, head,
 /// row; rows contiguous and 16-byte aligned: opforge::contiguous_last_dim), the scale in log2
@@ -57,7 +58,7 @@ struct Problem {
   const T *grad_o, *q, *k, *v, *o, *mask;
   Strides s_grad_o, s_q, s_k, s_v, s_o;
   int64_t heads, sq, sk;
-  int64_t sq_stats;  // Sq rounded up to kPrepRows: the row count of lse and delta per (batch, head)
+  int64_t sq_stats;  // Sq rounded up to kStatRows: the row count of lse and delta per (batch, head)
   float scale, scale_log2;
   float *lse, *delta, *dq;  // [B * H, sq_stats], [B * H, sq_stats], [B * H, Sq, D]
 };
@@ -107,6 +108,47 @@ __device__ __forceinline__ void registers_times_rows(float (&acc)[D / 8][4], con
   }
 }
 
+/// delta = grad_o . o of query row `row` (two lanes a row, half a row each: lanes 2 i and
+/// 2 i + 1), written by the even lane; rows past Sq (up to sq_stats) get 0.
+template <class T, int D>
+__device__ __forceinline__ void write_delta(const Problem<T>& p, int64_t batch, int64_t head, int64_t bh, int64_t row,
+                                            int lane) {
+  float sum = 0.0f;
+  if (row < p.sq) {
+    const T* g = rows_of(p.grad_o, p.s_grad_o, batch, head) + row * p.s_grad_o.row + (lane & 1) * (D / 2);
+    const T* o = rows_of(p.o, p.s_o, batch, head) + row * p.s_o.row + (lane & 1) * (D / 2);
+#pragma unroll
+    for (int c = 0; c < D / 2; c += 8) {
+      float gv[8], ov[8];
+      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(g + c), gv);
+      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(o + c), ov);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += gv[e] * ov[e];
+    }
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  if ((lane & 1) == 0) p.delta[bh * p.sq_stats + row] = sum;
+}
+
+/// lse (log2 units) of the thread's query rows `row` and row + 8 from its online-softmax
+/// statistics (attention_detail::online_softmax's, each row's sum spread over a quad of lanes),
+/// written by the quad's first lane. A row whose every key is masked, or past Sq, has no
+/// probabilities: +inf makes each exp2(s - lse) zero.
+template <class T>
+__device__ __forceinline__ void write_lse(const Problem<T>& p, int64_t bh, int64_t row, const float (&row_max)[2],
+                                          const float (&row_sum)[2], int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float base = row_max[h] == neg_inf() ? 0.0f : row_max[h];
+    if ((lane & 3) == 0)
+      p.lse[bh * p.sq_stats + row + h * 8] =
+          sum == 0.0f || row + h * 8 >= p.sq ? __int_as_float(0x7f800000) : base + log2f(sum);
+  }
+}
+
 /// Kernel 1. Grid (ceil(Sq / 64), H, B), 128 threads, dynamic shared memory
 /// (64 + 64) * D * sizeof(T). Warp w owns query rows m0 + 16 w .. + 15 of its (batch, head).
 template <class T, int D, bool kCausal>
@@ -121,25 +163,7 @@ __global__ void __launch_bounds__(kThreads) prep(Problem<T> p) {
   const T* kb = rows_of(p.k, p.s_k, batch, head);
   const T* mb = p.mask ? p.mask + batch * sk : nullptr;
 
-  // delta = grad_o . o for the warp's 16 rows: two lanes per row, half a row each.
-  {
-    const int64_t row = m0 + warp * 16 + lane / 2;
-    float sum = 0.0f;
-    if (row < sq) {
-      const T* g = rows_of(p.grad_o, p.s_grad_o, batch, head) + row * p.s_grad_o.row + (lane & 1) * (D / 2);
-      const T* o = rows_of(p.o, p.s_o, batch, head) + row * p.s_o.row + (lane & 1) * (D / 2);
-#pragma unroll
-      for (int c = 0; c < D / 2; c += 8) {
-        float gv[8], ov[8];
-        opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(g + c), gv);
-        opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(o + c), ov);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) sum += gv[e] * ov[e];
-      }
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    if ((lane & 1) == 0) p.delta[bh * p.sq_stats + row] = sum;  // rows past Sq: 0
-  }
+  write_delta<T, D>(p, batch, head, bh, m0 + warp * 16 + lane / 2, lane);  // the warp's 16 rows
 
   load_tile<T, D, kPrepRows>(sQ, qb, p.s_q.row, m0, sq);
   cp_async_commit();
@@ -164,18 +188,7 @@ __global__ void __launch_bounds__(kThreads) prep(Problem<T> p) {
     attention_detail::online_softmax(s, row_max, row_sum, correction, mb != nullptr ? 1.0f : p.scale_log2);
   }
   cp_async_wait_all();
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = row_sum[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int64_t row = m0 + row_in_block + h * 8;
-    // A row whose every key is masked, or past Sq, has no probabilities: +inf makes each
-    // exp2(s - lse) zero.
-    const float base = row_max[h] == neg_inf() ? 0.0f : row_max[h];
-    if ((lane & 3) == 0)
-      p.lse[bh * p.sq_stats + row] = sum == 0.0f || row >= sq ? __int_as_float(0x7f800000) : base + log2f(sum);
-  }
+  write_lse(p, bh, m0 + row_in_block, row_max, row_sum, lane);
 }
 
 /// Shared memory of a kv block: K and V of its keys; two stages of Q and grad_o of a step's query
@@ -393,29 +406,44 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
 }
 
 /// The kv kernel's Hopper form (compiled as sm_90a: warpgroup MMAs). Block: two warpgroups,
-/// kKeys keys; per step of kQueries query rows, warpgroup g computes for its keys
+/// kKeys keys; per step of kQueries<D> query rows, warpgroup g computes for its keys
 /// n0 + 64 g .. + 63 (accumulator rows; columns are the step's queries) the products kv does:
 /// S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), P^T and dS^T in registers,
 /// dV += P^T dO and dK += dS^T Q (P^T and dS^T from registers), then dS^T to shared memory and
 /// dQ = dS K over its keys (both operands transposed from shared memory) into the float32
-/// buffer, 64 columns at a time. Tiles are 128-byte-swizzled halves of 64 columns
+/// buffer, 64 queries by 64 columns at a time. Tiles are 128-byte-swizzled halves of 64 columns
 /// (Shared), loaded with cp.async by all threads; the next step's Q, dO, lse and delta load
 /// while this step computes.
 namespace sm90 {
-constexpr int kKeys = 128, kQueries = 64, kThreads = 256;
+constexpr int kKeys = 128, kThreads = 256;
 constexpr unsigned kRow = 128;  // bytes of a tile row: 64 columns
+/// Query rows a step: 128 at head dim 64 (more products per block barrier; the registers allow),
+/// 64 at 128 (its dK and dV take 128 registers a thread).
+template <int D>
+constexpr int kQueries = D == 64 ? 128 : 64;
 
 /// Shared memory for head dim D, from a 1024-byte-aligned base: K and V of the block's keys
 /// (D / 64 halves of kKeys rows each), two stages of a step's Q and dO (D / 64 halves of
-/// kQueries rows each), dS^T per warpgroup (64 keys by kQueries queries), and two stages of the
-/// step's lse, then delta. The 1024 spare bytes pay for aligning the base.
+/// kQueries<D> rows each), dS^T per warpgroup (64 keys by kQueries<D> queries, as kQueries<D> / 64
+/// halves of 64 rows), and two stages of the step's lse, then delta. The 1024 spare bytes pay for
+/// aligning the base.
 template <int D>
 struct Shared {
-  static constexpr unsigned kKeyTile = D / 64 * kKeys * kRow, kQueryTile = D / 64 * kQueries * kRow;
+  static constexpr unsigned kQ = kQueries<D>, kKeyTile = D / 64 * kKeys * kRow, kQueryTile = D / 64 * kQ * kRow;
   static constexpr unsigned kK = 0, kV = kKeyTile, kStages = 2 * kKeyTile, kStage = 2 * kQueryTile,
-                            kDs = kStages + 2 * kStage, kStats = kDs + 2 * 64 * kRow,
-                            kBytes = kStats + 2 * 2 * kQueries * sizeof(float) + 1024;
+                            kDs = kStages + 2 * kStage, kDsTile = kQ / 64 * 64 * kRow, kStats = kDs + 2 * kDsTile,
+                            kBytes = kStats + 2 * 2 * kQ * sizeof(float) + 1024;
   static_assert(kBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
+};
+
+/// prep_sm90's query rows a block and keys a step, and its shared memory for head dim D from a
+/// 1024-byte-aligned base: Q (D / 64 halves of kPrepRows rows), then two stages of K (D / 64
+/// halves of kPrepKeys rows each).
+constexpr int kPrepRows = 128, kPrepKeys = 128;
+template <int D>
+struct PrepShared {
+  static constexpr unsigned kQ = 0, kK = D / 64 * kPrepRows * kRow, kStage = D / 64 * kPrepKeys * kRow,
+                            kBytes = kK + 2 * kStage + 1024;
 };
 
 /// Copies rows [row0, row0 + ROWS) of a [rows, D] matrix (rows `row_stride` elements apart)
@@ -430,20 +458,105 @@ __device__ __forceinline__ void load_tile(unsigned char* tile, const T* src, int
   });
 }
 
-/// Starts the cp.async loads (committed by the caller) of one step's kQueries query rows from m0:
-/// Q, then dO, into `stage`, their lse, then delta into `stats`.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/// d (+)= A B for a 64 x N tile (N = 8 * N8: 64 or 128), k = 16, A and B K-major from shared
+/// memory (attention_sm90's wgmma_ss).
+template <class T, int N8>
+__device__ __forceinline__ void scores(float (&d)[N8][4], unsigned long long a, unsigned long long b, int accumulate) {
+  if constexpr (N8 == 16) attention_sm90::wgmma_ss<T>(d, a, b, accumulate);
+  else attention_sm90::wgmma_ss<T, 0, 0>(d, a, b, accumulate);
+}
+#endif
+
+/// Starts the cp.async loads (committed by the caller) of one step's kQueries<D> query rows from
+/// m0: Q, then dO, into `stage`, their lse, then delta into `stats`.
 template <class T, int D>
 __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, const T* gb, int64_t bh, int64_t m0,
                                           unsigned char* stage, float* stats) {
-  load_tile<T, D, kQueries>(stage, qb, p.s_q.row, m0, p.sq);
-  load_tile<T, D, kQueries>(stage + Shared<D>::kQueryTile, gb, p.s_grad_o.row, m0, p.sq);
-  constexpr int kChunks = kQueries / 4;  // 16-byte chunks of one statistic's rows
+  load_tile<T, D, kQueries<D>>(stage, qb, p.s_q.row, m0, p.sq);
+  load_tile<T, D, kQueries<D>>(stage + Shared<D>::kQueryTile, gb, p.s_grad_o.row, m0, p.sq);
+  constexpr int kChunks = kQueries<D> / 4;  // 16-byte chunks of one statistic's rows
   if (threadIdx.x < 2 * kChunks) {
     const float* from = (threadIdx.x < kChunks ? p.lse : p.delta) + bh * p.sq_stats + m0 + (threadIdx.x % kChunks) * 4;
     attention_detail::cp_async_16(stats + threadIdx.x * 4, from, true);
   }
 }
 }  // namespace sm90
+
+/// Kernel 1 on Hopper. Grid (ceil(Sq / 128), H, B), 256 threads, sm90::PrepShared<D>::kBytes
+/// of dynamic shared memory; launched as kv_sm90 is. Warpgroup g computes S = Q K^T for query
+/// rows m0 + 64 g .. + 63 by wgmma, 128 keys a step (the next step's keys loading meanwhile), and
+/// keeps the online softmax's statistics, as prep does; each warp writes delta of 16 rows.
+template <class T, int D, bool kCausal>
+__global__ void __launch_bounds__(sm90::kThreads, 1) prep_sm90(Problem<T> p) {
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using attention_sm90::descriptor;
+  using sm90::kRow;
+  using L = sm90::PrepShared<D>;
+  constexpr int kRows = sm90::kPrepRows, kKeys = sm90::kPrepKeys;
+  extern __shared__ __align__(1024) unsigned char shared[];
+  // The launch and this kernel disagree: fail, never compute wrong.
+  if (blockDim.x != sm90::kThreads || attention_detail::dynamic_shared_bytes() < L::kBytes) __trap();
+  const unsigned raw = smem_address(shared), base = (raw + 1023u) & ~1023u;
+  unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
+
+  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
+  const int64_t m0 = int64_t{blockIdx.x} * kRows, sq = p.sq, sk = p.sk;
+  const T* kb = rows_of(p.k, p.s_k, batch, head);
+  const T* mb = p.mask ? p.mask + batch * sk : nullptr;
+
+  write_delta<T, D>(p, batch, head, bh, m0 + (threadIdx.x / 32) * 16 + lane / 2, lane);
+
+  const int64_t n_end = kCausal ? (sk < m0 + kRows ? sk : m0 + kRows) : sk;
+  const int n_blocks = static_cast<int>((n_end + kKeys - 1) / kKeys);
+  sm90::load_tile<T, D, kRows>(tiles + L::kQ, rows_of(p.q, p.s_q, batch, head), p.s_q.row, m0, sq);
+  if (n_blocks > 0) sm90::load_tile<T, D, kKeys>(tiles + L::kK, kb, p.s_k.row, 0, sk);
+  cp_async_commit();
+  const unsigned q_rows = base + L::kQ + group * 64 * kRow;  // the warpgroup's rows of Q (in half 0)
+  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
+  float s[kKeys / 8][4];
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    // Stage nb % 2 holds this step's keys; the next step's go to the other stage, whose reader
+    // (the previous step's product) every warpgroup has waited for.
+    cp_async_wait_all();
+    attention_sm90::fence_proxy_async();  // this thread's cp.async writes, visible to wgmma
+    __syncthreads();
+    if (nb + 1 < n_blocks)
+      sm90::load_tile<T, D, kKeys>(tiles + L::kK + ((nb + 1) & 1) * L::kStage, kb, p.s_k.row, int64_t{nb + 1} * kKeys,
+                                   sk);
+    cp_async_commit();
+    const unsigned k_at = base + L::kK + (nb & 1) * L::kStage;
+    attention_sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // head-dim columns 16 kk ..: half kk / 4, 32 bytes per step
+      const unsigned at = (kk % 4) * 32;
+      attention_sm90::wgmma_ss<T>(s, descriptor(q_rows + (kk / 4) * kRows * kRow + at, 16, 1024),
+                                  descriptor(k_at + (kk / 4) * kKeys * kRow + at, 16, 1024), kk > 0);
+    }
+    attention_sm90::wgmma_commit();
+    attention_sm90::wgmma_wait<0>();
+    attention_sm90::fence_operands(s);
+    const int64_t n0 = int64_t{nb} * kKeys;
+    const int keys = static_cast<int>(sk - n0 < kKeys ? sk - n0 : kKeys);
+    const int diagonal = kCausal ? static_cast<int>(m0 - n0) : 0;
+    if (mb != nullptr) attention_detail::add_mask(s, mb + n0, keys, p.scale_log2, lane);
+    if (keys < kKeys || (kCausal && diagonal < kKeys))
+      attention_detail::mask_edge<kCausal>(s, keys, group * 64 + warp * 16 + diagonal, lane);
+    float correction[2];
+    attention_detail::online_softmax(s, row_max, row_sum, correction, mb != nullptr ? 1.0f : p.scale_log2);
+  }
+  cp_async_wait_all();
+  write_lse(p, bh, m0 + group * 64 + warp * 16 + lane / 4, row_max, row_sum, lane);
+#else
+  __trap();  // launched only where sm_90a code is carried (uses_sm90a)
+#endif
+}
 
 /// Kernel 2 on Hopper. Grid (ceil(Sk / 128), H, B), 256 threads, sm90::Shared<D>::kBytes of
 /// dynamic shared memory; launched only where the library carries sm_90a code and the device is
@@ -463,8 +576,9 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   using attention_sm90::wgmma_wait;
   using L = sm90::Shared<D>;
   using sm90::kKeys;
-  using sm90::kQueries;
   using sm90::kRow;
+  using sm90::scores;
+  constexpr int kQueries = sm90::kQueries<D>, kTilesQ = kQueries / 8;
   extern __shared__ __align__(1024) unsigned char shared[];
   // The launch and this kernel disagree: fail, never compute wrong.
   if (blockDim.x != sm90::kThreads || attention_detail::dynamic_shared_bytes() < L::kBytes) __trap();
@@ -504,8 +618,8 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   }
   // The warpgroup's rows of K and V (in half 0; half h is kKeys rows further), and its dS^T.
   const unsigned k_rows = base + L::kK + group * 64 * kRow, v_rows = base + L::kV + group * 64 * kRow;
-  const unsigned ds_rows = base + L::kDs + group * 64 * kRow;
-  unsigned char* const ds_tile = tiles + L::kDs + group * 64 * kRow;
+  const unsigned ds_rows = base + L::kDs + group * L::kDsTile;
+  unsigned char* const ds_tile = tiles + L::kDs + group * L::kDsTile;
 
   for (int64_t m0 = m_begin, step = 0; m0 < sq; m0 += kQueries, ++step) {
     // Stage `step % 2` holds this step's rows; the next step's loads go to the other stage, whose
@@ -523,22 +637,22 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     const float* delta = lse + kQueries;
 
     // S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys and the step's queries.
-    float s[8][4], dp[8][4];
+    float s[kTilesQ][4], dp[kTilesQ][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kTilesQ; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {  // head-dim columns 16 kk ..: half kk / 4, 32 bytes per step
       const unsigned at = (kk / 4) * kKeys * kRow + (kk % 4) * 32, q_col = (kk / 4) * kQueries * kRow + (kk % 4) * 32;
-      wgmma_ss<T, 0, 0>(s, descriptor(k_rows + at, 16, 1024), descriptor(q_at + q_col, 16, 1024), kk > 0);
+      scores<T>(s, descriptor(k_rows + at, 16, 1024), descriptor(q_at + q_col, 16, 1024), kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned at = (kk / 4) * kKeys * kRow + (kk % 4) * 32, g_col = (kk / 4) * kQueries * kRow + (kk % 4) * 32;
-      wgmma_ss<T, 0, 0>(dp, descriptor(v_rows + at, 16, 1024), descriptor(g_at + g_col, 16, 1024), kk > 0);
+      scores<T>(dp, descriptor(v_rows + at, 16, 1024), descriptor(g_at + g_col, 16, 1024), kk > 0);
     }
     wgmma_commit();
     wgmma_wait<1>();
@@ -546,7 +660,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     // P^T: keys past Sk and (causal) keys after their query get zero (kv's rule).
     const int ahead = static_cast<int>(m0 - n0 < kKeys ? m0 - n0 : kKeys);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < kTilesQ; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
@@ -557,7 +671,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     fence_operands(dp);
     // dS^T = P^T (dP^T - delta), in place.
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < kTilesQ; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - delta[nt * 8 + (lane & 3) * 2 + (e & 1)]);
 
@@ -578,20 +692,21 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       wgmma_rs<T>(dk, da[kk], descriptor(q_at + kk * 16 * kRow, kQueries * kRow, 1024));
     wgmma_commit();
 
-    // dS^T to shared memory, [key][query], swizzled as the tiles; then dQ += dS K over the
-    // warpgroup's keys: dS (M = queries) and K (N = head dim) both MN-major.
+    // dS^T to shared memory, [key][query] in halves of 64 queries, swizzled as the tiles; then
+    // dQ += dS K over the warpgroup's keys: dS (M = queries) and K (N = head dim) both MN-major.
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < kTilesQ; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int key = warp * 16 + lane / 4 + h * 8;
-        *reinterpret_cast<unsigned*>(ds_tile + key * kRow + ((nt ^ (key % 8)) << 4) + (lane & 3) * 4) =
-            pack2<T>(dp[nt][2 * h], dp[nt][2 * h + 1]);
+        *reinterpret_cast<unsigned*>(ds_tile + (nt / 8) * 64 * kRow + key * kRow + (((nt % 8) ^ (key % 8)) << 4) +
+                                     (lane & 3) * 4) = pack2<T>(dp[nt][2 * h], dp[nt][2 * h + 1]);
       }
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");  // the warpgroup's dS^T is whole
 #pragma unroll
-    for (int half = 0; half < D / 64; ++half) {
+    for (int tile = 0; tile < kQueries / 64 * (D / 64); ++tile) {
+      const int queries = tile / (D / 64), half = tile % (D / 64);  // queries 64 queries .., columns 64 half ..
       float dq[8][4];
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -600,14 +715,14 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // keys 16 kk ..: 16 rows of 128 bytes
-        wgmma_ss<T, 1, 1>(dq, descriptor(ds_rows + kk * 16 * kRow, 64 * kRow, 1024),
+        wgmma_ss<T, 1, 1>(dq, descriptor(ds_rows + queries * 64 * kRow + kk * 16 * kRow, 64 * kRow, 1024),
                           descriptor(k_rows + half * kKeys * kRow + kk * 16 * kRow, kKeys * kRow, 1024), kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dq);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t query = m0 + warp * 16 + lane / 4 + h * 8;
+        const int64_t query = m0 + queries * 64 + warp * 16 + lane / 4 + h * 8;
         if (query >= sq) continue;
         float* row = p.dq + (bh * sq + query) * D + half * 64 + (lane & 3) * 2;
 #pragma unroll
@@ -649,6 +764,28 @@ inline bool uses_sm90a() {
 #endif
 }
 
+/// Kernel 1 on `stream`: prep_sm90 where uses_sm90a() (head dims 64 and 128), prep elsewhere.
+template <class T, int D, bool kCausal>
+void launch_prep(cudaStream_t stream, const Problem<T>& p, int64_t batch) {
+  if constexpr (D >= 64) {
+    if (uses_sm90a()) {
+      const dim3 grid(static_cast<unsigned>((p.sq + sm90::kPrepRows - 1) / sm90::kPrepRows),
+                      static_cast<unsigned>(p.heads), static_cast<unsigned>(batch));
+      constexpr size_t kBytes = sm90::PrepShared<D>::kBytes;
+      opforge::cuda::allow_dynamic_smem(prep_sm90<T, D, kCausal>, kBytes);
+      prep_sm90<T, D, kCausal><<<grid, sm90::kThreads, kBytes, stream>>>(p);
+      opforge::cuda::check_launch("attention_backward::prep_sm90");
+      return;
+    }
+  }
+  const dim3 grid(static_cast<unsigned>((p.sq + kPrepRows - 1) / kPrepRows), static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>(batch));
+  const size_t bytes = size_t{kPrepRows + kPrepKeys} * D * sizeof(T);
+  opforge::cuda::allow_dynamic_smem(prep<T, D, kCausal>, bytes);
+  prep<T, D, kCausal><<<grid, kThreads, bytes, stream>>>(p);
+  opforge::cuda::check_launch("attention_backward::prep");
+}
+
 /// Kernel 2 on `stream`: kv_sm90 where uses_sm90a() (head dims 64 and 128), kv elsewhere.
 template <class T, int D, bool kCausal>
 void launch_kv(cudaStream_t stream, const Problem<T>& p, int64_t batch, T* grad_k, T* grad_v) {
@@ -673,13 +810,7 @@ void launch_kv(cudaStream_t stream, const Problem<T>& p, int64_t batch, T* grad_
 template <class T, int D, bool kCausal>
 void launch(const opforge::Context& ctx, const Problem<T>& p, int64_t batch, T* grad_q, T* grad_k, T* grad_v) {
   const cudaStream_t stream = opforge::cuda::stream(ctx);
-  const dim3 prep_grid(static_cast<unsigned>((p.sq + kPrepRows - 1) / kPrepRows), static_cast<unsigned>(p.heads),
-                       static_cast<unsigned>(batch));
-  const size_t prep_bytes = size_t{kPrepRows + kPrepKeys} * D * sizeof(T);
-  opforge::cuda::allow_dynamic_smem(prep<T, D, kCausal>, prep_bytes);
-  prep<T, D, kCausal><<<prep_grid, kThreads, prep_bytes, stream>>>(p);
-  opforge::cuda::check_launch("attention_backward::prep");
-
+  launch_prep<T, D, kCausal>(stream, p, batch);
   launch_kv<T, D, kCausal>(stream, p, batch, grad_k, grad_v);
 
   const int64_t n = batch * p.heads * p.sq * D;
@@ -709,7 +840,7 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opf
     return;
   }
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
-  const int64_t sq_stats = (sq + ab::kPrepRows - 1) / ab::kPrepRows * ab::kPrepRows;
+  const int64_t sq_stats = (sq + ab::kStatRows - 1) / ab::kStatRows * ab::kStatRows;
   const size_t rows = static_cast<size_t>(batch * heads * sq),
                stat_rows = static_cast<size_t>(batch * heads * sq_stats);
   float* scratch =
