@@ -486,9 +486,11 @@ __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, cons
 /// Kernel 1 on Hopper. Grid (ceil(Sq / 128), H, B), 256 threads, sm90::PrepShared<D>::kBytes
 /// of dynamic shared memory; launched as kv_sm90 is. Warpgroup g computes S = Q K^T for query
 /// rows m0 + 64 g .. + 63 by wgmma, 128 keys a step (the next step's keys loading meanwhile), and
-/// keeps the online softmax's statistics, as prep does; each warp writes delta of 16 rows.
+/// keeps the online softmax's statistics, as prep does; each warp writes delta of 16 rows. Two
+/// blocks a multiprocessor (128 registers a thread), so that one block's softmax runs while the
+/// other's products do.
 template <class T, int D, bool kCausal>
-__global__ void __launch_bounds__(sm90::kThreads, 1) prep_sm90(Problem<T> p) {
+__global__ void __launch_bounds__(sm90::kThreads, 2) prep_sm90(Problem<T> p) {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using attention_sm90::descriptor;
