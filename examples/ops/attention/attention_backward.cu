@@ -425,14 +425,16 @@ constexpr int kQueries = D == 64 ? 128 : 64;
 /// Shared memory for head dim D, from a 1024-byte-aligned base: K and V of the block's keys
 /// (D / 64 halves of kKeys rows each), two stages of a step's Q and dO (D / 64 halves of
 /// kQueries<D> rows each), dS^T per warpgroup (64 keys by kQueries<D> queries, as kQueries<D> / 64
-/// halves of 64 rows), and two stages of the step's lse, then delta. The 1024 spare bytes pay for
-/// aligning the base.
+/// halves of 64 rows), two stages of the step's lse, then delta, and the float32 partial dQ
+/// tiles the warpgroups exchange (two of 64 x 64). The 1024 spare bytes pay for aligning the
+/// base.
 template <int D>
 struct Shared {
   static constexpr unsigned kQ = kQueries<D>, kKeyTile = D / 64 * kKeys * kRow, kQueryTile = D / 64 * kQ * kRow;
   static constexpr unsigned kK = 0, kV = kKeyTile, kStages = 2 * kKeyTile, kStage = 2 * kQueryTile,
                             kDs = kStages + 2 * kStage, kDsTile = kQ / 64 * 64 * kRow, kStats = kDs + 2 * kDsTile,
-                            kBytes = kStats + 2 * 2 * kQ * sizeof(float) + 1024;
+                            kPartials = kStats + 2 * 2 * kQ * sizeof(float),
+                            kBytes = kPartials + 2 * 64 * 64 * sizeof(float) + 1024;
   static_assert(kBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
 };
 
@@ -587,6 +589,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   const unsigned raw = smem_address(shared), base = (raw + 1023u) & ~1023u;
   unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
   float* const stats = reinterpret_cast<float*>(tiles + L::kStats);
+  float* const partials = reinterpret_cast<float*>(tiles + L::kPartials);
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
@@ -706,10 +709,17 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       }
     fence_proxy_async();
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");  // the warpgroup's dS^T is whole
+    // dQ += dS K over the block's keys as two 64 x 64 tiles (tile t: queries 64 (t / (D / 64)) ..,
+    // head-dim columns 64 (t % (D / 64)) ..), warpgroup t the owner of tile t. Each warpgroup
+    // computes both over its own keys, first the other's tile (its partial sums to shared memory),
+    // then its own; once both partials are there, the owner adds the other's and adds the sum
+    // into the float32 buffer: one atomic per element and block, not per warpgroup.
+    static_assert(kQueries / 64 * (D / 64) == 2, "one dQ tile per warpgroup");
+    const int in_group = threadIdx.x % 128;
+    float dq[8][4];
 #pragma unroll
-    for (int tile = 0; tile < kQueries / 64 * (D / 64); ++tile) {
-      const int queries = tile / (D / 64), half = tile % (D / 64);  // queries 64 queries .., columns 64 half ..
-      float dq[8][4];
+    for (int round = 0; round < 2; ++round) {
+      const int tile = round == 0 ? 1 - group : group, queries = tile / (D / 64), half = tile % (D / 64);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -722,6 +732,20 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(dq);
+      if (round == 0) {  // [element][thread of the warpgroup]: the owner's thread of the same place reads it
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) partials[(tile * 32 + j * 4 + e) * 128 + in_group] = dq[j][e];
+      }
+    }
+    __syncthreads();  // both partials are in shared memory
+    {
+      const int queries = group / (D / 64), half = group % (D / 64);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[j][e] += partials[(group * 32 + j * 4 + e) * 128 + in_group];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t query = m0 + queries * 64 + warp * 16 + lane / 4 + h * 8;
