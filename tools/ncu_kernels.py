@@ -10,7 +10,7 @@
   at [32768, 4096].
 - ``attention``: examples::attention and examples::attention_backward in bfloat16 at [8, 16, 4096,
   D] (bench_attention.py's size), D = 128 and 64, not causal (kernels attention, prep, kv,
-  finish_q).
+  finish_q; prep_sm90 and kv_sm90 instead of prep and kv on compute capability 9.0).
 
 Prints nothing; the numbers are ncu's. (A same-size device-to-device copy is a cudaMemcpy, not a
 kernel, so ncu has no copy to compare with; the benchmarks give the ratio to copy bandwidth.)
