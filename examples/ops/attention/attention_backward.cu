@@ -205,7 +205,7 @@ struct KvShared {
 
 /// Starts the cp.async loads (committed by the caller) of one step's kQueriesFor<D> query rows from m0 into
 /// a stage: Q, then grad_o (rows past Sq zero), and into `stats` their lse, then their delta (the
-/// prep kernel wrote rows up to sq_stats, a multiple of the step).
+/// prep kernel wrote rows up to a multiple of kPrepRows, which the step divides).
 template <class T, int D>
 __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, const T* gb, int64_t bh, int64_t m0,
                                           T* stage, float* stats) {
@@ -213,6 +213,7 @@ __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, cons
   load_tile<T, D, kQueries>(stage, qb, p.s_q.row, m0, p.sq);
   load_tile<T, D, kQueries>(stage + kQueries * D, gb, p.s_grad_o.row, m0, p.sq);
   constexpr int kChunks = kQueries / 4;  // 16-byte chunks of one statistic's rows
+  static_assert(kStatRows % kQueries == 0, "a step's statistics (m0 < Sq) lie within sq_stats");
   if (threadIdx.x < 2 * kChunks) {
     const float* from = (threadIdx.x < kChunks ? p.lse : p.delta) + bh * p.sq_stats + m0 + (threadIdx.x % kChunks) * 4;
     attention_detail::cp_async_16(stats + threadIdx.x * 4, from, true);
@@ -275,9 +276,10 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
 
   load_tile<T, D, kKeys>(sK, rows_of(p.k, p.s_k, batch, head), p.s_k.row, n0, sk);
   load_tile<T, D, kKeys>(sV, rows_of(p.v, p.s_v, batch, head), p.s_v.row, n0, sk);
-  // Causal: query rows before n0 see none of these keys.
+  // Causal: query rows before n0 see none of these keys. A block whose keys no query sees
+  // (causal, n0 >= Sq) loads no step: its statistics would lie past sq_stats.
   const int64_t m_begin = kCausal ? (n0 / kQueries) * kQueries : 0;
-  load_step<T, D>(p, qb, gb, bh, m_begin, base + L::kStages, sStats);
+  if (m_begin < sq) load_step<T, D>(p, qb, gb, bh, m_begin, base + L::kStages, sStats);
   cp_async_commit();
 
   constexpr int kTilesD = D / 8, kTilesQ = kQueries / 8;
@@ -478,6 +480,7 @@ __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, cons
   load_tile<T, D, kQueries<D>>(stage, qb, p.s_q.row, m0, p.sq);
   load_tile<T, D, kQueries<D>>(stage + Shared<D>::kQueryTile, gb, p.s_grad_o.row, m0, p.sq);
   constexpr int kChunks = kQueries<D> / 4;  // 16-byte chunks of one statistic's rows
+  static_assert(kStatRows % kQueries<D> == 0, "a step's statistics (m0 < Sq) lie within sq_stats");
   if (threadIdx.x < 2 * kChunks) {
     const float* from = (threadIdx.x < kChunks ? p.lse : p.delta) + bh * p.sq_stats + m0 + (threadIdx.x % kChunks) * 4;
     attention_detail::cp_async_16(stats + threadIdx.x * 4, from, true);
@@ -600,9 +603,10 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
 
   sm90::load_tile<T, D, kKeys>(tiles + L::kK, rows_of(p.k, p.s_k, batch, head), p.s_k.row, n0, sk);
   sm90::load_tile<T, D, kKeys>(tiles + L::kV, rows_of(p.v, p.s_v, batch, head), p.s_v.row, n0, sk);
-  // Causal: query rows before n0 see none of these keys.
+  // Causal: query rows before n0 see none of these keys. A block whose keys no query sees
+  // (causal, n0 >= Sq) loads no step: its statistics would lie past sq_stats.
   const int64_t m_begin = kCausal ? (n0 / kQueries) * kQueries : 0;
-  sm90::load_step<T, D>(p, qb, gb, bh, m_begin, tiles + L::kStages, stats);
+  if (m_begin < sq) sm90::load_step<T, D>(p, qb, gb, bh, m_begin, tiles + L::kStages, stats);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
