@@ -141,6 +141,18 @@ void launch_after(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t strea
 /// Number of streaming multiprocessors of the current device (cached per device).
 inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
+/// Compute capability of the current device as 10 * major + minor (90 for sm_90), cached per
+/// device. Throws InternalError where the CUDA runtime fails.
+inline int compute_capability() {
+  static std::atomic<int> values[64] = {};
+  return detail::per_device(values, [](int dev) {
+    int major = 0, minor = 0;
+    OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return 10 * major + minor;
+  });
+}
+
 /// Bytes of shared memory one block of the current device may take when its kernel opts in
 /// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on sm_90, 99 KiB on sm_86; cached per device).
 inline int smem_per_block_optin() { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }

@@ -251,6 +251,52 @@ __device__ __forceinline__ void store_key_rows(const float (&dk)[D / 8][4], cons
   }
 }
 
+/// The thread's two keys in a kv block (accumulator rows key_in_block and key_in_block + 8 after
+/// the block's first key n0; columns are a step's queries, nt * 8 + (lane % 4) * 2 (+ 1)):
+/// whether each is one of the Sk keys, and its padding mask in log2 units.
+struct BlockKeys {
+  int key_in_block;
+  float add[2];
+  bool in[2];
+  template <class T>
+  __device__ BlockKeys(int key_in_block_, int64_t n0, int64_t sk, const T* mask) : key_in_block(key_in_block_) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t key = n0 + key_in_block + h * 8;
+      in[h] = key < sk;
+      add[h] = mask != nullptr && in[h] ? opforge::kernel::to_acc(mask[key]) * kLog2e : 0.0f;
+    }
+  }
+
+  /// S^T to P^T in place, P^T = exp2(S^T scale_log2 + mask - lse) with `lse` the step's (first
+  /// query m0); keys past Sk and (causal) keys after their query get zero. A key is after its
+  /// query if key_in_block + 8 h - col > m0 - n0, which lies in (-step, inf): clamped to the
+  /// block's `keys`, the difference keeps every outcome in 32 bits.
+  template <bool kCausal, int N>
+  __device__ __forceinline__ void probabilities(float (&s)[N][4], int64_t m0, int64_t n0, int keys, float scale_log2,
+                                                const float* lse, int lane) const {
+    const int ahead = static_cast<int>(m0 - n0 < keys ? m0 - n0 : keys);
+#pragma unroll
+    for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
+        const bool keep = in[h] && !(kCausal && key_in_block + h * 8 - col > ahead);
+        s[nt][e] = keep ? fast_exp2(s[nt][e] * scale_log2 + add[h] - lse[col]) : 0.0f;
+      }
+  }
+};
+
+/// dP^T to dS^T in place: dS^T = P^T (dP^T - delta), `delta` the step's (columns as BlockKeys').
+template <int N>
+__device__ __forceinline__ void scores_gradient(float (&dp)[N][4], const float (&p)[N][4], const float* delta,
+                                                int lane) {
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - delta[nt * 8 + (lane & 3) * 2 + (e & 1)]);
+}
+
 /// Kernel 2. Grid (ceil(Sk / 64), H, B), 128 threads, KvShared<T, D>::kBytes of dynamic shared
 /// memory. Warp w owns keys n0 + 16 w .. + 15; per step of kQueriesFor<D> query rows
 /// (accumulator rows are keys, columns queries):
@@ -284,17 +330,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
 
   constexpr int kTilesD = D / 8, kTilesQ = kQueries / 8;
   float dk[kTilesD][4] = {}, dv[kTilesD][4] = {};
-  // This thread's keys (accumulator rows), relative to n0: warp * 16 + lane / 4 (+ 8); its
-  // query columns, relative to the step: nt * 8 + (lane % 4) * 2 (+ 1).
-  const int key_in_block = warp * 16 + lane / 4;
-  float add[2];    // the mask of the thread's two keys, in log2 units
-  bool key_in[2];  // whether the key is one of the Sk keys
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t key = n0 + key_in_block + h * 8;
-    key_in[h] = key < sk;
-    add[h] = mb != nullptr && key_in[h] ? opforge::kernel::to_acc(mb[key]) * kLog2e : 0.0f;
-  }
+  const BlockKeys keys(warp * 16 + lane / 4, n0, sk, mb);
   const TileAddress<D> k_rows(smem_address(sK), warp * 16 + (lane & 15), lane >> 4);                          // A: K
   const TileAddress<D> v_rows(smem_address(sV), warp * 16 + (lane & 15), lane >> 4);                          // A: V
   const TileAddress<D> k_trans(smem_address(sK), lane & 15, lane >> 4);                                       // B: K
@@ -321,18 +357,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     // S^T = K Q^T for the warp's 16 keys and the step's queries.
     float s[kTilesQ][4] = {};
     rows_times_rows<T, D, kQueries>(s, k_rows, q_cols);
-    // P^T: keys past Sk and (causal) keys after their query get zero. A key is after its query
-    // if key_in_block + 8 h - col > m0 - n0, which lies in (-kQueries, inf): clamped to kKeys, the
-    // difference keeps every outcome in 32 bits.
-    const int ahead = static_cast<int>(m0 - n0 < kKeys ? m0 - n0 : kKeys);
-#pragma unroll
-    for (int nt = 0; nt < kTilesQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
-        const bool keep = key_in[h] && !(kCausal && key_in_block + h * 8 - col > ahead);
-        s[nt][e] = keep ? fast_exp2(s[nt][e] * p.scale_log2 + add[h] - sLse[col]) : 0.0f;
-      }
+    keys.probabilities<kCausal>(s, m0, n0, kKeys, p.scale_log2, sLse, lane);
 
     // dV += P^T dO.
     registers_times_rows<T, D, kQueries>(dv, s, g_rows);
@@ -340,10 +365,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     // dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place.
     float ds[kTilesQ][4] = {};
     rows_times_rows<T, D, kQueries>(ds, v_rows, g_cols);
-#pragma unroll
-    for (int nt = 0; nt < kTilesQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ds[nt][e] = s[nt][e] * (ds[nt][e] - sDelta[nt * 8 + (lane & 3) * 2 + (e & 1)]);
+    scores_gradient(ds, s, sDelta, lane);
 
     // dK += dS^T Q.
     registers_times_rows<T, D, kQueries>(dk, ds, q_rows);
@@ -353,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     for (int nt = 0; nt < kTilesQ; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int key = key_in_block + h * 8, col = nt * 8 + (lane & 3) * 2;
+        const int key = keys.key_in_block + h * 8, col = nt * 8 + (lane & 3) * 2;
         *reinterpret_cast<unsigned*>(sDs + swizzled<kQueries>(key, col / 8) + col % 8) =
             pack2<T>(ds[nt][2 * h], ds[nt][2 * h + 1]);
       }
@@ -404,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
     }
   }
   cp_async_wait_all();
-  store_key_rows<T, D>(dk, dv, p, bh, n0 + key_in_block, lane, grad_k, grad_v);
+  store_key_rows<T, D>(dk, dv, p, bh, n0 + keys.key_in_block, lane, grad_k, grad_v);
 }
 
 /// The kv kernel's Hopper form (compiled as sm_90a: warpgroup MMAs). Block: two warpgroups,
@@ -502,7 +524,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 2) prep_sm90(Problem<T> p) {
   using sm90::kRow;
   using L = sm90::PrepShared<D>;
   constexpr int kRows = sm90::kPrepRows, kKeys = sm90::kPrepKeys;
-  extern __shared__ __align__(1024) unsigned char shared[];
+  extern __shared__ __align__(16) unsigned char shared[];  // aligned to 1024 bytes below
   // The launch and this kernel disagree: fail, never compute wrong.
   if (blockDim.x != sm90::kThreads || attention_detail::dynamic_shared_bytes() < L::kBytes) __trap();
   const unsigned raw = smem_address(shared), base = (raw + 1023u) & ~1023u;
@@ -586,7 +608,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   using sm90::kRow;
   using sm90::scores;
   constexpr int kQueries = sm90::kQueries<D>, kTilesQ = kQueries / 8;
-  extern __shared__ __align__(1024) unsigned char shared[];
+  extern __shared__ __align__(16) unsigned char shared[];  // aligned to 1024 bytes below
   // The launch and this kernel disagree: fail, never compute wrong.
   if (blockDim.x != sm90::kThreads || attention_detail::dynamic_shared_bytes() < L::kBytes) __trap();
   const unsigned raw = smem_address(shared), base = (raw + 1023u) & ~1023u;
@@ -614,17 +636,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
-  // This thread's keys (accumulator rows), relative to n0: key_in_block (+ 8); its query columns,
-  // relative to the step: nt * 8 + (lane % 4) * 2 (+ 1).
-  const int key_in_block = group * 64 + warp * 16 + lane / 4;
-  float add[2];    // the mask of the thread's two keys, in log2 units
-  bool key_in[2];  // whether the key is one of the Sk keys
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t key = n0 + key_in_block + h * 8;
-    key_in[h] = key < sk;
-    add[h] = mb != nullptr && key_in[h] ? opforge::kernel::to_acc(mb[key]) * kLog2e : 0.0f;
-  }
+  const BlockKeys keys(group * 64 + warp * 16 + lane / 4, n0, sk, mb);
   // The warpgroup's rows of K and V (in half 0; half h is kKeys rows further), and its dS^T.
   const unsigned k_rows = base + L::kK + group * 64 * kRow, v_rows = base + L::kV + group * 64 * kRow;
   const unsigned ds_rows = base + L::kDs + group * L::kDsTile;
@@ -666,23 +678,10 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();
     fence_operands(s);
-    // P^T: keys past Sk and (causal) keys after their query get zero (kv's rule).
-    const int ahead = static_cast<int>(m0 - n0 < kKeys ? m0 - n0 : kKeys);
-#pragma unroll
-    for (int nt = 0; nt < kTilesQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + (lane & 3) * 2 + (e & 1), h = e >> 1;
-        const bool keep = key_in[h] && !(kCausal && key_in_block + h * 8 - col > ahead);
-        s[nt][e] = keep ? fast_exp2(s[nt][e] * p.scale_log2 + add[h] - lse[col]) : 0.0f;
-      }
+    keys.probabilities<kCausal>(s, m0, n0, kKeys, p.scale_log2, lse, lane);
     wgmma_wait<0>();
     fence_operands(dp);
-    // dS^T = P^T (dP^T - delta), in place.
-#pragma unroll
-    for (int nt = 0; nt < kTilesQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - delta[nt * 8 + (lane & 3) * 2 + (e & 1)]);
+    scores_gradient(dp, s, delta, lane);
 
     // dV += P^T dO and dK += dS^T Q: P^T and dS^T rounded to T as A operands; dO and Q as
     // transposed B operands (queries 16 kk .. are 16 rows of 128 bytes).
@@ -765,7 +764,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     fence_operands(da);
   }
   cp_async_wait_all();
-  store_key_rows<T, D>(dk, dv, p, bh, n0 + key_in_block, lane, grad_k, grad_v);
+  store_key_rows<T, D>(dk, dv, p, bh, n0 + keys.key_in_block, lane, grad_k, grad_v);
 #else
   __trap();  // launched only where sm_90a code is carried (attention_backward_cuda)
 #endif
@@ -787,8 +786,7 @@ Strides strides_of(const opforge::Tensor& t) { return {t.stride(0), t.stride(1),
 /// whose images the driver takes from that code.
 inline bool uses_sm90a() {
 #if defined(OPFORGE_ATTENTION_SM90A)
-  return opforge::cuda::device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9 &&
-         opforge::cuda::device_attribute<cudaDevAttrComputeCapabilityMinor>() == 0;
+  return opforge::cuda::compute_capability() == 90;
 #else
   return false;
 #endif
