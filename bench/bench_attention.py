@@ -79,7 +79,7 @@ def main() -> int:
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
                 def opforge_forward(q, k, v, causal=causal, head_dim=head_dim):
-                    return torch.ops.examples.attention(q, k, v, head_dim, causal=causal)
+                    return torch.ops.examples.attention(q, k, v, head_dim, causal=causal)[0]
 
                 sdpa = timings(sdpa_forward, q, k, v, grad_o, backward)
                 impls = [

@@ -63,8 +63,8 @@ def attention() -> None:
     opforge.load_library(opforge.example_library("attention"))
     for head_dim in (128, 64):
         q, k, v, grad_o = (torch.randn(8, 16, 4096, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        o = torch.ops.examples.attention(q, k, v, head_dim)
-        torch.ops.examples.attention_backward(q, k, v, grad_o, o, head_dim)
+        o, lse = torch.ops.examples.attention(q, k, v, head_dim)
+        torch.ops.examples.attention_backward(q, k, v, grad_o, o, lse, head_dim)
 
 
 GROUPS = {"elementwise": elementwise, "int8_linear": int8_linear, "backward": backward, "attention": attention}

@@ -47,11 +47,13 @@ def attention_cases() -> int:
                             q, k, v = (t.transpose(1, 2)[:, :, :n] for t, n in zip(qkv.unbind(2), (sq, sk, sk)))
                         mask = torch.randn(2, sk, dtype=dtype, device="cuda") if offset or causal else None
                         args = (q, k, v, head_dim, mask)
-                        out = torch.ops.examples.attention(*args, causal=causal)
-                        ref = torch.ops.examples.attention(
+                        out, lse = torch.ops.examples.attention(*args, causal=causal)
+                        ref, ref_lse = torch.ops.examples.attention(
                             *[a.cpu() if isinstance(a, torch.Tensor) else a for a in args], causal=causal
                         )
-                        if not torch.allclose(out.cpu().double(), ref.double(), atol=2.5e-2, rtol=2.5e-2):
+                        if not torch.allclose(out.cpu().double(), ref.double(), atol=2.5e-2, rtol=2.5e-2) or not (
+                            torch.allclose(lse.cpu(), ref_lse, atol=2e-3, rtol=1e-5)
+                        ):
                             print(
                                 f"MISMATCH attention {dtype} head_dim={head_dim} sq={sq} sk={sk} causal={causal} "
                                 f"offset={offset}"
@@ -59,7 +61,7 @@ def attention_cases() -> int:
                             failures += 1
                         # its backward op (examples::attention_backward) on the same views
                         grad_o = torch.randn_like(out)
-                        bwd = (q, k, v, grad_o, out, head_dim, mask, causal)
+                        bwd = (q, k, v, grad_o, out, lse, head_dim, mask, causal)
                         grads = torch.ops.examples.attention_backward(*bwd)
                         refs = torch.ops.examples.attention_backward(
                             *[a.cpu() if isinstance(a, torch.Tensor) else a for a in bwd]

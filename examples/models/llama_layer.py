@@ -87,7 +87,8 @@ class LlamaLayer(torch.nn.Module):
         ops.rotary_embedding(positions, q, self.cos_sin_cache, k, True)
         ops.kv_cache_write(k, v, key_cache, value_cache, slot_mapping)
         heads = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]  # [1, heads, tokens, head_dim] views
-        o = ops.attention(*heads, HEAD_DIM, None, True, 0.0).transpose(1, 2).reshape(tokens, hd)
+        o, _ = ops.attention(*heads, HEAD_DIM, None, True, 0.0)
+        o = o.transpose(1, 2).reshape(tokens, hd)
         h = F.linear(o, self.w_o)
         ops.fused_add_rms_norm(h, residual, self.post_norm, 1e-6)
         return F.linear(ops.silu_and_mul(F.linear(h, self.w_gate_up)), self.w_down)

@@ -130,7 +130,7 @@ class OpforgeBertLayer(torch.nn.Module):
         def heads(x: torch.Tensor) -> torch.Tensor:  # [B, S, H * D] -> [B, H, S, D]
             return x.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
 
-        context = torch.ops.examples.attention(
+        context, _ = torch.ops.examples.attention(
             heads(self.query(hidden)), heads(self.key(hidden)), heads(self.value(hidden)), self.head_dim, mask
         )
         context = context.transpose(1, 2).reshape(batch, seq, -1)

@@ -63,8 +63,13 @@ class TorchOps:
 
     @staticmethod
     def attention(q, k, v, head_dim, mask=None, causal=False, scale=0.0):
-        bias = None if mask is None else mask[:, None, None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale or None)
+        bias = torch.zeros(q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
+        if causal:
+            bias = bias.masked_fill(torch.ones_like(bias, dtype=torch.bool).triu(1), float("-inf"))
+        if mask is not None:
+            bias = bias + mask[:, None, None, :]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale or None)
+        return o, torch.logsumexp(q @ k.mT * (scale or head_dim**-0.5) + bias, -1).float()
 
     # The ops that write their inputs do so here too (copy_ into the same tensors).
 

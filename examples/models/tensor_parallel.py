@@ -42,7 +42,8 @@ class EncoderLayer(torch.nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         q, k, v = (p(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-        context = torch.ops.examples.attention(q, k, v, self.head_dim, mask).transpose(1, 2).reshape(batch, seq, -1)
+        context, _ = torch.ops.examples.attention(q, k, v, self.head_dim, mask)
+        context = context.transpose(1, 2).reshape(batch, seq, -1)
         h = torch.ops.examples.add_layer_norm(self.o(context), x, self.norm1.weight, self.norm1.bias, self.norm1.eps)
         f = self.down(torch.ops.examples.bias_gelu(self.up(h), self.up_bias))
         return torch.ops.examples.add_layer_norm(f, h, self.norm2.weight, self.norm2.bias, self.norm2.eps)

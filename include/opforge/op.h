@@ -91,7 +91,11 @@
 // derivatives.yaml:
 //   - each input of the backward op is `grad_<output>`, the gradient of one of this op's
 //     outputs (zeros when that output did not reach the loss), or has the name (and type) of
-//     one of this op's inputs, parameters or outputs, whose value is saved for it;
+//     one of this op's inputs, parameters or outputs, whose value is saved for it; an output
+//     whose gradient the backward op does not take is not differentiable (torch's
+//     `output_differentiability: False`, as the logsumexp of _scaled_dot_product_flash_attention):
+//     autograd records no history for it and JAX stops its cotangent, so a loss through it alone
+//     raises in torch rather than losing its gradient (examples::attention's lse);
 //   - each output of the backward op is `grad_<input>`, the gradient of one of this op's tensor
 //     inputs, with that input's shape and dtype (checked when it runs), or `grad_<a>_and_<b>`
 //     (any number of `_and_`), one gradient of several inputs that is given to each of them, as

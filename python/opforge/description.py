@@ -165,6 +165,8 @@ class Op:
             ("result", k) result k, where the results are the outputs, then the values after
             the op of the mutated inputs. backward_gradients: per output of the backward op, the
             argument indices it is the gradient of (several for ``grad_<a>_and_<b>``).
+            differentiable_results: per result, whether the backward op takes its gradient; a
+            result whose gradient it does not take is not differentiable (empty without one).
         autocast: the policy under torch.autocast: "none", "float32", "lower_precision" or
             "promote" (opforge::Autocast).
         sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
@@ -192,6 +194,7 @@ class Op:
     backward: str | None
     backward_sources: tuple[tuple[str, int], ...]
     backward_gradients: tuple[tuple[int, ...], ...]
+    differentiable_results: tuple[bool, ...]
     is_backward_op: bool
     autocast: str
     sharding: str
@@ -350,6 +353,7 @@ def _op(o: dict) -> Op:
         backward=o["backward"],
         backward_sources=tuple((kind, index) for kind, index in o["backward_sources"]),
         backward_gradients=tuple(tuple(g) for g in o["backward_gradients"]),
+        differentiable_results=tuple(o["differentiable_results"]),
         is_backward_op=o["is_backward_op"],
         autocast=o["autocast"],
         sharding=o["sharding"],

@@ -108,6 +108,9 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
       problem("input '" + name + "' matches nothing of the forward op: expected one of " + accepted);
     }
   }
+  plan.differentiable.assign(static_cast<size_t>(num_results), false);
+  for (const auto& [source, i] : plan.sources)
+    if (source == BackwardPlan::Source::kGrad) plan.differentiable[static_cast<size_t>(i)] = true;
   if (problems.size() == before &&  // its inputs all matched, none a gradient
       std::none_of(plan.sources.begin(), plan.sources.end(),
                    [](const auto& s) { return s.first == BackwardPlan::Source::kGrad; }))

@@ -24,6 +24,12 @@ struct BackwardPlan {
   std::vector<std::vector<int32_t>> targets;
   /// Per output of the backward op: its name, for messages.
   std::vector<std::string> output_names;
+  /// Per forward result (result_names' order): whether the backward op takes its gradient
+  /// (`grad_<result>`). A result whose gradient it does not take is not differentiable, as an
+  /// output marked `output_differentiability: False` in torch's derivatives.yaml (the
+  /// logsumexp of _scaled_dot_product_flash_attention): autograd records no history for it,
+  /// so a loss through it alone raises instead of getting a gradient that was silently dropped.
+  std::vector<bool> differentiable;
 };
 
 /// The names of `op`'s results as a backward op sees them: its outputs, then `<input>_out` for

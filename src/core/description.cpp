@@ -204,12 +204,13 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   j["equivalent"] = text_or_null(equivalent(op));
   const char* bwd_name = backward_name(op);
   j["backward"] = text_or_null(bwd_name);
-  json sources = json::array(), gradients = json::array();
+  json sources = json::array(), gradients = json::array(), differentiable = json::array();
   if (bwd_name != nullptr) {
     std::vector<std::string> problems;  // none: the library was checked before it was described
     if (const OpforgeOpSpec* bwd = find_op(lib, bwd_name)) {
       const BackwardPlan plan = plan_backward(op, *bwd, problems);
       for (const auto& of : plan.targets) gradients.push_back(of);
+      for (const bool d : plan.differentiable) differentiable.push_back(d);
       for (const auto& [source, index] : plan.sources)
         sources.push_back({source == BackwardPlan::Source::kGrad  ? "grad"
                            : source == BackwardPlan::Source::kArg ? "arg"
@@ -219,6 +220,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   }
   j["backward_sources"] = std::move(sources);
   j["backward_gradients"] = std::move(gradients);
+  j["differentiable_results"] = std::move(differentiable);
   j["is_backward_op"] = is_backward_op(lib, op);
   j["sharding"] = sharding_name(sharding(op));
   j["autocast"] = autocast_name(autocast_policy(op));

@@ -19,6 +19,8 @@ namespace opforge::core {
 ///        results: the outputs, then the mutated inputs' values after the op),
 ///        "backward_gradients": per output of the backward op [the argument indices it is the
 ///        gradient of...],
+///        "differentiable_results": per result, whether the backward op takes its gradient
+///        (BackwardPlan::differentiable; empty without a backward op),
 ///        "is_backward_op": bool, "autocast": "none" | "float32" | "lower_precision" | "promote",
 ///        "sharding": "none" | "pointwise" | "rowwise" | "dims",
 ///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "batchable": [name...]

@@ -235,7 +235,9 @@ class AutogradKernel final : public c10::OperatorKernel {
       const at::Tensor& out = results[j];
       node->outputs_.emplace_back(out.sym_sizes().vec(), out.options());
       node->absent_.push_back(false);
-      if (::torch::autograd::isDifferentiableType(out.scalar_type())) ::torch::autograd::set_history(out, node);
+      // An output whose gradient the backward op does not take gets no history (BackwardPlan::differentiable).
+      if (plan_.differentiable[j] && ::torch::autograd::isDifferentiableType(out.scalar_type()))
+        ::torch::autograd::set_history(out, node);
       else node->add_input_metadata(::torch::autograd::Node::undefined_input());
     }
     for (const at::Tensor& t : written) {

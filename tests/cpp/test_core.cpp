@@ -348,6 +348,25 @@ TEST(BackwardOps, MismatchesAreListedOnePerLineWithTheDeclarationSite) {
                 "expected one of grad_x, or grad_<a>_and_<b> for one gradient of several"}));
 }
 
+TEST(BackwardOps, AResultWhoseGradientTheBackwardOpDoesNotTakeIsNotDifferentiable) {
+  auto fwd = finalized(opforge::detail::make_op("ns", "two", "f.cpp", 3)
+                           .input("x", opforge::floating)
+                           .output("y", opforge::like("x"))
+                           .output("stat", opforge::like("x"))
+                           .reference(+[](Tensor, MutableTensor, MutableTensor) {})
+                           .release());
+  auto bwd = finalized(opforge::detail::make_op("ns", "two_backward", "f.cpp", 9)
+                           .input("grad_y", opforge::floating)
+                           .input("stat", opforge::floating)
+                           .output("grad_x", opforge::like("grad_y"))
+                           .reference(+[](Tensor, Tensor, MutableTensor) {})
+                           .release());
+  std::vector<std::string> problems;
+  const auto plan = opforge::core::plan_backward(*fwd->spec(), *bwd->spec(), problems);
+  EXPECT_TRUE(problems.empty());
+  EXPECT_EQ(plan.differentiable, (std::vector<bool>{true, false}));  // stat is saved, not differentiated
+}
+
 TEST(Loading, FilesThatAreNotOpLibraries) {
   EXPECT_EQ(message_of<opforge::InternalError>([] { opforge::core::load_library("/nonexistent/libx.so"); }),
             "opforge: cannot open the op library /nonexistent/libx.so: No such file or directory");

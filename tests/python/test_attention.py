@@ -1,5 +1,5 @@
-"""examples::attention: the CPU reference and the CUDA kernel against SDPA in float64 (padding
-mask, causal, lengths that straddle the kernel's 128-row and 32/64-key tiles, both head dims),
+"""examples::attention: the CPU reference and the CUDA kernel against SDPA in float64, and their
+lse against float64 logsumexp (padding mask, causal, lengths that straddle the kernel's 128-row and 32/64-key tiles, both head dims),
 fully masked rows, misaligned inputs, bad arguments, opcheck, and compile/export with dynamic
 batch and sequence length; its backward op (examples::attention_backward): gradcheck of the CPU
 reference in float64, gradients against SDPA's on the CPU and on the GPU, and the CUDA kernel's
@@ -36,6 +36,17 @@ def expected(q, k, v, mask=None, causal=False, scale=None):
     )
 
 
+def expected_lse(q, k, mask=None, causal=False, scale=None):
+    """Each query row's log-sum-exp of its scores in float64 on the CPU (expected()'s masks)."""
+    bias = torch.zeros(q.shape[2], k.shape[2], dtype=torch.float64)
+    if causal:
+        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
+    if mask is not None:
+        bias = bias + mask.double().cpu()[:, None, None, :]
+    s = scale or q.shape[-1] ** -0.5
+    return torch.logsumexp(q.double().cpu() @ k.double().cpu().mT * s + bias, -1)
+
+
 def inputs(batch, heads, sq, sk, head_dim, dtype, device, mask=False):
     q = torch.randn(batch, heads, sq, head_dim, dtype=dtype, device=device)
     k, v = (torch.randn(batch, heads, sk, head_dim, dtype=dtype, device=device) for _ in range(2))
@@ -45,10 +56,13 @@ def inputs(batch, heads, sq, sk, head_dim, dtype, device, mask=False):
 
 def check(dtype, device, batch, heads, sq, sk, head_dim, causal, mask, scale=0.0):
     q, k, v, m = inputs(batch, heads, sq, sk, head_dim, dtype, device, mask)
-    out = torch.ops.examples.attention(q, k, v, head_dim, m, causal=causal, scale=scale)
+    out, lse = torch.ops.examples.attention(q, k, v, head_dim, m, causal=causal, scale=scale)
     assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32 and lse.device == q.device
     ref = expected(q, k, v, m, causal, scale or None)
     torch.testing.assert_close(out.double().cpu(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+    # float32 sums of exponentials of scores the kernel computes exactly from the 16-bit inputs
+    torch.testing.assert_close(lse.double().cpu(), expected_lse(q, k, m, causal, scale or None), atol=2e-3, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -76,16 +90,17 @@ def test_cuda_matches_sdpa(dtype, head_dim, causal, mask, sq, sk):
 @requires_cuda
 def test_cuda_matches_cpu_reference():
     q, k, v, m = inputs(2, 2, 150, 190, 128, torch.bfloat16, "cuda", mask=True)
-    out = torch.ops.examples.attention(q, k, v, 128, m, causal=True, scale=0.05)
-    ref = torch.ops.examples.attention(q.cpu(), k.cpu(), v.cpu(), 128, m.cpu(), causal=True, scale=0.05)
+    out, lse = torch.ops.examples.attention(q, k, v, 128, m, causal=True, scale=0.05)
+    ref, ref_lse = torch.ops.examples.attention(q.cpu(), k.cpu(), v.cpu(), 128, m.cpu(), causal=True, scale=0.05)
     torch.testing.assert_close(out.cpu().double(), ref.double(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.cpu(), ref_lse, atol=2e-3, rtol=1e-5)
 
 
 @requires_two_gpus
 def test_inputs_on_a_non_current_gpu():
     q, k, v, m = inputs(2, 3, 70, 90, 64, torch.bfloat16, "cuda:1", mask=True)
     with torch.cuda.device(0):
-        out = torch.ops.examples.attention(q, k, v, 64, m, causal=True)
+        out, _ = torch.ops.examples.attention(q, k, v, 64, m, causal=True)
     assert out.device == torch.device("cuda:1")
     torch.testing.assert_close(
         out.double().cpu(), expected(q, k, v, m, True), atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16]
@@ -100,8 +115,10 @@ def test_fully_masked_rows_give_zeros(device, head_dim):
     q, k, v, _ = inputs(2, 2, 9, 11, head_dim, torch.float16, device)
     mask = torch.zeros(2, 11, dtype=torch.float16, device=device)
     mask[0] = float("-inf")  # batch 0 sees no key
-    out = torch.ops.examples.attention(q, k, v, head_dim, mask)
+    out, lse = torch.ops.examples.attention(q, k, v, head_dim, mask)
     assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
+    assert torch.equal(lse[0].cpu(), torch.full_like(lse[0].cpu(), float("-inf")))  # logsumexp of no key
+    assert lse[1].isfinite().all()
     torch.testing.assert_close(out[1].double().cpu(), expected(q, k, v, mask)[1], atol=4e-3, rtol=4e-3)
 
 
@@ -125,7 +142,7 @@ def test_keys_and_values_shared_by_every_head(device, head_dim):
     assert k1.stride(1) == 0
     out = torch.ops.examples.attention(q, k1, v1, head_dim, causal=True)
     dense = torch.ops.examples.attention(q, k1.contiguous(), v1.contiguous(), head_dim, causal=True)
-    torch.testing.assert_close(out, dense, atol=0, rtol=0)
+    torch.testing.assert_close(out, dense, atol=0, rtol=0)  # o and lse
 
 
 def copies_made(fn) -> int:
@@ -163,9 +180,12 @@ def test_head_split_views_reach_the_kernel_without_a_copy(device, head_dim):
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_sequences(device):
     q, k, v, _ = inputs(2, 2, 0, 5, 64, torch.float16, device)
-    assert torch.ops.examples.attention(q, k, v, 64).shape == (2, 2, 0, 64)
+    o, lse = torch.ops.examples.attention(q, k, v, 64)
+    assert o.shape == (2, 2, 0, 64) and lse.shape == (2, 2, 0)
     q, k, v, _ = inputs(2, 2, 3, 0, 64, torch.float16, device)
-    assert torch.equal(torch.ops.examples.attention(q, k, v, 64).cpu(), torch.zeros(2, 2, 3, 64, dtype=torch.float16))
+    o, lse = torch.ops.examples.attention(q, k, v, 64)
+    assert torch.equal(o.cpu(), torch.zeros(2, 2, 3, 64, dtype=torch.float16))
+    assert torch.equal(lse.cpu(), torch.full((2, 2, 3), float("-inf")))
 
 
 def test_bad_arguments_name_the_problem():
@@ -193,7 +213,8 @@ def test_opcheck(device, with_mask):
 def test_compile_and_export_with_dynamic_batch_and_sequence(device):
     class Block(torch.nn.Module):
         def forward(self, q, k, v, mask):
-            return torch.ops.examples.attention(q, k, v, 64, mask) * 2
+            o, lse = torch.ops.examples.attention(q, k, v, 64, mask)
+            return o * 2, lse
 
     torch._dynamo.reset()
     compiled = torch.compile(Block(), fullgraph=True, dynamic=True)
@@ -221,7 +242,7 @@ def sdpa_grads(q, k, v, grad_o, mask=None, causal=False, scale=None):
 
 def op_grads(q, k, v, grad_o, head_dim, mask=None, causal=False, scale=0.0):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = torch.ops.examples.attention(*leaves, head_dim, mask, causal=causal, scale=scale)
+    out, _ = torch.ops.examples.attention(*leaves, head_dim, mask, causal=causal, scale=scale)
     return torch.autograd.grad(out, leaves, grad_o)
 
 
@@ -261,9 +282,24 @@ def test_fully_masked_rows_get_zero_gradients_and_nan_stays_nan():
 
 def test_a_mask_that_requires_grad_gets_none():
     q, k, v, m = inputs(1, 1, 3, 4, 32, torch.float32, "cpu", mask=True)
-    out = torch.ops.examples.attention(q.requires_grad_(), k, v, 32, m.requires_grad_())
+    out, _ = torch.ops.examples.attention(q.requires_grad_(), k, v, 32, m.requires_grad_())
     with pytest.raises(NotImplementedError, match="examples::attention"):
         out.sum().backward()
+
+
+def test_lse_is_not_differentiable():
+    """attention_backward takes no grad_lse, so lse records no history (torch's
+    output_differentiability: False, as for _scaled_dot_product_flash_attention's logsumexp):
+    a loss through it alone raises instead of getting a gradient that was dropped."""
+    q, k, v, _ = inputs(1, 2, 3, 4, 32, torch.float32, "cpu")
+    o, lse = torch.ops.examples.attention(q.requires_grad_(), k, v, 32)
+    assert o.requires_grad and o.grad_fn is not None
+    assert not lse.requires_grad and lse.grad_fn is None
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        lse.sum().backward()
+    (o.sum() + lse.sum()).backward()  # a loss through both: the gradient is o's alone
+    (want,) = torch.autograd.grad(torch.ops.examples.attention(q, k, v, 32)[0].sum(), q)
+    torch.testing.assert_close(q.grad, want)
 
 
 @requires_cuda
@@ -312,9 +348,9 @@ def test_the_cuda_kernels_take_16_bit_inputs_only():
         torch.ops.examples.attention(q, k, v, 64)
     message = "q: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got"
     assert message in str(err.value)
-    grad_o, o = torch.randn_like(q), torch.randn_like(q)
+    grad_o, o, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(q.shape[:3], device="cuda")
     with pytest.raises(ValueError, match="q: expected dtype one of {float16, bfloat16} on cuda"):
-        torch.ops.examples.attention_backward(q, k, v, grad_o, o, 64)
+        torch.ops.examples.attention_backward(q, k, v, grad_o, o, lse, 64)
 
 
 def test_compiled_training_step_uses_the_backward_op():
@@ -323,7 +359,7 @@ def test_compiled_training_step_uses_the_backward_op():
     eager's."""
 
     def loss(q, k, v, mask):
-        return (torch.ops.examples.attention(q, k, v, 32, mask, causal=True) ** 2).sum()
+        return (torch.ops.examples.attention(q, k, v, 32, mask, causal=True)[0] ** 2).sum()
 
     torch._dynamo.reset()
     compiled = torch.compile(loss, fullgraph=True)
@@ -336,29 +372,32 @@ def test_compiled_training_step_uses_the_backward_op():
         torch.testing.assert_close(got.grad, want.grad)
 
 
-def fa2_grads(grad_o, q, k, v, o, mask=None, causal=False, scale=None):
-    """FlashAttention-2's backward formula in float64, with the softmax's row sums from o."""
-    grad_o, q, k, v, o = (t.double().cpu() for t in (grad_o, q, k, v, o))
+def fa2_grads(grad_o, q, k, v, o, lse, mask=None, causal=False, scale=None):
+    """FlashAttention-2's backward formula in float64, with the probabilities from lse and the
+    softmax's row sums from o."""
+    grad_o, q, k, v, o, lse = (t.double().cpu() for t in (grad_o, q, k, v, o, lse))
     s = scale or q.shape[-1] ** -0.5
     bias = torch.zeros(q.shape[2], k.shape[2], dtype=torch.float64)
     if causal:
         bias = bias + torch.full_like(bias, float("-inf")).triu(1)
     if mask is not None:
         bias = bias + mask.double().cpu()[:, None, None, :]
-    p = torch.softmax(q @ k.mT * s + bias, -1)
+    p = (q @ k.mT * s + bias - lse[..., None]).exp()
     ds = p * (grad_o @ v.mT - (grad_o * o).sum(-1, keepdim=True))
     return s * ds @ k, s * ds.mT @ q, p.mT @ grad_o
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_backward_op_takes_the_row_sums_from_the_given_o(device):
-    """o enters as FlashAttention-2 takes it (grad_o . o for each row), on every device alike, so
-    a kernel and the reference agree for any o (opforge verify draws it at random)."""
+def test_the_backward_op_takes_the_softmax_statistics_from_the_given_o_and_lse(device):
+    """o and lse enter as FlashAttention-2 takes them (grad_o . o for each row, probabilities
+    exp(s - lse)), on every device alike, so a kernel and the reference agree for any o and lse
+    (opforge verify draws them at random)."""
     dtype = torch.float64 if device == "cpu" else torch.bfloat16
     q, k, v, m = inputs(2, 3, 33, 70, 64, dtype, device, mask=True)
     grad_o, o = torch.randn_like(q), torch.randn_like(q)
-    got = torch.ops.examples.attention_backward(q, k, v, grad_o, o, 64, m, True)
-    want = fa2_grads(grad_o, q, k, v, o, m, causal=True)
+    lse = expected_lse(q, k, m, causal=True).float().to(device) + torch.rand(q.shape[:3], device=device)
+    got = torch.ops.examples.attention_backward(q, k, v, grad_o, o, lse, 64, m, True)
+    want = fa2_grads(grad_o, q, k, v, o, lse, m, causal=True)
     tol = 1e-10 if dtype == torch.float64 else 3e-2
     for g, w in zip(got, want):
         torch.testing.assert_close(g.double().cpu(), w, atol=tol * (1 + w.abs().max().item()), rtol=tol)

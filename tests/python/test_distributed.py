@@ -123,10 +123,11 @@ def _attention_worker(rank: int, world: int) -> None:
     for d, mask_placement in ((0, Shard(0)), (1, Replicate())):
         dq, dk, dv = (distribute_tensor(t, mesh, [Shard(d)]) for t in (q, k, v))
         out = torch.ops.examples.attention(dq, dk, dv, 32, distribute_tensor(mask, mesh, [mask_placement]), causal=True)
-        assert out.placements == (Shard(d),), (d, out.placements)
-        assert torch.equal(out.full_tensor(), expected)  # the same per-(batch, head) computation
-    out = torch.ops.examples.attention(*(distribute_tensor(t, mesh, [Shard(1)]) for t in (q, k, v)), 32)
-    assert out.placements == (Shard(1),) and torch.equal(out.full_tensor(), torch.ops.examples.attention(q, k, v, 32))
+        for o, e in zip(out, expected, strict=True):  # o, and lse [batch, heads, seq]
+            assert o.placements == (Shard(d),), (d, o.placements)
+            assert torch.equal(o.full_tensor(), e)  # the same per-(batch, head) computation
+    out, _ = torch.ops.examples.attention(*(distribute_tensor(t, mesh, [Shard(1)]) for t in (q, k, v)), 32)
+    assert out.placements == (Shard(1),) and torch.equal(out.full_tensor(), torch.ops.examples.attention(q, k, v, 32)[0])
 
     class SelfAttention(torch.nn.Module):
         """q, k, v projections column-parallel (heads split across ranks), attention per local
@@ -140,7 +141,7 @@ def _attention_worker(rank: int, world: int) -> None:
         def forward(self, x, mask):
             b, s, _ = x.shape
             split = [t.view(b, s, self.heads, -1).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x))]
-            ctx = torch.ops.examples.attention(*split, split[0].shape[-1], mask)
+            ctx, _ = torch.ops.examples.attention(*split, split[0].shape[-1], mask)
             return self.o(ctx.transpose(1, 2).reshape(b, s, -1))
 
     torch.manual_seed(1)

@@ -220,7 +220,7 @@ def test_launch_with_unwritable_cache_keeps_working(tmp_path):
 
 ATTENTION = (
     "examples::attention(Tensor q, Tensor k, Tensor v, int head_dim, Tensor? mask=None, bool causal=False, "
-    "float scale=0.0) -> Tensor: invalid arguments\n"
+    "float scale=0.0) -> (Tensor, Tensor): invalid arguments\n"
 )
 
 

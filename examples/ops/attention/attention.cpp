@@ -17,29 +17,38 @@ static int64_t row_offset(const opforge::Tensor& t, int64_t b, int64_t h, int64_
   return b * t.stride(0) + h * t.stride(1) + i * t.stride(2);
 }
 
-/// Softmax probabilities of query row `i` of (batch, head) over the keys, in double, into `p`
-/// (k.size(2) entries): softmax(q_i k^T * s + mask [+ causal mask]). A row whose every score is
-/// -inf (all keys masked) gives zeros; a NaN score gives a NaN row.
+/// The scores of query row `i` of (batch, head) over the keys, in double, into `scores`
+/// (k.size(2) entries): q_i k_j * s + mask_j, and -inf for keys after the query (causal).
 template <class T>
-static void row_probabilities(const opforge::Tensor& q, const opforge::Tensor& k, const opforge::Tensor& mask,
-                              bool causal, double s, int64_t batch, int64_t head, int64_t i, int64_t d,
-                              std::vector<double>& p) {
+static void row_scores(const opforge::Tensor& q, const opforge::Tensor& k, const opforge::Tensor& mask, bool causal,
+                       double s, int64_t batch, int64_t head, int64_t i, int64_t d, std::vector<double>& scores) {
   const int64_t sk = k.size(2);
   const T* qi = q.data<T>() + row_offset(q, batch, head, i);
-  double mx = -std::numeric_limits<double>::infinity(), sum = 0;
-  bool nan = false;  // a NaN score makes the row NaN, as in softmax
   for (int64_t j = 0; j < sk; ++j) {
     const T* kj = k.data<T>() + row_offset(k, batch, head, j);
     double dot = 0;
     for (int64_t c = 0; c < d; ++c) dot += double(qi[c]) * double(kj[c]);
-    p[j] = dot * s + (mask.defined() ? double(mask.data<T>()[batch * sk + j]) : 0.0);
-    if (causal && j > i) p[j] = -std::numeric_limits<double>::infinity();
-    mx = std::max(mx, p[j]);
-    nan = nan || std::isnan(p[j]);
+    scores[j] = dot * s + (mask.defined() ? double(mask.data<T>()[batch * sk + j]) : 0.0);
+    if (causal && j > i) scores[j] = -std::numeric_limits<double>::infinity();
   }
-  if (nan) mx = std::numeric_limits<double>::quiet_NaN();
-  for (int64_t j = 0; j < sk; ++j) sum += p[j] = std::isinf(mx) && mx < 0 ? 0.0 : std::exp(p[j] - mx);
-  for (int64_t j = 0; j < sk; ++j) p[j] = sum == 0 ? 0.0 : p[j] / sum;
+}
+
+/// log(sum_j exp(scores_j)), taken relative to the row's maximum: -inf when every score is
+/// -inf (every key masked), NaN when a score is NaN (softmax's NaN row).
+static double log_sum_exp(const std::vector<double>& scores) {
+  double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+  for (const double x : scores) {
+    if (std::isnan(x)) return x;
+    mx = std::max(mx, x);
+  }
+  if (std::isinf(mx) && mx < 0) return mx;
+  for (const double x : scores) sum += std::exp(x - mx);
+  return mx + std::log(sum);
+}
+
+/// The probabilities exp(scores_j - lse) in place: zeros for lse = -inf (no key), NaN for NaN.
+static void probabilities(std::vector<double>& scores, double lse) {
+  for (double& x : scores) x = std::isinf(lse) && lse < 0 ? 0.0 : std::exp(x - lse);
 }
 
 /// The scale of the scores: `scale`, or 1 / sqrt(head_dim) for 0.
@@ -48,16 +57,20 @@ static double score_scale(double scale, int64_t head_dim) {
 }
 
 // CPU reference, in double, one (batch, head, query row) at a time; every floating dtype (the
-// CUDA kernel takes 16-bit ones: kernel_dtypes below).
+// CUDA kernel takes 16-bit ones: kernel_dtypes below). lse: each row's log-sum-exp of its scores.
 static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
-                          opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor o) {
+                          opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor o,
+                          opforge::MutableTensor lse) {
   opforge::visit_dtype<opforge::floating>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
     const int64_t bh = q.size(0) * q.size(1), heads = q.size(1), sq = q.size(2), sk = k.size(2), d = head_dim;
     std::vector<double> p(sk);
     for (int64_t b = 0; b < bh; ++b) {
       const int64_t batch = b / heads, head = b % heads;
       for (int64_t i = 0; i < sq; ++i) {
-        row_probabilities<T>(q, k, mask, causal, score_scale(scale, d), batch, head, i, d, p);
+        row_scores<T>(q, k, mask, causal, score_scale(scale, d), batch, head, i, d, p);
+        const double row_lse = log_sum_exp(p);
+        lse.data<float>()[b * sq + i] = static_cast<float>(row_lse);
+        probabilities(p, row_lse);
         for (int64_t c = 0; c < d; ++c) {
           double acc = 0;
           for (int64_t j = 0; j < sk; ++j) acc += p[j] * double(v.data<T>()[row_offset(v, batch, head, j) + c]);
@@ -80,7 +93,8 @@ static void attention_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor 
 // swizzle). Otherwise 128 rows and threads; keys per step 32 (head dim 128) or 64, in shared
 // memory with the query rows, and the maps are left empty.
 static opforge::LaunchConfig attention_grid(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, int64_t head_dim,
-                                            opforge::Tensor, bool, double, opforge::MutableTensor) {
+                                            opforge::Tensor, bool, double, opforge::MutableTensor,
+                                            opforge::MutableTensor) {
   OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535,
                 "batch and heads must be at most "
                 "65535 each (one grid dim each), got ",
@@ -117,6 +131,7 @@ const auto q_shape = opforge::shape({opforge::any, opforge::any, opforge::any, o
 const auto k_shape =
     opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::any, opforge::int_param("head_dim")});
 const auto mask_shape = opforge::shape({opforge::dim("q", 0), opforge::dim("k", 2)});
+const auto lse_shape = opforge::shape({opforge::dim("q", 0), opforge::dim("q", 1), opforge::dim("q", 2)});
 
 OPFORGE_OP(examples, attention)
     .doc("softmax(q k^T * scale + mask) v over [batch, heads, seq, head_dim]; causal: key j sees query i if j <= i")
@@ -128,9 +143,14 @@ OPFORGE_OP(examples, attention)
     .param<bool>("causal", false, opforge::compile_time)
     .param<double>("scale", 0.0, opforge::at_least(0.0))  // 0: 1 / sqrt(head_dim)
     .output("o", opforge::like("q"))
+    // Each query row's log-sum-exp of its scores (natural log; -inf where every key is masked), as
+    // the logsumexp of torch's _scaled_dot_product_flash_attention: what the backward op needs
+    // of the forward's softmax. Not differentiable (attention_backward takes no grad_lse).
+    .output("lse", lse_shape, opforge::kFloat32)
     .equivalent(
-        "torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale or None, attn_mask=(0 if mask is None "
-        "else mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), float('-inf'), dtype=q.dtype).triu(1 if "
+        "(lambda m: (torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale or None, attn_mask=m), "
+        "torch.logsumexp(q @ k.mT * (scale or head_dim ** -0.5) + m, -1).float()))((0 if mask is None else "
+        "mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), float('-inf'), dtype=q.dtype).triu(1 if "
         "causal else k.shape[2]))")
     .reference(attention_cpu)
     .cuda_source("attention.cu", "attention<{T}, {head_dim}, {causal}>")
@@ -139,17 +159,18 @@ OPFORGE_OP(examples, attention)
     .backward("attention_backward")
     .sharding(opforge::shard_dims({0, 1}));  // batch and heads
 
-// CPU reference of the gradients, in double, per (batch, head) and query row i, with p the
-// row's probabilities (row_probabilities), g = grad_o[i] and o_i the forward's output row:
+// CPU reference of the gradients, in double, per (batch, head) and query row i, with
+// p_j = exp(s_j - lse_i) the row's probabilities from its scores s (row_scores) and the
+// forward's log-sum-exp lse_i, g = grad_o[i] and o_i the forward's output row:
 //   dp_j = g . v_j,  ds_j = p_j (dp_j - g . o_i),
 //   grad_q[i] = scale * sum_j ds_j k_j,  grad_k[j] += scale * ds_j q_i,  grad_v[j] += p_j g
 // (the softmax Jacobian diag(p) - p p^T applied to dp, with sum_j p_j dp_j = g . o_i:
 // FlashAttention-2's backward, Dao 2023, Algorithm 2, which the CUDA kernels compute blockwise;
-// `o` must be the forward's output for these to be attention's gradients).
+// `o` and `lse` must be the forward's outputs for these to be attention's gradients).
 static void attention_backward_cpu(opforge::Tensor q, opforge::Tensor k, opforge::Tensor v, opforge::Tensor grad_o,
-                                   opforge::Tensor o, int64_t head_dim, opforge::Tensor mask, bool causal, double scale,
-                                   opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
-                                   opforge::MutableTensor grad_v) {
+                                   opforge::Tensor o, opforge::Tensor lse, int64_t head_dim, opforge::Tensor mask,
+                                   bool causal, double scale, opforge::MutableTensor grad_q,
+                                   opforge::MutableTensor grad_k, opforge::MutableTensor grad_v) {
   opforge::visit_dtype<opforge::floating>(q.dtype(), [&]<class T>(opforge::type_tag<T>) {
     const int64_t heads = q.size(1), sq = q.size(2), sk = k.size(2), d = head_dim;
     const double s = score_scale(scale, d);
@@ -159,7 +180,8 @@ static void attention_backward_cpu(opforge::Tensor q, opforge::Tensor k, opforge
       std::fill(gk.begin(), gk.end(), 0.0);
       std::fill(gv.begin(), gv.end(), 0.0);
       for (int64_t i = 0; i < sq; ++i) {
-        row_probabilities<T>(q, k, mask, causal, s, batch, head, i, d, p);
+        row_scores<T>(q, k, mask, causal, s, batch, head, i, d, p);
+        probabilities(p, lse.data<float>()[b * sq + i]);
         const T* g = grad_o.data<T>() + row_offset(grad_o, batch, head, i);
         const T* qi = q.data<T>() + row_offset(q, batch, head, i);
         const T* oi = o.data<T>() + row_offset(o, batch, head, i);
@@ -193,12 +215,12 @@ static void attention_backward_cpu(opforge::Tensor q, opforge::Tensor k, opforge
 
 // attention_backward.cu
 void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
-                             opforge::Tensor grad_o, opforge::Tensor o, int64_t head_dim, opforge::Tensor mask,
-                             bool causal, double scale, opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
-                             opforge::MutableTensor grad_v);
+                             opforge::Tensor grad_o, opforge::Tensor o, opforge::Tensor lse, int64_t head_dim,
+                             opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor grad_q,
+                             opforge::MutableTensor grad_k, opforge::MutableTensor grad_v);
 
-// The gradients of attention (Note [Backward ops] in opforge/op.h): grad_o, and q, k, v, o,
-// mask and the parameters saved from the forward call (o: the forward's output for them). A
+// The gradients of attention (Note [Backward ops] in opforge/op.h): grad_o, and q, k, v, o, lse,
+// mask and the parameters saved from the forward call (o, lse: the forward's outputs for them). A
 // mask that requires grad gets none (an additive padding mask is data, not a parameter): its
 // backward raises, naming the op.
 OPFORGE_OP(examples, attention_backward)
@@ -208,6 +230,7 @@ OPFORGE_OP(examples, attention_backward)
     .input("v", opforge::same_dtype("q"), opforge::same_shape("k"), opforge::contiguous_last_dim)
     .input("grad_o", opforge::same_dtype("q"), opforge::same_shape("q"), opforge::contiguous_last_dim)
     .input("o", opforge::same_dtype("q"), opforge::same_shape("q"), opforge::contiguous_last_dim)
+    .input("lse", opforge::kFloat32, lse_shape)
     .param<int64_t>("head_dim", opforge::one_of({32, 64, 128}))
     .input("mask", opforge::optional, opforge::same_dtype("q"), mask_shape)
     .param<bool>("causal", false)
@@ -215,10 +238,11 @@ OPFORGE_OP(examples, attention_backward)
     .output("grad_q", opforge::like("q"))
     .output("grad_k", opforge::like("k"))
     .output("grad_v", opforge::like("v"))
-    .equivalent(  // with the softmax's row sums from o, as the reference and kernels take them
+    .equivalent(  // with the forward's lse and o, as the reference and kernels take them
         "(lambda s: (lambda p: (lambda d: (s * d @ k, s * d.mT @ q, p.mT @ grad_o))(p * (grad_o @ v.mT - (grad_o * o)"
-        ".sum(-1, True))))(torch._safe_softmax(q @ k.mT * s + (0 if mask is None else mask[:, None, None]) + q.new_full"
-        "((q.shape[2], k.shape[2]), -torch.inf).triu(1 if causal else k.shape[2]), -1)))(scale or head_dim ** -0.5)")
+        ".sum(-1, True))))(torch.where(lse[..., None] == -torch.inf, 0.0, (q @ k.mT * s + (0 if mask is None else "
+        "mask[:, None, None]) + q.new_full((q.shape[2], k.shape[2]), -torch.inf).triu(1 if causal else k.shape[2]) - "
+        "lse[..., None]).exp())))(scale or head_dim ** -0.5)")
     .reference(attention_backward_cpu)
     .cuda(attention_backward_cuda)
     .kernel_dtypes("q", opforge::half_precision)

@@ -2,8 +2,8 @@
 // Attention with Better Parallelism and Work Partitioning", 2023, Algorithm 2). The [Sq, Sk]
 // probability matrix is recomputed block by block from q, k and each query row's log-sum-exp,
 // never stored. Three kernels on the call's stream:
-//   1. prep: per query row, the log-sum-exp of its scores in log2 units (the forward's softmax
-//      statistics, recomputed: the forward op returns only o) and delta = grad_o . o;
+//   1. stats: per query row, the forward's log-sum-exp of its scores (its output lse) in log2
+//      units and delta = grad_o . o;
 //   2. kv: one block per 64 keys of one (batch, head) walks over the query rows kQueriesFor<D>
 //      at a time (the next step's rows loading while this one computes) and accumulates grad_k
 //      and grad_v of its keys in registers; grad_q's share of each step is added into a float32
@@ -46,16 +46,16 @@ constexpr int kKeys = 64;                             // keys per kv block: 16 p
 /// registers allow, 32 at head dim 128 (its grad_k and grad_v take 128 registers a thread).
 template <int D>
 constexpr int kQueriesFor = D == 128 ? 32 : 64;
-constexpr int kPrepRows = 64;   // query rows per prep block: 16 per warp
-constexpr int kStatRows = 128;  // sq_stats is a multiple of it: prep_sm90's rows per block
-constexpr int kPrepKeys = 64;   // keys per prep step
+constexpr int kStatRows = 128;  // sq_stats is a multiple of it: the stats kernel's rows per block
 
 /// What the three kernels share: the problem's sizes, the strides of the inputs (batch, head,
 /// row; rows contiguous and 16-byte aligned: opforge::contiguous_last_dim), the scale in log2
-/// units and the float32 scratch rows: lse (log2 units) and delta per query row, grad_q.
+/// units, the forward's lse and the float32 scratch rows: lse (log2 units) and delta per query
+/// row, grad_q.
 template <class T>
 struct Problem {
   const T *grad_o, *q, *k, *v, *o, *mask;
+  const float* forward_lse;  // [B * H, Sq]: the forward's log-sum-exp per query row (natural log)
   Strides s_grad_o, s_q, s_k, s_v, s_o;
   int64_t heads, sq, sk;
   int64_t sq_stats;  // Sq rounded up to kStatRows: the row count of lse and delta per (batch, head)
@@ -130,65 +130,20 @@ __device__ __forceinline__ void write_delta(const Problem<T>& p, int64_t batch, 
   if ((lane & 1) == 0) p.delta[bh * p.sq_stats + row] = sum;
 }
 
-/// lse (log2 units) of the thread's query rows `row` and row + 8 from its online-softmax
-/// statistics (attention_detail::online_softmax's, each row's sum spread over a quad of lanes),
-/// written by the quad's first lane. A row whose every key is masked, or past Sq, has no
-/// probabilities: +inf makes each exp2(s - lse) zero.
-template <class T>
-__device__ __forceinline__ void write_lse(const Problem<T>& p, int64_t bh, int64_t row, const float (&row_max)[2],
-                                          const float (&row_sum)[2], int lane) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = row_sum[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float base = row_max[h] == neg_inf() ? 0.0f : row_max[h];
-    if ((lane & 3) == 0)
-      p.lse[bh * p.sq_stats + row + h * 8] =
-          sum == 0.0f || row + h * 8 >= p.sq ? __int_as_float(0x7f800000) : base + log2f(sum);
-  }
-}
-
-/// Kernel 1. Grid (ceil(Sq / 64), H, B), 128 threads, dynamic shared memory
-/// (64 + 64) * D * sizeof(T). Warp w owns query rows m0 + 16 w .. + 15 of its (batch, head).
-template <class T, int D, bool kCausal>
-__global__ void __launch_bounds__(kThreads) prep(Problem<T> p) {
-  extern __shared__ __align__(16) unsigned char shared[];
-  T* sQ = reinterpret_cast<T*>(shared);
-  T* sK = sQ + kPrepRows * D;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+/// Kernel 1. Grid (sq_stats / kStatRows, H, B), 2 * kStatRows threads, two a query row (lanes
+/// 2 i and 2 i + 1): the row's delta (write_delta) and its lse in log2 units, the forward's
+/// times log2(e); +inf where the forward's is -inf (a row without keys) and for the rows past Sq
+/// up to sq_stats, so that each exp2(s - lse) of such a row is zero.
+template <class T, int D>
+__global__ void __launch_bounds__(2 * kStatRows) stats(Problem<T> p) {
+  const int lane = threadIdx.x % 32;
   const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
-  const int64_t m0 = int64_t{blockIdx.x} * kPrepRows, sq = p.sq, sk = p.sk;
-  const T* qb = rows_of(p.q, p.s_q, batch, head);
-  const T* kb = rows_of(p.k, p.s_k, batch, head);
-  const T* mb = p.mask ? p.mask + batch * sk : nullptr;
-
-  write_delta<T, D>(p, batch, head, bh, m0 + warp * 16 + lane / 2, lane);  // the warp's 16 rows
-
-  load_tile<T, D, kPrepRows>(sQ, qb, p.s_q.row, m0, sq);
-  cp_async_commit();
-  const int64_t n_end = kCausal ? (sk < m0 + kPrepRows ? sk : m0 + kPrepRows) : sk;
-  const int row_in_block = warp * 16 + lane / 4;
-  const TileAddress<D> q_at(smem_address(sQ), warp * 16 + (lane & 15), lane >> 4);
-  const TileAddress<D> k_at(smem_address(sK), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-  constexpr int kTilesN = kPrepKeys / 8;
-  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
-  for (int64_t n0 = 0; n0 < n_end; n0 += kPrepKeys) {
-    __syncthreads();  // every warp is done with the previous keys
-    load_tile<T, D, kPrepKeys>(sK, kb, p.s_k.row, n0, sk);
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
-    float s[kTilesN][4] = {};
-    rows_times_rows<T, D, kPrepKeys>(s, q_at, k_at);
-    const int keys = static_cast<int>(sk - n0 < kPrepKeys ? sk - n0 : kPrepKeys);
-    if (mb != nullptr) attention_detail::add_mask(s, mb + n0, keys, p.scale_log2, lane);
-    attention_detail::mask_edge<kCausal>(s, keys, static_cast<int>(row_in_block - lane / 4 + m0 - n0), lane);
-    float correction[2];
-    attention_detail::online_softmax(s, row_max, row_sum, correction, mb != nullptr ? 1.0f : p.scale_log2);
+  const int64_t row = int64_t{blockIdx.x} * kStatRows + threadIdx.x / 2;
+  write_delta<T, D>(p, batch, head, bh, row, lane);
+  if ((lane & 1) == 0) {
+    const float lse = row < p.sq ? p.forward_lse[bh * p.sq + row] : neg_inf();
+    p.lse[bh * p.sq_stats + row] = lse == neg_inf() ? __int_as_float(0x7f800000) : lse * kLog2e;
   }
-  cp_async_wait_all();
-  write_lse(p, bh, m0 + row_in_block, row_max, row_sum, lane);
 }
 
 /// Shared memory of a kv block: K and V of its keys; two stages of Q and grad_o of a step's query
@@ -205,7 +160,7 @@ struct KvShared {
 
 /// Starts the cp.async loads (committed by the caller) of one step's kQueriesFor<D> query rows from m0 into
 /// a stage: Q, then grad_o (rows past Sq zero), and into `stats` their lse, then their delta (the
-/// prep kernel wrote rows up to a multiple of kPrepRows, which the step divides).
+/// stats kernel wrote rows up to sq_stats, a multiple of kStatRows, which the step divides).
 template <class T, int D>
 __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, const T* gb, int64_t bh, int64_t m0,
                                           T* stage, float* stats) {
@@ -462,16 +417,6 @@ struct Shared {
   static_assert(kBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
 };
 
-/// prep_sm90's query rows a block and keys a step, and its shared memory for head dim D from a
-/// 1024-byte-aligned base: Q (D / 64 halves of kPrepRows rows), then two stages of K (D / 64
-/// halves of kPrepKeys rows each).
-constexpr int kPrepRows = 128, kPrepKeys = 128;
-template <int D>
-struct PrepShared {
-  static constexpr unsigned kQ = 0, kK = D / 64 * kPrepRows * kRow, kStage = D / 64 * kPrepKeys * kRow,
-                            kBytes = kK + 2 * kStage + 1024;
-};
-
 /// Copies rows [row0, row0 + ROWS) of a [rows, D] matrix (rows `row_stride` elements apart)
 /// into a tile of D / 64 halves of ROWS rows of 128 bytes with cp.async, chunk c of row r at
 /// chunk c ^ (r % 8) (the 128-byte swizzle of the wgmma layout descriptors); rows at or past
@@ -509,83 +454,6 @@ __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, cons
   }
 }
 }  // namespace sm90
-
-/// Kernel 1 on Hopper. Grid (ceil(Sq / 128), H, B), 256 threads, sm90::PrepShared<D>::kBytes
-/// of dynamic shared memory; launched as kv_sm90 is. Warpgroup g computes S = Q K^T for query
-/// rows m0 + 64 g .. + 63 by wgmma, 128 keys a step (the next step's keys loading meanwhile), and
-/// keeps the online softmax's statistics, as prep does; each warp writes delta of 16 rows. Two
-/// blocks a multiprocessor (128 registers a thread), so that one block's softmax runs while the
-/// other's products do.
-template <class T, int D, bool kCausal>
-__global__ void __launch_bounds__(sm90::kThreads, 2) prep_sm90(Problem<T> p) {
-  static_assert(D == 64 || D == 128, "head dims 64 and 128");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using attention_sm90::descriptor;
-  using sm90::kRow;
-  using L = sm90::PrepShared<D>;
-  constexpr int kRows = sm90::kPrepRows, kKeys = sm90::kPrepKeys;
-  extern __shared__ __align__(16) unsigned char shared[];  // aligned to 1024 bytes below
-  // The launch and this kernel disagree: fail, never compute wrong.
-  if (blockDim.x != sm90::kThreads || attention_detail::dynamic_shared_bytes() < L::kBytes) __trap();
-  const unsigned raw = smem_address(shared), base = (raw + 1023u) & ~1023u;
-  unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
-
-  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
-  const int64_t m0 = int64_t{blockIdx.x} * kRows, sq = p.sq, sk = p.sk;
-  const T* kb = rows_of(p.k, p.s_k, batch, head);
-  const T* mb = p.mask ? p.mask + batch * sk : nullptr;
-
-  write_delta<T, D>(p, batch, head, bh, m0 + (threadIdx.x / 32) * 16 + lane / 2, lane);
-
-  const int64_t n_end = kCausal ? (sk < m0 + kRows ? sk : m0 + kRows) : sk;
-  const int n_blocks = static_cast<int>((n_end + kKeys - 1) / kKeys);
-  sm90::load_tile<T, D, kRows>(tiles + L::kQ, rows_of(p.q, p.s_q, batch, head), p.s_q.row, m0, sq);
-  if (n_blocks > 0) sm90::load_tile<T, D, kKeys>(tiles + L::kK, kb, p.s_k.row, 0, sk);
-  cp_async_commit();
-  const unsigned q_rows = base + L::kQ + group * 64 * kRow;  // the warpgroup's rows of Q (in half 0)
-  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
-  float s[kKeys / 8][4];
-#pragma unroll
-  for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-  for (int nb = 0; nb < n_blocks; ++nb) {
-    // Stage nb % 2 holds this step's keys; the next step's go to the other stage, whose reader
-    // (the previous step's product) every warpgroup has waited for.
-    cp_async_wait_all();
-    attention_sm90::fence_proxy_async();  // this thread's cp.async writes, visible to wgmma
-    __syncthreads();
-    if (nb + 1 < n_blocks)
-      sm90::load_tile<T, D, kKeys>(tiles + L::kK + ((nb + 1) & 1) * L::kStage, kb, p.s_k.row, int64_t{nb + 1} * kKeys,
-                                   sk);
-    cp_async_commit();
-    const unsigned k_at = base + L::kK + (nb & 1) * L::kStage;
-    attention_sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // head-dim columns 16 kk ..: half kk / 4, 32 bytes per step
-      const unsigned at = (kk % 4) * 32;
-      attention_sm90::wgmma_ss<T>(s, descriptor(q_rows + (kk / 4) * kRows * kRow + at, 16, 1024),
-                                  descriptor(k_at + (kk / 4) * kKeys * kRow + at, 16, 1024), kk > 0);
-    }
-    attention_sm90::wgmma_commit();
-    attention_sm90::wgmma_wait<0>();
-    attention_sm90::fence_operands(s);
-    const int64_t n0 = int64_t{nb} * kKeys;
-    const int keys = static_cast<int>(sk - n0 < kKeys ? sk - n0 : kKeys);
-    const int diagonal = kCausal ? static_cast<int>(m0 - n0) : 0;
-    if (mb != nullptr) attention_detail::add_mask(s, mb + n0, keys, p.scale_log2, lane);
-    if (keys < kKeys || (kCausal && diagonal < kKeys))
-      attention_detail::mask_edge<kCausal>(s, keys, group * 64 + warp * 16 + diagonal, lane);
-    float correction[2];
-    attention_detail::online_softmax(s, row_max, row_sum, correction, mb != nullptr ? 1.0f : p.scale_log2);
-  }
-  cp_async_wait_all();
-  write_lse(p, bh, m0 + group * 64 + warp * 16 + lane / 4, row_max, row_sum, lane);
-#else
-  __trap();  // launched only where sm_90a code is carried (uses_sm90a)
-#endif
-}
 
 /// Kernel 2 on Hopper. Grid (ceil(Sk / 128), H, B), 256 threads, sm90::Shared<D>::kBytes of
 /// dynamic shared memory; launched only where the library carries sm_90a code and the device is
@@ -792,26 +660,13 @@ inline bool uses_sm90a() {
 #endif
 }
 
-/// Kernel 1 on `stream`: prep_sm90 where uses_sm90a() (head dims 64 and 128), prep elsewhere.
-template <class T, int D, bool kCausal>
-void launch_prep(cudaStream_t stream, const Problem<T>& p, int64_t batch) {
-  if constexpr (D >= 64) {
-    if (uses_sm90a()) {
-      const dim3 grid(static_cast<unsigned>((p.sq + sm90::kPrepRows - 1) / sm90::kPrepRows),
-                      static_cast<unsigned>(p.heads), static_cast<unsigned>(batch));
-      constexpr size_t kBytes = sm90::PrepShared<D>::kBytes;
-      opforge::cuda::allow_dynamic_smem(prep_sm90<T, D, kCausal>, kBytes);
-      prep_sm90<T, D, kCausal><<<grid, sm90::kThreads, kBytes, stream>>>(p);
-      opforge::cuda::check_launch("attention_backward::prep_sm90");
-      return;
-    }
-  }
-  const dim3 grid(static_cast<unsigned>((p.sq + kPrepRows - 1) / kPrepRows), static_cast<unsigned>(p.heads),
+/// Kernel 1 on `stream`: each query row's lse and delta into the scratch rows.
+template <class T, int D>
+void launch_stats(cudaStream_t stream, const Problem<T>& p, int64_t batch) {
+  const dim3 grid(static_cast<unsigned>(p.sq_stats / kStatRows), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(batch));
-  const size_t bytes = size_t{kPrepRows + kPrepKeys} * D * sizeof(T);
-  opforge::cuda::allow_dynamic_smem(prep<T, D, kCausal>, bytes);
-  prep<T, D, kCausal><<<grid, kThreads, bytes, stream>>>(p);
-  opforge::cuda::check_launch("attention_backward::prep");
+  stats<T, D><<<grid, 2 * kStatRows, 0, stream>>>(p);
+  opforge::cuda::check_launch("attention_backward::stats");
 }
 
 /// Kernel 2 on `stream`: kv_sm90 where uses_sm90a() (head dims 64 and 128), kv elsewhere.
@@ -838,7 +693,7 @@ void launch_kv(cudaStream_t stream, const Problem<T>& p, int64_t batch, T* grad_
 template <class T, int D, bool kCausal>
 void launch(const opforge::Context& ctx, const Problem<T>& p, int64_t batch, T* grad_q, T* grad_k, T* grad_v) {
   const cudaStream_t stream = opforge::cuda::stream(ctx);
-  launch_prep<T, D, kCausal>(stream, p, batch);
+  launch_stats<T, D>(stream, p, batch);
   launch_kv<T, D, kCausal>(stream, p, batch, grad_k, grad_v);
 
   const int64_t n = batch * p.heads * p.sq * D;
@@ -849,9 +704,9 @@ void launch(const opforge::Context& ctx, const Problem<T>& p, int64_t batch, T* 
 }  // namespace attention_backward
 
 void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opforge::Tensor k, opforge::Tensor v,
-                             opforge::Tensor grad_o, opforge::Tensor o, int64_t head_dim, opforge::Tensor mask,
-                             bool causal, double scale, opforge::MutableTensor grad_q, opforge::MutableTensor grad_k,
-                             opforge::MutableTensor grad_v) {
+                             opforge::Tensor grad_o, opforge::Tensor o, opforge::Tensor lse, int64_t head_dim,
+                             opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor grad_q,
+                             opforge::MutableTensor grad_k, opforge::MutableTensor grad_v) {
   namespace ab = attention_backward;
   OPFORGE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535,
                 "batch and heads must be at most 65535 each (one grid dim each), got ", q.size(0), " and ", q.size(1));
@@ -882,6 +737,7 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opf
                      v.data<T>(),
                      o.data<T>(),
                      mask.defined() ? mask.data<T>() : nullptr,
+                     lse.data<float>(),
                      ab::strides_of(grad_o),
                      ab::strides_of(q),
                      ab::strides_of(k),

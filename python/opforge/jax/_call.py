@@ -11,7 +11,9 @@ The function is a ``jax.custom_vjp`` of a ``jax.custom_batching.custom_vmap`` of
 
 - **grad**: the op's backward op computes the input gradients, its arguments taken from the
   forward call as the core's backward plan says (``Op.backward_sources``, ``Op.backward_gradients``);
-  an op without one raises when a gradient must flow through it.
+  an op without one raises when a gradient must flow through it. A result whose gradient the
+  backward op does not take (``Op.differentiable_results``) is not differentiable: its cotangent
+  is stopped (``jax.lax.stop_gradient``), where torch records no history for it.
 - **vmap**: when only the inputs the core calls batchable (``Op.batchable``) are batched, one
   call with the batch as one more leading dim (unbatched batchable inputs broadcast to it);
   otherwise one call per batch element (``jax.lax.map``). Nested vmap applies the rule per level.
@@ -323,4 +325,15 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
         )
 
     fn.defvjp(forward, backward)
-    return jax.jit(fn)  # an eager call dispatches one compiled computation instead of tracing the wrappers
+
+    def call(*tensors):
+        out = fn(*tensors)
+        if all(op.differentiable_results):
+            return out
+        # A result whose gradient the backward op does not take is not differentiable: its
+        # cotangent is stopped, as JAX does for the integer results of its own primitives.
+        flat = _result_index(op, _check(op, params, present, tensors), present)
+        stop = {flat[k] for k, d in enumerate(op.differentiable_results) if not d and k in flat}
+        return tuple(jax.lax.stop_gradient(r) if i in stop else r for i, r in enumerate(out))
+
+    return jax.jit(call)  # an eager call dispatches one compiled computation instead of tracing the wrappers

@@ -26,7 +26,8 @@
 //
 // Arguments (opforge run-time kernel convention): q, k, v [B, H, Sq|Sk, D] with contiguous,
 // 16-byte aligned rows (opforge::contiguous_last_dim), mask [B, Sk] or null, o [B, H, Sq, D]
-// dense; then the grid function's heads, Sq, Sk and the batch, head and row strides of q, k,
+// dense, lse [B, H, Sq] float32 dense (each row's log-sum-exp of its scores, natural log; -inf
+// where every key is masked); then the grid function's heads, Sq, Sk and the batch, head and row strides of q, k,
 // v; its tensor maps of q, k and v (boxes of 64 columns by 128 rows, q's by attention_sm90::kRows
 // rows, 128-byte swizzle; used by the Hopper path only, all zeros otherwise); then scale
 // (0: 1/sqrt(D)).
@@ -44,6 +45,7 @@ constexpr int kBlockM = 128, kThreads = 128;
 template <int D>
 constexpr int kBlockN = D == 128 ? 32 : 64;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 constexpr bool kHopper = true;  // compiled as sm_90a: wgmma available
@@ -239,10 +241,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[N][4], int kk, unsigned 
 }
 
 /// o = acc / row sum for the thread's two rows of a tile whose first row is `row0` (rows whose
-/// every key is masked out get zeros, NaN stays NaN); rows at or past `sq` are not stored.
+/// every key is masked out get zeros, NaN stays NaN), and the rows' log-sum-exp
+/// lse = (row max + log2(row sum)) ln 2 (the online softmax's statistics, in log2 units of the
+/// scores; -inf for a row without keys), written by the quad's first lane; rows at or past `sq`
+/// are not stored.
 template <class T, int D>
-__device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], const float (&row_sum)[2], T* o, int64_t bh,
-                                           int64_t sq, int64_t row0, int lane) {
+__device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], const float (&row_max)[2],
+                                           const float (&row_sum)[2], T* o, float* lse, int64_t bh, int64_t sq,
+                                           int64_t row0, int lane) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = row_sum[h];
@@ -251,6 +257,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], const f
     const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
     const int64_t row = row0 + h * 8;
     if (row >= sq) continue;
+    if ((lane & 3) == 0) lse[bh * sq + row] = sum == 0.0f ? neg_inf() : (row_max[h] + log2f(sum)) * kLn2;
     T* out = o + (bh * sq + row) * D + (lane & 3) * 2;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
@@ -355,7 +362,7 @@ namespace attention_detail {
 template <class T, int D, bool kCausal>
 __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
                                               const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
-                                              const Layout& l, double scale) {
+                                              float* __restrict__ lse, const Layout& l, double scale) {
   const int64_t sq = l.sq, sk = l.sk;
   constexpr int kBlockN = attention_detail::kBlockN<D>, kTilesN = kBlockN / 8, kTilesD = D / 8;
   // The grid function and this path disagree: fail, never compute wrong.
@@ -471,7 +478,8 @@ __device__ __forceinline__ void attention_mma(unsigned char* shared, const T* __
   cp_async_wait_all();
 
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) store_rows<T, D>(acc[mt], row_sum[mt], o, bh, sq, m0 + row_in_block + mt * 16, lane);
+  for (int mt = 0; mt < 2; ++mt)
+    store_rows<T, D>(acc[mt], row_max[mt], row_sum[mt], o, lse, bh, sq, m0 + row_in_block + mt * 16, lane);
 }
 
 }  // namespace attention_detail
@@ -714,7 +722,7 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][4]) {
 template <class T, int D, bool kCausal>
 __device__ __forceinline__ void attention(unsigned char* shared, const T* __restrict__ q, const T* __restrict__ k,
                                           const T* __restrict__ v, const T* __restrict__ mask, T* __restrict__ o,
-                                          const attention_detail::Layout& l, double scale,
+                                          float* __restrict__ lse, const attention_detail::Layout& l, double scale,
                                           const opforge::kernel::TensorMap& q_map,
                                           const opforge::kernel::TensorMap& k_map,
                                           const opforge::kernel::TensorMap& v_map) {
@@ -853,7 +861,7 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
     fence_operands(p);
   }
 
-  attention_detail::store_rows<T, D>(acc, row_sum, o, bh, sq, m0 + row_in_block, lane);
+  attention_detail::store_rows<T, D>(acc, row_max, row_sum, o, lse, bh, sq, m0 + row_in_block, lane);
 }
 
 }  // namespace attention_sm90
@@ -862,9 +870,9 @@ __device__ __forceinline__ void attention(unsigned char* shared, const T* __rest
 template <class T, int D, bool kCausal>
 __global__ void __launch_bounds__(attention_detail::kThreadsFor<D>, attention_detail::kMinBlocksFor<D>)
     attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ mask,
-              T* __restrict__ o, int64_t heads, int64_t sq, int64_t sk, int64_t q_batch, int64_t q_head, int64_t q_row,
-              int64_t k_batch, int64_t k_head, int64_t k_row, int64_t v_batch, int64_t v_head, int64_t v_row,
-              const __grid_constant__ opforge::kernel::TensorMap q_map,
+              T* __restrict__ o, float* __restrict__ lse, int64_t heads, int64_t sq, int64_t sk, int64_t q_batch,
+              int64_t q_head, int64_t q_row, int64_t k_batch, int64_t k_head, int64_t k_row, int64_t v_batch,
+              int64_t v_head, int64_t v_row, const __grid_constant__ opforge::kernel::TensorMap q_map,
               const __grid_constant__ opforge::kernel::TensorMap k_map,
               const __grid_constant__ opforge::kernel::TensorMap v_map, double scale) {
   static_assert(D == 32 || D == 64 || D == 128, "head dim 32, 64 or 128");
@@ -873,8 +881,8 @@ __global__ void __launch_bounds__(attention_detail::kThreadsFor<D>, attention_de
   extern __shared__ __align__(1024) unsigned char shared[];
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (attention_detail::kUsesWgmma<D>)
-    attention_sm90::attention<T, D, kCausal>(shared, q, k, v, mask, o, l, scale, q_map, k_map, v_map);
+    attention_sm90::attention<T, D, kCausal>(shared, q, k, v, mask, o, lse, l, scale, q_map, k_map, v_map);
   else
 #endif
-    attention_detail::attention_mma<T, D, kCausal>(shared, q, k, v, mask, o, l, scale);
+    attention_detail::attention_mma<T, D, kCausal>(shared, q, k, v, mask, o, lse, l, scale);
 }
