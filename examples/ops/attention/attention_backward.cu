@@ -388,11 +388,11 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 1 : 2)
 /// kKeys keys; per step of kQueries<D> query rows, warpgroup g computes for its keys
 /// n0 + 64 g .. + 63 (accumulator rows; columns are the step's queries) the products kv does:
 /// S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), P^T and dS^T in registers,
-/// dV += P^T dO and dK += dS^T Q (P^T and dS^T from registers), then dS^T to shared memory and
-/// dQ = dS K over its keys (both operands transposed from shared memory) into the float32
-/// buffer, 64 queries by 64 columns at a time. Tiles are 128-byte-swizzled halves of 64 columns
-/// (Shared), loaded with cp.async by all threads; the next step's Q, dO, lse and delta load
-/// while this step computes.
+/// dV += P^T dO and dK += dS^T Q (P^T and dS^T from registers), then dS^T to shared memory; then
+/// each warpgroup computes one 64 x 64 tile of dQ = dS K over all the block's keys (both
+/// operands transposed from shared memory) and adds it into the float32 buffer. Tiles are 128-byte-swizzled halves of
+/// 64 columns (Shared), loaded with cp.async by all threads; the next step's Q, dO, lse and delta load while this step
+/// computes.
 namespace sm90 {
 constexpr int kKeys = 128, kThreads = 256;
 constexpr unsigned kRow = 128;  // bytes of a tile row: 64 columns
@@ -404,16 +404,14 @@ constexpr int kQueries = D == 64 ? 128 : 64;
 /// Shared memory for head dim D, from a 1024-byte-aligned base: K and V of the block's keys
 /// (D / 64 halves of kKeys rows each), two stages of a step's Q and dO (D / 64 halves of
 /// kQueries<D> rows each), dS^T per warpgroup (64 keys by kQueries<D> queries, as kQueries<D> / 64
-/// halves of 64 rows), two stages of the step's lse, then delta, and the float32 partial dQ
-/// tiles the warpgroups exchange (two of 64 x 64). The 1024 spare bytes pay for aligning the
-/// base.
+/// halves of 64 rows) and two stages of the step's lse, then delta. The 1024 spare bytes pay
+/// for aligning the base.
 template <int D>
 struct Shared {
   static constexpr unsigned kQ = kQueries<D>, kKeyTile = D / 64 * kKeys * kRow, kQueryTile = D / 64 * kQ * kRow;
   static constexpr unsigned kK = 0, kV = kKeyTile, kStages = 2 * kKeyTile, kStage = 2 * kQueryTile,
                             kDs = kStages + 2 * kStage, kDsTile = kQ / 64 * 64 * kRow, kStats = kDs + 2 * kDsTile,
-                            kPartials = kStats + 2 * 2 * kQ * sizeof(float),
-                            kBytes = kPartials + 2 * 64 * 64 * sizeof(float) + 1024;
+                            kBytes = kStats + 2 * 2 * kQ * sizeof(float) + 1024;
   static_assert(kBytes <= 227 * 1024, "a block of sm_90 takes at most 227 KiB of shared memory");
 };
 
@@ -482,7 +480,6 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   const unsigned raw = smem_address(shared), base = (raw + 1023u) & ~1023u;
   unsigned char* const tiles = shared + (base - raw);  // generic address of `base`
   float* const stats = reinterpret_cast<float*>(tiles + L::kStats);
-  float* const partials = reinterpret_cast<float*>(tiles + L::kPartials);
 
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int64_t batch = blockIdx.z, head = blockIdx.y, bh = batch * p.heads + head;
@@ -507,7 +504,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   const BlockKeys keys(group * 64 + warp * 16 + lane / 4, n0, sk, mb);
   // The warpgroup's rows of K and V (in half 0; half h is kKeys rows further), and its dS^T.
   const unsigned k_rows = base + L::kK + group * 64 * kRow, v_rows = base + L::kV + group * 64 * kRow;
-  const unsigned ds_rows = base + L::kDs + group * L::kDsTile;
+  const unsigned k_all = base + L::kK, ds_all = base + L::kDs;  // both warpgroups' K rows and dS^T
   unsigned char* const ds_tile = tiles + L::kDs + group * L::kDsTile;
 
   for (int64_t m0 = m_begin, step = 0; m0 < sq; m0 += kQueries, ++step) {
@@ -568,8 +565,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       wgmma_rs<T>(dk, da[kk], descriptor(q_at + kk * 16 * kRow, kQueries * kRow, 1024));
     wgmma_commit();
 
-    // dS^T to shared memory, [key][query] in halves of 64 queries, swizzled as the tiles; then
-    // dQ += dS K over the warpgroup's keys: dS (M = queries) and K (N = head dim) both MN-major.
+    // dS^T to shared memory, [key][query] in halves of 64 queries, swizzled as the tiles.
 #pragma unroll
     for (int nt = 0; nt < kTilesQ; ++nt)
 #pragma unroll
@@ -579,52 +575,35 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
                                      (lane & 3) * 4) = pack2<T>(dp[nt][2 * h], dp[nt][2 * h + 1]);
       }
     fence_proxy_async();
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");  // the warpgroup's dS^T is whole
-    // dQ += dS K over the block's keys as two 64 x 64 tiles (tile t: queries 64 (t / (D / 64)) ..,
-    // head-dim columns 64 (t % (D / 64)) ..), warpgroup t the owner of tile t. Each warpgroup
-    // computes both over its own keys, first the other's tile (its partial sums to shared memory),
-    // then its own; once both partials are there, the owner adds the other's and adds the sum
-    // into the float32 buffer: one atomic per element and block, not per warpgroup.
+    __syncthreads();  // both warpgroups' dS^T are whole
+    // dQ += dS K over the block's 128 keys as two 64 x 64 tiles: warpgroup g computes tile g
+    // (queries 64 (g / (D / 64)) .., head-dim columns 64 (g % (D / 64)) ..) from both
+    // warpgroups' dS^T and K rows (dS: M = queries, K: N = head dim, both MN-major), and adds it
+    // into the float32 buffer: one atomic per element and block.
     static_assert(kQueries / 64 * (D / 64) == 2, "one dQ tile per warpgroup");
-    const int in_group = threadIdx.x % 128;
+    const int queries = group / (D / 64), half = group % (D / 64);
     float dq[8][4];
 #pragma unroll
-    for (int round = 0; round < 2; ++round) {
-      const int tile = round == 0 ? 1 - group : group, queries = tile / (D / 64), half = tile % (D / 64);
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+    wgmma_fence();
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)  // keys 16 kk ..: 16 rows of 128 bytes
-        wgmma_ss<T, 1, 1>(dq, descriptor(ds_rows + queries * 64 * kRow + kk * 16 * kRow, 64 * kRow, 1024),
-                          descriptor(k_rows + half * kKeys * kRow + kk * 16 * kRow, kKeys * kRow, 1024), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(dq);
-      if (round == 0) {  // [element][thread of the warpgroup]: the owner's thread of the same place reads it
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) partials[(tile * 32 + j * 4 + e) * 128 + in_group] = dq[j][e];
-      }
+    for (int kk = 0; kk < kKeys / 16; ++kk) {  // keys 16 kk ..: warpgroup kk / 4's, 16 rows of 128 bytes
+      const unsigned owner = kk / 4, rows = (kk % 4) * 16 * kRow;
+      wgmma_ss<T, 1, 1>(dq, descriptor(ds_all + owner * L::kDsTile + queries * 64 * kRow + rows, 64 * kRow, 1024),
+                        descriptor(k_all + owner * 64 * kRow + half * kKeys * kRow + rows, kKeys * kRow, 1024), kk > 0);
     }
-    __syncthreads();  // both partials are in shared memory
-    {
-      const int queries = group / (D / 64), half = group % (D / 64);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dq);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t query = m0 + queries * 64 + warp * 16 + lane / 4 + h * 8;
+      if (query >= sq) continue;
+      float* row = p.dq + (bh * sq + query) * D + half * 64 + (lane & 3) * 2;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dq[j][e] += partials[(group * 32 + j * 4 + e) * 128 + in_group];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t query = m0 + queries * 64 + warp * 16 + lane / 4 + h * 8;
-        if (query >= sq) continue;
-        float* row = p.dq + (bh * sq + query) * D + half * 64 + (lane & 3) * 2;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) atomic_add_pair(row + nt * 8, dq[nt][2 * h], dq[nt][2 * h + 1]);
-      }
+      for (int nt = 0; nt < 8; ++nt) atomic_add_pair(row + nt * 8, dq[nt][2 * h], dq[nt][2 * h + 1]);
     }
     fence_operands(dv);
     fence_operands(dk);
