@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _core
+from .._torch import loaded_libraries
 from ..description import Op, Param, TensorArg
 
 _FLOATING = ("float32", "float64", "float16", "bfloat16")
@@ -289,6 +290,45 @@ def example(op: Op, lead: int, last: int, params: dict[str, object], leading: in
     return None
 
 
+def _forward_of(op: Op) -> Op | None:
+    """The loaded op that names ``op`` as its backward op, or None."""
+    if not op.is_backward_op:
+        return None
+    return next((f for lib in loaded_libraries() for f in lib.ops if f.backward == op.name), None)
+
+
+def forward_results(op: Op, args: list) -> bool:
+    """For a backward op whose inputs include results of its forward op (Note [Backward ops]:
+    attention_backward's o and lse), writes into them, in their own layout, the forward op's
+    results on the case's other arguments (its CPU reference), so that the backward op sees
+    what a backward call sees: a drawn lse is no log-sum-exp of the scores, and probabilities
+    taken from it are far from a softmax's, which no kernel is built for. Cases of an op whose
+    forward takes an argument the backward op does not, or writes its inputs, keep what was
+    drawn. Returns False where such an input is a view whose elements overlap, which no
+    forward result is: a case a backward call never sees, left out.
+
+    Raises:
+        ValueError, RuntimeError: the forward op refuses the case's arguments (its message).
+    """
+    fwd = _forward_of(op)
+    saved = [(i, k) for i, (kind, k) in enumerate(fwd.backward_sources) if kind == "result"] if fwd else []
+    given = {a.name: v for a, v in zip(op.args, args, strict=True)}
+    if not saved or any(a.name not in given or getattr(a, "mutated", False) for a in fwd.args):
+        return True
+    ns, name = fwd.name.split("::")
+    results = getattr(getattr(torch.ops, ns), name).default(*(given[a.name] for a in fwd.args))
+    results = results if isinstance(results, (tuple, list)) else (results,)
+    for i, k in saved:
+        target = args[i]
+        if target is None:
+            continue
+        if torch._debug_has_internal_overlap(target) == 1:  # MemOverlap::Yes
+            return False
+        with torch.no_grad():
+            target.copy_(results[k])
+    return True
+
+
 def generate_cases(
     op: Op, dtypes: dict[str, str], seed: int, only: Callable[[str], bool] | None = None
 ) -> list[Inputs]:
@@ -298,7 +338,8 @@ def generate_cases(
     (every shape, and empty), where they are None. An op with an input declared
     ``shape({leading_dims, ...})`` also gets cases with none and with three leading dims. Sizes
     satisfy the op's cross-argument rules (:func:`example`), integer inputs with a value domain
-    hold values inside it. A case no input can make (a rule no nearby size meets, more distinct
+    hold values inside it, and a backward op's inputs that are its forward op's results hold
+    those results (:func:`forward_results`). A case no input can make (a rule no nearby size meets, more distinct
     indices than the range holds) is left out, as is a strided view of a mutated input that the
     op refuses (:func:`refused`). With ``only``, just the cases whose label it accepts are built
     (each with the seed it has in the full list)."""
@@ -343,6 +384,8 @@ def generate_cases(
                 if a.mutated and refused(op, a, args[-1]):
                     return  # a mutated input in a layout it cannot take: not a case the op computes
         except NoCase:
+            return
+        if not forward_results(op, args):
             return
         cases.append(Inputs(label, args, case_seed))
 
