@@ -340,6 +340,14 @@ typedef struct OpforgeKernel {
   uint32_t dtypes;
 } OpforgeKernel;
 
+/* A tolerance of opforge verify for an op's results in one dtype, against float64:
+ * |got - want| <= atol + rtol * |want|. Held in an array: never grows. */
+typedef struct OpforgeTolerance {
+  int32_t dtype; /* OpforgeDtype, floating */
+  double atol;
+  double rtol;
+} OpforgeTolerance;
+
 typedef struct OpforgeOpSpec {
   size_t struct_size;
   const char* ns;
@@ -370,6 +378,11 @@ typedef struct OpforgeOpSpec {
   const OpforgeRule* rules;
   /* How the op runs under automatic mixed precision (torch.autocast): OpforgeAutocast. ABI 5. */
   int32_t autocast;
+  /* The tolerances opforge verify compares this op's results with where its arithmetic is
+   * looser than a dtype's defaults (OpBuilder::tolerance), num_tolerances of them, one per
+   * dtype at most. Appended in ABI 6 (read past struct_size only). */
+  int32_t num_tolerances;
+  const struct OpforgeTolerance* tolerances;
 } OpforgeOpSpec;
 
 /* One method of a custom class (Note [Custom classes] in opforge/op.h): calling it runs `op`, an

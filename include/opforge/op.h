@@ -441,6 +441,17 @@ class OpBuilder {
     return std::move(*this);
   }
 
+  /// The tolerance `opforge verify` compares this op's results in `dtype` with, against float64
+  /// (|got - want| <= atol + rtol |want|), where the op's arithmetic is looser than the dtype's
+  /// defaults (opforge.verify.TOLERANCES): the counterpart of toleranceOverride in torch's
+  /// OpInfo tests. State the reason beside it (the rounding the kernels do, a published
+  /// criterion). `dtype` must be floating, atol and rtol finite and >= 0, each dtype declared
+  /// once; otherwise loading the library fails, naming the op.
+  OpBuilder tolerance(Dtype dtype, double atol, double rtol) && {
+    def_->tolerances.push_back({static_cast<int32_t>(dtype), atol, rtol});
+    return std::move(*this);
+  }
+
   /// How the op runs under torch.autocast (see opforge::Autocast).
   OpBuilder autocast(Autocast policy) && {
     def_->autocast = static_cast<int32_t>(policy);

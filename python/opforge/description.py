@@ -169,6 +169,8 @@ class Op:
             result whose gradient it does not take is not differentiable (empty without one).
         autocast: the policy under torch.autocast: "none", "float32", "lower_precision" or
             "promote" (opforge::Autocast).
+        tolerances: {dtype: (atol, rtol)} the op declares for opforge verify
+            (``.tolerance()``), where its arithmetic is looser than the dtype's defaults.
         sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
             input's dims for "dims"; unshardable_dims: dims (from the end) never sharded.
         batchable: the inputs a batching transform may give a leading batch dim for one call
@@ -197,6 +199,7 @@ class Op:
     differentiable_results: tuple[bool, ...]
     is_backward_op: bool
     autocast: str
+    tolerances: dict[str, tuple[float, float]]
     sharding: str
     sharding_dims: tuple[int, ...]
     unshardable_dims: frozenset[int]
@@ -356,6 +359,7 @@ def _op(o: dict) -> Op:
         differentiable_results=tuple(o["differentiable_results"]),
         is_backward_op=o["is_backward_op"],
         autocast=o["autocast"],
+        tolerances={dtype: (atol, rtol) for dtype, (atol, rtol) in o["tolerances"].items()},
         sharding=o["sharding"],
         sharding_dims=tuple(o["sharding_dims"]),
         unshardable_dims=frozenset(o["unshardable_dims"]),

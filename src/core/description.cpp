@@ -224,6 +224,9 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   j["is_backward_op"] = is_backward_op(lib, op);
   j["sharding"] = sharding_name(sharding(op));
   j["autocast"] = autocast_name(autocast_policy(op));
+  json tolerance = json::object();
+  for (const OpforgeTolerance& t : tolerances(op)) tolerance[dtype_name(t.dtype)] = {t.atol, t.rtol};
+  j["tolerances"] = std::move(tolerance);
   json dims = json::array();
   for (int32_t d = 0; d < 32; ++d)
     if (sharding_dims(op) >> d & 1u) dims.push_back(d);

@@ -22,6 +22,8 @@ namespace opforge::core {
 ///        "differentiable_results": per result, whether the backward op takes its gradient
 ///        (BackwardPlan::differentiable; empty without a backward op),
 ///        "is_backward_op": bool, "autocast": "none" | "float32" | "lower_precision" | "promote",
+///        "tolerances": {dtype: [atol, rtol]} (OpBuilder::tolerance; opforge verify's defaults
+///        for the others),
 ///        "sharding": "none" | "pointwise" | "rowwise" | "dims",
 ///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "batchable": [name...]
 ///        (batchable_args in sharding.h), "rules": [{"text":

@@ -1,6 +1,9 @@
 // Dtype combinations of a declaration (see dtypes.h).
 #include "dtypes.h"
 
+#include <cmath>
+#include <utility>
+
 #include "check.h"
 #include "schema.h"
 
@@ -76,7 +79,8 @@ std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op,
 namespace {
 
 /// accepts_floating_as over the given combinations (those of one device's kernel).
-bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype, const std::vector<std::vector<int32_t>>& combinations) {
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype,
+                         const std::vector<std::vector<int32_t>>& combinations) {
   constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DTYPE_FLOAT64) |
                                  (1u << OPFORGE_DTYPE_FLOAT16) | (1u << OPFORGE_DTYPE_BFLOAT16);
   std::vector<bool> floating(op.num_args, false);
@@ -121,6 +125,26 @@ std::string autocast_problem_with(const OpforgeOpSpec& op, const std::vector<std
 
 bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype) {
   return accepts_floating_as(op, dtype, dtype_combinations(op, size_t{1} << 16));
+}
+
+std::vector<std::string> tolerance_problems(const OpforgeOpSpec& op) {
+  std::vector<std::string> problems;
+  std::vector<bool> seen(OPFORGE_NUM_DTYPES, false);
+  for (const OpforgeTolerance& t : tolerances(op)) {
+    const bool known = t.dtype >= 0 && t.dtype < OPFORGE_NUM_DTYPES;
+    const std::string name = known ? dtype_name(t.dtype) : "dtype " + std::to_string(t.dtype);
+    const bool floating = t.dtype == OPFORGE_DTYPE_FLOAT32 || t.dtype == OPFORGE_DTYPE_FLOAT64 ||
+                          t.dtype == OPFORGE_DTYPE_FLOAT16 || t.dtype == OPFORGE_DTYPE_BFLOAT16;
+    if (!known || !floating)
+      problems.push_back(declared_at(op) + "tolerance for " + name + ": expected a floating dtype");
+    else if (seen[t.dtype]) problems.push_back(declared_at(op) + "tolerance for " + name + " declared twice");
+    else seen[t.dtype] = true;
+    for (const auto& [what, value] : {std::pair{"atol", t.atol}, std::pair{"rtol", t.rtol}})
+      if (!(std::isfinite(value) && value >= 0))
+        problems.push_back(declared_at(op) + "tolerance for " + name + ": expected " + what + " finite and >= 0, got " +
+                           std::to_string(value));
+  }
+  return problems;
 }
 
 std::string autocast_problem(const OpforgeOpSpec& op) {

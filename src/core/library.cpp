@@ -72,8 +72,10 @@ std::vector<std::string> problems_of(const OpforgeLibrary& lib) {
       problems.push_back(opforge::detail::declared_at(c->file, c->line, qualified_name(*c)) + "already loaded from " +
                          other->path + " (declared at " + first->file + ":" + std::to_string(first->line) + ")");
   }
-  for (int32_t i = 0; i < lib.num_ops; ++i)
+  for (int32_t i = 0; i < lib.num_ops; ++i) {
     if (std::string p = autocast_problem(*lib.ops[i]); !p.empty()) problems.push_back(std::move(p));
+    for (std::string& p : tolerance_problems(*lib.ops[i])) problems.push_back(std::move(p));
+  }
   for (int32_t i = 0; i < lib.num_ops; ++i) {
     const OpforgeOpSpec& op = *lib.ops[i];
     const Library* other = nullptr;

@@ -222,6 +222,12 @@ int32_t autocast_policy(const OpforgeOpSpec& op) {
                                                                                    : OPFORGE_AUTOCAST_NONE;
 }
 
+std::vector<OpforgeTolerance> tolerances(const OpforgeOpSpec& op) {
+  if (op.struct_size < offsetof(OpforgeOpSpec, tolerances) + sizeof(op.tolerances) || op.tolerances == nullptr)
+    return {};
+  return {op.tolerances, op.tolerances + op.num_tolerances};
+}
+
 const char* autocast_name(int32_t policy) {
   switch (policy) {
     case OPFORGE_AUTOCAST_FLOAT32:

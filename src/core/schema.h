@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "opforge/c_api.h"
 
@@ -63,6 +64,10 @@ std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule);
 /// "none", "float32", "lower_precision", "promote".
 int32_t autocast_policy(const OpforgeOpSpec& op);
 const char* autocast_name(int32_t policy);
+
+/// The tolerances opforge verify compares the op's results with (OpforgeOpSpec::tolerances),
+/// none for records without the field.
+std::vector<OpforgeTolerance> tolerances(const OpforgeOpSpec& op);
 
 /// The op's cross-argument rules (OpforgeOpSpec::rules), 0 for records without the field.
 int32_t num_rules(const OpforgeOpSpec& op);

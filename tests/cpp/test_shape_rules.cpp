@@ -4,6 +4,7 @@
 #include <opforge/op.h>
 
 #include <deque>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -478,6 +479,38 @@ TEST(Autocast, APolicyTheDtypeRulesCannotTakeIsADeclarationProblem) {
   ASSERT_TRUE(unknown->finalize().empty());
   EXPECT_EQ(opforge::core::autocast_problem(*unknown->spec()),
             "f.cpp:12: ns::unknown: autocast policy 7 is not one of kNone, kFloat32, kLowerPrecision, kPromote");
+}
+
+TEST(Tolerance, BrokenDeclarationsAreListedAndGoodOnesKept) {
+  auto broken = opforge::detail::make_op("ns", "tol", "f.cpp", 13)
+                    .input("x", opforge::floating)
+                    .output("y", opforge::like("x"))
+                    .tolerance(opforge::kInt32, 1e-3, 1e-3)
+                    .tolerance(opforge::kBFloat16, -1e-2, 1e-2)
+                    .tolerance(opforge::kBFloat16, 1e-2, std::numeric_limits<double>::quiet_NaN())
+                    .reference(vec_ref_1)
+                    .release();
+  ASSERT_TRUE(broken->finalize().empty());
+  EXPECT_EQ(opforge::core::tolerance_problems(*broken->spec()),
+            (std::vector<std::string>{"f.cpp:13: ns::tol: tolerance for int32: expected a floating dtype",
+                                      "f.cpp:13: ns::tol: tolerance for bfloat16: expected atol finite and >= 0, got "
+                                      "-0.010000",
+                                      "f.cpp:13: ns::tol: tolerance for bfloat16 declared twice",
+                                      "f.cpp:13: ns::tol: tolerance for bfloat16: expected rtol finite and >= 0, got "
+                                      "nan"}));
+  auto good = opforge::detail::make_op("ns", "tol_ok", "f.cpp", 14)
+                  .input("x", opforge::floating)
+                  .output("y", opforge::like("x"))
+                  .tolerance(opforge::kFloat16, 8e-3, 4e-3)
+                  .reference(vec_ref_1)
+                  .release();
+  ASSERT_TRUE(good->finalize().empty());
+  EXPECT_TRUE(opforge::core::tolerance_problems(*good->spec()).empty());
+  const auto kept = opforge::core::tolerances(*good->spec());
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].dtype, OPFORGE_DTYPE_FLOAT16);
+  EXPECT_EQ(kept[0].atol, 8e-3);
+  EXPECT_EQ(kept[0].rtol, 4e-3);
 }
 
 TEST(Batching, APointwiseOrRowwiseOpOfFreeRankTakesTheBatchAtItsFirstInput) {

@@ -13,6 +13,7 @@ import torch
 
 import opforge
 from opforge import verify
+from opforge.verify.cases import generate_cases
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
@@ -157,6 +158,29 @@ def test_every_choice_and_unranged_float_is_verified():
     assert {r.case for r in report.results if r.check == "nvrtc"} == {
         f"head_dim={d}, causal={c}, {arch}" for d in (32, 64, 128) for c in (False, True) for arch in ("sm_90", "sm_80")
     }
+
+
+def test_backward_cases_hold_the_forward_results_at_the_declared_tolerance():
+    """attention_backward's o and lse are the forward's results on each case's q, k, v (in the
+    case's own layout), and its values are compared at the tolerance it declares."""
+    import opforge
+
+    opforge.load_library(opforge.example_library("attention"))
+    op = opforge.find_op("examples::attention_backward")
+    assert op.tolerances == {"float16": (8e-3, 8e-3), "bfloat16": (6.4e-2, 6.4e-2)}
+    dtypes = {a.name: "float32" if a.name == "lse" else "bfloat16" for a in op.tensors}
+    cases = {c.label: c for c in generate_cases(op, dtypes, seed=4)}
+    for label in ("shape 3x37", "rows permuted lse", "padded rows o"):
+        given = dict(zip((a.name for a in op.args), cases[label].args, strict=True))
+        o, lse = torch.ops.examples.attention(
+            *(given[n] for n in ("q", "k", "v", "head_dim", "mask", "causal", "scale"))
+        )
+        assert torch.equal(given["o"], o) and torch.equal(given["lse"], lse), label
+    assert not cases["rows permuted lse"].args[5].is_contiguous()  # the case's layout is kept
+    report = verify.verify_op("examples::attention_backward", device="cpu", seed=3, dtypes=["bfloat16"])
+    values = [r for r in report.results if r.check == "values"]
+    assert values and all(r.tolerance == (6.4e-2, 6.4e-2) for r in values)
+    assert report.ok, report.failures
 
 
 @requires_cuda

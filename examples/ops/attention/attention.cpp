@@ -246,4 +246,10 @@ OPFORGE_OP(examples, attention_backward)
     .reference(attention_backward_cpu)
     .cuda(attention_backward_cuda)
     .kernel_dtypes("q", opforge::half_precision)
+    // Four times verify's defaults for 16-bit dtypes: the kernels round P and dS to the input
+    // dtype before their products (FlashAttention-2), and each gradient sums such products over
+    // the keys or queries; FlashAttention's own tests allow twice the error of the same
+    // computation in torch in that dtype.
+    .tolerance(opforge::kFloat16, 8e-3, 8e-3)
+    .tolerance(opforge::kBFloat16, 6.4e-2, 6.4e-2)
     .sharding(opforge::shard_dims({0, 1}));

@@ -137,6 +137,7 @@ struct OpDef {
   int32_t sharding = -1;                     // OpforgeSharding; -1: derived from the run-time kernel's launch rule
   std::vector<int32_t> sharding_dims;        // OPFORGE_SHARDING_DIMS
   int32_t autocast = OPFORGE_AUTOCAST_NONE;  // OpforgeAutocast
+  std::vector<OpforgeTolerance> tolerances;  // .tolerance(...)
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;
   std::vector<Condition> rules;        // .require(...)

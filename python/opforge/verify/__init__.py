@@ -11,7 +11,8 @@ Optional tensor inputs (``Tensor? name=None``) are given in every case, and the 
 cases are repeated with all of them left out (None).
 Each case runs the device kernel with its outputs poisoned (NaN) beforehand and compares it
 with the CPU reference run on float64 copies of the inputs where the op accepts float64, with
-the tolerances (:data:`TOLERANCES`) of the least precise dtype among the case's tensors.
+the tolerances (:data:`TOLERANCES`) of the least precise dtype among the case's tensors, or
+the op's own for that dtype where it declares one (``.tolerance()``: its arithmetic is looser).
 Inputs declared ``shape({leading_dims, ...})`` also get cases with none and with three leading
 dims. On a machine without a GPU, the CPU reference is
 compared with the description's ``.equivalent()`` torch expression instead (a reference

@@ -117,7 +117,8 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
     floating input, else in the case's own dtypes), or on the CPU the reference against
     ``op.equivalent``; outputs and the final values of mutated inputs (:func:`results`; an
     equivalent expression of an op that writes its inputs gives its outputs, then those
-    values), and no other input written. Compared at ``case.tolerance``'s tolerances."""
+    values), and no other input written. Compared at ``case.tolerance``'s tolerances, or the
+    op's own for that dtype (``.tolerance()``, :attr:`Op.tolerances`)."""
     handle = op_handle(op.name)
     wide = floating_as(op, case, "float64")
     names = [a.name for a in op.args]
@@ -140,7 +141,7 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             case.label,
             inputs.label,
             "pass",
-            tolerance=TOLERANCES.get(case.tolerance),
+            tolerance=op.tolerances.get(case.tolerance, TOLERANCES.get(case.tolerance)),
             repro=inputs.repro(),
         )
         try:
@@ -153,7 +154,9 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             else:
                 ref_args = to(inputs.args, dtype=torch.float64) if wide is not None else inputs.args
                 ref = results(op, handle, fresh(ref_args))
-            ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(out, ref, case.tolerance)
+            ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(
+                out, ref, case.tolerance, op.tolerances.get(case.tolerance)
+            )
             why = why or unwritten(op, inputs.args, args)
             if why:
                 result.status, result.message = "FAIL", why

@@ -17,12 +17,15 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, float, float, str]:
+def compare(
+    out: torch.Tensor, ref: torch.Tensor, dtype: str, tolerance: tuple[float, float] | None = None
+) -> tuple[bool, float, float, str]:
     """(ok, max abs error, worst error / tolerance, why) of ``out`` against ``ref`` with the
-    tolerances of ``dtype`` (exact for dtypes not in :data:`TOLERANCES`); NaN must match NaN,
+    tolerances of ``dtype`` (exact for dtypes not in :data:`TOLERANCES`), or ``tolerance``
+    (atol, rtol) where given (an op's own, ``.tolerance()``); NaN must match NaN,
     infinities must match exactly. A reference value beyond the range of ``out``'s dtype is taken
     as the infinity it rounds to (a float16 result of 1e8 is inf, as torch computes it)."""
-    atol, rtol = TOLERANCES[dtype] if dtype in TOLERANCES else (0.0, 0.0)
+    atol, rtol = tolerance or (TOLERANCES[dtype] if dtype in TOLERANCES else (0.0, 0.0))
     if out.shape != ref.shape:
         return False, math.inf, math.inf, f"shape {list(out.shape)}, expected {list(ref.shape)}"
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
@@ -51,7 +54,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, flo
     )
 
 
-def compare_outputs(out, ref, dtype: str) -> tuple[bool, float, float, str]:
+def compare_outputs(
+    out, ref, dtype: str, tolerance: tuple[float, float] | None = None
+) -> tuple[bool, float, float, str]:
     """:func:`compare` over every output of an op (a tensor or a tuple of them; None, for an output
     that exists only with an optional input, matches None only); the first mismatch names its
     output index when there are several."""
@@ -66,7 +71,7 @@ def compare_outputs(out, ref, dtype: str) -> tuple[bool, float, float, str]:
                 where = f"output {k}: " if len(outs) > 1 else ""
                 return False, math.inf, math.inf, where + ("None" if o is None else "a tensor") + ", expected the other"
             continue
-        ok, err, ratio, why = compare(o, r, dtype)
+        ok, err, ratio, why = compare(o, r, dtype, tolerance)
         max_err, worst = max(max_err, err), max(worst, ratio)
         if not ok:
             return False, max_err, worst, (f"output {k}: " if len(outs) > 1 else "") + why
