@@ -173,7 +173,14 @@ def class_cases() -> int:
     classes = torch.classes.examples
     failures = 0
     many = 8 * (17 * torch.cuda.get_device_properties(0).multi_processor_count + 3)
-    for n, k, bias in ((8, 64, True), (72, 192, False), (136, 320, True), (72, 4672, True), (16, 0, True), (many, 320, True)):
+    for n, k, bias in (
+        (8, 64, True),
+        (72, 192, False),
+        (136, 320, True),
+        (72, 4672, True),
+        (16, 0, True),
+        (many, 320, True),
+    ):
         w = torch.randn(n, k)
         b = torch.randn(n) if bias else None
         cpu, gpu = classes.Int8Linear(w, b), classes.Int8Linear(w.cuda(), None if b is None else b.cuda())

@@ -380,7 +380,8 @@ typedef struct OpforgeOpSpec {
   int32_t autocast;
   /* The tolerances opforge verify compares this op's results with where its arithmetic is
    * looser than a dtype's defaults (OpBuilder::tolerance), num_tolerances of them, one per
-   * dtype at most. Appended in ABI 6 (read past struct_size only). */
+   * dtype at most. Appended in ABI 6 (read past struct_size only: num_tolerances lies in the
+   * tail padding of older records, read only when struct_size covers `tolerances`). */
   int32_t num_tolerances;
   const struct OpforgeTolerance* tolerances;
 } OpforgeOpSpec;

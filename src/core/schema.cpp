@@ -223,7 +223,8 @@ int32_t autocast_policy(const OpforgeOpSpec& op) {
 }
 
 std::vector<OpforgeTolerance> tolerances(const OpforgeOpSpec& op) {
-  if (op.struct_size < offsetof(OpforgeOpSpec, tolerances) + sizeof(op.tolerances) || op.tolerances == nullptr)
+  if (op.struct_size < offsetof(OpforgeOpSpec, tolerances) + sizeof(op.tolerances) || op.tolerances == nullptr ||
+      op.num_tolerances <= 0)
     return {};
   return {op.tolerances, op.tolerances + op.num_tolerances};
 }

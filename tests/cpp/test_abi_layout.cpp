@@ -173,7 +173,7 @@ TEST(AbiLayout, Kernel) {
 }
 
 TEST(AbiLayout, OpSpec) {
-  EXPECT_EQ(sizeof(OpforgeOpSpec), 136u);
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 144u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
@@ -193,6 +193,15 @@ TEST(AbiLayout, OpSpec) {
   EXPECT_EQ(offsetof(OpforgeOpSpec, num_rules), 112u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, rules), 120u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, autocast), 128u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_tolerances), 132u);  // in the tail padding of ABI 5's record
+  EXPECT_EQ(offsetof(OpforgeOpSpec, tolerances), 136u);
+}
+
+TEST(AbiLayout, Tolerance) {
+  EXPECT_EQ(sizeof(OpforgeTolerance), 24u);
+  EXPECT_EQ(offsetof(OpforgeTolerance, dtype), 0u);
+  EXPECT_EQ(offsetof(OpforgeTolerance, atol), 8u);
+  EXPECT_EQ(offsetof(OpforgeTolerance, rtol), 16u);
 }
 
 TEST(AbiLayout, Library) {

@@ -1,9 +1,10 @@
 """examples::attention: the CPU reference and the CUDA kernel against SDPA in float64, and their
-lse against float64 logsumexp (padding mask, causal, lengths that straddle the kernel's 128-row and 32/64-key tiles, both head dims),
-fully masked rows, misaligned inputs, bad arguments, opcheck, and compile/export with dynamic
-batch and sequence length; its backward op (examples::attention_backward): gradcheck of the CPU
-reference in float64, gradients against SDPA's on the CPU and on the GPU, and the CUDA kernel's
-dtypes (16-bit only: opforge::kernel_dtypes)."""
+lse against float64 logsumexp (padding mask, causal, lengths that straddle the kernel's 128-row
+and 32/64-key tiles, both head dims), fully masked rows, misaligned inputs, bad arguments,
+opcheck, and compile/export with dynamic batch and sequence length; its backward op
+(examples::attention_backward): gradcheck of the CPU reference in float64, gradients against
+SDPA's on the CPU and on the GPU, and the CUDA kernel's dtypes (16-bit only:
+opforge::kernel_dtypes)."""
 
 from __future__ import annotations
 

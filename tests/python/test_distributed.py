@@ -127,7 +127,9 @@ def _attention_worker(rank: int, world: int) -> None:
             assert o.placements == (Shard(d),), (d, o.placements)
             assert torch.equal(o.full_tensor(), e)  # the same per-(batch, head) computation
     out, _ = torch.ops.examples.attention(*(distribute_tensor(t, mesh, [Shard(1)]) for t in (q, k, v)), 32)
-    assert out.placements == (Shard(1),) and torch.equal(out.full_tensor(), torch.ops.examples.attention(q, k, v, 32)[0])
+    assert out.placements == (Shard(1),) and torch.equal(
+        out.full_tensor(), torch.ops.examples.attention(q, k, v, 32)[0]
+    )
 
     class SelfAttention(torch.nn.Module):
         """q, k, v projections column-parallel (heads split across ranks), attention per local

@@ -13,7 +13,7 @@ import torch
 
 import opforge
 from opforge import verify
-from opforge.verify.cases import generate_cases
+from opforge.verify.cases import dtype_cases, floating_as, generate_cases
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
@@ -160,9 +160,10 @@ def test_every_choice_and_unranged_float_is_verified():
     }
 
 
-def test_backward_cases_hold_the_forward_results_at_the_declared_tolerance():
+def test_backward_cases_hold_the_forward_results():
     """attention_backward's o and lse are the forward's results on each case's q, k, v (in the
-    case's own layout), and its values are compared at the tolerance it declares."""
+    case's own layout); its device kernel is compared with a float64 reference (lse, declared
+    float32 only, stays float32), the CPU reference with the equivalent at the defaults."""
     import opforge
 
     opforge.load_library(opforge.example_library("attention"))
@@ -177,9 +178,25 @@ def test_backward_cases_hold_the_forward_results_at_the_declared_tolerance():
         )
         assert torch.equal(given["o"], o) and torch.equal(given["lse"], lse), label
     assert not cases["rows permuted lse"].args[5].is_contiguous()  # the case's layout is kept
+    (case,) = [c for c in dtype_cases(op, ["bfloat16"]) if c.dtypes["mask"] == "bfloat16"]
+    assert floating_as(op, case, "float64", keep_fixed=True) == {**dict.fromkeys(dtypes, "float64"), "lse": "float32"}
+    assert floating_as(op, case, "float64") is None  # all floating inputs float64: lse refuses it
     report = verify.verify_op("examples::attention_backward", device="cpu", seed=3, dtypes=["bfloat16"])
     values = [r for r in report.results if r.check == "values"]
-    assert values and all(r.tolerance == (6.4e-2, 6.4e-2) for r in values)
+    assert values and all(r.tolerance == verify.TOLERANCES["bfloat16"] for r in values)
+    assert report.ok, report.failures
+
+
+@requires_cuda
+def test_attention_backward_kernels_pass_at_their_declared_tolerance():
+    """The kernels round P and dS to 16 bits (FlashAttention-2): verify compares them with the
+    float64 reference at the tolerance attention_backward declares."""
+    import opforge
+
+    opforge.load_library(opforge.example_library("attention"))
+    report = verify.verify_op("examples::attention_backward", device="cuda", seed=11)
+    values = [r for r in report.results if r.check == "values"]
+    assert {r.tolerance for r in values} == {(8e-3, 8e-3), (6.4e-2, 6.4e-2)}
     assert report.ok, report.failures
 
 

@@ -82,8 +82,12 @@ def dtype_cases(op: Op, only: list[str] | None = None, device: str = "cpu") -> l
         if only is not None and p not in only:
             continue
         others = [f"{k}={v}" for k, v in c.items() if k != primary and v != p and k in varies]
+        # The dtypes that follow the case: a tensor of a fixed dtype (a float32 statistic beside
+        # float64 inputs) does not loosen it; compare() holds each output to its own dtype too.
         outputs = [o.dtype if o.dtype is not None else c[o.dtype_like] for o in op.outputs]
-        floating = [d for d in [*c.values(), *outputs] if d in _FLOATING]
+        following = [c[k] for k in varies]
+        following += [c[o.dtype_like] for o in op.outputs if o.dtype is None and o.dtype_like in varies]
+        floating = [d for d in following if d in _FLOATING] or [d for d in [*c.values(), *outputs] if d in _FLOATING]
         tolerance = min(floating, key=_PRECISION_ORDER.index) if floating else p
         out.append(DtypeCase(dict(c), p, p + (f" ({', '.join(others)})" if others else ""), tolerance))
     if not out:
@@ -95,11 +99,17 @@ def dtype_cases(op: Op, only: list[str] | None = None, device: str = "cpu") -> l
     return out
 
 
-def floating_as(op: Op, case: DtypeCase, dtype: str) -> dict[str, str] | None:
-    """``case``'s dtypes with every floating one replaced by ``dtype``, if the op accepts that
-    combination (float64: the reference runs in it; float32: gradcheck for ops without float64),
-    else None."""
-    same = {k: dtype if v in _FLOATING else v for k, v in case.dtypes.items()}
+def floating_as(op: Op, case: DtypeCase, dtype: str, keep_fixed: bool = False) -> dict[str, str] | None:
+    """``case``'s dtypes with every floating one replaced by ``dtype`` (with ``keep_fixed``, but
+    for inputs declared without it: attention_backward's float32 lse keeps its dtype while the
+    case's primary input takes ``dtype``), if the op accepts that combination (float64: the
+    reference runs in it; float32: gradcheck for ops without float64), else None."""
+    declared = {a.name: a.dtypes for a in op.tensors}
+    same = {
+        k: dtype if v in _FLOATING and (not keep_fixed or dtype in declared[k]) else v for k, v in case.dtypes.items()
+    }
+    if same.get(primary_input(op).name, dtype) != dtype and case.dtypes.get(primary_input(op).name) in _FLOATING:
+        return None
     return same if same in op.dtype_combinations else None
 
 

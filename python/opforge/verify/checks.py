@@ -58,6 +58,14 @@ def to(args: list, device: str | None = None, dtype: torch.dtype | None = None) 
     return out
 
 
+def as_dtypes(op: Op, args: list, dtypes: dict[str, str]) -> list:
+    """``args`` (in ``op``'s schema order) with each tensor cast to its input's dtype in ``dtypes``."""
+    return [
+        a.to(dtype_of(dtypes[arg.name])) if isinstance(a, torch.Tensor) and arg.name in dtypes else a
+        for arg, a in zip(op.args, args, strict=True)
+    ]
+
+
 def keep_layout(a: torch.Tensor, device: str) -> torch.Tensor:
     """``a`` on ``device`` with the same sizes, strides and storage offset (``Tensor.to`` would
     make it dense)."""
@@ -117,10 +125,12 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
     floating input, else in the case's own dtypes), or on the CPU the reference against
     ``op.equivalent``; outputs and the final values of mutated inputs (:func:`results`; an
     equivalent expression of an op that writes its inputs gives its outputs, then those
-    values), and no other input written. Compared at ``case.tolerance``'s tolerances, or the
-    op's own for that dtype (``.tolerance()``, :attr:`Op.tolerances`)."""
+    values), and no other input written. Compared at ``case.tolerance``'s tolerances, or for a
+    device kernel the op's own for that dtype (``.tolerance()``, :attr:`Op.tolerances`: the
+    kernels' arithmetic; the CPU reference and the equivalent keep the defaults)."""
     handle = op_handle(op.name)
-    wide = floating_as(op, case, "float64")
+    declared = op.tolerances.get(case.tolerance) if device != "cpu" else None
+    wide = floating_as(op, case, "float64", keep_fixed=True)
     names = [a.name for a in op.args]
     if device == "cpu" and not op.equivalent:
         report.results.append(
@@ -141,7 +151,7 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             case.label,
             inputs.label,
             "pass",
-            tolerance=op.tolerances.get(case.tolerance, TOLERANCES.get(case.tolerance)),
+            tolerance=declared or TOLERANCES.get(case.tolerance),
             repro=inputs.repro(),
         )
         try:
@@ -152,10 +162,10 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
                 scope = {"torch": torch, **dict(zip(names, fresh(to(inputs.args, dtype=torch.float64))))}
                 ref = eval(op.equivalent, scope)  # noqa: S307 -- the author's own expression
             else:
-                ref_args = to(inputs.args, dtype=torch.float64) if wide is not None else inputs.args
+                ref_args = as_dtypes(op, inputs.args, wide) if wide is not None else inputs.args
                 ref = results(op, handle, fresh(ref_args))
             ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(
-                out, ref, case.tolerance, op.tolerances.get(case.tolerance)
+                out, ref, case.tolerance, declared
             )
             why = why or unwritten(op, inputs.args, args)
             if why:

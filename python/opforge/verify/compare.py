@@ -22,10 +22,14 @@ def compare(
 ) -> tuple[bool, float, float, str]:
     """(ok, max abs error, worst error / tolerance, why) of ``out`` against ``ref`` with the
     tolerances of ``dtype`` (exact for dtypes not in :data:`TOLERANCES`), or ``tolerance``
-    (atol, rtol) where given (an op's own, ``.tolerance()``); NaN must match NaN,
+    (atol, rtol) where given (an op's own, ``.tolerance()``), and never finer than those of
+    ``out``'s own dtype (a float32 output of a float64 case); NaN must match NaN,
     infinities must match exactly. A reference value beyond the range of ``out``'s dtype is taken
     as the infinity it rounds to (a float16 result of 1e8 is inf, as torch computes it)."""
     atol, rtol = tolerance or (TOLERANCES[dtype] if dtype in TOLERANCES else (0.0, 0.0))
+    own = str(out.dtype).removeprefix("torch.")  # an output is held to no less than its own dtype's
+    if own in TOLERANCES:
+        atol, rtol = max(atol, TOLERANCES[own][0]), max(rtol, TOLERANCES[own][1])
     if out.shape != ref.shape:
         return False, math.inf, math.inf, f"shape {list(out.shape)}, expected {list(ref.shape)}"
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
