@@ -149,9 +149,8 @@ OPFORGE_OP(examples, attention)
     .output("lse", lse_shape, opforge::kFloat32)
     .equivalent(
         "(lambda m: (torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale or None, attn_mask=m), "
-        "torch.logsumexp(q @ k.mT * (scale or head_dim ** -0.5) + m, -1).float()))((0 if mask is None else "
-        "mask[:, None, None, :]) + torch.full((q.shape[2], k.shape[2]), float('-inf'), dtype=q.dtype).triu(1 if "
-        "causal else k.shape[2]))")
+        "torch.logsumexp(q @ k.mT * (scale or head_dim ** -0.5) + m, -1).float()))((0 if mask is None else mask[:, "
+        "None, None, :]) + q.new_full((q.shape[2], k.shape[2]), -torch.inf).triu(1 if causal else k.shape[2]))")
     .reference(attention_cpu)
     .cuda_source("attention.cu", "attention<{T}, {head_dim}, {causal}>")
     .launch_grid(attention_grid)
