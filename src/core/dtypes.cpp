@@ -78,11 +78,12 @@ std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op,
 
 namespace {
 
+/// The floating dtypes, as bits (1 << OpforgeDtype).
+constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DTYPE_FLOAT64) |
+                               (1u << OPFORGE_DTYPE_FLOAT16) | (1u << OPFORGE_DTYPE_BFLOAT16);
+
 /// accepts_floating_as over the given combinations (those of one device's kernel).
-bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype,
-                         const std::vector<std::vector<int32_t>>& combinations) {
-  constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DTYPE_FLOAT64) |
-                                 (1u << OPFORGE_DTYPE_FLOAT16) | (1u << OPFORGE_DTYPE_BFLOAT16);
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype, const std::vector<std::vector<int32_t>>& combinations) {
   std::vector<bool> floating(op.num_args, false);
   for (const auto& c : combinations)
     for (int32_t i = 0; i < op.num_args; ++i) floating[i] = floating[i] || (c[i] >= 0 && ((kFloating >> c[i]) & 1u));
@@ -133,9 +134,7 @@ std::vector<std::string> tolerance_problems(const OpforgeOpSpec& op) {
   for (const OpforgeTolerance& t : tolerances(op)) {
     const bool known = t.dtype >= 0 && t.dtype < OPFORGE_NUM_DTYPES;
     const std::string name = known ? dtype_name(t.dtype) : "dtype " + std::to_string(t.dtype);
-    const bool floating = t.dtype == OPFORGE_DTYPE_FLOAT32 || t.dtype == OPFORGE_DTYPE_FLOAT64 ||
-                          t.dtype == OPFORGE_DTYPE_FLOAT16 || t.dtype == OPFORGE_DTYPE_BFLOAT16;
-    if (!known || !floating)
+    if (!known || !((kFloating >> t.dtype) & 1u))
       problems.push_back(declared_at(op) + "tolerance for " + name + ": expected a floating dtype");
     else if (seen[t.dtype]) problems.push_back(declared_at(op) + "tolerance for " + name + " declared twice");
     else seen[t.dtype] = true;

@@ -158,21 +158,28 @@ struct KvShared {
   static constexpr size_t kBytes = kEnd * sizeof(T) + 2 * 2 * kQueries * sizeof(float);
 };
 
-/// Starts the cp.async loads (committed by the caller) of one step's kQueriesFor<D> query rows from m0 into
-/// a stage: Q, then grad_o (rows past Sq zero), and into `stats` their lse, then their delta (the
-/// stats kernel wrote rows up to sq_stats, a multiple of kStatRows, which the step divides).
-template <class T, int D>
-__device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, const T* gb, int64_t bh, int64_t m0,
-                                          T* stage, float* stats) {
-  constexpr int kQueries = kQueriesFor<D>;
-  load_tile<T, D, kQueries>(stage, qb, p.s_q.row, m0, p.sq);
-  load_tile<T, D, kQueries>(stage + kQueries * D, gb, p.s_grad_o.row, m0, p.sq);
+/// Starts the cp.async loads (committed by the caller) of the lse, then the delta, of query rows
+/// m0 .. m0 + kQueries - 1 into `stats` (the stats kernel wrote rows up to sq_stats, a multiple
+/// of kStatRows, which the step divides).
+template <int kQueries, class T>
+__device__ __forceinline__ void load_statistics(const Problem<T>& p, int64_t bh, int64_t m0, float* stats) {
   constexpr int kChunks = kQueries / 4;  // 16-byte chunks of one statistic's rows
   static_assert(kStatRows % kQueries == 0, "a step's statistics (m0 < Sq) lie within sq_stats");
   if (threadIdx.x < 2 * kChunks) {
     const float* from = (threadIdx.x < kChunks ? p.lse : p.delta) + bh * p.sq_stats + m0 + (threadIdx.x % kChunks) * 4;
     attention_detail::cp_async_16(stats + threadIdx.x * 4, from, true);
   }
+}
+
+/// Starts the cp.async loads (committed by the caller) of one step's kQueriesFor<D> query rows from m0 into
+/// a stage: Q, then grad_o (rows past Sq zero), and into `stats` their lse, then their delta.
+template <class T, int D>
+__device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, const T* gb, int64_t bh, int64_t m0,
+                                          T* stage, float* stats) {
+  constexpr int kQueries = kQueriesFor<D>;
+  load_tile<T, D, kQueries>(stage, qb, p.s_q.row, m0, p.sq);
+  load_tile<T, D, kQueries>(stage + kQueries * D, gb, p.s_grad_o.row, m0, p.sq);
+  load_statistics<kQueries>(p, bh, m0, stats);
 }
 
 /// Adds a pair of adjacent float32 values into global memory (8-byte aligned): one vector atomic
@@ -444,12 +451,7 @@ __device__ __forceinline__ void load_step(const Problem<T>& p, const T* qb, cons
                                           unsigned char* stage, float* stats) {
   load_tile<T, D, kQueries<D>>(stage, qb, p.s_q.row, m0, p.sq);
   load_tile<T, D, kQueries<D>>(stage + Shared<D>::kQueryTile, gb, p.s_grad_o.row, m0, p.sq);
-  constexpr int kChunks = kQueries<D> / 4;  // 16-byte chunks of one statistic's rows
-  static_assert(kStatRows % kQueries<D> == 0, "a step's statistics (m0 < Sq) lie within sq_stats");
-  if (threadIdx.x < 2 * kChunks) {
-    const float* from = (threadIdx.x < kChunks ? p.lse : p.delta) + bh * p.sq_stats + m0 + (threadIdx.x % kChunks) * 4;
-    attention_detail::cp_async_16(stats + threadIdx.x * 4, from, true);
-  }
+  load_statistics<kQueries<D>>(p, bh, m0, stats);
 }
 }  // namespace sm90
 

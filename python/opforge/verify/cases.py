@@ -108,7 +108,8 @@ def floating_as(op: Op, case: DtypeCase, dtype: str, keep_fixed: bool = False) -
     same = {
         k: dtype if v in _FLOATING and (not keep_fixed or dtype in declared[k]) else v for k, v in case.dtypes.items()
     }
-    if same.get(primary_input(op).name, dtype) != dtype and case.dtypes.get(primary_input(op).name) in _FLOATING:
+    primary = primary_input(op).name
+    if case.dtypes[primary] in _FLOATING and same[primary] != dtype:
         return None
     return same if same in op.dtype_combinations else None
 
@@ -300,6 +301,12 @@ def example(op: Op, lead: int, last: int, params: dict[str, object], leading: in
     return None
 
 
+def op_handle(name: str):
+    """``torch.ops.<ns>.<op>`` for "ns::op"."""
+    ns, op = name.split("::")
+    return getattr(getattr(torch.ops, ns), op)
+
+
 def _forward_of(op: Op) -> Op | None:
     """The loaded op that names ``op`` as its backward op, or None."""
     if not op.is_backward_op:
@@ -307,12 +314,12 @@ def _forward_of(op: Op) -> Op | None:
     return next((f for lib in loaded_libraries() for f in lib.ops if f.backward == op.name), None)
 
 
-def forward_results(op: Op, args: list) -> bool:
-    """For a backward op whose inputs include results of its forward op (Note [Backward ops]:
-    attention_backward's o and lse), writes into them, in their own layout, the forward op's
-    results on the case's other arguments (its CPU reference), so that the backward op sees
-    what a backward call sees: a drawn lse is no log-sum-exp of the scores, and probabilities
-    taken from it are far from a softmax's, which no kernel is built for. Cases of an op whose
+def forward_results(op: Op, fwd: Op | None, args: list) -> bool:
+    """For a backward op whose inputs include results of its forward op ``fwd`` (Note [Backward
+    ops]: attention_backward's o and lse; :func:`_forward_of`), writes into them, in their own
+    layout, the forward op's results on the case's other arguments (its CPU reference), so that
+    the backward op sees what a backward call sees: a drawn lse is no log-sum-exp of the scores,
+    and probabilities taken from it are far from a softmax's, which no kernel is built for. Cases of an op whose
     forward takes an argument the backward op does not, or writes its inputs, keep what was
     drawn. Returns False where such an input is a view whose elements overlap, which no
     forward result is: a case a backward call never sees, left out.
@@ -320,13 +327,11 @@ def forward_results(op: Op, args: list) -> bool:
     Raises:
         ValueError, RuntimeError: the forward op refuses the case's arguments (its message).
     """
-    fwd = _forward_of(op)
     saved = [(i, k) for i, (kind, k) in enumerate(fwd.backward_sources) if kind == "result"] if fwd else []
     given = {a.name: v for a, v in zip(op.args, args, strict=True)}
-    if not saved or any(a.name not in given or getattr(a, "mutated", False) for a in fwd.args):
+    if not saved or any(a.name not in given for a in fwd.args) or any(a.mutated for a in fwd.tensors):
         return True
-    ns, name = fwd.name.split("::")
-    results = getattr(getattr(torch.ops, ns), name).default(*(given[a.name] for a in fwd.args))
+    results = op_handle(fwd.name).default(*(given[a.name] for a in fwd.args))
     results = results if isinstance(results, (tuple, list)) else (results,)
     for i, k in saved:
         target = args[i]
@@ -356,6 +361,7 @@ def generate_cases(
     rng = random.Random(seed)
     cases: list[Inputs] = []
     without = without_optional(op)
+    forward = _forward_of(op)
 
     def build(
         label: str,
@@ -395,7 +401,7 @@ def generate_cases(
                     return  # a mutated input in a layout it cannot take: not a case the op computes
         except NoCase:
             return
-        if not forward_results(op, args):
+        if not forward_results(op, forward, args):
             return
         cases.append(Inputs(label, args, case_seed))
 

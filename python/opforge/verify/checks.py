@@ -23,6 +23,7 @@ from .cases import (
     dtype_of,
     floating_as,
     generate_cases,
+    op_handle,
     param_sets,
     without_optional,
 )
@@ -32,12 +33,6 @@ from .report import CaseResult, Report
 #: Targets run-time kernels are compiled for on a machine without a GPU: Hopper (built as sm_90a,
 #: where kernels may take wgmma paths) and Ampere (sm_80), which compiles their other paths.
 CHECK_ARCHS = ("sm_90", "sm_80")
-
-
-def op_handle(name: str):
-    """``torch.ops.<ns>.<op>`` for "ns::op"."""
-    ns, op = name.split("::")
-    return getattr(getattr(torch.ops, ns), op)
 
 
 def first_lines(e: BaseException, count: int = 6) -> str:
