@@ -384,6 +384,11 @@ typedef struct OpforgeOpSpec {
    * tail padding of older records, read only when struct_size covers `tolerances`). */
   int32_t num_tolerances;
   const struct OpforgeTolerance* tolerances;
+  /* Where a device kernel's result misses the dtype's tolerance, opforge verify still passes
+   * it if each output's largest error is at most this many times that of `equivalent` run in
+   * the case's own dtypes, both against float64 (OpBuilder::tolerance_vs_equivalent); 0: not
+   * declared. Appended (read past struct_size only). */
+  double tolerance_vs_equivalent;
 } OpforgeOpSpec;
 
 /* One method of a custom class (Note [Custom classes] in opforge/op.h): calling it runs `op`, an

@@ -171,6 +171,9 @@ class Op:
             "promote" (opforge::Autocast).
         tolerances: {dtype: (atol, rtol)} the op declares for opforge verify
             (``.tolerance()``), where its arithmetic is looser than the dtype's defaults.
+        tolerance_vs_equivalent: where a device kernel misses those, verify still passes an
+            output whose largest error is at most this many times that of ``equivalent`` run
+            in the case's own dtypes (``.tolerance_vs_equivalent()``), or None.
         sharding: "none", "pointwise", "rowwise" or "dims"; sharding_dims: the first tensor
             input's dims for "dims"; unshardable_dims: dims (from the end) never sharded.
         batchable: the inputs a batching transform may give a leading batch dim for one call
@@ -200,6 +203,7 @@ class Op:
     is_backward_op: bool
     autocast: str
     tolerances: dict[str, tuple[float, float]]
+    tolerance_vs_equivalent: float | None
     sharding: str
     sharding_dims: tuple[int, ...]
     unshardable_dims: frozenset[int]
@@ -360,6 +364,7 @@ def _op(o: dict) -> Op:
         is_backward_op=o["is_backward_op"],
         autocast=o["autocast"],
         tolerances={dtype: (atol, rtol) for dtype, (atol, rtol) in o["tolerances"].items()},
+        tolerance_vs_equivalent=o["tolerance_vs_equivalent"],
         sharding=o["sharding"],
         sharding_dims=tuple(o["sharding_dims"]),
         unshardable_dims=frozenset(o["unshardable_dims"]),

@@ -227,6 +227,8 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   json tolerance = json::object();
   for (const OpforgeTolerance& t : tolerances(op)) tolerance[dtype_name(t.dtype)] = {t.atol, t.rtol};
   j["tolerances"] = std::move(tolerance);
+  const double factor = tolerance_vs_equivalent(op);
+  j["tolerance_vs_equivalent"] = factor > 0 ? json(factor) : json(nullptr);
   json dims = json::array();
   for (int32_t d = 0; d < 32; ++d)
     if (sharding_dims(op) >> d & 1u) dims.push_back(d);

@@ -23,7 +23,8 @@ namespace opforge::core {
 ///        (BackwardPlan::differentiable; empty without a backward op),
 ///        "is_backward_op": bool, "autocast": "none" | "float32" | "lower_precision" | "promote",
 ///        "tolerances": {dtype: [atol, rtol]} (OpBuilder::tolerance; opforge verify's defaults
-///        for the others),
+///        for the others), "tolerance_vs_equivalent": factor | null
+///        (OpBuilder::tolerance_vs_equivalent),
 ///        "sharding": "none" | "pointwise" | "rowwise" | "dims",
 ///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "batchable": [name...]
 ///        (batchable_args in sharding.h), "rules": [{"text":

@@ -143,6 +143,15 @@ std::vector<std::string> tolerance_problems(const OpforgeOpSpec& op) {
         problems.push_back(declared_at(op) + "tolerance for " + name + ": expected " + what + " finite and >= 0, got " +
                            std::to_string(value));
   }
+  // A factor of 0 bounds the error by 0: the same as declaring none.
+  const double factor = tolerance_vs_equivalent(op);
+  if (!(std::isfinite(factor) && factor >= 0))
+    problems.push_back(declared_at(op) + "tolerance_vs_equivalent: expected a finite factor >= 0, got " +
+                       std::to_string(factor));
+  else if (factor > 0 && equivalent(op) == nullptr)
+    problems.push_back(declared_at(op) +
+                       "tolerance_vs_equivalent needs the .equivalent() torch expression it is "
+                       "measured against");
   return problems;
 }
 

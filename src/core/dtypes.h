@@ -34,9 +34,10 @@ bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype);
 /// accepts_floating_as(float32), kLowerPrecision float16 or bfloat16 ("file:line: ns::op: ...").
 std::string autocast_problem(const OpforgeOpSpec& op);
 
-/// The declaration problems of `op`'s verify tolerances (OpBuilder::tolerance), one line each
-/// ("file:line: ns::op: ..."): a dtype that is not floating or is declared twice, an atol or
-/// rtol that is negative or not finite.
+/// The declaration problems of `op`'s verify tolerances (OpBuilder::tolerance and
+/// tolerance_vs_equivalent), one line each ("file:line: ns::op: ..."): a dtype that is not
+/// floating or is declared twice, an atol, rtol or factor that is negative or not finite, a
+/// factor without an .equivalent() expression.
 std::vector<std::string> tolerance_problems(const OpforgeOpSpec& op);
 
 }  // namespace opforge::core

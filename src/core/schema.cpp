@@ -229,6 +229,12 @@ std::vector<OpforgeTolerance> tolerances(const OpforgeOpSpec& op) {
   return {op.tolerances, op.tolerances + op.num_tolerances};
 }
 
+double tolerance_vs_equivalent(const OpforgeOpSpec& op) {
+  return op.struct_size >= offsetof(OpforgeOpSpec, tolerance_vs_equivalent) + sizeof(op.tolerance_vs_equivalent)
+             ? op.tolerance_vs_equivalent
+             : 0.0;
+}
+
 const char* autocast_name(int32_t policy) {
   switch (policy) {
     case OPFORGE_AUTOCAST_FLOAT32:

@@ -69,6 +69,10 @@ const char* autocast_name(int32_t policy);
 /// none for records without the field.
 std::vector<OpforgeTolerance> tolerances(const OpforgeOpSpec& op);
 
+/// The factor of OpforgeOpSpec::tolerance_vs_equivalent, 0 when not declared or for records
+/// without the field.
+double tolerance_vs_equivalent(const OpforgeOpSpec& op);
+
 /// The op's cross-argument rules (OpforgeOpSpec::rules), 0 for records without the field.
 int32_t num_rules(const OpforgeOpSpec& op);
 

@@ -597,6 +597,7 @@ std::vector<std::string> OpDef::finalize() {
   spec_.autocast = autocast;
   spec_.num_tolerances = static_cast<int32_t>(tolerances.size());
   spec_.tolerances = tolerances.data();
+  spec_.tolerance_vs_equivalent = tolerance_vs_equivalent;
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
   int32_t first_rank = -1;  // the first tensor input's rank, if fixed

@@ -173,7 +173,7 @@ TEST(AbiLayout, Kernel) {
 }
 
 TEST(AbiLayout, OpSpec) {
-  EXPECT_EQ(sizeof(OpforgeOpSpec), 144u);
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 152u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
@@ -195,6 +195,7 @@ TEST(AbiLayout, OpSpec) {
   EXPECT_EQ(offsetof(OpforgeOpSpec, autocast), 128u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, num_tolerances), 132u);  // in the tail padding of ABI 5's record
   EXPECT_EQ(offsetof(OpforgeOpSpec, tolerances), 136u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, tolerance_vs_equivalent), 144u);
 }
 
 TEST(AbiLayout, Tolerance) {

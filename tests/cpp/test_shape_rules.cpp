@@ -511,6 +511,31 @@ TEST(Tolerance, BrokenDeclarationsAreListedAndGoodOnesKept) {
   EXPECT_EQ(kept[0].dtype, OPFORGE_DTYPE_FLOAT16);
   EXPECT_EQ(kept[0].atol, 8e-3);
   EXPECT_EQ(kept[0].rtol, 4e-3);
+  EXPECT_EQ(opforge::core::tolerance_vs_equivalent(*good->spec()), 0.0);  // not declared
+}
+
+TEST(Tolerance, AFactorOverTheEquivalentNeedsOneAndMustBeFinite) {
+  const auto problems = [](double factor, bool with_equivalent) {
+    auto b = opforge::detail::make_op("ns", "eqtol", "f.cpp", 15)
+                 .input("x", opforge::floating)
+                 .output("y", opforge::like("x"))
+                 .tolerance_vs_equivalent(factor)
+                 .reference(vec_ref_1);
+    auto op = (with_equivalent ? std::move(b).equivalent("x.clone()") : std::move(b)).release();
+    EXPECT_TRUE(op->finalize().empty());
+    EXPECT_EQ(opforge::core::tolerance_vs_equivalent(*op->spec()), factor);
+    return opforge::core::tolerance_problems(*op->spec());
+  };
+  EXPECT_TRUE(problems(2.0, true).empty());
+  EXPECT_TRUE(problems(0.0, false).empty());  // 0: not declared
+  EXPECT_EQ(problems(2.0, false),
+            (std::vector<std::string>{"f.cpp:15: ns::eqtol: tolerance_vs_equivalent needs the .equivalent() torch "
+                                      "expression it is measured against"}));
+  EXPECT_EQ(problems(-1.0, true), (std::vector<std::string>{"f.cpp:15: ns::eqtol: tolerance_vs_equivalent: expected "
+                                                            "a finite factor >= 0, got -1.000000"}));
+  EXPECT_EQ(problems(std::numeric_limits<double>::infinity(), true),
+            (std::vector<std::string>{"f.cpp:15: ns::eqtol: tolerance_vs_equivalent: expected a finite factor >= 0, "
+                                      "got inf"}));
 }
 
 TEST(Batching, APointwiseOrRowwiseOpOfFreeRankTakesTheBatchAtItsFirstInput) {

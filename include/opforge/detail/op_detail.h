@@ -138,6 +138,7 @@ struct OpDef {
   std::vector<int32_t> sharding_dims;        // OPFORGE_SHARDING_DIMS
   int32_t autocast = OPFORGE_AUTOCAST_NONE;  // OpforgeAutocast
   std::vector<OpforgeTolerance> tolerances;  // .tolerance(...)
+  double tolerance_vs_equivalent = 0;        // .tolerance_vs_equivalent(...); 0: none
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;
   std::vector<Condition> rules;        // .require(...)

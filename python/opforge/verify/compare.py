@@ -17,6 +17,57 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
+def _differences(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(o, r, |o - r|, NaN mismatch, comparable) of ``out`` against ``ref`` of the same shape,
+    in float64 on the CPU: ``r`` takes a value beyond the range of ``out``'s dtype as the
+    infinity it rounds to; |o - r| is 0 where an element is not comparable (NaN on either
+    side, or the same infinity on both)."""
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    if out.dtype.is_floating_point and r.dtype.is_floating_point:
+        rounded = r.to(out.dtype).double()
+        r = torch.where(rounded.isinf() & ~r.isinf(), rounded, r)
+    nan_mismatch = o.isnan() != r.isnan()
+    comparable = ~o.isnan() & ~r.isnan() & ~(o.isinf() & r.isinf() & (o == r))
+    return o, r, torch.where(comparable, (o - r).abs(), torch.zeros_like(o)), nan_mismatch, comparable
+
+
+def within_equivalent_error(out, ref, equivalent, factor: float) -> tuple[bool, float, str]:
+    """(ok, worst error / bound, why): FlashAttention's criterion (tests/test_flash_attn.py,
+    ``(dq - dq_ref).abs().max() <= 2 * (dq_pt - dq_ref).abs().max()``) for an op that declares
+    ``factor`` (``Op.tolerance_vs_equivalent``): each output of ``out`` (a tensor or a tuple of
+    them, as :func:`compare_outputs` takes) has NaN where ``ref``, the float64 reference, has
+    it, and its largest error against ``ref`` is at most ``factor`` times the largest error of
+    the same output of ``equivalent``, the op's torch expression run in the case's own dtypes.
+    The equivalent's error is taken over the elements where it is comparable and finite (a NaN
+    or an overflow of the equivalent's own widens no bound); an error where that one is 0
+    fails."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    eqs = equivalent if isinstance(equivalent, (tuple, list)) else (equivalent,)
+    if not len(outs) == len(refs) == len(eqs):
+        return False, math.inf, f"the equivalent gives {len(eqs)} results, expected {len(refs)}"
+    worst = 0.0
+    for k, (o, r, e) in enumerate(zip(outs, refs, eqs)):
+        where = f"output {k}: " if len(outs) > 1 else ""
+        if o is None or r is None or o.numel() == 0:
+            continue  # compare_outputs has held None to None and shapes to shapes
+        if not isinstance(e, torch.Tensor) or e.shape != r.shape:
+            shape = list(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__
+            return False, math.inf, f"{where}the equivalent gives {shape}, expected {list(r.shape)}"
+        _, _, diff, nan_mismatch, _ = _differences(o, r)
+        if nan_mismatch.any():
+            return False, math.inf, f"{where}NaN where the reference has none, or none where it has"
+        theirs = _differences(e, r)[2]
+        theirs = theirs[theirs.isfinite()]
+        err, bound = diff.max().item(), factor * (theirs.max().item() if theirs.numel() else 0.0)
+        ratio = err / bound if bound > 0 else (0.0 if err == 0 else math.inf)
+        worst = max(worst, ratio)
+        if ratio > 1:
+            why = f"largest error {err:.3g}, more than {factor:g} x the equivalent's in the same dtypes"
+            return False, worst, f"{where}{why} ({bound / factor:.3g})"
+    return True, worst, ""
+
+
 def compare(
     out: torch.Tensor, ref: torch.Tensor, dtype: str, tolerance: tuple[float, float] | None = None
 ) -> tuple[bool, float, float, str]:
@@ -32,15 +83,9 @@ def compare(
         atol, rtol = max(atol, TOLERANCES[own][0]), max(rtol, TOLERANCES[own][1])
     if out.shape != ref.shape:
         return False, math.inf, math.inf, f"shape {list(out.shape)}, expected {list(ref.shape)}"
-    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
-    if out.dtype.is_floating_point and r.dtype.is_floating_point:
-        rounded = r.to(out.dtype).double()
-        r = torch.where(rounded.isinf() & ~r.isinf(), rounded, r)
-    if o.numel() == 0:
+    if out.numel() == 0:
         return True, 0.0, 0.0, ""
-    nan_mismatch = o.isnan() != r.isnan()
-    comparable = ~o.isnan() & ~r.isnan() & ~(o.isinf() & r.isinf() & (o == r))
-    diff = torch.where(comparable, (o - r).abs(), torch.zeros_like(o))
+    o, r, diff, nan_mismatch, comparable = _differences(out, ref)
     ratio = diff / (atol + rtol * r.abs().nan_to_num(posinf=0.0)) if atol or rtol else diff
     bad = nan_mismatch | (comparable & (diff > atol + rtol * r.abs()))
     max_err, worst = diff.max().item(), ratio.nan_to_num(nan=math.inf, posinf=math.inf).max().item()
