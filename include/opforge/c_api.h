@@ -363,7 +363,7 @@ typedef struct OpforgeOpSpec {
   const OpforgeKernel* kernels;
   /* A Python expression computing the same outputs with torch, over the argument names
    * (e.g. "torch.nn.functional.softshrink(x, lambd)"), or NULL. Tooling only: opforge verify
-   * checks the CPU reference against it. */
+   * checks the CPU reference against it, and measures tolerance_vs_equivalent with it. */
   const char* equivalent;
   /* How torch.distributed.tensor (or another framework's sharding) may split the op's work:
    * OpforgeSharding. */

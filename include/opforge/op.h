@@ -460,8 +460,10 @@ class OpBuilder {
   /// case's own dtypes on the same device. That is FlashAttention's own test criterion
   /// (tests/test_flash_attn.py: `(dq - dq_ref).abs().max() <= 2 * (dq_pt - dq_ref).abs().max()`,
   /// factor 2), as PyTorch's SDPA tests scale theirs by the error of the math backend in the
-  /// same dtype. `factor` must be finite and > 0 and the op must have an `.equivalent()` that
-  /// runs in those dtypes; otherwise loading the library fails, naming the op.
+  /// same dtype. Only floating outputs, against a float64 reference, whose equivalent result
+  /// has their dtype. `factor` must be finite and >= 0 (0 declares none), and a factor > 0
+  /// needs an `.equivalent()` that runs in the op's dtypes; otherwise loading the library
+  /// fails, naming the op.
   OpBuilder tolerance_vs_equivalent(double factor) && {
     def_->tolerance_vs_equivalent = factor;
     return std::move(*this);

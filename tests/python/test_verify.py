@@ -14,8 +14,8 @@ import torch
 import opforge
 from opforge import verify
 from opforge.verify.cases import dtype_cases, floating_as, generate_cases
-from opforge.verify.checks import _within_equivalent_error
-from opforge.verify.compare import within_equivalent_error
+from opforge.verify.checks import _equivalent_bound
+from opforge.verify.compare import compare_outputs, equivalent_bound
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
@@ -190,38 +190,59 @@ def test_backward_cases_hold_the_forward_results():
 
 
 def test_error_within_a_factor_of_the_equivalents():
-    """FlashAttention's criterion: each output's largest error against the float64 reference is
-    at most the factor times the equivalent's; broken results it must refuse."""
+    """FlashAttention's criterion, per output: one that misses its tolerance passes if its largest
+    error against the float64 reference is at most the factor times the equivalent's; broken
+    results it must refuse."""
     ref = (torch.linspace(-1, 1, 12, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
-    eq = (ref[0] + 1e-2 * torch.tensor([1.0, -1.0] * 6, dtype=torch.float64), ref[1].clone())
-    close = (ref[0] - 1.5e-2, ref[1].clone())
-    assert within_equivalent_error(close, ref, eq, 2.0) == (True, 0.75, "")
-    ok, worst, why = within_equivalent_error((ref[0] + 3e-2, ref[1]), ref, eq, 2.0)
-    assert not ok and worst == pytest.approx(1.5) and why.startswith("output 0: largest error 0.03, more than 2 x")
-    # the equivalent is exact on output 1: any error there fails
-    ok, worst, why = within_equivalent_error((ref[0], ref[1] + 1e-9), ref, eq, 2.0)
+    eq = ((ref[0] + 1e-2 * torch.tensor([1.0, -1.0] * 6)).float(), ref[1].float())
+    calls = []
+
+    def within(out, equivalent=eq):
+        def run():
+            calls.append(1)
+            return equivalent
+
+        return compare_outputs(out, ref, "float32", None, equivalent_bound(run, 2.0))
+
+    close = (ref[0].float() - 1.5e-2, ref[1].float())
+    assert within(close)[0] and within(close)[2] == pytest.approx(0.75)
+    assert within((ref[0].float(), ref[1].float()))[0] and len(calls) == 2  # run only when needed
+    ok, _, worst, why = within((ref[0].float() + 3e-2, ref[1].float()))
+    assert not ok and worst == pytest.approx(1.5)
+    assert why.startswith("output 0: 12 of 12 elements differ") and "; largest error 0.03, more than 2 x" in why
+    # an output within its tolerance passes though the equivalent is exact there (the bound is per output)
+    assert within((close[0], ref[1].float() + 1e-6))[0]
+    # beyond its tolerance where the equivalent is exact: no bound
+    ok, _, worst, why = within((close[0], ref[1].float() + 1e-3))
     assert not ok and worst == float("inf") and why.startswith("output 1:")
     nan = close[0].clone()
     nan[3] = float("nan")
-    assert within_equivalent_error((nan, ref[1]), ref, eq, 2.0)[2] == (
-        "output 0: NaN where the reference has none, or none where it has"
-    )
+    ok, _, _, why = within((nan, ref[1].float()))
+    assert not ok and why == "output 0: 12 of 12 elements differ; first at [0]: -1.0149999856948853, expected -1.0"
     # an overflow or NaN of the equivalent's own widens no bound
     wide = eq[0].clone()
     wide[0], wide[1] = float("inf"), float("nan")
-    assert within_equivalent_error(close, ref, (wide, eq[1]), 2.0)[0]
-    assert not within_equivalent_error((ref[0] + 5.0, ref[1]), ref, (wide, eq[1]), 2.0)[0]
-    assert within_equivalent_error(close, ref, eq[:1], 2.0) == (
-        False,
-        float("inf"),
-        "the equivalent gives 1 results, expected 2",
+    assert within(close, (wide, eq[1]))[0]
+    assert not within((close[0] + 5.0, close[1]), (wide, eq[1]))[0]
+    # structure the bound never decides: a missing, empty, misshapen or exact output
+    assert within((None, close[1]))[3] == "output 0: None, expected the other"
+    assert within((torch.empty(0), close[1]))[3].startswith("output 0: shape [0], expected [12]")
+    assert within((close[0][:4], close[1]))[3].startswith("output 0: shape [4], expected [12]")
+    ints = compare_outputs(
+        torch.tensor([1, 1]), torch.tensor([0, 1]), "int64", None, equivalent_bound(lambda: torch.tensor([0, 2]), 2.0)
     )
+    assert not ints[0] and ints[3].startswith("1 of 2 elements differ")
+    # the equivalent must give each output in its own dtype and shape
+    ok, _, _, why = within(close, (eq[0].half(), eq[1]))
+    assert not ok and why.endswith("the equivalent's result 0 is [12] torch.float16, expected [12] torch.float32")
+    ok, _, _, why = within((close[0], ref[1].float() + 1e-3), eq[:1])
+    assert not ok and why.endswith("the equivalent's result 1 is 'NoneType', expected [3] torch.float32")
 
 
 def test_attention_backward_is_held_to_its_equivalents_error_in_its_own_dtype():
     """attention_backward's .equivalent() runs in bfloat16 (verify evaluates it in the case's
-    dtypes): a result as far from the float64 reference as the equivalent passes, one three
-    times as far fails, naming the output."""
+    dtypes): a result three times as far from the float64 reference as the equivalent fails,
+    naming the output; one as far passes."""
     opforge.load_library(opforge.example_library("attention"))
     op = opforge.find_op("examples::attention_backward")
     dtypes = {a.name: "float32" if a.name == "lse" else "bfloat16" for a in op.tensors}
@@ -230,14 +251,12 @@ def test_attention_backward_is_held_to_its_equivalents_error_in_its_own_dtype():
     ref = torch.ops.examples.attention_backward(*wide)
     eq = eval(op.equivalent, {"torch": torch, **dict(zip((a.name for a in op.args), case.args))})  # noqa: S307
     assert all(e.dtype == torch.bfloat16 for e in eq)
-    assert _within_equivalent_error(op, case.args, "cpu", eq, ref, "2 of 2400 elements differ") == (
-        "",
-        0.5,
-        "2 of 2400 elements differ, but within 2 x the equivalent's error in the same dtypes",
-    )
-    far = tuple(r + 3 * (e.double() - r) for e, r in zip(eq, ref))
-    why, worst, _ = _within_equivalent_error(op, case.args, "cpu", far, ref, "many differ")
-    assert why.startswith("many differ; output 0: largest error") and worst == pytest.approx(1.5)
+    far = tuple((r + 3 * (e.double() - r)).bfloat16() for e, r in zip(eq, ref))
+    passed: list[int] = []
+    ok, _, worst, why = compare_outputs(far, ref, "bfloat16", None, _equivalent_bound(op, case.args, "cpu", passed))
+    assert not ok and why.startswith("output 0:") and "more than 2 x the equivalent's" in why and passed == []
+    ok, _, worst, _ = compare_outputs(eq, ref, "bfloat16", None, _equivalent_bound(op, case.args, "cpu", passed))
+    assert ok and worst == pytest.approx(0.5) and passed  # the equivalent itself: half the bound
 
 
 @requires_cuda
@@ -250,7 +269,6 @@ def test_attention_backward_kernels_pass_verify_on_cuda():
     values = [r for r in report.results if r.check == "values"]
     assert {r.tolerance for r in values} == {verify.TOLERANCES["float16"], verify.TOLERANCES["bfloat16"]}
     assert report.ok, [(r.case, r.dtype, r.message) for r in report.failures]
-    assert any("within 2 x the equivalent's error" in r.message for r in values)  # the criterion was used
 
 
 @requires_cuda

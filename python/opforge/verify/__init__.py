@@ -13,6 +13,10 @@ Each case runs the device kernel with its outputs poisoned (NaN) beforehand and 
 with the CPU reference run on float64 copies of the inputs where the op accepts float64, with
 the tolerances (:data:`TOLERANCES`) of the least precise dtype among the case's tensors, or
 the op's own for that dtype where it declares one (``.tolerance()``: its arithmetic is looser).
+A floating output that misses those still passes, for an op that declares
+``.tolerance_vs_equivalent(factor)`` (kernels that round by design), if its largest error
+against float64 is at most factor times that of the op's ``.equivalent()`` run in the case's
+own dtypes on the device (FlashAttention's test criterion).
 Inputs declared ``shape({leading_dims, ...})`` also get cases with none and with three leading
 dims. On a machine without a GPU, the CPU reference is
 compared with the description's ``.equivalent()`` torch expression instead (a reference

@@ -18,7 +18,9 @@ class CaseResult:
     case: str
     status: str
     max_abs_error: float | None = None
-    error_vs_tolerance: float | None = None  # worst |out - ref| / (atol + rtol * |ref|); <= 1 passes
+    # worst |out - ref| / (atol + rtol * |ref|), or for an output held to an op's
+    # .tolerance_vs_equivalent its largest error over that bound; <= 1 passes
+    error_vs_tolerance: float | None = None
     tolerance: tuple[float, float] | None = None
     message: str = ""
     repro: dict = field(default_factory=dict)
@@ -85,6 +87,7 @@ def print_report(report: Report, console=None) -> None:
         )
     console.print(
         "tolerances (atol, rtol) against float64: "
-        + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in TOLERANCES.items()),
+        + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in TOLERANCES.items())
+        + "; an output passed by its op's .tolerance_vs_equivalent counts its error over that bound",
         soft_wrap=True,
     )
