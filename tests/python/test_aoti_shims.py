@@ -164,9 +164,9 @@ def test_a_truncated_shim_library_is_an_error_of_the_runner_not_a_crash(shimmed,
     copy_package(package, tmp_path, lambda data: data[:2000])
     with pytest.raises(
         OpforgeError,
-        match=r"opforge-runner failed \(exit 2\):\nopforge-runner: .*model\.pt2 links the C shim library .*libopforge_shims_\w+\.so, "
-        r"which cannot be loaded: opforge: the C shim library .* is truncated: its ELF headers describe \d+ bytes "
-        r"and the file has 2000",
+        match=r"opforge-runner failed \(exit 2\):\nopforge-runner: .*model\.pt2 links the C shim library "
+        r".*libopforge_shims_\w+\.so, which cannot be loaded: opforge: the C shim library .* is truncated: "
+        r"its ELF headers describe \d+ bytes and the file has 2000",
     ):
         aoti.run(tmp_path / "model.pt2", [torch.randn(2, 24)], device=device)
 

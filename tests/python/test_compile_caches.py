@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 CHILD = Path(__file__).parent / "fixtures" / "compile_cache_child.py"
 
 

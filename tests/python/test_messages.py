@@ -79,7 +79,8 @@ def test_a_library_built_for_another_abi(tmp_path):
         opforge.load_library(so)
     abi = re.search(r"#define OPFORGE_ABI_VERSION (\d+)", (ROOT / "include/opforge/c_api.h").read_text())[1]
     assert str(err.value) == (
-        f"opforge: {so} was built for opforge ABI version 2, and this opforge reads version {abi}: rebuild the op library"
+        f"opforge: {so} was built for opforge ABI version 2, and this opforge reads version {abi}: "
+        "rebuild the op library"
     )
 
 

@@ -106,5 +106,7 @@ def test_int8_linears_in_the_cpp_runner(model, device, tmp_path):
 
 
 def test_with_opforge_ops_refuses_float32(model):
-    with pytest.raises(ValueError, match="examples::attention's CUDA kernel takes float16 or bfloat16; got torch.float32"):
+    with pytest.raises(
+        ValueError, match="examples::attention's CUDA kernel takes float16 or bfloat16; got torch.float32"
+    ):
         minilm.with_opforge_ops(model[0], torch.float32)
