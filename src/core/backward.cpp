@@ -112,8 +112,7 @@ BackwardPlan plan_backward(const OpforgeOpSpec& fwd, const OpforgeOpSpec& bwd, s
   for (const auto& [source, i] : plan.sources)
     if (source == BackwardPlan::Source::kGrad) plan.differentiable[static_cast<size_t>(i)] = true;
   if (problems.size() == before &&  // its inputs all matched, none a gradient
-      std::none_of(plan.sources.begin(), plan.sources.end(),
-                   [](const auto& s) { return s.first == BackwardPlan::Source::kGrad; }))
+      std::none_of(plan.differentiable.begin(), plan.differentiable.end(), [](bool d) { return d; }))
     problem("takes no gradient (no input grad_" + std::string(num_results ? out(0) : "<result>") +
             " or the like), so its results cannot depend on the loss; take the gradients it needs");
   std::vector<bool> given(static_cast<size_t>(fwd.num_args), false);

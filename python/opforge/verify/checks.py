@@ -191,15 +191,7 @@ def _equivalent_bound(op: Op, args: list, device: str, passed: list[int]) -> Cal
         scope = {"torch": torch, **dict(zip((a.name for a in op.args), [keep_layout(a, device) for a in fresh(args)]))}
         return eval(op.equivalent, scope)  # noqa: S307 -- the author's own expression
 
-    bound = equivalent_bound(equivalent, op.tolerance_vs_equivalent)
-
-    def beyond(k: int, o: torch.Tensor, r: torch.Tensor) -> tuple[bool, float, str]:
-        ok, ratio, why = bound(k, o, r)
-        if ok:
-            passed.append(k)
-        return ok, ratio, why
-
-    return beyond
+    return equivalent_bound(equivalent, op.tolerance_vs_equivalent, passed)
 
 
 def check_structure(op: Op, case: DtypeCase, device: str, seed: int, report: Report) -> None:

@@ -32,7 +32,7 @@ def _differences(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ..
     return o, r, torch.where(comparable, (o - r).abs(), torch.zeros_like(o)), nan_mismatch, comparable
 
 
-def equivalent_bound(equivalent: Callable[[], object], factor: float) -> Callable:
+def equivalent_bound(equivalent: Callable[[], object], factor: float, passed: list[int] | None = None) -> Callable:
     """FlashAttention's criterion (tests/test_flash_attn.py, ``(dq - dq_ref).abs().max() <= 2 *
     (dq_pt - dq_ref).abs().max()``) for an op that declares ``factor``
     (``Op.tolerance_vs_equivalent``), as the ``beyond`` of :func:`compare_outputs`: a floating
@@ -42,7 +42,8 @@ def equivalent_bound(equivalent: Callable[[], object], factor: float) -> Callabl
     (a tensor or a tuple of them), once, when first needed. The equivalent's output must have
     the output's shape and dtype (one computed in a lower precision would widen the bound); its
     error is taken where it is comparable and finite (a NaN or an overflow of its own widens no
-    bound), and an error where the equivalent's is 0 fails."""
+    bound), and an error where the equivalent's is 0 fails. The outputs it passes are appended
+    to ``passed``, where given."""
     results: list = []
 
     def beyond(k: int, o: torch.Tensor, r: torch.Tensor) -> tuple[bool, float, str]:
@@ -78,6 +79,8 @@ def equivalent_bound(equivalent: Callable[[], object], factor: float) -> Callabl
                     f"({bound / factor:.3g})"
                 ),
             )
+        if passed is not None:
+            passed.append(k)
         return True, ratio, ""
 
     return beyond
