@@ -238,6 +238,14 @@ def test_error_within_a_factor_of_the_equivalents():
     ok, _, _, why = within((close[0], ref[1].float() + 1e-3), eq[:1])
     assert not ok and why.endswith("the equivalent's result 1 is 'NoneType', expected [3] torch.float32")
 
+    def broken():
+        raise RuntimeError("expected m1 and m2 to have the same dtype")
+
+    ok, _, _, why = compare_outputs(close, ref, "float32", None, equivalent_bound(broken, 2.0))
+    assert not ok and why.endswith(
+        "; the equivalent in the case's dtypes raised RuntimeError: expected m1 and m2 to have the same dtype"
+    )
+
 
 def test_attention_backward_is_held_to_its_equivalents_error_in_its_own_dtype():
     """attention_backward's .equivalent() runs in bfloat16 (verify evaluates it in the case's
