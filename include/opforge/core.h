@@ -55,8 +55,13 @@ OpforgeStatus opforge_core_admission(const char* request, char** out);
 /* Forgets every compiled run-time kernel of every loaded library (opforge.reload()). */
 void opforge_core_reload(void);
 
-/* Fills op outputs with poison before kernels run (see opforge::core::poison_outputs). */
-void opforge_core_set_poison_outputs(int enabled);
+/* Fills op outputs with poison before kernels run: mode 0 off, 1 the primary pattern (NaN for
+ * floating types), 2 the alternate one (Note [The call protocol] in src/core/call.h). */
+void opforge_core_set_poison_outputs(int mode);
+
+/* Checks value domains of device calls on the device (1, the default) or not (0): Note [Device
+ * value checks] in src/core/device_checks.h. */
+void opforge_core_set_device_value_checks(int enabled);
 
 void opforge_core_free(char* p);
 

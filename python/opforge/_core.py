@@ -46,6 +46,7 @@ def _core() -> ctypes.CDLL:
             lib.opforge_core_free.argtypes = [ctypes.c_void_p]
             lib.opforge_core_reload.argtypes = []
             lib.opforge_core_set_poison_outputs.argtypes = [ctypes.c_int]
+            lib.opforge_core_set_device_value_checks.argtypes = [ctypes.c_int]
             _lib = lib
         return _lib
 
@@ -142,7 +143,18 @@ def reload() -> None:
     _core().opforge_core_reload()
 
 
-def set_poison_outputs(enabled: bool) -> None:
-    """Fill op outputs with NaN (integers: 123, bools: True) before each kernel runs, so that
-    elements a kernel never writes show up as mismatches. Used by :mod:`opforge.verify`."""
-    _core().opforge_core_set_poison_outputs(int(enabled))
+def set_poison_outputs(mode: bool | int) -> None:
+    """Fill op outputs with poison before each kernel runs, so that elements a kernel never
+    writes show up as mismatches: ``True`` or ``1`` the primary pattern (every byte 0xff: NaN for
+    floating types; 0x7b for integers, 123 in int8; True for bool), ``2`` the alternate one (0x5a:
+    finite values; False for bool), ``False`` or ``0`` none. Used by :mod:`opforge.verify`; the
+    environment variable ``OPFORGE_POISON_OUTPUTS`` (1 or 2) sets it for a whole process (Note
+    [The call protocol] in ``src/core/call.h``)."""
+    _core().opforge_core_set_poison_outputs(int(mode))
+
+
+def set_device_value_checks(enabled: bool) -> None:
+    """Check declared value domains of device calls on the device (the default) or not; the
+    environment variable ``OPFORGE_DEVICE_VALUE_CHECKS=0`` turns it off for a whole process
+    (Note [Device value checks] in ``src/core/device_checks.h``)."""
+    _core().opforge_core_set_device_value_checks(int(enabled))

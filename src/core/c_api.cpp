@@ -12,6 +12,7 @@
 
 #include "c_entry.h"
 #include "call.h"
+#include "device_checks.h"
 #include "check.h"
 #include "library.h"
 #include "opforge/detail/names.h"
@@ -290,6 +291,10 @@ extern "C" OpforgeStatus opforge_core_admission(const char* request, char** out)
 
 extern "C" void opforge_core_reload(void) { opforge::core::reload_kernels(); }
 
-extern "C" void opforge_core_set_poison_outputs(int enabled) { opforge::core::set_poison_outputs(enabled != 0); }
+extern "C" void opforge_core_set_poison_outputs(int mode) { opforge::core::set_poison_mode(mode); }
+
+extern "C" void opforge_core_set_device_value_checks(int enabled) {
+  opforge::core::set_device_value_checks(enabled != 0);
+}
 
 extern "C" void opforge_core_free(char* p) { std::free(p); }

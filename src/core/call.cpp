@@ -10,14 +10,20 @@
 #include <string>
 
 #include "check.h"
+#include "device_checks.h"
+#include "overlap.h"
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
 #include "schema.h"
+#include "small_vector.h"
 
 namespace opforge::core {
 namespace {
 
-std::atomic<bool> g_poison{false};
+std::atomic<int32_t> g_poison{[] {
+  const char* v = std::getenv("OPFORGE_POISON_OUTPUTS");
+  return v == nullptr ? 0 : std::atoi(v) == 2 ? 2 : std::atoi(v) != 0 ? 1 : 0;
+}()};
 
 int64_t numel(const OpforgeTensor& t) {
   int64_t n = 1;
@@ -51,14 +57,6 @@ bool rows_aligned_strides(const OpforgeTensor& t, int64_t item) {
 
 bool rows_aligned(const OpforgeTensor& t, int64_t item) { return aligned(t.data) && rows_aligned_strides(t, item); }
 
-/// True if two of the view's elements share memory: a dim of size > 1 with stride 0 (torch's
-/// has_internal_overlap, whose other cases need a dense layout, which the rules check anyway).
-bool overlaps(const OpforgeTensor& t) {
-  for (int32_t d = 0; d < t.ndim; ++d)
-    if (t.sizes[d] > 1 && t.strides[d] == 0) return true;
-  return false;
-}
-
 Admission admit_by_layout(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size) {
   switch (spec.layout) {
     case OPFORGE_LAYOUT_STRIDED:
@@ -81,37 +79,13 @@ std::string list_text(const int64_t* v, int32_t n) {
 Admission admit(const OpforgeTensorSpec& spec, const OpforgeTensor& view, int64_t item_size) {
   const Admission by_layout = admit_by_layout(spec, view, item_size);
   if (!spec.mutated) return by_layout;
-  return overlaps(view) || by_layout == Admission::kDenseCopy ? Admission::kRefuse : Admission::kAsIs;
-}
-
-std::vector<std::string> overlap_refusals(const OpforgeOpSpec& op, Span<const OpforgeTensor> views) {
-  auto span = [&](int32_t i) -> std::optional<std::pair<uintptr_t, uintptr_t>> {
-    const OpforgeTensor& t = views[static_cast<size_t>(i)];
-    if (op.args[i].kind != OPFORGE_ARG_TENSOR || t.data == nullptr || numel(t) == 0 || !dense(t)) return std::nullopt;
-    const auto begin = reinterpret_cast<uintptr_t>(t.data);
-    return std::make_pair(begin, begin + static_cast<uintptr_t>(numel(t) * int64_t(dtype_size(t.dtype))));
-  };
-  std::vector<std::string> lines;
-  for (int32_t i = 0; i < op.num_args; ++i) {
-    if (!is_mutated(op.args[i])) continue;
-    const auto mine = span(i);
-    if (!mine) continue;
-    for (int32_t j = 0; j < op.num_args; ++j) {
-      if (j < i && is_mutated(op.args[j])) continue;  // that pair has its line already
-      const auto theirs = j == i ? std::nullopt : span(j);
-      if (!theirs || mine->second <= theirs->first || theirs->second <= mine->first) continue;
-      lines.push_back(std::string(op.args[i].name) + ": expected memory of its own (it is written in place), got " +
-                      "memory shared with " + op.args[j].name + "; pass " + op.args[i].name + ".clone()");
-      break;
-    }
-  }
-  return lines;
+  return internal_overlap(view) || by_layout == Admission::kDenseCopy ? Admission::kRefuse : Admission::kAsIs;
 }
 
 std::string refusal(const OpforgeArgSpec& a, const OpforgeTensor& view, int64_t item_size) {
   const std::string got =
       "got shape " + list_text(view.sizes, view.ndim) + " with strides " + list_text(view.strides, view.ndim);
-  if (overlaps(view))
+  if (internal_overlap(view))
     return std::string(a.name) + ": expected a tensor whose elements do not overlap in memory (it is written in " +
            "place), " + got;
   const bool rows = a.tensor.layout == OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM;
@@ -164,45 +138,24 @@ std::string index_text(const OpforgeTensor& t, int64_t flat) {
 
 std::vector<std::string> value_problems(const OpforgeOpSpec& op, Span<const OpforgeArg> args) {
   std::vector<std::string> problems;
-  // Every CPU call asks: an op whose inputs declare no value domain costs no more than this scan.
-  bool any_domain = false;
-  for (int32_t i = 0; i < op.num_args; ++i)
-    any_domain |= op.args[i].kind == OPFORGE_ARG_TENSOR && op.args[i].tensor.has_values;
-  if (!any_domain) return problems;
-  std::vector<ArgInfo<int64_t>> info(op.num_args);
-  for (int32_t i = 0; i < op.num_args; ++i) {
-    info[i].value = args[i].value;
-    const OpforgeTensor& t = args[i].tensor;
-    if (op.args[i].kind == OPFORGE_ARG_TENSOR && t.ndim >= 0) info[i].sizes = Span<const int64_t>(t.sizes, t.ndim);
-    info[i].defined = op.args[i].kind != OPFORGE_ARG_TENSOR || t.ndim >= 0;
-  }
-  for (int32_t i = 0; i < op.num_args; ++i) {
-    const OpforgeTensorSpec& s = op.args[i].tensor;
-    const OpforgeTensor& t = args[i].tensor;
-    if (op.args[i].kind != OPFORGE_ARG_TENSOR || !s.has_values || t.ndim < 0) continue;
-    const std::optional<int64_t> low = eval_expr<int64_t>(s.values_low, info), high = eval_expr<int64_t>(s.values_high, info);
-    if (!low || !high) continue;
-    const std::string name = op.args[i].name;
-    const std::string marker = s.has_sentinel ? " or " + std::to_string(s.sentinel) : "";
-    int64_t n = 1;
-    for (int32_t d = 0; d < t.ndim; ++d) n *= t.sizes[d];
+  for (const ValueDomain& d : value_domains(op, args)) {
+    const OpforgeTensor& t = args[d.arg].tensor;
+    const OpforgeTensorSpec& s = op.args[d.arg].tensor;
+    const int64_t n = numel(t);
     std::map<int64_t, int64_t> seen;  // value -> first index, for unique_values
     for (int64_t k = 0; k < n; ++k) {
       const int64_t v = element(t, k);
-      if (s.has_sentinel && v == s.sentinel) continue;
-      if (v < *low || v >= *high) {
-        const std::string rule = "[" + expr_string(op, s.values_low) + ", " + expr_string(op, s.values_high) + ")";
-        const std::string range = "[" + std::to_string(*low) + ", " + std::to_string(*high) + ")";
-        problems.push_back(name + ": expected values in " + rule + (rule == range ? "" : " = " + range) + marker +
-                           ", got " + std::to_string(v) + " at " + index_text(t, k));
+      if (d.has_sentinel && v == d.sentinel) continue;
+      if (v < d.low || v >= d.high) {
+        problems.push_back(d.message + ", got " + std::to_string(v) + " at " + index_text(t, k));
         break;
       }
       if (!s.values_unique) continue;
       const auto [it, fresh] = seen.emplace(v, k);
       if (!fresh) {
-        problems.push_back(name + ": expected distinct values" +
-                           (s.has_sentinel ? " (but " + marker.substr(4) + ")" : "") + ", got " + std::to_string(v) +
-                           " at " + index_text(t, it->second) + " and " + index_text(t, k));
+        problems.push_back(std::string(op.args[d.arg].name) + ": expected distinct values" +
+                           (d.has_sentinel ? " (but " + std::to_string(d.sentinel) + ")" : "") + ", got " +
+                           std::to_string(v) + " at " + index_text(t, it->second) + " and " + index_text(t, k));
         break;
       }
     }
@@ -221,48 +174,15 @@ bool skip_launch(Span<const OpforgeTensor> outputs) {
   return true;
 }
 
-bool poison_outputs() { return g_poison.load(std::memory_order_relaxed); }
-void set_poison_outputs(bool enabled) { g_poison.store(enabled, std::memory_order_relaxed); }
+int32_t poison_mode() { return g_poison.load(std::memory_order_relaxed); }
+void set_poison_mode(int32_t mode) { g_poison.store(mode == 1 || mode == 2 ? mode : 0, std::memory_order_relaxed); }
 
-double poison_value(int32_t dtype) {
-  switch (dtype) {
-    case OPFORGE_DTYPE_FLOAT32:
-    case OPFORGE_DTYPE_FLOAT64:
-    case OPFORGE_DTYPE_FLOAT16:
-    case OPFORGE_DTYPE_BFLOAT16:
-      return NAN;
-    case OPFORGE_DTYPE_BOOL:
-      return 1;
-    default:
-      return 123;
-  }
-}
-
-namespace {
-template <class T>
-void fill(void* data, int64_t n, T value) {
-  std::fill_n(static_cast<T*>(data), n, value);
-}
-}  // namespace
-
-void poison_host(Span<const OpforgeTensor> outputs) {
-  for (const OpforgeTensor& o : outputs) {
-    if (o.ndim < 0 || o.data == nullptr) continue;
-    const int64_t n = numel(o);
-    switch (o.dtype) {
-      case OPFORGE_DTYPE_FLOAT32: fill<float>(o.data, n, NAN); break;
-      case OPFORGE_DTYPE_FLOAT64: fill<double>(o.data, n, NAN); break;
-      case OPFORGE_DTYPE_FLOAT16: fill<uint16_t>(o.data, n, 0x7e00); break;  // a quiet NaN's bits
-      case OPFORGE_DTYPE_BFLOAT16: fill<uint16_t>(o.data, n, 0x7fc0); break;
-      case OPFORGE_DTYPE_INT8: fill<int8_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_INT16: fill<int16_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_INT32: fill<int32_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_INT64: fill<int64_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_UINT8: fill<uint8_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_BOOL: fill<uint8_t>(o.data, n, 1); break;
-      default: break;
-    }
-  }
+uint8_t poison_byte(int32_t dtype, int32_t mode) {
+  const bool floating = dtype == OPFORGE_DTYPE_FLOAT32 || dtype == OPFORGE_DTYPE_FLOAT64 ||
+                        dtype == OPFORGE_DTYPE_FLOAT16 || dtype == OPFORGE_DTYPE_BFLOAT16;
+  if (dtype == OPFORGE_DTYPE_BOOL) return mode == 2 ? 0x00 : 0x01;
+  if (mode == 2) return 0x5a;
+  return floating ? 0xff : 0x7b;
 }
 
 const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg) {
@@ -292,6 +212,123 @@ void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const Opf
   std::string device = device_type_name(kernel.device_type);
   if (ctx.device_index >= 0) device += ":" + std::to_string(ctx.device_index);
   throw InternalError(qualified_name(op) + " (" + device + " kernel): " + error);
+}
+
+namespace {
+
+constexpr size_t kInline = 8;  // arguments and outputs of the usual op: no allocation per call
+
+/// The refusals of step 3 (Note [The call protocol]): written arguments a kernel cannot write
+/// safely. Empty for the usual call (nothing written but fresh outputs).
+std::vector<std::string> refusals(const Call& c, Span<const OpforgeTensor> outputs) {
+  const OpforgeOpSpec& op = c.op;
+  std::vector<std::string> lines;
+  if (!c.out_overload && !mutates_inputs(op)) return lines;
+  // Every tensor argument the kernel reads or writes: inputs, then the caller's out= tensors.
+  struct Arg {
+    const OpforgeTensor* view;
+    const char* name;
+    bool written;
+    bool out;
+  };
+  SmallVector<Arg, kInline> all;
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    const OpforgeTensor& t = c.args[i].tensor;
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || t.ndim < 0) continue;
+    const bool mutated = is_mutated(op.args[i]);
+    all.push_back({&t, op.args[i].name, mutated, false});
+    const int64_t item = static_cast<int64_t>(dtype_size(t.dtype));
+    if (mutated && admit(op.args[i].tensor, t, item) == Admission::kRefuse) lines.push_back(refusal(op.args[i], t, item));
+  }
+  for (int32_t k = 0; c.out_overload && k < op.num_outputs; ++k) {
+    const OpforgeTensor& t = outputs[k];
+    if (t.ndim < 0) continue;
+    all.push_back({&t, op.outputs[k].name, true, true});
+    if (internal_overlap(t))
+      lines.push_back(std::string(op.outputs[k].name) +
+                      ": expected a tensor whose elements do not overlap in memory (the op writes it), got shape " +
+                      sizes_string<int64_t>(Span<const int64_t>(t.sizes, static_cast<size_t>(t.ndim))) +
+                      " with strides " + sizes_string<int64_t>(Span<const int64_t>(t.strides, static_cast<size_t>(t.ndim))));
+  }
+  if (!lines.empty()) return lines;
+  for (size_t w = 0; w < all.size(); ++w) {
+    if (!all[w].written) continue;
+    for (size_t o = 0; o < all.size(); ++o) {
+      if (o == w || (o < w && all[o].written)) continue;  // a pair of written arguments has its line already
+      const OpforgeTensor &a = *all[w].view, &b = *all[o].view;
+      const Overlap how = overlap(a, int64_t(dtype_size(a.dtype)), b, int64_t(dtype_size(b.dtype)));
+      if (how == Overlap::kNone) continue;
+      const std::string shared = how == Overlap::kShared ? "memory shared with " + std::string(all[o].name)
+                                                         : "memory that may be shared with " + std::string(all[o].name) +
+                                                               " (their strides interleave in a way opforge does not "
+                                                               "take apart)";
+      lines.push_back(std::string(all[w].name) + ": expected memory of its own (" +
+                      (all[w].out ? "the op writes it" : "it is written in place") + "), got " + shared + "; pass " +
+                      (all[w].out ? std::string(all[o].name) : std::string(all[w].name)) + ".clone()");
+      break;
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
+bool run_call(const Call& c, CallHooks& hooks, Span<OpforgeTensor> outputs) {
+  const OpforgeOpSpec& op = c.op;
+  // 1. check
+  SmallVector<OutputInfo<int64_t, SmallVector<int64_t, kInline>>, kInline> plans;
+  const std::string problems = c.out_overload ? check_out_call<int64_t>(op, c.info, c.given_outputs, plans)
+                                              : check_call<int64_t>(op, c.info, plans);
+  if (!problems.empty()) throw InvalidArgument(problems);
+  if (c.kernel == nullptr)
+    throw InvalidArgument(qualified_name(op) + " has no " + device_type_name(c.device_type) + " kernel");
+  // 2. plan
+  for (int32_t k = 0; k < op.num_outputs; ++k) {
+    if (!plans[k].defined) {
+      outputs[k] = absent_tensor(c.device_type, c.device_index);
+      continue;
+    }
+    outputs[k] = hooks.output(k, plans[k].dtype, Span<const int64_t>(plans[k].sizes.data(), plans[k].sizes.size()));
+  }
+  // 3. refuse
+  const std::vector<std::string> refused = refusals(c, outputs);
+  if (!refused.empty()) throw InvalidArgument(invalid_arguments_message(op, refused, c.out_overload));
+  // What the kernel writes: the outputs, or dense temporaries for out= tensors it cannot write as they are.
+  SmallVector<OpforgeTensor, kInline> targets;
+  SmallVector<uint8_t, kInline> temporary(static_cast<size_t>(op.num_outputs), 0);
+  const OpforgeTensorSpec dense{};  // the layout every output has
+  for (int32_t k = 0; k < op.num_outputs; ++k) {
+    const OpforgeTensor& t = outputs[k];
+    temporary[k] = c.out_overload && t.ndim >= 0 && admit(dense, t, int64_t(dtype_size(t.dtype))) != Admission::kAsIs;
+    targets.push_back(temporary[k] ? hooks.temporary(k) : t);
+  }
+  // 4. skip
+  if (skip_launch(targets)) return false;
+  // 5. poison
+  if (const int32_t mode = poison_mode(); mode != 0)
+    for (const OpforgeTensor& t : targets)
+      if (t.ndim >= 0 && t.data != nullptr && numel(t) > 0) hooks.fill(t, poison_byte(t.dtype, mode));
+  // 6. admit
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    OpforgeTensor& t = c.args[i].tensor;
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || t.ndim < 0) continue;
+    if (admit(op.args[i].tensor, t, int64_t(dtype_size(t.dtype))) == Admission::kDenseCopy) t = hooks.dense_copy(i);
+  }
+  // 7. domains
+  const OpforgeContext ctx = hooks.context();
+  if (c.device_type == OPFORGE_DEVICE_CPU) {
+    const std::vector<std::string> bad = value_problems(op, c.args);
+    if (!bad.empty()) throw InvalidArgument(invalid_arguments_message(op, bad, c.out_overload));
+  } else if (device_value_checks()) {
+    const std::vector<ValueDomain> domains = value_domains(op, c.args);
+    if (!domains.empty()) launch_value_checks(op, c.args, domains, ctx.stream);
+  }
+  // 8. launch
+  call_kernel(op, *c.kernel, ctx, c.args, targets);
+  // 9. finish
+  for (int32_t k = 0; k < op.num_outputs; ++k)
+    if (temporary[k]) hooks.copy_back(k);
+  return true;
 }
 
 }  // namespace opforge::core

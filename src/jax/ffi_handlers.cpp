@@ -18,7 +18,10 @@
 // XLA's buffers are dense and row-major. The handler checks the call again (the checks Python
 // ran at trace time, by the same core function), so a frame built by hand cannot reach a kernel
 // with arguments it does not take.
+#include <dlfcn.h>
 #include <xla/ffi/api/ffi.h>
+
+#include <algorithm>
 
 #include <cstdint>
 #include <cstdlib>
@@ -157,6 +160,79 @@ OpforgeValue param_value(const OpforgeOpSpec& op, int32_t i, const ffi::Dictiona
   return v;
 }
 
+/// cuMemsetD8Async from the CUDA driver, looked up on first use (the adapter links no CUDA
+/// library); null where the process has no driver.
+using MemsetD8Async = int (*)(uintptr_t, unsigned char, size_t, void*);
+MemsetD8Async memset_d8_async() {
+  static const MemsetD8Async fn = [] {
+    void* h = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h == nullptr) h = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return h != nullptr ? reinterpret_cast<MemsetD8Async>(::dlsym(h, "cuMemsetD8Async")) : nullptr;
+  }();
+  return fn;
+}
+
+/// The call protocol's hooks (core::CallHooks) for one call: XLA has allocated the results
+/// already, so an output is the next result buffer, checked against the rule's dtype and shape.
+class Hooks final : public core::CallHooks {
+ public:
+  Hooks(const OpforgeOpSpec& op, int32_t device_type, int32_t device_index, void* stream,
+        ffi::ScratchAllocator* scratch, const ffi::RemainingRets& results, Views& views)
+      : op_(op), device_type_(device_type), device_index_(device_index), stream_(stream), results_(results),
+        views_(views), memory_{scratch, {}} {}
+
+  OpforgeTensor output(int32_t k, int32_t dtype, core::Span<const int64_t> sizes) override {
+    auto r = results_.get<ffi::AnyBuffer>(next_++);
+    if (!r.has_value())
+      throw InternalError("opforge.jax: " + core::qualified_name(op_) + ": no result buffer for " + op_.outputs[k].name);
+    const ffi::AnyBuffer b(**r);
+    const auto dims = b.dimensions();
+    if (dtype_of(b.element_type()).code != dtype ||
+        !std::equal(dims.begin(), dims.end(), sizes.begin(), sizes.end()))
+      throw InternalError("opforge.jax: " + core::qualified_name(op_) + ": the result buffer of " +
+                          op_.outputs[k].name + " is not the " + dtype_name(dtype) + " " +
+                          core::sizes_string<int64_t>(sizes) + " its rule gives");
+    return views_.of(b, device_type_, device_index_);
+  }
+  OpforgeTensor temporary(int32_t) override { throw InternalError("opforge.jax: an out= call reached JAX"); }
+  void copy_back(int32_t) override { throw InternalError("opforge.jax: an out= call reached JAX"); }
+  OpforgeTensor dense_copy(int32_t arg) override {
+    // XLA's buffers are dense and at least 16-byte aligned, so every input reaches a kernel as it is.
+    throw InternalError("opforge.jax: " + core::qualified_name(op_) + ": XLA passed " + op_.args[arg].name +
+                        " at an address that is not 16-byte aligned");
+  }
+  void fill(const OpforgeTensor& t, uint8_t byte) override {
+    size_t bytes = dtype_size(t.dtype);
+    for (int32_t d = 0; d < t.ndim; ++d) bytes *= static_cast<size_t>(t.sizes[d]);
+    if (device_type_ == OPFORGE_DEVICE_CPU) {
+      std::memset(t.data, byte, bytes);
+      return;
+    }
+    const MemsetD8Async memset = memset_d8_async();
+    if (memset == nullptr || memset(reinterpret_cast<uintptr_t>(t.data), byte, bytes, stream_) != 0)
+      throw InternalError("opforge.jax: " + core::qualified_name(op_) + ": cuMemsetD8Async failed poisoning an output");
+  }
+  OpforgeContext context() override {
+    OpforgeContext ctx{};
+    ctx.struct_size = sizeof(OpforgeContext);
+    ctx.device_type = device_type_;
+    ctx.device_index = device_index_;
+    ctx.stream = stream_;
+    ctx.allocate = &Scratch::allocate;
+    ctx.allocator_state = &memory_;
+    return ctx;
+  }
+
+ private:
+  const OpforgeOpSpec& op_;
+  int32_t device_type_, device_index_;
+  void* stream_;
+  const ffi::RemainingRets& results_;
+  Views& views_;
+  Scratch memory_;
+  size_t next_ = 0;  // the next result buffer: outputs come first, in order
+};
+
 /// Runs one call (Note [The JAX call frame]) on the host (`stream` null) or on CUDA.
 void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAllocator* scratch,
          const ffi::RemainingArgs& operands, const ffi::RemainingRets& results, const ffi::Dictionary& attrs) {
@@ -205,85 +281,27 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
     throw InternalError("opforge.jax: " + core::qualified_name(op) + ": " + std::to_string(operands.size()) +
                         " operands for " + std::to_string(next) + " tensor arguments");
 
-  std::vector<core::OutputInfo<int64_t>> outs;
-  const std::string problems = core::check_call<int64_t>(op, info, outs);
-  if (!problems.empty()) throw InvalidArgument(problems);
-
   // Results: the outputs that exist, then the mutated inputs, which must be their operands' memory.
-  std::vector<OpforgeTensor> out_views;
-  size_t result = 0;
-  const auto next_result = [&](const std::string& what) {
-    auto r = results.get<ffi::AnyBuffer>(result++);
-    if (!r.has_value())
-      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": no result buffer for " + what);
-    return ffi::AnyBuffer(**r);
-  };
-  for (int32_t k = 0; k < op.num_outputs; ++k) {
-    if (!outs[k].defined) {
-      out_views.push_back(core::absent_tensor(device_type, device_index));
-      continue;
-    }
-    const ffi::AnyBuffer r = next_result(op.outputs[k].name);
-    const auto dims = r.dimensions();
-    if (dtype_of(r.element_type()).code != outs[k].dtype ||
-        std::vector<int64_t>(dims.begin(), dims.end()) != outs[k].sizes)
-      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": the result buffer of " +
-                          op.outputs[k].name + " is not the " + dtype_name(outs[k].dtype) + " " +
-                          core::sizes_string<int64_t>(outs[k].sizes) + " its rule gives");
-    out_views.push_back(views.of(r, device_type, device_index));
-  }
+  int32_t num_defined = 0;
+  for (int32_t k = 0; k < op.num_outputs; ++k)
+    num_defined += op.outputs[k].present_with < 0 || info[op.outputs[k].present_with].defined;
+  size_t result = static_cast<size_t>(num_defined);
   for (int32_t i = 0; i < n; ++i) {
     if (!core::is_mutated(op.args[i]) || !info[i].defined) continue;
-    const ffi::AnyBuffer r = next_result(std::string(op.args[i].name) + "_out");
-    if (r.untyped_data() != args[i].tensor.data)
+    auto r = results.get<ffi::AnyBuffer>(result++);
+    if (!r.has_value() || ffi::AnyBuffer(**r).untyped_data() != args[i].tensor.data)
       throw InternalError("opforge.jax: " + core::qualified_name(op) + ": the result of " + op.args[i].name +
                           "_out is not aliased to its operand (input_output_aliases)");
   }
   if (result != results.size())
     throw InternalError("opforge.jax: " + core::qualified_name(op) + ": " + std::to_string(results.size()) +
                         " results for " + std::to_string(result) + " outputs and written inputs");
-  if (core::skip_launch(out_views)) return;
 
-  // XLA's buffers are dense and at least 16-byte aligned, so every input reaches the kernel as it
-  // is; the layout rule is asked anyway, and a refusal (an overlapping written input) reported.
-  std::vector<std::string> refused;
-  for (int32_t i = 0; i < n; ++i) {
-    if (op.args[i].kind != OPFORGE_ARG_TENSOR || !info[i].defined) continue;
-    const int64_t item = static_cast<int64_t>(dtype_size(args[i].tensor.dtype));
-    const core::Admission a = core::admit(op.args[i].tensor, args[i].tensor, item);
-    if (a == core::Admission::kRefuse) refused.push_back(core::refusal(op.args[i], args[i].tensor, item));
-    else if (a == core::Admission::kDenseCopy)
-      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": XLA passed " + op.args[i].name +
-                          " at an address that is not 16-byte aligned");
-  }
-  if (refused.empty() && core::mutates_inputs(op)) {
-    std::vector<OpforgeTensor> tensors(n);
-    for (int32_t i = 0; i < n; ++i)
-      if (op.args[i].kind == OPFORGE_ARG_TENSOR && info[i].defined) tensors[i] = args[i].tensor;
-    refused = core::overlap_refusals(op, tensors);
-  }
-  if (!refused.empty()) throw InvalidArgument(core::invalid_arguments_message(op, refused));
-
-  const OpforgeKernel* kernel = core::device_kernel(op, device_type);
-  if (kernel == nullptr)
-    throw InvalidArgument(core::qualified_name(op) + " has no " + device_name + " kernel");
-  if (device_type == OPFORGE_DEVICE_CPU) {
-    // Host data: the value domains are checked before the reference reads them; outputs are
-    // poisoned when opforge verify asks (on CUDA the adapter has no fill: XLA's buffers are fresh).
-    const std::vector<std::string> bad = core::value_problems(op, args);
-    if (!bad.empty()) throw InvalidArgument(core::invalid_arguments_message(op, bad));
-    if (core::poison_outputs()) core::poison_host(out_views);
-  }
-
-  Scratch memory{scratch, {}};
-  OpforgeContext ctx{};
-  ctx.struct_size = sizeof(OpforgeContext);
-  ctx.device_type = device_type;
-  ctx.device_index = device_index;
-  ctx.stream = stream;
-  ctx.allocate = &Scratch::allocate;
-  ctx.allocator_state = &memory;
-  core::call_kernel(op, *kernel, ctx, args, out_views);
+  Hooks hooks(op, device_type, device_index, stream, scratch, results, views);
+  const core::Call call{op, core::device_kernel(op, device_type), info, args, {}, false, device_type,
+                        device_type == OPFORGE_DEVICE_CUDA ? device_index : -1};
+  std::vector<OpforgeTensor> out_views(static_cast<size_t>(op.num_outputs));
+  core::run_call(call, hooks, out_views);
 }
 
 /// run(), with opforge's errors as XLA FFI errors: InvalidArgument for the caller's, Internal for any other.

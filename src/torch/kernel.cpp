@@ -89,7 +89,7 @@ void record_call_error(const char* message) {
 class OpKernel final : public c10::OperatorKernel {
  public:
   OpKernel(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel, bool out)
-      : op_(op), mode_(mode), kernel_(kernel), out_(out), writes_(core::mutates_inputs(op)) {
+      : op_(op), mode_(mode), kernel_(kernel), out_(out) {
     for (int32_t i = 0; i < op.num_args; ++i) {
       has_strings_ |= op.args[i].kind == OPFORGE_ARG_STRING;
       has_lists_ |= op.args[i].kind == OPFORGE_ARG_INT_LIST || op.args[i].kind == OPFORGE_ARG_FLOAT_LIST;
@@ -222,56 +222,39 @@ class OpKernel final : public c10::OperatorKernel {
       info[i].value = call.values[i];
       if constexpr (std::is_same_v<Int, c10::SymInt>) info[i].symbolic = call.symbolic[i];
     }
-    PerCall<core::OutputInfo<Int, PerCall<Int>>> outs;  // sizes inline too
-    std::string problems;
-    if (out_) {
-      PerCall<core::ArgInfo<Int>> given;
-      for (const at::Tensor& t : call.outs) given.push_back(info_of<Int>(t));
-      problems = core::check_out_call<Int>(op_, info, given, outs);
-    } else {
-      problems = core::check_call<Int>(op_, info, outs);
-    }
-    TORCH_CHECK_VALUE(problems.empty(), problems);
-    if constexpr (std::is_same_v<Int, c10::SymInt>) {  // the fake companion: the unbacked sizes it is given
-      size_t j = 0;
+    const at::Device device = device_arg >= 0 ? call.tensors[device_arg].device() : at::Device(at::kCPU);
+    if constexpr (std::is_same_v<Int, int64_t>) {
+      return launch(call, info, device);
+    } else {  // tracing: the checks, and the outputs' shapes and dtypes
+      PerCall<core::OutputInfo<Int, PerCall<Int>>> outs;  // sizes inline too
+      std::string problems;
+      if (out_) {
+        PerCall<core::ArgInfo<Int>> given;
+        for (const at::Tensor& t : call.outs) given.push_back(info_of<Int>(t));
+        problems = core::check_out_call<Int>(op_, info, given, outs);
+      } else {
+        problems = core::check_call<Int>(op_, info, outs);
+      }
+      TORCH_CHECK_VALUE(problems.empty(), problems);
+      size_t j = 0;  // the fake companion: the unbacked sizes it is given
       for (int32_t k = 0; k < op_.num_outputs && mode_ == Mode::kFake; ++k)
         if (op_.outputs[k].size_from >= 0 && outs[k].defined && j < call.data_dependent.size())
           outs[k].sizes[0] = call.data_dependent[j++];
-    }
-
-    const at::Device device = call.tensors[device_arg].device();
-    PerCall<at::Tensor> outputs;  // what the call returns
-    outputs.reserve(outs.size());
-    for (size_t k = 0; k < outs.size(); ++k) {
-      if (out_) {  // torch's rules: a tensor without elements is resized silently, another with a warning
-        if constexpr (std::is_same_v<Int, c10::SymInt>) {
+      PerCall<at::Tensor> outputs;
+      outputs.reserve(outs.size());
+      for (size_t k = 0; k < outs.size(); ++k) {
+        if (out_) {  // torch's rules: a tensor without elements is resized silently, another with a warning
           at::native::resize_output_symint(call.outs[k], outs[k].sizes);
+          outputs.push_back(call.outs[k]);
+        } else if (!outs[k].defined) {  // exists only with an optional input the call left out: None
+          outputs.emplace_back();
         } else {
-          at::native::resize_output(call.outs[k], outs[k].sizes);
+          outputs.push_back(
+              at::empty_symint(outs[k].sizes, at::TensorOptions().dtype(to_torch(outs[k].dtype)).device(device)));
         }
-        outputs.push_back(call.outs[k]);
-        continue;
       }
-      if (!outs[k].defined) {  // exists only with an optional input the call left out: None
-        outputs.emplace_back();
-        continue;
-      }
-      const at::ScalarType dtype = to_torch(outs[k].dtype);
-      if constexpr (std::is_same_v<Int, c10::SymInt>) {
-        outputs.push_back(at::empty_symint(outs[k].sizes, at::TensorOptions().dtype(dtype).device(device)));
-      } else if (mode_ == Mode::kCpu) {  // as ATen's own CPU kernels allocate: not through the dispatcher
-        outputs.push_back(at::detail::empty_cpu(outs[k].sizes, dtype, /*pin_memory=*/false, std::nullopt));
-      } else {
-        outputs.push_back(at::empty(outs[k].sizes, at::TensorOptions().dtype(dtype).device(device)));
-      }
+      return outputs;
     }
-    if constexpr (std::is_same_v<Int, int64_t>) {
-      launch(call, outputs, device);
-      for (int32_t k = 0; k < op_.num_outputs; ++k)
-        if (op_.outputs[k].size_from >= 0 && outputs[k].defined())
-          outputs[k] = outputs[k].narrow(0, 0, written_size(outputs, k, outs[k].sizes[0]));
-    }
-    return outputs;
   }
 
   /// The data-dependent first dim of output `k`: the value the kernel wrote into its size output
@@ -286,84 +269,92 @@ class OpKernel final : public c10::OperatorKernel {
     return size;
   }
 
-  /// Runs the kernel into `outputs`. An out= tensor the kernel cannot write as it is (not dense
-  /// and 16-byte aligned) gets the kernel's result through a dense temporary and copy_.
-  void launch(CallArgs& call, const PerCall<at::Tensor>& outputs, const at::Device& device) const {
-    const int32_t n = op_.num_args;
-    // Mutated inputs are never copied and own their memory (Note [Mutated inputs]): refuse a layout
-    // that would need a copy, and memory shared with another argument. Ops that write no input skip it.
-    if (writes_) {
-      std::vector<std::string> refused;
-      PerCall<OpforgeTensor> views(n);
-      for (int32_t i = 0; i < n; ++i) {
-        const at::Tensor& t = call.tensors[i];
-        if (op_.args[i].kind == OPFORGE_ARG_TENSOR && t.defined()) views[i] = view(t);
-        if (!core::is_mutated(op_.args[i]) || !t.defined()) continue;
-        if (core::admit(op_.args[i].tensor, views[i], t.element_size()) == core::Admission::kRefuse)
-          refused.push_back(core::refusal(op_.args[i], views[i], t.element_size()));
-      }
-      if (refused.empty()) refused = core::overlap_refusals(op_, views);
-      TORCH_CHECK_VALUE(refused.empty(), core::invalid_arguments_message(op_, refused, out_));
+  /// The hooks of the call protocol (core::CallHooks) for one call of a concrete kernel.
+  class Hooks final : public core::CallHooks {
+   public:
+    Hooks(const OpKernel& k, CallArgs& call, const at::Device& device)
+        : k_(k), call_(call), device_(device), scratch_{at::TensorOptions().dtype(at::kByte).device(device), {}} {
+      outputs.resize(k.op_.num_outputs);
+      temporaries.resize(k.op_.num_outputs);
     }
 
+    OpforgeTensor output(int32_t k, int32_t dtype, core::Span<const int64_t> sizes) override {
+      const c10::IntArrayRef shape(sizes.data(), sizes.size());
+      if (k_.out_) {  // torch's rules: a tensor without elements is resized silently, another with a warning
+        at::native::resize_output(call_.outs[k], shape);
+        outputs[k] = call_.outs[k];
+      } else if (k_.mode_ == Mode::kCpu) {  // as ATen's own CPU kernels allocate: not through the dispatcher
+        outputs[k] = at::detail::empty_cpu(shape, to_torch(dtype), /*pin_memory=*/false, std::nullopt);
+      } else {
+        outputs[k] = at::empty(shape, at::TensorOptions().dtype(to_torch(dtype)).device(device_));
+      }
+      return view(outputs[k]);
+    }
+    OpforgeTensor temporary(int32_t k) override {
+      temporaries[k] = at::empty(outputs[k].sizes(), outputs[k].options());
+      return view(temporaries[k]);
+    }
+    void copy_back(int32_t k) override { outputs[k].copy_(temporaries[k]); }
+    OpforgeTensor dense_copy(int32_t arg) override {
+      at::Tensor& t = call_.tensors[arg];
+      t = t.contiguous();  // a fresh allocation: 16-byte aligned, unless it is a misaligned view
+      if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) t = t.clone(at::MemoryFormat::Contiguous);
+      return view(t);
+    }
+    void fill(const OpforgeTensor& t, uint8_t byte) override {
+      int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype));
+      for (int32_t d = 0; d < t.ndim; ++d) bytes *= t.sizes[d];
+      at::from_blob(t.data, {bytes}, at::TensorOptions().dtype(at::kByte).device(device_)).fill_(byte);
+    }
+    OpforgeContext context() override {
+      OpforgeContext ctx{};
+      ctx.struct_size = sizeof(OpforgeContext);
+      ctx.device_type = k_.mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
+      ctx.device_index = device_.has_index() ? device_.index() : -1;
+      if (k_.mode_ == Mode::kCuda) {
+        guard_.reset_device(device_);
+        ctx.stream = current_cuda_stream(device_.index());
+      }
+      ctx.allocate = &Scratch::allocate;
+      ctx.allocator_state = &scratch_;
+      return ctx;
+    }
+
+    PerCall<at::Tensor> outputs;      // what the call returns
+    PerCall<at::Tensor> temporaries;  // out= calls: what the kernel writes in place of an out tensor
+
+   private:
+    const OpKernel& k_;
+    CallArgs& call_;
+    const at::Device& device_;
+    Scratch scratch_;
+    c10::OptionalDeviceGuard guard_;
+  };
+
+  /// Runs the call through the call protocol (core::run_call) and returns its outputs, narrowed
+  /// to their data-dependent sizes.
+  PerCall<at::Tensor> launch(CallArgs& call, const PerCall<core::ArgInfo<int64_t>>& info, const at::Device& device) const {
+    const int32_t n = op_.num_args;
     const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
     const int32_t device_index = device.has_index() ? device.index() : -1;
-    // What the kernel writes: the outputs, or for an out= call dense temporaries in place of
-    // out tensors it cannot write as they are (copied back after the kernel).
-    PerCall<at::Tensor> temporaries;
-    if (out_) {
-      temporaries = outputs;
-      const OpforgeTensorSpec dense{};  // the layout every output has
-      for (auto& t : temporaries)
-        if (core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs) t = at::empty(t.sizes(), t.options());
-    }
-    const PerCall<at::Tensor>& targets = out_ ? temporaries : outputs;
-    PerCall<OpforgeTensor> out_views;
-    out_views.reserve(targets.size());
-    for (const auto& o : targets)
-      out_views.push_back(o.defined() ? view(o) : core::absent_tensor(device_type, device_index));
-    if (core::skip_launch(out_views)) return;
-    if (core::poison_outputs()) {
-      for (const auto& o : targets)
-        if (o.defined()) o.fill_(core::poison_value(to_opforge(o.scalar_type())));
-    }
     PerCall<OpforgeArg> args(n);
     for (int32_t i = 0; i < n; ++i) {
       args[i].value = call.values[i];
       if (op_.args[i].kind != OPFORGE_ARG_TENSOR) continue;
-      at::Tensor& t = call.tensors[i];
-      if (!t.defined()) {  // an optional input left out
-        args[i].tensor = core::absent_tensor(device_type, device_index);
-        continue;
-      }
-      args[i].tensor = view(t);
-      if (core::admit(op_.args[i].tensor, args[i].tensor, t.element_size()) == core::Admission::kDenseCopy) {
-        t = t.contiguous();  // a fresh allocation: 16-byte aligned, unless it is a misaligned view
-        if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) t = t.clone(at::MemoryFormat::Contiguous);
-        args[i].tensor = view(t);
-      }
+      const at::Tensor& t = call.tensors[i];
+      args[i].tensor = t.defined() ? view(t) : core::absent_tensor(device_type, device_index);
     }
-
-    if (mode_ == Mode::kCpu) {  // host data: the value domains are checked before the reference reads them
-      const std::vector<std::string> problems = core::value_problems(op_, args);
-      TORCH_CHECK_VALUE(problems.empty(), core::invalid_arguments_message(op_, problems, out_));
-    }
-
-    c10::OptionalDeviceGuard guard;
-    OpforgeContext ctx{};
-    ctx.struct_size = sizeof(OpforgeContext);
-    ctx.device_type = device_type;
-    ctx.device_index = device_index;
-    if (mode_ == Mode::kCuda) {
-      guard.reset_device(device);
-      ctx.stream = current_cuda_stream(device.index());
-    }
-    Scratch scratch{at::TensorOptions().dtype(at::kByte).device(device), {}};
-    ctx.allocate = &Scratch::allocate;
-    ctx.allocator_state = &scratch;
-    with_torch_errors([&] { core::call_kernel(op_, *kernel_, ctx, args, out_views); });
-    for (size_t k = 0; k < temporaries.size(); ++k)
-      if (!temporaries[k].is_same(outputs[k])) outputs[k].copy_(temporaries[k]);
+    PerCall<core::ArgInfo<int64_t>> given;
+    for (const at::Tensor& t : call.outs) given.push_back(info_of<int64_t>(t));
+    const core::Call c{op_, kernel_, info, args, given, out_, device_type, device_index};
+    Hooks hooks(*this, call, device);
+    PerCall<OpforgeTensor> views(op_.num_outputs);
+    const bool launched = with_torch_errors([&] { return core::run_call(c, hooks, views); });
+    PerCall<at::Tensor>& outputs = hooks.outputs;
+    for (int32_t k = 0; launched && k < op_.num_outputs; ++k)
+      if (op_.outputs[k].size_from >= 0 && outputs[k].defined())
+        outputs[k] = outputs[k].narrow(0, 0, written_size(outputs, k, outputs[k].size(0)));
+    return std::move(outputs);
   }
 
   /// The Meta and Fake kernels: they run the rules over c10::SymInt and launch nothing.
@@ -373,7 +364,6 @@ class OpKernel final : public c10::OperatorKernel {
   Mode mode_;
   const OpforgeKernel* kernel_;
   bool out_;     // the op's out= overload: the outputs are the caller's tensors, after the arguments
-  bool writes_;  // the op has mutated inputs, whose layout and memory are checked before a launch
   bool has_strings_ = false, has_lists_ = false;  // argument kinds that need storage in CallArgs
 };
 

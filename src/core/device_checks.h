@@ -1,0 +1,61 @@
+// Value domains checked on the device (step 7 of Note [The call protocol] in call.h).
+//
+// Note [Device value checks]
+// --------------------------
+// An integer input with a declared value domain (Note [Value domains] in opforge/op.h) indexes
+// another tensor; on a host call the core reads it before the reference runs. On a device, the
+// values are in device memory, and reading them on the host would cost a synchronisation on every
+// call and break CUDA graph capture. So the core launches one small check kernel on the call's
+// stream, before the op's kernel, over every such input of the call:
+//   - an element outside [low, high) (and not the declared marker) makes the check kernel print
+//     "ns::op: name: expected values in [rule) = [low, high), got v at flat index i" and fail a
+//     device-side assertion, as torch's index kernels do (CUDA_KERNEL_ASSERT). The context is
+//     then in error: the op's kernel, queued behind the check, never runs, so a bad index is
+//     never dereferenced, and the caller's next synchronisation raises "device-side assert
+//     triggered". An error flag read at the next synchronisation (torch._assert_async) was the
+//     alternative, but it lets the op's kernel run with the bad index first: it would read or
+//     write outside its tensor.
+//   - the check needs no host synchronisation and no allocation (its parameters travel by value
+//     with the launch), so it is safe inside CUDA graphs, where it runs on every replay.
+//   - distinct values (.unique_values()) are checked on host calls only: a duplicate does not
+//     reach outside a tensor.
+// Its cost is one extra launch per call (bench/RESULTS.md has it for the serving ops). It is on
+// by default; set_device_value_checks(false), or OPFORGE_DEVICE_VALUE_CHECKS=0 in the
+// environment, turns it off for a process that trusts its indices.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "opforge/c_api.h"
+#include "span.h"
+
+namespace opforge::core {
+
+/// Whether device calls check value domains (on unless OPFORGE_DEVICE_VALUE_CHECKS=0).
+bool device_value_checks();
+void set_device_value_checks(bool enabled);
+
+/// One input's domain for one call: argument `arg`'s elements in [low, high) or == sentinel.
+struct ValueDomain {
+  int32_t arg;
+  int64_t low, high;
+  bool has_sentinel;
+  int64_t sentinel;
+  std::string message;  ///< "ns::op: name: expected values in [rule) = [low, high)"
+};
+
+/// The domains of `op`'s integer inputs for a call with these arguments (views and values):
+/// their bounds evaluated from the call's sizes and parameters. Empty for an op that declares
+/// none (the usual op: no allocation then).
+std::vector<ValueDomain> value_domains(const OpforgeOpSpec& op, Span<const OpforgeArg> args);
+
+/// Launches the check kernel over `domains` on `stream` (a cudaStream_t) of the current CUDA
+/// context, in groups of OPFORGE_VALUE_CHECK_MAX_INPUTS inputs. Throws InternalError naming the
+/// op where the CUDA driver cannot load or launch it (no driver, an input of more than
+/// OPFORGE_VALUE_CHECK_MAX_DIMS dims).
+void launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, const std::vector<ValueDomain>& domains,
+                         void* stream);
+
+}  // namespace opforge::core
