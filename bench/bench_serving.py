@@ -8,7 +8,9 @@ against its functional form (fresh x and residual each call: the clone a functio
 qkv each call); ``examples::kv_cache_write`` of 16384 tokens' keys and values (8 heads of 128)
 into paged caches against ``index_put_`` in eager and compiled, and the functional form (fresh
 caches each call); ``examples::silu_and_mul`` against the expression compiled. Each is compared
-with a device-to-device copy of the bytes it moves (the bandwidth ceiling).
+with a device-to-device copy of the bytes it moves (the bandwidth ceiling). The ops with value
+domains (rotary's positions, the cache write's slots) also run with the device value checks off,
+whose difference is the checks' cost (Note [Device value checks]).
 
     python3 bench/bench_serving.py [--tokens 16384] [--hidden 4096] [--json out.json]
 
@@ -66,6 +68,19 @@ def main() -> int:
             gbs = nbytes / ms / 1e6
             rows.append({"group": name, "impl": label, "ms": ms, "GB/s": gbs, "vs_copy": gbs / ceiling})
 
+    def unchecked(fn):
+        """``fn`` with the device value checks off (Note [Device value checks]): their cost is
+        the difference to the same call with them on, the default."""
+
+        def run():
+            opforge.set_device_value_checks(False)
+            try:
+                fn()
+            finally:
+                opforge.set_device_value_checks(True)
+
+        return run
+
     def compiled(fn, *a):
         c = torch.compile(fn)
         c(*a)
@@ -117,6 +132,10 @@ def main() -> int:
                 "opforge examples::rotary_embedding (in place on views)",
                 lambda: torch.ops.examples.rotary_embedding(positions, q, cache, k, True),
             ),
+            (
+                "opforge, device value checks off",
+                unchecked(lambda: torch.ops.examples.rotary_embedding(positions, q, cache, k, True)),
+            ),
             ("opforge, functional form (clone qkv)", rotary_functional),
             ("torch eager (gather, rotate, copy_)", lambda: TorchOps.rotary_embedding(positions, q, cache, k, True)),
             ("torch.compile of the same", lambda: rotary_torch(positions, q, cache, k, True)),
@@ -140,6 +159,10 @@ def main() -> int:
             (
                 "opforge examples::kv_cache_write (in place)",
                 lambda: torch.ops.examples.kv_cache_write(key, value, key_cache, value_cache, slots),
+            ),
+            (
+                "opforge, device value checks off",
+                unchecked(lambda: torch.ops.examples.kv_cache_write(key, value, key_cache, value_cache, slots)),
             ),
             (
                 "opforge, functional form (clone the caches)",

@@ -22,7 +22,7 @@ import importlib
 
 from . import _logging  # noqa: F401 -- torch's log filters, installed before torch logs
 from ._build import BuildError, build_library
-from ._core import OpforgeError
+from ._core import OpforgeError, set_device_value_checks, set_poison_outputs
 from ._paths import build_dir, example_library
 from .description import Library, Op
 
@@ -65,4 +65,6 @@ __all__ = [
     "plot_timelines",
     "precompile",
     "reload",
+    "set_device_value_checks",
+    "set_poison_outputs",
 ]

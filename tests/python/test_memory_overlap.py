@@ -11,10 +11,10 @@ import torch
 import serving
 from conftest import DEVICES
 
-SOFTSHRINK_OUT = "examples::softshrink.out(Tensor x, float lambd=0.5, *, Tensor(a!) y) -> Tensor(a!): invalid arguments\n"
-RMS_NORM_OUT = (
-    "examples::rms_norm.out(Tensor x, Tensor weight, float eps=1e-06, *, Tensor(a!) y) -> Tensor(a!): invalid arguments\n"
+SOFTSHRINK_OUT = (
+    "examples::softshrink.out(Tensor x, float lambd=0.5, *, Tensor(a!) y) -> Tensor(a!): invalid arguments\n"
 )
+RMS_NORM_OUT = "examples::rms_norm.out(Tensor x, Tensor weight, float eps=1e-06, *, Tensor(a!) y) -> Tensor(a!): invalid arguments\n"
 ROTARY = (
     "examples::rotary_embedding(Tensor positions, Tensor(a!) query, Tensor cos_sin_cache, Tensor(b!)? key=None, "
     "bool is_neox=True) -> (): invalid arguments\n"
@@ -32,14 +32,25 @@ def test_an_out_tensor_overlapping_an_input_is_refused(device):
     before = buf.clone()
     with pytest.raises(ValueError) as err:
         torch.ops.examples.softshrink.out(buf[:4], 0.5, y=buf[1:5])
-    assert str(err.value) == SOFTSHRINK_OUT + "  y: expected memory of its own (the op writes it), got memory shared with x; pass x.clone()"
+    assert (
+        str(err.value)
+        == SOFTSHRINK_OUT
+        + "  y: expected memory of its own (the op writes it), got memory shared with x; pass x.clone()"
+    )
     with pytest.raises(ValueError) as err:  # the same memory
         torch.ops.examples.softshrink.out(buf, 0.5, y=buf)
-    assert str(err.value) == SOFTSHRINK_OUT + "  y: expected memory of its own (the op writes it), got memory shared with x; pass x.clone()"
+    assert (
+        str(err.value)
+        == SOFTSHRINK_OUT
+        + "  y: expected memory of its own (the op writes it), got memory shared with x; pass x.clone()"
+    )
     x = torch.randn(3, 8, device=device)
     with pytest.raises(ValueError) as err:  # the output aliasing the weight
         torch.ops.examples.rms_norm.out(x, x[0], 1e-6, y=x)
-    assert str(err.value) == RMS_NORM_OUT + "  y: expected memory of its own (the op writes it), got memory shared with x; pass x.clone()"
+    assert (
+        str(err.value)
+        == RMS_NORM_OUT + "  y: expected memory of its own (the op writes it), got memory shared with x; pass x.clone()"
+    )
     torch.testing.assert_close(buf, before)  # nothing was written
     y = torch.empty(16, device=device)
     torch.ops.examples.softshrink.out(buf, 0.5, y=y[8:])  # disjoint memory of one tensor is fine
@@ -110,4 +121,3 @@ def test_a_written_input_whose_strides_interleave_its_own_elements_is_refused(de
         "  query: expected a tensor whose elements do not overlap in memory (it is written in place), got shape "
         "[3, 2, 16] with strides [16, 8, 1]"
     )
-

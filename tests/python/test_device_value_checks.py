@@ -1,0 +1,114 @@
+"""Value domains of device calls are checked on the device (Note [Device value checks] in
+src/core/device_checks.h): a bad index stops the CUDA context with a device-side assertion that
+names the op, the input and the value, before the op's kernel can dereference it, in eager calls
+and in CUDA graph replays alike. A failed device-side assertion leaves the process's CUDA context
+unusable, so each bad call runs in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import serving
+from conftest import requires_cuda
+
+TESTS = Path(__file__).resolve().parent
+
+
+def run_bad_call(body: str) -> subprocess.CompletedProcess:
+    script = textwrap.dedent(
+        """
+        import torch, serving
+        serving.load()
+        """
+    ) + textwrap.dedent(body)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+
+
+@requires_cuda
+def test_a_position_past_the_cache_stops_the_rotary_kernel():
+    done = run_bad_call(
+        """
+        positions, q, cache, k, _ = serving.rotary(5, 4, 64, 32, torch.float16, "cuda")
+        before = q.clone()
+        positions[3] = cache.shape[0] + 6
+        torch.ops.examples.rotary_embedding(positions, q, cache, k, True)
+        torch.cuda.synchronize()
+        print("no error")
+        """
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "device-side assert triggered" in output, output
+    assert (
+        "examples::rotary_embedding: positions: expected values in [0, cos_sin_cache.size(0)) = [0, 64), "
+        "got 70 at flat index 3"
+    ) in output, output
+    assert "no error" not in output
+
+
+@requires_cuda
+def test_a_slot_past_the_cache_stops_the_cache_write_inside_a_cuda_graph():
+    done = run_bad_call(
+        """
+        key, value, key_cache, value_cache, slots = serving.kv_cache(6, 2, 16, 4, 4, torch.float16, "cuda")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm up: compile and load the kernels
+            torch.ops.examples.kv_cache_write(key, value, key_cache, value_cache, slots)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch.ops.examples.kv_cache_write(key, value, key_cache, value_cache, slots)
+        graph.replay()
+        torch.cuda.synchronize()
+        print("good replay")
+        slots[2] = key_cache.shape[0] * key_cache.shape[1] + 1  # past the cache
+        graph.replay()
+        torch.cuda.synchronize()
+        print("no error")
+        """
+    )
+    output = done.stdout + done.stderr
+    assert "good replay" in output, output
+    assert "device-side assert triggered" in output, output
+    assert "examples::kv_cache_write: slot_mapping: expected values in" in output, output
+    assert "no error" not in output
+
+
+@requires_cuda
+def test_checked_and_unchecked_calls_agree():
+    import opforge
+
+    serving.load()
+    positions, q, cache, k, _ = serving.rotary(33, 4, 128, 128, torch.bfloat16, "cuda")
+    mine = [t.clone() for t in (q, k)]
+    torch.ops.examples.rotary_embedding(positions, mine[0], cache, mine[1], True)
+    opforge.set_device_value_checks(False)
+    try:
+        torch.ops.examples.rotary_embedding(positions, q, cache, k, True)
+    finally:
+        opforge.set_device_value_checks(True)
+    torch.testing.assert_close(mine, [q, k], rtol=0, atol=0)
+
+
+def test_the_switch_is_reachable_without_a_gpu():
+    """The checks' switch and the poison switch are opforge's public API (no GPU needed to set)."""
+    import opforge
+
+    opforge.set_device_value_checks(False)
+    opforge.set_device_value_checks(True)
+    x = torch.randn(4, 3)
+    opforge.set_poison_outputs(2)
+    try:
+        y = torch.ops.examples.softshrink(x, 0.5)
+    finally:
+        opforge.set_poison_outputs(False)
+    torch.testing.assert_close(y, torch.nn.functional.softshrink(x, 0.5))  # the reference writes every element
