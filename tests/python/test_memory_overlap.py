@@ -14,7 +14,10 @@ from conftest import DEVICES
 SOFTSHRINK_OUT = (
     "examples::softshrink.out(Tensor x, float lambd=0.5, *, Tensor(a!) y) -> Tensor(a!): invalid arguments\n"
 )
-RMS_NORM_OUT = "examples::rms_norm.out(Tensor x, Tensor weight, float eps=1e-06, *, Tensor(a!) y) -> Tensor(a!): invalid arguments\n"
+RMS_NORM_OUT = (
+    "examples::rms_norm.out(Tensor x, Tensor weight, float eps=1e-06, *, Tensor(a!) y) -> Tensor(a!): "
+    "invalid arguments\n"
+)
 ROTARY = (
     "examples::rotary_embedding(Tensor positions, Tensor(a!) query, Tensor cos_sin_cache, Tensor(b!)? key=None, "
     "bool is_neox=True) -> (): invalid arguments\n"
