@@ -8,7 +8,9 @@ broadcasts the unbatched ones among them to the batch, and calls the op once; th
 batched at dim 0. Any other call (a batched bias, an op of fixed rank, one that writes its
 inputs) falls back to calling the op once per batch element and stacking the results: correct
 for every op, and as slow as a Python loop. An op with data-dependent output sizes
-(opforge::size_of) is refused, as torch refuses ``nonzero``. A zero-size batch evaluates the output shapes and
+(opforge::size_of) is refused, as torch refuses ``nonzero``, and so is a call that writes an input
+that is not batched while another input is (every element would write the same memory), as
+torch refuses its own in-place ops. A zero-size batch evaluates the output shapes and
 dtypes on the Meta device (the core's rules) and returns empty outputs. Nested vmap applies the
 rule once per level.
 """
@@ -19,7 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .description import Op
+from .description import Op, TensorArg
 
 
 def _handle(op: Op):
@@ -70,6 +72,23 @@ def _per_element(handle, batch: int, in_dims, args, kwargs):
     return _batched_at_0(stacked if len(stacked) > 1 else stacked[0])
 
 
+def _refuse_unbatched_writes(op: Op, in_dims, args, batched: set[str]) -> None:
+    """An op that writes an input that is not batched while another input is would have every
+    element of the batch write the same memory, one after another: a result that depends on the
+    order. torch refuses its own in-place ops so ("vmap: inplace arithmetic(self, *extra_args) is
+    not possible ..."); so does opforge, naming the op and the input."""
+    if not batched:
+        return
+    for a, d, value in zip(op.args, in_dims, args):
+        if isinstance(a, TensorArg) and a.mutated and d is None and isinstance(value, torch.Tensor):
+            raise RuntimeError(
+                f"vmap: {op.name} writes {a.name} in place, but {a.name} is not batched while "
+                f"{', '.join(sorted(batched))} {'is' if len(batched) == 1 else 'are'}: every element of the batch "
+                f"would write the same {a.name}; batch {a.name} too (e.g. {a.name}.expand(batch, ...).clone()) or "
+                "call the op outside vmap"
+            )
+
+
 def register_batching_rules(ops: Iterable[Op]) -> None:
     """Registers with torch the batching rule of each op in ``ops`` (see the module docstring)."""
     for op in ops:
@@ -87,6 +106,7 @@ def register_batching_rules(ops: Iterable[Op]) -> None:
                 )
             in_dims = tuple(in_dims) + (None,) * (len(args) - len(in_dims))
             batched = {_names[i] for i, d in enumerate(in_dims) if d is not None}
+            _refuse_unbatched_writes(_op, in_dims, args, batched)
             if batched and batched <= set(_op.batchable):
                 return _one_call(_op, _handle, info.batch_size, in_dims, args, kwargs)
             return _per_element(_handle, info.batch_size, in_dims, args, kwargs)

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -455,3 +456,32 @@ def test_symbolic_dims_are_refused_by_name():
     spec = jax.ShapeDtypeStruct((batch, 4), jnp.float32)
     with pytest.raises(NotImplementedError, match=r"opforge.jax: examples::softshrink: x has the symbolic shape"):
         jax.export.export(jax.jit(ojax.ops.examples.softshrink), disabled_checks=ojax.disabled_checks())(spec)
+
+
+def test_grad_for_an_input_the_backward_op_does_not_produce_raises_when_traced():
+    """attention_backward gives no grad_mask: jax.grad with respect to the additive mask raises
+    torch's words at trace time (it returned zeros), while grad with respect to q alone, with the
+    mask given, runs."""
+    kq, kk, kv, km = jax.random.split(jax.random.key(7), 4)
+    q = jax.random.normal(kq, (1, 2, 5, 32), jnp.float64)
+    k, v = (jax.random.normal(key, (1, 2, 7, 32), jnp.float64) for key in (kk, kv))
+    mask = jax.random.normal(km, (1, 7), jnp.float64)
+
+    def loss(q, mask):
+        return jnp.sum(ojax.ops.examples.attention(q, k, v, head_dim=32, mask=mask, scale=0.3)[0])
+
+    with pytest.raises(NotImplementedError) as err:
+        jax.grad(loss, 1)(q, mask)
+    assert str(err.value) == (
+        "the derivative of examples::attention for its input 'mask' is not implemented: its backward op "
+        "examples::attention_backward has no grad_mask output"
+    )
+    with pytest.raises(NotImplementedError):
+        jax.jit(jax.grad(loss, (0, 1))).lower(q, mask)  # at trace time: nothing runs
+    assert jax.grad(loss, 0)(q, mask).shape == q.shape
+    opforge.load_library(opforge.example_library("attention"))
+    torch_q, torch_mask = (torch.from_numpy(np.array(t)).requires_grad_() for t in (q, mask))
+    torch_k, torch_v = (torch.from_numpy(np.array(t)) for t in (k, v))
+    with pytest.raises(NotImplementedError) as from_torch:
+        torch.ops.examples.attention(torch_q, torch_k, torch_v, 32, torch_mask, scale=0.3)[0].sum().backward()
+    assert str(from_torch.value).splitlines()[0] == str(err.value)

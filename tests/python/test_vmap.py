@@ -70,3 +70,26 @@ def test_an_op_with_data_dependent_sizes_is_refused_by_name(rule_ops, batch):
     x = torch.randn(batch, 8)
     with pytest.raises(RuntimeError, match=r"vmap: fixture::compact cannot be batched: .*outputs kept depend"):
         vmap(lambda a: torch.ops.fixture.compact(a, 0.0))(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_writing_an_unbatched_input_while_another_is_batched_is_refused(device):
+    """Each element of the batch would write the same residual, one after another; torch refuses
+    its own in-place ops so. A batched residual is written element by element."""
+    opforge.load_library(opforge.example_library("fused_add_rms_norm"))
+    x, w = torch.randn(3, 2, 8, device=device), torch.rand(8, device=device) + 0.5
+    residual = torch.randn(2, 8, device=device)
+    before = residual.clone()
+    with pytest.raises(RuntimeError) as err:
+        vmap(lambda a: torch.ops.examples.fused_add_rms_norm(a, residual, w, 1e-6))(x.clone())
+    assert str(err.value) == (
+        "vmap: examples::fused_add_rms_norm writes residual in place, but residual is not batched while x is: "
+        "every element of the batch would write the same residual; batch residual too (e.g. "
+        "residual.expand(batch, ...).clone()) or call the op outside vmap"
+    )
+    torch.testing.assert_close(residual, before)  # nothing was written
+    batched = residual.expand(3, 2, 8).clone()
+    mine, theirs = x.clone(), x.clone()
+    vmap(lambda a, r: (torch.ops.examples.fused_add_rms_norm(a, r, w, 1e-6), a)[1])(mine, batched)
+    torch.ops.examples.fused_add_rms_norm(theirs, residual.expand(3, 2, 8).clone(), w, 1e-6)
+    torch.testing.assert_close(mine, theirs)

@@ -287,17 +287,38 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
 
     fn = jax.custom_vjp(primitive)
 
-    def forward(*tensors):
+    # The inputs the backward op computes a gradient for (by name), as the torch adapter's plan has them.
+    produced = {op.args[i].name for targets in op.backward_gradients for i in targets}
+
+    def forward(*primals):
+        # symbolic_zeros: each primal says whether the caller differentiates with respect to it,
+        # so a gradient nobody computes is refused when the derivative is traced, as torch's
+        # autograd refuses it, instead of arriving as zeros.
+        tensors = tuple(p.value for p in primals)
+        wanted = [
+            n
+            for n, p, t in zip(names, primals, tensors, strict=True)
+            if p.perturbed and jnp.issubdtype(t.dtype, jnp.inexact)
+        ]
+        if wanted and op.backward is None:
+            raise NotImplementedError(
+                f"derivative for {op.name} is not implemented: it declares no backward op (opforge .backward()), "
+                "and a gradient must flow through it"
+            )
+        for n in wanted:
+            if n not in produced:
+                raise NotImplementedError(
+                    f"the derivative of {op.name} for its input '{n}' is not implemented: its backward op "
+                    f"{op.backward} has no grad_{n} output"
+                )
         out = primitive(*tensors)
         return out, (tensors, out)
 
     def backward(saved, grads):
         tensors, out = saved
-        if op.backward is None:
-            raise NotImplementedError(
-                f"derivative for {op.name} is not implemented: it declares no backward op (opforge .backward()), "
-                "and a gradient must flow through it"
-            )
+        grads = tuple(
+            jnp.zeros(g.shape, g.dtype) if isinstance(g, jax.custom_derivatives.SymbolicZero) else g for g in grads
+        )
         bwd = jop._resolve(op.backward)
         outs = _check(op, params, present, tensors)
         flat = _result_index(op, outs, present)
@@ -324,7 +345,7 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
             for n, t in zip(names, tensors, strict=True)
         )
 
-    fn.defvjp(forward, backward)
+    fn.defvjp(forward, backward, symbolic_zeros=True)
 
     def call(*tensors):
         out = fn(*tensors)
