@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import threading
 import warnings
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import _core
+from . import _compile_caches, _core
 from ._adapter import adapter_path
 from ._classes import register_fake_classes
 from ._core import OpforgeError
@@ -25,29 +24,6 @@ _adapter: ctypes.CDLL | None = None
 
 
 _libraries: dict[Path, Library] = {}
-#: Per loaded library, a digest of its declarations (its description), for _tag_compile_caches.
-_fingerprints: dict[Path, str] = {}
-#: The torch.compile cache key tag as _tag_compile_caches last set it, and the caller's own tag
-#: that it extends.
-_tag_set: str | None = None
-_tag_base = ""
-
-
-def _tag_compile_caches() -> None:
-    """Make torch.compile's on-disk caches (FX graph and AOTAutograd; their key includes
-    ``torch.compiler.config.cache_key_tag``) depend on the declarations of the loaded op
-    libraries. A cached graph calls an op by its schema's argument positions, and the backward
-    graph calls an op's backward op as the adapter's Autograd kernel traced it; neither is part
-    of the graph the key hashes, so an op library rebuilt with another schema or backward op
-    would otherwise be given graphs compiled against the old one (a backward op whose arguments
-    were reordered received them in the old order). A tag the caller set is kept in front."""
-    global _tag_set, _tag_base
-    current = torch.compiler.config.cache_key_tag
-    if current != _tag_set:  # not ours: the caller's own (or none)
-        _tag_base = current
-    digest = hashlib.sha256(",".join(sorted(_fingerprints.values())).encode()).hexdigest()[:16]
-    _tag_set = f"{_tag_base}{'+' if _tag_base else ''}opforge-{digest}"
-    torch.compiler.config.cache_key_tag = _tag_set
 
 
 def _load_adapter() -> ctypes.CDLL:
@@ -118,8 +94,7 @@ def load_library(path: str | Path) -> Library:
         register_batching_rules(lib.ops)
         register_fake_classes(lib.classes)
         _libraries[resolved] = lib
-        _fingerprints[resolved] = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
-        _tag_compile_caches()
+        _compile_caches.add_library(str(resolved), json.dumps(description, sort_keys=True))
         return lib
 
 

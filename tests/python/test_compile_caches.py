@@ -1,6 +1,7 @@
 """torch.compile's on-disk caches and rebuilt op libraries: a library rebuilt with another
 declaration (here its backward op's arguments in another order) must not be given graphs that
-were compiled against the old one (opforge._torch._tag_compile_caches)."""
+were compiled against the old one (opforge._compile_caches), whatever the order in which the
+caller sets its own cache key tag and loads libraries."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ def gradient_errors(tmp_path: Path, *extra: str) -> list[float]:
 
 def test_a_rebuilt_library_gets_freshly_compiled_graphs(tmp_path):
     assert max(gradient_errors(tmp_path)) < 1e-4
+
+
+def test_a_tag_the_caller_sets_after_loading_keeps_the_digest(tmp_path):
+    assert max(gradient_errors(tmp_path, "tag_after")) < 1e-4
 
 
 def test_without_the_tag_the_stale_graph_is_replayed(tmp_path):
