@@ -243,8 +243,8 @@ class OpKernel final : public c10::OperatorKernel {
       PerCall<at::Tensor> outputs;
       outputs.reserve(outs.size());
       for (size_t k = 0; k < outs.size(); ++k) {
-        if (out_) {  // torch's rules: a tensor without elements is resized silently, another with a warning
-          at::native::resize_output_symint(call.outs[k], outs[k].sizes);
+        if (out_) {  // not resized while tracing: a graph input that changes shape breaks the trace
+          refuse_resize(call.outs[k], k, outs[k].sizes);
           outputs.push_back(call.outs[k]);
         } else if (!outs[k].defined) {  // exists only with an optional input the call left out: None
           outputs.emplace_back();
@@ -255,6 +255,23 @@ class OpKernel final : public c10::OperatorKernel {
       }
       return outputs;
     }
+  }
+
+  /// While tracing (torch.compile, torch.export), an out= tensor must already have its output's
+  /// shape: resizing a graph input under tracing breaks the trace (torch's own out= ops
+  /// graph-break there, "out variants with resizing on graph inputs"), so a call that would
+  /// resize is refused, naming the op and the tensor. Eager calls resize by torch's rules.
+  void refuse_resize(const at::Tensor& out, size_t k, const PerCall<c10::SymInt>& want) const {
+    const c10::SymIntArrayRef have = out.sym_sizes();
+    bool same = have.size() == want.size();
+    for (size_t d = 0; same && d < want.size(); ++d) same = have[d].sym_eq(want[d]).guard_bool(__FILE__, __LINE__);
+    if (same) return;
+    const std::string line =
+        std::string(op_.outputs[k].name) + ": expected shape " +
+        core::sizes_string<c10::SymInt>(core::Span<const c10::SymInt>(want.data(), want.size())) +
+        " (an out= tensor is resized in eager calls only, not under torch.compile or torch.export), got " +
+        core::sizes_string<c10::SymInt>(core::Span<const c10::SymInt>(have.data(), have.size()));
+    TORCH_CHECK_VALUE(false, core::invalid_arguments_message(op_, {line}, /*out_overload=*/true));
   }
 
   /// The data-dependent first dim of output `k`: the value the kernel wrote into its size output

@@ -275,3 +275,25 @@ def test_warnings_of_resizing_an_out_tensor_with_elements():
         torch.ops.examples.softshrink.out(x, y=y)
     assert y.shape == (4, 6)
     torch.testing.assert_close(y, F.softshrink(x))
+
+
+def test_an_out_tensor_that_needs_a_resize_is_refused_under_compile_and_resized_in_eager():
+    """Resizing a graph input breaks a trace (torch's own out= ops graph-break there); opforge
+    refuses it naming the op and the tensor, and eager calls resize by torch's rules."""
+    x = torch.randn(4, 3)
+    for y in (torch.empty(0), torch.empty(2, 2)):
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as err:
+            torch.compile(softshrink_into, fullgraph=True)(x, y)
+        message = (
+            "examples::softshrink.out(Tensor x, float lambd=0.5, *, Tensor(a!) y) -> Tensor(a!): invalid arguments\n"
+            f"  y: expected shape [4, 3] (an out= tensor is resized in eager calls only, not under torch.compile or "
+            f"torch.export), got {list(y.shape)}"
+        )
+        assert f"got ValueError({message!r})" in str(err.value)  # dynamo quotes the op's error
+    y = torch.empty(0)
+    torch.ops.examples.softshrink.out(x, 0.5, y=y)
+    torch.testing.assert_close(y, F.softshrink(x, 0.5))
+    torch._dynamo.reset()
+    got = torch.compile(softshrink_into, fullgraph=True)(x, torch.empty(4, 3))
+    torch.testing.assert_close(got, F.softshrink(x, 0.25) + 1)
