@@ -245,8 +245,10 @@ class _Kernel:
         from triton import knobs
         from triton.compiler.compiler import make_backend
 
-        types, values = dict(variant.get("signature", {})), dict(variant.get("constexprs", {}))
-        attrs, options = dict(variant.get("attrs", {})), dict(variant.get("options", {}))
+        fields = {"signature": {}, "constexprs": {}, "attrs": {}, "options": {}, **variant}
+        types, values, attrs, options = (
+            dict(_field(fields, f, dict)) for f in ("signature", "constexprs", "attrs", "options")
+        )
         values = {k: _from_json(v) for k, v in values.items()}
         if "config" in variant:
             _apply_config(self._config(variant["config"]), values, options)

@@ -419,6 +419,7 @@ def test_variant_errors(triton_cache):
         {"signature": {**AXPY, "alpha": "i32"}, "options": {"num_warp": 4, "arch": "sm80"}},
         {"signature": AXPY, "constexprs": {"alpha": [1]}},
         "not an object",
+        {"signature": AXPY, "options": [4]},
     ]
     errors = [v["error"] for v in compile_(file, "axpy", variants, triton_cache)["variants"]]
     known = (
@@ -439,6 +440,7 @@ def test_variant_errors(triton_cache):
                 f"unknown options arch, num_warp (known: {known})",
                 "a constexpr value must be a scalar, a string or {'dtype': name}, got [1]",
                 "a variant must be a JSON object",
+                "'options' must be an object, got [4]",
             ]
         )
     ]
