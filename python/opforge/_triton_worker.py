@@ -29,7 +29,10 @@ Requests (``file``: an absolute path to a ``.py`` file; ``function``: the name o
   "profile_scratch_size", "profile_scratch_align", "launch_pdl", "launch_cooperative_grid",
   "tensordesc_meta", "kernel_params": [{"name", "type", "bytes"}], "triton_version", "hash"}`` or
   ``{"ok": false, "error"}``. Types are Triton's (``"*fp16"``, ``"i32"``, ``"fp32"``, ...); a
-  constexpr value is a JSON scalar, a string, or ``{"dtype": "bf16"}`` for a ``tl.dtype``.
+  constexpr value is a JSON scalar, a string, or ``{"dtype": "bf16"}`` for a ``tl.dtype``; a
+  ``tl.constexpr`` parameter left out takes its default. ``config``: the index of an autotune
+  config, whose kwargs join the constexprs and whose num_warps, num_stages, num_ctas and maxnreg
+  join the options. ``kernel_params`` is checked against the PTX entry's parameter sizes.
 
 A request that cannot be served as a whole (bad JSON, a file that does not import, a missing
 function) is answered ``{"ok": false, "error"}``; the process then exits with status 0, and with
