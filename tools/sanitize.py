@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 import opforge  # noqa: E402
 import serving  # noqa: E402
-from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
+from conftest import CASES, INT8_LINEAR_TAIL_SHAPES, TOLERANCE, strided_views  # noqa: E402
 
 
 def attention_cases() -> int:
@@ -167,7 +167,7 @@ def class_cases() -> int:
     the cuBLAS path), output channels in odd strips and in more than 8 strips a multiprocessor
     (three passes of the pass kernel; rows <= 16 there), input channels past a warp's ring of
     weight stages (4672 = 73 chunks of 64), with and without bias, and no input channels (y = bias);
-    weights with tails (N % 8, K % 64; K % 8 != 0, N < 8, K < 64; the many strips with both);
+    weights with tails (conftest's INT8_LINEAR_TAIL_SHAPES; the many strips with both);
     IdentityConvClass.forward on a permuted view."""
     for lib in ("int8_linear", "identity_conv"):
         opforge.load_library(opforge.example_library(lib))
@@ -181,12 +181,7 @@ def class_cases() -> int:
         (72, 4672, True),
         (16, 0, True),
         (many, 320, True),
-        (1000, 1000, True),
-        (300, 4100, False),
-        (129, 512, True),
-        (16, 16, False),
-        (13, 70, True),
-        (5, 3, True),
+        *INT8_LINEAR_TAIL_SHAPES,
         (many + 5, 360, True),
     ):
         w = torch.randn(n, k)

@@ -9,25 +9,11 @@ import pytest
 import torch
 
 import opforge
-from conftest import DEVICES, TOLERANCE, requires_cuda
+from conftest import DEVICES, INT8_LINEAR_TAIL_SHAPES, TOLERANCE, requires_cuda
 
 # rows of x for each CUDA path: on sm_90 the pass kernel with 8 rows (1-8) and 16 (9-16), the
 # per-warp rings (17-64), cuBLAS past 64.
 ROWS = [1, 5, 8, 9, 16, 40, 200]
-
-# [N, K] with tails (N % 8, K % 64), and whether the layer has a bias: the shapes of issue 41
-# (vocabularies, odd hidden sizes), K % 8 != 0 (x's rows copied aligned for the tensor-core
-# kernels), no whole strip (N < 8), no whole chunk (K < 64), a K tail of one 8-element vector.
-TAIL_SHAPES = [
-    (1000, 1000, True),
-    (300, 4100, False),
-    (129, 512, True),
-    (16, 16, False),
-    (13, 70, True),
-    (72, 200, True),
-    (5, 3, True),
-    (1, 1, False),
-]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +74,7 @@ def test_int8_linear_computes_with_the_quantised_weights(classes, device, dtype,
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "shape", [(8, 64), (72, 192), *((n, k) for n, k, _ in TAIL_SHAPES)], ids=lambda s: f"{s[0]}x{s[1]}"
+    "shape", [(8, 64), (72, 192), *((n, k) for n, k, _ in INT8_LINEAR_TAIL_SHAPES)], ids=lambda s: f"{s[0]}x{s[1]}"
 )
 def test_int8_linear_packs_every_shape_in_the_documented_layout(classes, device, shape):
     """qweight keeps the weight's shape and bytes, each W[n][k] at the offset int8_linear.h gives
@@ -109,7 +95,7 @@ def test_int8_linear_packs_every_shape_in_the_documented_layout(classes, device,
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("shape", TAIL_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}{'-bias' if s[2] else ''}")
+@pytest.mark.parametrize("shape", INT8_LINEAR_TAIL_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}{'-bias' if s[2] else ''}")
 def test_int8_linear_takes_weights_of_any_shape(classes, device, dtype, rows, shape):
     """Weights whose N is no multiple of 8 or K no multiple of 64 (the tails past the kernels'
     strips and chunks) against the weight dequantised in torch."""
