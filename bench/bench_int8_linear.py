@@ -5,7 +5,9 @@ weight, and a device-to-device copy of the int8 weight's bytes (the bandwidth ce
     python3 bench/bench_int8_linear.py [--rows 1 2 4 8 16 4096] [--json out.json]
 
 Weights [N, K] of 4096 x 4096, 14336 x 4096 (an MLP's up projection) and 4096 x 14336 (its down
-projection), x [M, K] in float16. Bytes moved count the int8 weight, the scales, x and y once each;
+projection), and two with tails past the kernels' strips of 8 output channels and chunks of 64
+input channels: 1000 x 1000 (both tails) and 50257 x 768 (GPT-2's vocabulary projection, N % 8 = 1);
+x [M, K] in float16. Bytes moved count the int8 weight, the scales, x and y once each;
 the copy moves the same number of bytes. Accuracy against F.linear in float32 with the float
 weight: max abs error and max error relative to the output's largest magnitude, for the int8
 path and for float16 cuBLAS. TFLOP/s count 2 M N K. Times are medians of triton.testing.do_bench
@@ -32,7 +34,7 @@ def main() -> int:
     opforge.load_library(opforge.example_library("int8_linear"))
     rows = []
     torch.manual_seed(0)
-    for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
+    for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (1000, 1000), (50257, 768)):
         weight = torch.randn(n, k, device="cuda") / k**0.5
         q8 = torch.classes.examples.Int8Linear(weight, None)
         w16 = weight.half()

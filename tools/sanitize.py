@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 import opforge  # noqa: E402
 import serving  # noqa: E402
-from conftest import CASES, TOLERANCE, strided_views  # noqa: E402
+from conftest import CASES, INT8_LINEAR_TAIL_SHAPES, TOLERANCE, strided_views  # noqa: E402
 
 
 def attention_cases() -> int:
@@ -167,6 +167,7 @@ def class_cases() -> int:
     the cuBLAS path), output channels in odd strips and in more than 8 strips a multiprocessor
     (three passes of the pass kernel; rows <= 16 there), input channels past a warp's ring of
     weight stages (4672 = 73 chunks of 64), with and without bias, and no input channels (y = bias);
+    weights with tails (conftest's INT8_LINEAR_TAIL_SHAPES; the many strips with both);
     IdentityConvClass.forward on a permuted view."""
     for lib in ("int8_linear", "identity_conv"):
         opforge.load_library(opforge.example_library(lib))
@@ -180,6 +181,8 @@ def class_cases() -> int:
         (72, 4672, True),
         (16, 0, True),
         (many, 320, True),
+        *INT8_LINEAR_TAIL_SHAPES,
+        (many + 5, 360, True),
     ):
         w = torch.randn(n, k)
         b = torch.randn(n) if bias else None
@@ -189,7 +192,7 @@ def class_cases() -> int:
             failures += 1
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for rows in (0, 1, 4, 5, 8, 9, 15, 17, 64, 65, 300):
-                if n == many and rows > 16:  # the pass kernel's three passes; the rest is above
+                if n >= many and rows > 16:  # the pass kernel's three passes; the rest is above
                     continue
                 if k > 1024 and rows > 64:  # the long rows are for the small-M kernel's ring; cuBLAS
                     continue  # picks split-K GEMMs there, whose own shared memory racecheck flags

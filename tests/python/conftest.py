@@ -47,6 +47,23 @@ ALL_DTYPES = [
 ]
 
 
+#: Int8Linear weights [N, K] with tails past its kernels' strips of 8 output channels and chunks of
+#: 64 input channels, and whether the layer has a bias: the shapes of issue 41 (vocabularies, odd
+#: hidden sizes), K % 8 != 0 (x's rows copied aligned for the tensor-core kernels), no whole strip
+#: (N < 8), no whole chunk (K < 64), a K tail of one 8-element vector (test_int8_linear.py and
+#: tools/sanitize.py).
+INT8_LINEAR_TAIL_SHAPES = [
+    (1000, 1000, True),
+    (300, 4100, False),
+    (129, 512, True),
+    (16, 16, False),
+    (13, 70, True),
+    (72, 200, True),
+    (5, 3, True),
+    (1, 1, False),
+]
+
+
 @dataclass
 class OpCase:
     """How to exercise one example op.

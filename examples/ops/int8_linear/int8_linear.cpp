@@ -27,7 +27,7 @@ static void int8_linear_pack_cpu(opforge::Tensor weight, opforge::Tensor bias, o
       const float scale = amax / 127.0f;
       scales.data<float>()[n] = scale;
       for (int64_t k = 0; k < K; ++k)
-        qweight.data<int8_t>()[int8_linear::packed_offset(n, k, K)] =
+        qweight.data<int8_t>()[int8_linear::packed_offset(n, k, N, K)] =
             int8_linear::quantise(static_cast<float>(w[n * K + k]), scale);
     }
   });
@@ -51,15 +51,13 @@ OPFORGE_OP(examples, int8_linear_pack)
     .output("qweight", opforge::like("weight").with_dtype(opforge::kInt8))
     .output("scales", opforge::shape({opforge::dim("weight", 0)}), opforge::kFloat32)
     .output("bias_fp32", opforge::like("bias").with_dtype(opforge::kFloat32))
-    .require(opforge::dim("weight", 0) % int8_linear::kStrip == 0)
-    .require(opforge::dim("weight", 1) % int8_linear::kChunk == 0)
     .reference(int8_linear_pack_cpu)
     .cuda(int8_linear_pack_cuda);
 
 // CPU reference, accumulated in double: y[m, n] = sum_k x[m, k] * w[n, k] + bias[n], where
 // w = T(int8_linear::dequantise(q, scale)): the weight dequantised in float32 and rounded to x's
-// dtype once, as the cuBLAS path multiplies it (the small-batch kernel: int8_linear.h). Each weight row is dequantised once, then used for
-// every row of x.
+// dtype once, as the cuBLAS path multiplies it (the small-batch kernel: int8_linear.h). Each weight
+// row is dequantised once, then used for every row of x.
 static void int8_linear_cpu(opforge::Tensor x, opforge::Tensor qweight, opforge::Tensor scales,
                             opforge::Tensor bias_fp32, opforge::MutableTensor y) {
   const int64_t N = qweight.size(0), K = qweight.size(1), M = N ? y.numel() / N : 0;  // K == 0: y = bias
@@ -70,7 +68,7 @@ static void int8_linear_cpu(opforge::Tensor x, opforge::Tensor qweight, opforge:
     for (int64_t n = 0; n < N; ++n) {
       const float scale = scales.data<float>()[n];
       for (int64_t k = 0; k < K; ++k)
-        row_w[k] = double(T(int8_linear::dequantise(q[int8_linear::packed_offset(n, k, K)], scale)));
+        row_w[k] = double(T(int8_linear::dequantise(q[int8_linear::packed_offset(n, k, N, K)], scale)));
       const double bias = bias_fp32.defined() ? bias_fp32.data<float>()[n] : 0.0;
       for (int64_t m = 0; m < M; ++m) {
         const T* row = x.data<T>() + m * K;
@@ -94,13 +92,11 @@ OPFORGE_OP(examples, int8_linear)
     .input("scales", opforge::kFloat32, opforge::shape({opforge::dim("qweight", 0)}))
     .input("bias_fp32", opforge::kFloat32, opforge::shape({opforge::dim("qweight", 0)}), opforge::optional)
     .output("y", opforge::like("x").with_dim(-1, opforge::dim("qweight", 0)))
-    .require(opforge::dim("qweight", 0) % int8_linear::kStrip == 0)
-    .require(opforge::dim("qweight", 1) % int8_linear::kChunk == 0)
     .reference(int8_linear_cpu)
     .cuda(int8_linear_cuda);
 
 OPFORGE_CLASS(examples, Int8Linear)
-    .doc("A linear layer with int8 weights per output channel, built from a float weight [N, K] and bias [N] "
-         "(N % 8 == 0, K % 64 == 0): forward(x [*, K]) -> [*, N] in x's dtype")
+    .doc("A linear layer with int8 weights per output channel, built from a float weight [N, K] and bias [N]: "
+         "forward(x [*, K]) -> [*, N] in x's dtype")
     .constructor("int8_linear_pack")
     .method("forward", "int8_linear");

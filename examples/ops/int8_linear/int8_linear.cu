@@ -18,6 +18,12 @@
 //     moves N * K * (1 + 2) bytes, a few percent of the GEMM's time at M >= 1024.
 // float32 x takes a plain CUDA-core loop (float64 accumulation, one output per thread): it has no
 // 16-bit tensor-core path.
+// Any N and K (the layout of int8_linear.h): the tensor-core kernels multiply the whole strips of 8
+// output channels and chunks of 64 input channels, one of their warps the K tail (K % 64 columns)
+// as one more chunk read with guards, and tail_rows_kernel the tail rows (N % 8); where K % 8 != 0
+// x's rows are first copied 16-byte aligned for their copies. Their instances for K % 64 == 0
+// (kEvenK) carry no tail code. The large-M path dequantises the tails too and hands cuBLAS w with
+// rows padded to a multiple of 8.
 #include <opforge/cuda.h>
 #include <opforge/tma.cuh>
 
@@ -42,7 +48,8 @@ constexpr int kThreads = 256;  // 8 warps
 // ---- pack ------------------------------------------------------------------------------------
 
 template <class T>
-__global__ void pack_kernel(const T* __restrict__ w, int8_t* __restrict__ q, float* __restrict__ scales, int64_t K) {
+__global__ void pack_kernel(const T* __restrict__ w, int8_t* __restrict__ q, float* __restrict__ scales, int64_t N,
+                            int64_t K) {
   const int64_t n = blockIdx.x;
   const T* row = w + n * K;
   float amax = 0;
@@ -56,7 +63,7 @@ __global__ void pack_kernel(const T* __restrict__ w, int8_t* __restrict__ q, flo
   const float scale = amax / 127.0f;
   if (threadIdx.x == 0) scales[n] = scale;
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-    q[int8_linear::packed_offset(n, k, K)] = int8_linear::quantise(static_cast<float>(row[k]), scale);
+    q[int8_linear::packed_offset(n, k, N, K)] = int8_linear::quantise(static_cast<float>(row[k]), scale);
   }
 }
 
@@ -106,6 +113,46 @@ __device__ void int8x4_to_pairs(uint32_t word, uint32_t& b0, uint32_t& b1) {
   }
 }
 
+// ---- the K tail: the last K % 64 input channels as one more chunk, from global memory ----------
+// The tensor-core kernels stream whole chunks of 64 input channels; the columns past the last one
+// (k >= k0 = K / 64 * 64, fewer than 64) are multiplied as one more chunk by one warp, its operands
+// read with guards (as zeros past K, and past x's rows) into the same fragments that the chunks
+// of shared memory give, so that each output's sum still meets its scale once.
+
+/// A fragments (mma.m16n8k16) of the K tail of rows [0, 16) of x (16-bit elements, rows `ldx`
+/// apart, `rows` of them real) for the tail's four k16 tiles: what load_a (and load_a_swizzled)
+/// give for a chunk in shared memory. Register r of tile t holds row l / 4 + 8 (r & 1), columns
+/// k0 + 16 t + 2 (l % 4) + 8 (r >> 1) + {0, 1} of lane l, low half first.
+__device__ void tail_a(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k0, int tail, int lane,
+                       uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = lane / 4 + 8 * (r & 1), col = 16 * t + 2 * (lane % 4) + 8 * (r >> 1);
+      const uint16_t* p = x + row * ldx + k0 + col;
+      const bool in = row < rows;
+      a[t][r] = uint32_t(in && col < tail ? p[0] : 0) | uint32_t(in && col + 1 < tail ? p[1] : 0) << 16;
+    }
+}
+
+/// The K tail's weights of output channel `n` (a row of the tail columns, `tail` bytes from
+/// `row`; zeros where `valid` is false) as the words int8x4_to_pairs takes for the tail's four
+/// k16 tiles: byte i of word t is column 16 t + 2 (l % 4) + {0, 1, 8, 9}[i] of lane l, as the
+/// packed chunks give them (int8_linear.h).
+__device__ void tail_words(const int8_t* row, int tail, bool valid, int lane, uint32_t (&words)[4]) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int col = 16 * t + 2 * (lane % 4) + (i & 1) + 8 * (i >> 1);
+      if (valid && col < tail) word |= uint32_t(uint8_t(row[col])) << (8 * i);
+    }
+    words[t] = word;
+  }
+}
+
 // ---- M <= 64: weights and x streamed through a shared-memory ring per warp --------------------
 
 constexpr int kWarps = kThreads / 32;
@@ -152,8 +199,10 @@ __device__ Output output_of(int e) {
   return Output{l / 4 + (r >= 2 ? 8 : 0), q, 2 * (l % 4) + (r & 1)};
 }
 
-/// y for 16 rows of x (row block blockIdx.y) and kStrips strips of 8 output channels
-/// (blockIdx.x). The block's warps take every kWarps-th chunk of K. Each warp
+/// y for 16 rows of x (row block blockIdx.y; rows `ldx` elements apart, a multiple of 8) and
+/// kStrips of the N / 8 strips of 8 output channels (blockIdx.x); the tail rows of the weight
+/// (N % 8) are tail_rows_kernel's. The block's warps take every kWarps-th chunk of K, and, unless
+/// kEvenK (K % 64 == 0, and then ldx == K), warp (K / 64) % kWarps the K tail (tail_a). Each warp
 /// streams its chunks through its own ring of kStages stages in shared memory with cp.async (CUDA
 /// C++ Programming Guide, "Pipeline Primitives Interface"): a stage holds the chunk's weights and
 /// the same 64 columns of x, so a chunk's operands arrive in one round trip and the loop never
@@ -162,9 +211,9 @@ __device__ Output output_of(int e) {
 /// multiplied by its scale once: scale * sum(x * q) equals sum(x * (q * scale)) up to the rounding
 /// of that product, which the reference rounds to T per weight instead. The warps' sums meet in
 /// shared memory (each over its own ring, once drained).
-template <class T, int kStrips>
+template <class T, int kStrips, bool kEvenK>
 __global__ void __launch_bounds__(kThreads)
-    small_m_kernel(const T* __restrict__ x, const int4* __restrict__ qw, const float* __restrict__ scales,
+    small_m_kernel(const T* __restrict__ x, int64_t ldx, const int4* __restrict__ qw, const float* __restrict__ scales,
                    const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K) {
   constexpr int kStage = kStageBytes<kStrips>;
   constexpr int kEntries = kStrips * 4 * 32;  // (strip, accumulator, lane) sums of a block
@@ -174,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ int4 ring[];  // [kWarps][kStages][kStage bytes]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t chunks = K / int8_linear::kChunk, strips = N / 8, strip0 = int64_t{blockIdx.x} * kStrips;
-  const int64_t m0 = int64_t{blockIdx.y} * 16;
+  const int64_t m0 = int64_t{blockIdx.y} * 16, ld = kEvenK ? K : ldx;
   char* my_ring = reinterpret_cast<char*>(ring) + warp * kStages * kStage;
   const int64_t my_chunks = chunks > warp ? (chunks - warp + kWarps - 1) / kWarps : 0;  // chunk j is warp + j * kWarps
 
@@ -203,15 +252,31 @@ __global__ void __launch_bounds__(kThreads)
         const int idx = lane + 32 * v, row = idx / 8, col = idx % 8;
         const bool in = m0 + row < M;
         __pipeline_memcpy_async(stage + kStrips * 512 + row * kXRowBytes + col * 16,
-                                in ? x + (m0 + row) * K + c * int8_linear::kChunk + col * 8 : x, sizeof(int4),
+                                in ? x + (m0 + row) * ld + c * int8_linear::kChunk + col * 8 : x, sizeof(int4),
                                 in ? 0 : sizeof(int4));  // rows past M: zeros, nothing read
       }
     }
     __pipeline_commit();  // empty batches past the end keep wait_prior's count in step
   };
 
-  for (int j = 0; j < kStages - 1; ++j) issue(j);
   float acc[kStrips][4] = {};
+  // One chunk's products into acc: x's fragments `a`, and words_of(s, words) the weights of strip s.
+  auto multiply = [&](const uint32_t(&a)[4][4], auto&& words_of) {
+#pragma unroll
+    for (int s = 0; s < kStrips; ++s) {
+      if (strip0 + s >= strips) continue;
+      uint32_t words[4];
+      words_of(s, words);
+#pragma unroll
+      for (int tile = 0; tile < 4; ++tile) {
+        uint32_t b0, b1;
+        int8x4_to_pairs<T>(words[tile], b0, b1);
+        mma<T>(acc[s], a[tile], b0, b1);
+      }
+    }
+  };
+
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
   for (int64_t j = 0; j < my_chunks; ++j) {
     issue(j + kStages - 1);
     __pipeline_wait_prior(kStages - 1);  // chunk j's batch has landed (this lane's copies)
@@ -220,21 +285,22 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t a[4][4];
 #pragma unroll
     for (int tile = 0; tile < 4; ++tile) load_a(stage + kStrips * 512, tile, lane, a[tile]);
-#pragma unroll
-    for (int s = 0; s < kStrips; ++s) {
-      if (strip0 + s >= strips) continue;
+    multiply(a, [&](int s, uint32_t(&words)[4]) {
       const int4 b = reinterpret_cast<const int4*>(stage)[s * 32 + lane];
-      const uint32_t words[4] = {uint32_t(b.x), uint32_t(b.y), uint32_t(b.z), uint32_t(b.w)};
-#pragma unroll
-      for (int tile = 0; tile < 4; ++tile) {
-        uint32_t b0, b1;
-        int8x4_to_pairs<T>(words[tile], b0, b1);
-        mma<T>(acc[s], a[tile], b0, b1);
-      }
-    }
+      words[0] = uint32_t(b.x), words[1] = uint32_t(b.y), words[2] = uint32_t(b.z), words[3] = uint32_t(b.w);
+    });
     __syncwarp();  // every lane has read the stage before the next issue overwrites it
   }
   __pipeline_wait_prior(0);
+  const int tail = static_cast<int>(K - chunks * int8_linear::kChunk);
+  if (!kEvenK && warp == chunks % kWarps) {  // the warp with the fewest chunks (or as few as any)
+    const int8_t* tail_columns = reinterpret_cast<const int8_t*>(qw) + strips * 8 * chunks * int8_linear::kChunk;
+    uint32_t a[4][4];
+    tail_a(reinterpret_cast<const uint16_t*>(x) + m0 * ldx, ldx, M - m0, chunks * int8_linear::kChunk, tail, lane, a);
+    multiply(a, [&](int s, uint32_t(&words)[4]) {
+      tail_words(tail_columns + ((strip0 + s) * 8 + lane / 4) * tail, tail, true, lane, words);
+    });
+  }
   // Each warp's sums over its own ring, then the block's.
   float* partial = reinterpret_cast<float*>(my_ring);
 #pragma unroll
@@ -255,14 +321,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// Launches small_m_kernel<T, kStrips, K % 64 == 0> on `stream` (nothing where N < 8: no whole strip).
 template <class T, int kStrips>
-void small_m(const T* x, const int4* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N, int64_t K,
-             cudaStream_t stream) {
-  const auto kernel = small_m_kernel<T, kStrips>;
+void small_m(const T* x, int64_t ldx, const int4* qw, const float* scales, const float* bias, T* y, int64_t M,
+             int64_t N, int64_t K, cudaStream_t stream) {
+  if (N < 8) return;
+  const auto kernel =
+      K % int8_linear::kChunk == 0 ? small_m_kernel<T, kStrips, true> : small_m_kernel<T, kStrips, false>;
   constexpr size_t kSmem = size_t{kWarps} * kStages * kStageBytes<kStrips>;
   opforge::cuda::allow_dynamic_smem(kernel, kSmem);
   const dim3 grid(static_cast<unsigned>((N / 8 + kStrips - 1) / kStrips), static_cast<unsigned>((M + 15) / 16));
-  kernel<<<grid, kThreads, kSmem, stream>>>(x, qw, scales, bias, y, M, N, K);
+  kernel<<<grid, kThreads, kSmem, stream>>>(x, ldx, qw, scales, bias, y, M, N, K);
 }
 
 // ---- M <= 16 on sm_90: a persistent grid fed by the tensor-memory accelerator ------------------
@@ -330,15 +399,43 @@ __device__ void load_a_swizzled(const char* tile_base, int tile, int lane, uint3
 }
 #endif
 
-/// y for M <= kRows rows of x (kRows 8 or 16), kStrips strips a pass (PassPlan). `x_map`: x as
-/// [chunks][M][64] 16-bit elements (strides 128 and K * 2 bytes), boxes of kPassChunks chunks of
-/// kRows rows with the 128-byte swizzle; `w_maps`: WeightMaps. Dynamic shared memory (pass_smem_bytes): the mbarriers,
-/// the consumers' partial sums, then plan.stages slots of plan.stage_bytes from the first 1024-byte boundary.
-template <class T, int kRows, int kStrips>
+/// One chunk's products into a warp's accumulators of a pass: x's fragments `a` (A; with kSwap,
+/// its B fragments in a[.][0] and a[.][2]) and the words (int8x4_to_pairs) of the pass's kStrips
+/// strips. With kSwap accumulator q takes strips 2q and 2q + 1 as A, else strip q as B.
+template <class T, bool kSwap, int kStrips>
+__device__ __forceinline__ void multiply_chunk(float (&acc)[kSwap ? kStrips / 2 : kStrips][4],
+                                               const uint32_t (&a)[4][4], const uint32_t (&words)[kStrips][4]) {
+  constexpr int kAccumulators = kSwap ? kStrips / 2 : kStrips;
+#pragma unroll
+  for (int tile = 0; tile < 4; ++tile)
+#pragma unroll
+    for (int q = 0; q < kAccumulators; ++q) {
+      if constexpr (kSwap) {  // A: strip 2q's channels in rows 0-7, strip 2q + 1's in rows 8-15
+        uint32_t w[4];
+        int8x4_to_pairs<T>(words[2 * q][tile], w[0], w[2]);
+        int8x4_to_pairs<T>(words[2 * q + 1][tile], w[1], w[3]);
+        mma<T>(acc[q], w, a[tile][0], a[tile][2]);
+      } else {
+        uint32_t b0, b1;
+        int8x4_to_pairs<T>(words[q][tile], b0, b1);
+        mma<T>(acc[q], a[tile], b0, b1);
+      }
+    }
+}
+
+/// y for M <= kRows rows of x (kRows 8 or 16; rows `ldx` elements apart) and the N / 8 strips of
+/// the weight `qw` (its tail rows are tail_rows_kernel's), kStrips strips a pass (PassPlan).
+/// `x_map`: x's whole chunks as [K / 64][M][64] 16-bit elements (strides 128 and ldx * 2 bytes),
+/// boxes of kPassChunks chunks of kRows rows with the 128-byte swizzle; `w_maps`: WeightMaps; the
+/// K tail (K % 64 columns; none where kEvenK, and then ldx == K) is read from `x` and `qw` by
+/// warp (K / 64) % kPassWarps (tail_a).
+/// Dynamic shared memory (pass_smem_bytes): the mbarriers, the consumers' partial sums, then
+/// plan.stages slots of plan.stage_bytes from the first 1024-byte boundary.
+template <class T, int kRows, int kStrips, bool kEvenK>
 __global__ void __launch_bounds__(kPassThreads, 1)
     pass_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ WeightMaps w_maps,
-                const float* __restrict__ scales, const float* __restrict__ bias, T* __restrict__ y, int64_t M,
-                int64_t N, int64_t K, PassPlan plan) {
+                const T* __restrict__ x, int64_t ldx, const int8_t* __restrict__ qw, const float* __restrict__ scales,
+                const float* __restrict__ bias, T* __restrict__ y, int64_t M, int64_t N, int64_t K, PassPlan plan) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) char smem[];
   auto* full = reinterpret_cast<uint64_t*>(smem);
@@ -352,6 +449,7 @@ __global__ void __launch_bounds__(kPassThreads, 1)
   const int64_t strip_begin = strips * blockIdx.x / gridDim.x, strip_end = strips * (blockIdx.x + 1) / gridDim.x;
   const int passes = static_cast<int>((strip_end - strip_begin + kStrips - 1) / kStrips);
   const int steps = (chunks + kPassChunks - 1) / kPassChunks;  // stages a pass
+  const int tail = static_cast<int>(K - int64_t{chunks} * int8_linear::kChunk);
   constexpr int kXTileBytes = kPassChunks * kRows * 128;
   constexpr bool kSwap = kRows == 8;  // x as the B operand (block comment above)
   static_assert(!kSwap || kStrips >= 2, "with 8 rows a pass has strips in pairs");
@@ -431,22 +529,17 @@ __global__ void __launch_bounds__(kPassThreads, 1)
       }
       __syncwarp();  // every lane has read the stage
       if (lane == 0) tma::mbarrier_arrive(&empty[slot]);
-#pragma unroll
-      for (int tile = 0; tile < 4; ++tile)
-#pragma unroll
-        for (int q = 0; q < kAccumulators; ++q) {
-          if constexpr (kSwap) {  // A: strip 2q's channels in rows 0-7, strip 2q + 1's in rows 8-15
-            uint32_t w[4];
-            int8x4_to_pairs<T>(words[2 * q][tile], w[0], w[2]);
-            int8x4_to_pairs<T>(words[2 * q + 1][tile], w[1], w[3]);
-            mma<T>(acc[q], w, a[tile][0], a[tile][2]);
-          } else {
-            uint32_t b0, b1;
-            int8x4_to_pairs<T>(words[q][tile], b0, b1);
-            mma<T>(acc[q], a[tile], b0, b1);
-          }
-        }
+      multiply_chunk<T, kSwap, kStrips>(acc, a, words);
       if (++slot == plan.stages) slot = 0, phase ^= 1;
+    }
+    if (!kEvenK && warp == chunks % kPassWarps) {  // the K tail: the warp with the fewest chunks (or as few as any)
+      const int8_t* tail_columns = qw + strips * 8 * chunks * int8_linear::kChunk;
+      uint32_t a[4][4], words[kStrips][4];
+      tail_a(reinterpret_cast<const uint16_t*>(x), ldx, M, int64_t{chunks} * int8_linear::kChunk, tail, lane, a);
+#pragma unroll
+      for (int p = 0; p < kStrips; ++p)  // a strip past the pass's end multiplies zeros
+        tail_words(tail_columns + ((p0 + p) * 8 + lane / 4) * tail, tail, p < pstrips, lane, words[p]);
+      multiply_chunk<T, kSwap, kStrips>(acc, a, words);
     }
     // The 8 warps of each strip (one per chunk of a stage) add their sums; named barrier 1 holds
     // the consumers only. The first barrier keeps this pass's writes behind the last pass's reads.
@@ -474,28 +567,33 @@ __global__ void __launch_bounds__(kPassThreads, 1)
 
 /// True if the current device runs pass_kernel's sm_90 body (its image was built from PTX for
 /// compute capability 9.0 or newer; cached per device).
-inline bool pass_kernel_supported() { return opforge::cuda::ptx_version<pass_kernel<__half, 16, 1>>() >= 90; }
+inline bool pass_kernel_supported() { return opforge::cuda::ptx_version<pass_kernel<__half, 16, 1, true>>() >= 90; }
 
-/// Launches pass_kernel<T, kRows, kStrips> on `stream` with `plan`, its shared memory allowed first.
+/// Launches pass_kernel<T, kRows, kStrips, K % 64 == 0> on `stream` with `plan`, its shared memory
+/// allowed first.
 template <class T, int kRows, int kStrips>
-void launch_pass_kernel(const CUtensorMap& x_map, const WeightMaps& w_maps, const float* scales, const float* bias,
-                        T* y, int64_t M, int64_t N, int64_t K, const PassPlan& plan, cudaStream_t stream) {
-  const auto kernel = pass_kernel<T, kRows, kStrips>;
+void launch_pass_kernel(const CUtensorMap& x_map, const WeightMaps& w_maps, const T* x, int64_t ldx, const int8_t* qw,
+                        const float* scales, const float* bias, T* y, int64_t M, int64_t N, int64_t K,
+                        const PassPlan& plan, cudaStream_t stream) {
+  const auto kernel =
+      K % int8_linear::kChunk == 0 ? pass_kernel<T, kRows, kStrips, true> : pass_kernel<T, kRows, kStrips, false>;
   const size_t smem = pass_smem_bytes(plan);
   opforge::cuda::allow_dynamic_smem(kernel, smem);
-  kernel<<<plan.blocks, kPassThreads, smem, stream>>>(x_map, w_maps, scales, bias, y, M, N, K, plan);
+  kernel<<<plan.blocks, kPassThreads, smem, stream>>>(x_map, w_maps, x, ldx, qw, scales, bias, y, M, N, K, plan);
 }
 
-/// y [M, N] for M <= 16 rows of x [M, K] (16-bit T) on sm_90: one block per multiprocessor (at
-/// most one per strip); the strips of a pass the power of two that holds a block's share (at most
-/// kPassMaxStrips, more passes past that; halved while fewer than 2 stages fit); as many ring
+/// y [M, N8] (N8 = N / 8 * 8, rows N apart; nothing where N < 8) for M <= 16 rows of x [M, K]
+/// (16-bit T, rows `ldx` elements apart, a multiple of 8) on sm_90: one block per multiprocessor
+/// (at most one per strip); the strips of a pass the power of two that holds a block's share (at
+/// most kPassMaxStrips, more passes past that; halved while fewer than 2 stages fit); as many ring
 /// slots (up to kPassMaxStages) as the rest of the block's shared memory holds. Throws
 /// opforge::InternalError where not even 2 stages of the fewest strips fit, or where the driver
 /// refuses a tensor map.
 template <class T>
-void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float* bias, T* y, int64_t M, int64_t N,
-                  int64_t K, cudaStream_t stream) {
+void pass_small_m(const T* x, int64_t ldx, const int8_t* qw, const float* scales, const float* bias, T* y, int64_t M,
+                  int64_t N, int64_t K, cudaStream_t stream) {
   const int64_t strips = N / 8, chunks = K / int8_linear::kChunk;
+  if (strips == 0) return;
   const int rows = M <= 8 ? 8 : 16;
   PassPlan plan{};
   plan.blocks = static_cast<int>(std::min<int64_t>(opforge::cuda::sm_count(), strips));
@@ -514,9 +612,9 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
   CUtensorMap x_map{};
   WeightMaps w_maps{};
   if (chunks > 0) {  // with K == 0 no stage is copied (y = bias), and a map of no elements is invalid
-    const auto K64 = static_cast<uint64_t>(K), chunks64 = static_cast<uint64_t>(chunks);
+    const auto ld64 = static_cast<uint64_t>(ldx), chunks64 = static_cast<uint64_t>(chunks);
     x_map = opforge::cuda::tiled_tensor_map<3>(
-        CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {64, static_cast<uint64_t>(M), chunks64}, {K64 * 2, 128},
+        CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {64, static_cast<uint64_t>(M), chunks64}, {ld64 * 2, 128},
         {64, static_cast<uint32_t>(rows), kPassChunks}, CU_TENSOR_MAP_SWIZZLE_128B);
     for (int i = 0; (1 << i) <= plan.strips; ++i)
       w_maps.strips[i] = opforge::cuda::tiled_tensor_map<3>(
@@ -527,17 +625,69 @@ void pass_small_m(const T* x, const int8_t* qw, const float* scales, const float
     constexpr int kFewest = kRows == 8 ? 2 : 1;  // with 8 rows strips go in pairs (plan.strips >= 2)
     switch (plan.strips) {
       case 1:
-        return launch_pass_kernel<T, kRows, kFewest>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+        return launch_pass_kernel<T, kRows, kFewest>(x_map, w_maps, x, ldx, qw, scales, bias, y, M, N, K, plan, stream);
       case 2:
-        return launch_pass_kernel<T, kRows, 2>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+        return launch_pass_kernel<T, kRows, 2>(x_map, w_maps, x, ldx, qw, scales, bias, y, M, N, K, plan, stream);
       case 4:
-        return launch_pass_kernel<T, kRows, 4>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+        return launch_pass_kernel<T, kRows, 4>(x_map, w_maps, x, ldx, qw, scales, bias, y, M, N, K, plan, stream);
       default:
-        return launch_pass_kernel<T, kRows, 8>(x_map, w_maps, scales, bias, y, M, N, K, plan, stream);
+        return launch_pass_kernel<T, kRows, 8>(x_map, w_maps, x, ldx, qw, scales, bias, y, M, N, K, plan, stream);
     }
   };
   if (rows == 8) launch.template operator()<8>();
   else launch.template operator()<16>();
+}
+
+// ---- M <= 64: what the tensor-core kernels leave -------------------------------------------------
+
+/// xp [M, ldx] = x [M, K] (ldx >= K), zeros in the columns from K: rows 16-byte aligned for the
+/// tensor-core kernels' copies where K % 8 != 0.
+template <class T>
+__global__ void pad_rows_kernel(const T* __restrict__ x, T* __restrict__ xp, int64_t M, int64_t K, int64_t ldx) {
+  for (int64_t i = opforge::kernel::global_index(); i < M * ldx; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t m = i / ldx, k = i % ldx;
+    xp[i] = k < K ? x[m * K + k] : static_cast<T>(0.0f);
+  }
+}
+
+constexpr int kTailRowThreads = 128;
+
+/// y[m][n] for the tail rows of the weight (n >= N8 = N / 8 * 8, row-major in qweight: W[n][k] at
+/// n * K + k) and the rows m of x [M, K] (16-bit T, dense), block (n - N8, m) each: the float32
+/// sum of x[m][k] * q[n][k] (exact integer weights, as the tensor-core kernels multiply them),
+/// scaled once, plus the bias.
+template <class T>
+__global__ void __launch_bounds__(kTailRowThreads)
+    tail_rows_kernel(const T* __restrict__ x, const int8_t* __restrict__ q, const float* __restrict__ scales,
+                     const float* __restrict__ bias, T* __restrict__ y, int64_t N, int64_t K) {
+  const int64_t n = N / int8_linear::kStrip * int8_linear::kStrip + blockIdx.x, m = blockIdx.y;
+  float sum = 0;
+  for (int64_t k = threadIdx.x; k < K; k += kTailRowThreads)
+    sum += static_cast<float>(x[m * K + k]) * static_cast<float>(q[n * K + k]);
+  sum = opforge::kernel::block_sum(sum);
+  if (threadIdx.x == 0) y[m * N + n] = static_cast<T>(sum * scales[n] + (bias != nullptr ? bias[n] : 0.0f));
+}
+
+/// y [M, N] = x [M, K] (qweight dequantised)^T + bias for M <= 64 rows of 16-bit T: the whole
+/// strips by pass_small_m (M <= 16 where the device runs it) or small_m (reading x's rows from an
+/// aligned copy where K % 8 != 0), the tail rows (N % 8) by tail_rows_kernel.
+template <class T>
+void small_batch(const opforge::Context& ctx, const T* x, const int8_t* qw, const float* scales, const float* bias,
+                 T* y, int64_t M, int64_t N, int64_t K) {
+  const cudaStream_t stream = opforge::cuda::stream(ctx);
+  const T* xs = x;
+  int64_t ldx = K;
+  if (K % 8 != 0 && K >= int8_linear::kChunk && N >= int8_linear::kStrip) {  // whole chunks of x to copy
+    ldx = (K + 7) / 8 * 8;
+    T* xp = static_cast<T*>(ctx.allocate(static_cast<size_t>(M * ldx) * sizeof(T)));
+    pad_rows_kernel<T><<<opforge::cuda::grid_for(M * ldx, kThreads), kThreads, 0, stream>>>(x, xp, M, K, ldx);
+    xs = xp;
+  }
+  if (M <= 16 && pass_kernel_supported()) pass_small_m<T>(xs, ldx, qw, scales, bias, y, M, N, K, stream);
+  else small_m<T, 4>(xs, ldx, reinterpret_cast<const int4*>(qw), scales, bias, y, M, N, K, stream);
+  if (N % int8_linear::kStrip != 0)
+    tail_rows_kernel<T><<<dim3(static_cast<unsigned>(N % int8_linear::kStrip), static_cast<unsigned>(M)),
+                          kTailRowThreads, 0, stream>>>(x, qw, scales, bias, y, N, K);
 }
 
 // ---- larger M: dequantise, then cuBLAS -------------------------------------------------------
@@ -551,14 +701,15 @@ __device__ int4 load_streamed(const int4* p) {
   return v;
 }
 
-/// w [N, K] row-major in T, each weight dequantised as the small-M kernel does. One warp per
-/// (strip, chunk) of the packed layout: its 32 lanes read 512 contiguous bytes (8 output channels
-/// x 64 input channels), scatter them through shared memory, and write the 8 rows of 64 as 16-byte
-/// vectors, 8 lanes a row, so reads and writes are both whole sectors.
+/// The aligned block (int8_linear.h) of w [N, K] in T, rows `ldw` elements apart (a multiple of
+/// 8), each weight dequantised as the small-M kernel does. One warp per (strip, chunk) of the
+/// packed layout: its 32 lanes read 512 contiguous bytes (8 output channels x 64 input channels),
+/// scatter them through shared memory, and write the 8 rows of 64 as 16-byte vectors, 8 lanes a
+/// row, so reads and writes are both whole sectors.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     dequantize_kernel(const int4* __restrict__ qw, const float* __restrict__ scales, T* __restrict__ w, int64_t N,
-                      int64_t K) {
+                      int64_t K, int64_t ldw) {
   constexpr int kCols = int8_linear::kChunk;
   __shared__ __align__(16) T rows[kWarps][8][kCols];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -581,11 +732,28 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < 8 * kCols / kVector / 32; ++j) {
       const int e = (lane + 32 * j) * kVector, row = e / kCols, col = e % kCols;
-      *reinterpret_cast<int4*>(w + (strip * 8 + row) * K + chunk * kCols + col) =
+      *reinterpret_cast<int4*>(w + (strip * 8 + row) * ldw + chunk * kCols + col) =
           *reinterpret_cast<const int4*>(&rows[warp][row][col]);
     }
     __syncwarp();
   }
+}
+
+/// The rest of w [N, K] (rows `ldw` >= K elements apart): the tail columns and tail rows of the
+/// weight (the qweight bytes from N8 * K64 on, in their order; int8_linear.h) dequantised as
+/// dequantize_kernel does the aligned block, and zeros in the columns from K to ldw.
+template <class T>
+__global__ void dequantize_tail_kernel(const int8_t* __restrict__ q, const float* __restrict__ scales,
+                                       T* __restrict__ w, int64_t N, int64_t K, int64_t ldw) {
+  const int64_t N8 = N / int8_linear::kStrip * int8_linear::kStrip, K64 = K / int8_linear::kChunk * int8_linear::kChunk;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x, tail = K - K64, begin = N8 * K64;
+  for (int64_t i = begin + opforge::kernel::global_index(); i < N * K; i += stride) {
+    const bool tail_column = i < N8 * K;  // else a tail row, row-major
+    const int64_t n = tail_column ? (i - begin) / tail : i / K, k = tail_column ? K64 + (i - begin) % tail : i % K;
+    w[n * ldw + k] = static_cast<T>(int8_linear::dequantise(q[i], scales[n]));
+  }
+  for (int64_t i = opforge::kernel::global_index(); i < N * (ldw - K); i += stride)
+    w[i / (ldw - K) * ldw + K + i % (ldw - K)] = static_cast<T>(0.0f);
 }
 
 /// y[m][n] = bias[n], so that the GEMM adds onto it (beta = 1).
@@ -625,12 +793,20 @@ void dequantize_and_gemm(const opforge::Context& ctx, const T* x, const int4* qw
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
     throw opforge::InvalidArgument("int8_linear: sizes beyond cuBLAS's 32-bit int (M, N and K must each be < 2^31)");
   const cudaStream_t stream = opforge::cuda::stream(ctx);
-  T* w = static_cast<T*>(ctx.allocate(static_cast<size_t>(N * K) * sizeof(T)));
-  dequantize_kernel<T><<<opforge::cuda::grid_for(N * K / 16, kThreads), kThreads, 0, stream>>>(qw, scales, w, N, K);
+  const int64_t ldw = (K + 7) / 8 * 8;  // w's rows 16-byte aligned for dequantize_kernel's stores
+  const int64_t aligned =
+      N / int8_linear::kStrip * int8_linear::kStrip * (K / int8_linear::kChunk * int8_linear::kChunk);
+  T* w = static_cast<T*>(ctx.allocate(static_cast<size_t>(N * ldw) * sizeof(T)));
+  dequantize_kernel<T>
+      <<<opforge::cuda::grid_for(aligned / 16, kThreads), kThreads, 0, stream>>>(qw, scales, w, N, K, ldw);
+  if (aligned < N * ldw)  // a tail (N % 8 or K % 64), or padding columns
+    dequantize_tail_kernel<T><<<opforge::cuda::grid_for(N * ldw - aligned, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const int8_t*>(qw), scales, w, N, K, ldw);
   if (bias != nullptr)
     fill_bias_kernel<T><<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(bias, y, M, N);
   opforge::cuda::check_launch("int8_linear");
-  const int ld = static_cast<int>(std::max<int64_t>(K, 1));  // cuBLAS wants leading dims >= 1, also for K == 0
+  // cuBLAS wants leading dims >= 1, also for K == 0
+  const int ldx = static_cast<int>(std::max<int64_t>(K, 1)), lda = static_cast<int>(std::max<int64_t>(ldw, 1));
   constexpr cudaDataType_t type = std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
   const float alpha = 1.0f, beta = bias != nullptr ? 1.0f : 0.0f;
   cublasHandle_t handle = cublas_handle();
@@ -639,10 +815,10 @@ void dequantize_and_gemm(const opforge::Context& ctx, const T* x, const int4* qw
   // call (CUDA-graph capture; torch does the same): 32 MiB, cuBLAS's default on Hopper.
   constexpr size_t kWorkspace = size_t{32} << 20;
   check_cublas(cublasSetWorkspace(handle, ctx.allocate(kWorkspace), kWorkspace), "cublasSetWorkspace");
-  // Column-major, as cuBLAS sees row-major buffers: y^T [N, M] = w [N, K] (from w^T, ld K) * x^T [K, M].
+  // Column-major, as cuBLAS sees row-major buffers: y^T [N, M] = w [N, K] (from w^T, ld ldw) * x^T [K, M].
   check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                            static_cast<int>(K), &alpha, w, type, ld, x, type, ld, &beta, y, type, static_cast<int>(N),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            static_cast<int>(K), &alpha, w, type, lda, x, type, ldx, &beta, y, type,
+                            static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
 }
 
@@ -655,7 +831,7 @@ __global__ void float_kernel(const float* __restrict__ x, const int8_t* __restri
     const int64_t m = i / N, n = i % N;
     double acc = 0;  // as the reference: float32 sums of K products would miss its tolerance at large K
     for (int64_t k = 0; k < K; ++k)
-      acc += double(x[m * K + k]) * int8_linear::dequantise(q[int8_linear::packed_offset(n, k, K)], scales[n]);
+      acc += double(x[m * K + k]) * int8_linear::dequantise(q[int8_linear::packed_offset(n, k, N, K)], scales[n]);
     y[i] = static_cast<float>(acc + (bias != nullptr ? bias[n] : 0.0));
   }
 }
@@ -669,7 +845,7 @@ void int8_linear_pack_cuda(const opforge::Context& ctx, opforge::Tensor weight, 
   const cudaStream_t stream = opforge::cuda::stream(ctx);
   opforge::cuda::visit_dtype<opforge::floating>(weight.dtype(), [&]<class T>(opforge::type_tag<T>) {
     if (N > 0)
-      pack_kernel<T><<<N, kThreads, 0, stream>>>(weight.data<T>(), qweight.data<int8_t>(), scales.data<float>(), K);
+      pack_kernel<T><<<N, kThreads, 0, stream>>>(weight.data<T>(), qweight.data<int8_t>(), scales.data<float>(), N, K);
   });
   if (bias.defined() && N > 0) {
     opforge::cuda::visit_dtype<opforge::floating>(bias.dtype(), [&]<class B>(opforge::type_tag<B>) {
@@ -693,10 +869,8 @@ void int8_linear_cuda(const opforge::Context& ctx, opforge::Tensor x, opforge::T
     if constexpr (std::is_same_v<T, float>) {
       float_kernel<<<opforge::cuda::grid_for(M * N, kThreads), kThreads, 0, stream>>>(
           x.data<float>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<float>(), M, N, K);
-    } else if (M <= 16 && pass_kernel_supported()) {
-      pass_small_m<T>(x.data<T>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
     } else if (M <= 64) {
-      small_m<T, 4>(x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K, stream);
+      small_batch<T>(ctx, x.data<T>(), qweight.data<int8_t>(), scales.data<float>(), bias, y.data<T>(), M, N, K);
     } else {
       dequantize_and_gemm<T>(ctx, x.data<T>(), qw, scales.data<float>(), bias, y.data<T>(), M, N, K);
     }
