@@ -266,7 +266,7 @@ class Method:
 
 @dataclass(frozen=True)
 class CustomClass:
-    """A custom class (Note [Custom classes] in ``opforge/op.h``), ``torch.classes.<ns>.<Name>``
+    """A custom class (Note [Custom classes] in ``opforge/op_class.h``), ``torch.classes.<ns>.<Name>``
     once loaded: the object's ``fields``, its ``methods``, and the ``constructor`` op its
     ``__init__`` runs (or None: ``__init__`` takes the fields)."""
 

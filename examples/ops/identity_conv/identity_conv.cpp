@@ -3,7 +3,7 @@
 // sliced, expanded and storage-offset views arrive as they are; y is dense and row-major.
 //
 // IdentityConvClass: the same copy as the method of a custom class whose one field is its
-// `channels` (Note [Custom classes] in opforge/op.h): `forward(x)` takes x of [N, channels, ...].
+// `channels` (Note [Custom classes] in opforge/op_class.h): `forward(x)` takes x of [N, channels, ...].
 #include <opforge/op.h>
 
 #include <cstring>

@@ -3,7 +3,7 @@
 // max|W[n]| / 127. The weights move a quarter of float32's bytes and half of float16's, and the
 // kernels dequantise them in registers.
 //
-// Int8Linear is the custom class that holds them (Note [Custom classes] in opforge/op.h): built
+// Int8Linear is the custom class that holds them (Note [Custom classes] in opforge/op_class.h): built
 // from a float weight [N, K] and bias [N] by int8_linear_pack, which quantises and packs
 // (int8_linear.h); `forward(x)` runs int8_linear.
 #include <opforge/op.h>
