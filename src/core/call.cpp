@@ -180,7 +180,8 @@ std::vector<std::string> value_problems(const OpforgeOpSpec& op, Span<const Opfo
     const OpforgeTensorSpec& s = op.args[i].tensor;
     const OpforgeTensor& t = args[i].tensor;
     if (op.args[i].kind != OPFORGE_ARG_TENSOR || !s.has_values || t.ndim < 0) continue;
-    const std::optional<int64_t> low = eval_expr<int64_t>(s.values_low, info), high = eval_expr<int64_t>(s.values_high, info);
+    const std::optional<int64_t> low = eval_expr<int64_t>(s.values_low, info),
+                                 high = eval_expr<int64_t>(s.values_high, info);
     if (!low || !high) continue;
     const std::string name = op.args[i].name;
     const std::string marker = s.has_sentinel ? " or " + std::to_string(s.sentinel) : "";
@@ -250,17 +251,38 @@ void poison_host(Span<const OpforgeTensor> outputs) {
     if (o.ndim < 0 || o.data == nullptr) continue;
     const int64_t n = numel(o);
     switch (o.dtype) {
-      case OPFORGE_DTYPE_FLOAT32: fill<float>(o.data, n, NAN); break;
-      case OPFORGE_DTYPE_FLOAT64: fill<double>(o.data, n, NAN); break;
-      case OPFORGE_DTYPE_FLOAT16: fill<uint16_t>(o.data, n, 0x7e00); break;  // a quiet NaN's bits
-      case OPFORGE_DTYPE_BFLOAT16: fill<uint16_t>(o.data, n, 0x7fc0); break;
-      case OPFORGE_DTYPE_INT8: fill<int8_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_INT16: fill<int16_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_INT32: fill<int32_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_INT64: fill<int64_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_UINT8: fill<uint8_t>(o.data, n, 123); break;
-      case OPFORGE_DTYPE_BOOL: fill<uint8_t>(o.data, n, 1); break;
-      default: break;
+      case OPFORGE_DTYPE_FLOAT32:
+        fill<float>(o.data, n, NAN);
+        break;
+      case OPFORGE_DTYPE_FLOAT64:
+        fill<double>(o.data, n, NAN);
+        break;
+      case OPFORGE_DTYPE_FLOAT16:
+        fill<uint16_t>(o.data, n, 0x7e00);
+        break;  // a quiet NaN's bits
+      case OPFORGE_DTYPE_BFLOAT16:
+        fill<uint16_t>(o.data, n, 0x7fc0);
+        break;
+      case OPFORGE_DTYPE_INT8:
+        fill<int8_t>(o.data, n, 123);
+        break;
+      case OPFORGE_DTYPE_INT16:
+        fill<int16_t>(o.data, n, 123);
+        break;
+      case OPFORGE_DTYPE_INT32:
+        fill<int32_t>(o.data, n, 123);
+        break;
+      case OPFORGE_DTYPE_INT64:
+        fill<int64_t>(o.data, n, 123);
+        break;
+      case OPFORGE_DTYPE_UINT8:
+        fill<uint8_t>(o.data, n, 123);
+        break;
+      case OPFORGE_DTYPE_BOOL:
+        fill<uint8_t>(o.data, n, 1);
+        break;
+      default:
+        break;
     }
   }
 }

@@ -99,9 +99,7 @@ const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type)
 int32_t device_type_code(std::string_view name);
 
 /// The name of OpforgeDeviceType `device_type` in messages and descriptions: "cuda" or "cpu".
-inline const char* device_type_name(int32_t device_type) {
-  return device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
-}
+inline const char* device_type_name(int32_t device_type) { return device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu"; }
 
 /// Whether kernel `k` declares the dtypes it takes for one argument (Note [Kernel dtypes] in
 /// opforge/op_builder.h): a dtype_arg and a non-empty set.

@@ -50,22 +50,38 @@ struct DtypeOf {
 
 DtypeOf dtype_of(ffi::DataType t) {
   switch (t) {
-    case ffi::DataType::F32: return {OPFORGE_DTYPE_FLOAT32, "float32"};
-    case ffi::DataType::F64: return {OPFORGE_DTYPE_FLOAT64, "float64"};
-    case ffi::DataType::F16: return {OPFORGE_DTYPE_FLOAT16, "float16"};
-    case ffi::DataType::BF16: return {OPFORGE_DTYPE_BFLOAT16, "bfloat16"};
-    case ffi::DataType::S8: return {OPFORGE_DTYPE_INT8, "int8"};
-    case ffi::DataType::S16: return {OPFORGE_DTYPE_INT16, "int16"};
-    case ffi::DataType::S32: return {OPFORGE_DTYPE_INT32, "int32"};
-    case ffi::DataType::S64: return {OPFORGE_DTYPE_INT64, "int64"};
-    case ffi::DataType::U8: return {OPFORGE_DTYPE_UINT8, "uint8"};
-    case ffi::DataType::PRED: return {OPFORGE_DTYPE_BOOL, "bool"};
-    case ffi::DataType::U16: return {-1, "uint16"};
-    case ffi::DataType::U32: return {-1, "uint32"};
-    case ffi::DataType::U64: return {-1, "uint64"};
-    case ffi::DataType::C64: return {-1, "complex64"};
-    case ffi::DataType::C128: return {-1, "complex128"};
-    default: return {-1, "unknown"};
+    case ffi::DataType::F32:
+      return {OPFORGE_DTYPE_FLOAT32, "float32"};
+    case ffi::DataType::F64:
+      return {OPFORGE_DTYPE_FLOAT64, "float64"};
+    case ffi::DataType::F16:
+      return {OPFORGE_DTYPE_FLOAT16, "float16"};
+    case ffi::DataType::BF16:
+      return {OPFORGE_DTYPE_BFLOAT16, "bfloat16"};
+    case ffi::DataType::S8:
+      return {OPFORGE_DTYPE_INT8, "int8"};
+    case ffi::DataType::S16:
+      return {OPFORGE_DTYPE_INT16, "int16"};
+    case ffi::DataType::S32:
+      return {OPFORGE_DTYPE_INT32, "int32"};
+    case ffi::DataType::S64:
+      return {OPFORGE_DTYPE_INT64, "int64"};
+    case ffi::DataType::U8:
+      return {OPFORGE_DTYPE_UINT8, "uint8"};
+    case ffi::DataType::PRED:
+      return {OPFORGE_DTYPE_BOOL, "bool"};
+    case ffi::DataType::U16:
+      return {-1, "uint16"};
+    case ffi::DataType::U32:
+      return {-1, "uint32"};
+    case ffi::DataType::U64:
+      return {-1, "uint64"};
+    case ffi::DataType::C64:
+      return {-1, "complex64"};
+    case ffi::DataType::C128:
+      return {-1, "complex128"};
+    default:
+      return {-1, "unknown"};
   }
 }
 
@@ -102,8 +118,9 @@ struct Views {
     std::vector<int64_t>& st = strides.emplace_back(s.size());
     int64_t step = 1;
     for (size_t d = s.size(); d-- > 0;) st[d] = step, step *= s[d];
-    return {b.untyped_data(), dtype_of(b.element_type()).code, device_type, device_index,
-            static_cast<int32_t>(s.size()), s.data(), st.data()};
+    return {b.untyped_data(), dtype_of(b.element_type()).code, device_type,
+            device_index,     static_cast<int32_t>(s.size()),  s.data(),
+            st.data()};
   }
 };
 
@@ -118,9 +135,9 @@ OpforgeValue param_value(const OpforgeOpSpec& op, int32_t i, const ffi::Dictiona
   const auto get = [&](auto type) {  // the attribute as `type`'s type, or the call's error
     auto x = attrs.get<decltype(type)>(a.name);
     if (!x.has_value())
-      throw InvalidArgument(core::invalid_arguments_message(
-          op, {std::string(a.name) + ": expected a value of type " + core::schema_type(a.kind) +
-               ", got an attribute of another type"}));
+      throw InvalidArgument(
+          core::invalid_arguments_message(op, {std::string(a.name) + ": expected a value of type " +
+                                               core::schema_type(a.kind) + ", got an attribute of another type"}));
     return *x;
   };
   switch (a.kind) {
@@ -227,8 +244,8 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
     const auto dims = r.dimensions();
     if (dtype_of(r.element_type()).code != outs[k].dtype ||
         std::vector<int64_t>(dims.begin(), dims.end()) != outs[k].sizes)
-      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": the result buffer of " +
-                          op.outputs[k].name + " is not the " + dtype_name(outs[k].dtype) + " " +
+      throw InternalError("opforge.jax: " + core::qualified_name(op) + ": the result buffer of " + op.outputs[k].name +
+                          " is not the " + dtype_name(outs[k].dtype) + " " +
                           core::sizes_string<int64_t>(outs[k].sizes) + " its rule gives");
     out_views.push_back(views.of(r, device_type, device_index));
   }
@@ -265,8 +282,7 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
   if (!refused.empty()) throw InvalidArgument(core::invalid_arguments_message(op, refused));
 
   const OpforgeKernel* kernel = core::device_kernel(op, device_type);
-  if (kernel == nullptr)
-    throw InvalidArgument(core::qualified_name(op) + " has no " + device_name + " kernel");
+  if (kernel == nullptr) throw InvalidArgument(core::qualified_name(op) + " has no " + device_name + " kernel");
   if (device_type == OPFORGE_DEVICE_CPU) {
     // Host data: the value domains are checked before the reference reads them; outputs are
     // poisoned when opforge verify asks (on CUDA the adapter has no fill: XLA's buffers are fresh).

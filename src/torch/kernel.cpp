@@ -5,8 +5,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/stack.h>
 #include <ATen/native/Resize.h>
-#include <c10/util/SmallVector.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
 #include <dlfcn.h>
 
 #include <cmath>
@@ -315,7 +315,8 @@ class OpKernel final : public c10::OperatorKernel {
       temporaries = outputs;
       const OpforgeTensorSpec dense{};  // the layout every output has
       for (auto& t : temporaries)
-        if (core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs) t = at::empty(t.sizes(), t.options());
+        if (core::admit(dense, view(t), t.element_size()) != core::Admission::kAsIs)
+          t = at::empty(t.sizes(), t.options());
     }
     const PerCall<at::Tensor>& targets = out_ ? temporaries : outputs;
     PerCall<OpforgeTensor> out_views;
@@ -390,7 +391,8 @@ const OpforgeKernel* kernel_for(const OpforgeOpSpec& op, Mode mode) {
 
 std::string take_call_error() { return std::exchange(t_call_error, std::string()); }
 
-std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) {
+std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode,
+                                                         const OpforgeKernel* kernel) {
   auto k = std::make_shared<OpKernel>(op, mode, kernel, /*out=*/false);
   return [k](::torch::jit::Stack* stack) { k->run(stack); };
 }

@@ -164,13 +164,12 @@ TEST(ShapeRules, Int64OverflowIsAnErrorNeverAWrappedSize) {
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
   const int64_t big = int64_t{1} << 62;
-  EXPECT_FALSE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(big)},
-                                                     outs, errors));
+  EXPECT_FALSE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(big)}, outs, errors));
   EXPECT_EQ(errors,
             (std::vector<std::string>{"output y: the shape rule x.size(0) * k overflows int64 for these inputs"}));
   errors.clear();
-  EXPECT_FALSE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {int64_t{1} << 32}), int_value(1 << 30)}, outs, errors));
+  EXPECT_FALSE(
+      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {int64_t{1} << 32}), int_value(1 << 30)}, outs, errors));
   EXPECT_EQ(errors, (std::vector<std::string>{"output y: shape [4611686018427387904, 4294967296] has more elements "
                                               "than int64 counts"}));
   EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(INT64_MAX)}),
@@ -288,7 +287,6 @@ namespace {
 void vec_ref_1(Tensor, MutableTensor) {}
 void three_ref(Tensor, Tensor, Tensor, MutableTensor) {}
 
-
 }  // namespace
 
 TEST(LeadingDims, AnyNumberOfLeadingDimsAndTheLastDimsRuled) {
@@ -302,8 +300,8 @@ TEST(LeadingDims, AnyNumberOfLeadingDimsAndTheLastDimsRuled) {
             (std::vector<std::string>{"x: expected rank >= 1, got rank 0 (shape [])"}));
   std::vector<opforge::core::OutputInfo<int64_t>> outs, none;
   std::vector<std::string> errors;
-  ASSERT_TRUE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
+  ASSERT_TRUE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs,
+                     errors));
   EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{2, 3, 8}));
 }
 
@@ -353,8 +351,8 @@ TEST(MixedDtypes, ASameDtypeRuleWithAlternatives) {
             (std::vector<std::string>{"x: expected dtype one of {float32, float64, float16, bfloat16}, got int32"}));
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  ASSERT_TRUE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
+  ASSERT_TRUE(
+      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
   EXPECT_EQ(outs[0].dtype, OPFORGE_DTYPE_BFLOAT16);  // like("x"): x's dtype, not the weight's
 }
 
@@ -375,13 +373,12 @@ TEST(OptionalOutputs, UndefinedWhenTheirInputIsLeftOut) {
   absent.defined = false;
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  ASSERT_TRUE(
-      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), absent}, outs, errors));
+  ASSERT_TRUE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), absent}, outs, errors));
   ASSERT_EQ(outs.size(), 2u);
   EXPECT_TRUE(outs[0].defined);
   EXPECT_FALSE(outs[1].defined);
-  ASSERT_TRUE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), tensor(OPFORGE_DTYPE_FLOAT16, {3, 5})}, outs, errors));
+  ASSERT_TRUE(
+      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), tensor(OPFORGE_DTYPE_FLOAT16, {3, 5})}, outs, errors));
   EXPECT_TRUE(outs[1].defined);
   EXPECT_EQ(outs[1].sizes, (std::vector<int64_t>{3, 10}));
   EXPECT_EQ(outs[1].dtype, OPFORGE_DTYPE_FLOAT16);

@@ -36,9 +36,7 @@ OPFORGE_OP(examples, identity_conv)
     .reference(identity_conv_cpu)
     .cuda(identity_conv_cuda);
 
-static void identity_conv_forward_cpu(opforge::Tensor x, int64_t, opforge::MutableTensor y) {
-  identity_conv_cpu(x, y);
-}
+static void identity_conv_forward_cpu(opforge::Tensor x, int64_t, opforge::MutableTensor y) { identity_conv_cpu(x, y); }
 
 static void identity_conv_forward_cuda(const opforge::Context& ctx, opforge::Tensor x, int64_t,
                                        opforge::MutableTensor y) {

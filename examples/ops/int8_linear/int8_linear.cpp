@@ -44,8 +44,9 @@ void int8_linear_pack_cuda(const opforge::Context& ctx, opforge::Tensor weight, 
                            opforge::MutableTensor bias_fp32);
 
 OPFORGE_OP(examples, int8_linear_pack)
-    .doc("Int8Linear's constructor: weight [N, K] as int8 per output channel (qweight, packed for the kernels; "
-         "scales [N] float32) and bias [N] as float32")
+    .doc(
+        "Int8Linear's constructor: weight [N, K] as int8 per output channel (qweight, packed for the kernels; "
+        "scales [N] float32) and bias [N] as float32")
     .input("weight", opforge::floating, opforge::rank(2))
     .input("bias", opforge::floating, opforge::shape({opforge::dim("weight", 0)}), opforge::optional)
     .output("qweight", opforge::like("weight").with_dtype(opforge::kInt8))
@@ -58,8 +59,8 @@ OPFORGE_OP(examples, int8_linear_pack)
 
 // CPU reference, accumulated in double: y[m, n] = sum_k x[m, k] * w[n, k] + bias[n], where
 // w = T(int8_linear::dequantise(q, scale)): the weight dequantised in float32 and rounded to x's
-// dtype once, as the cuBLAS path multiplies it (the small-batch kernel: int8_linear.h). Each weight row is dequantised once, then used for
-// every row of x.
+// dtype once, as the cuBLAS path multiplies it (the small-batch kernel: int8_linear.h). Each
+// weight row is dequantised once, then used for every row of x.
 static void int8_linear_cpu(opforge::Tensor x, opforge::Tensor qweight, opforge::Tensor scales,
                             opforge::Tensor bias_fp32, opforge::MutableTensor y) {
   const int64_t N = qweight.size(0), K = qweight.size(1), M = N ? y.numel() / N : 0;  // K == 0: y = bias
@@ -100,7 +101,8 @@ OPFORGE_OP(examples, int8_linear)
     .cuda(int8_linear_cuda);
 
 OPFORGE_CLASS(examples, Int8Linear)
-    .doc("A linear layer with int8 weights per output channel, built from a float weight [N, K] and bias [N] "
-         "(N % 8 == 0, K % 64 == 0): forward(x [*, K]) -> [*, N] in x's dtype")
+    .doc(
+        "A linear layer with int8 weights per output channel, built from a float weight [N, K] and bias [N] "
+        "(N % 8 == 0, K % 64 == 0): forward(x [*, K]) -> [*, N] in x's dtype")
     .constructor("int8_linear_pack")
     .method("forward", "int8_linear");
