@@ -17,7 +17,7 @@ endif()
 # opforge_add_library(<name> SOURCES <files>... [KERNELS <files>...] [CUDA_ARCHITECTURES <archs>...])
 #
 # Builds lib<name>.so from op files (.cpp) and ahead-of-time CUDA sources (.cu, compiled by
-# nvcc). KERNELS are run-time kernel sources (see Note [Run-time kernels] in opforge/op.h): they
+# nvcc). KERNELS are run-time kernel sources (see Note [Run-time kernels] in opforge/op_launch.h): they
 # are not compiled here but linked into the library's kernel folder, lib<name>.kernels/ beside
 # the .so, together with opforge/kernel.cuh and opforge/tma.cuh, so that editing the source and running again (or
 # calling opforge.reload()) is the whole redeploy. Symbols are hidden except the library's

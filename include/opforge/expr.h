@@ -6,17 +6,34 @@
 //
 // Note [Shape expressions]
 // ------------------------
-// An expression is a small tree over integer dims: constants, a dim of an input (`dim`), an
-// integer parameter (`int_param`), + - * / (floor division) %, ceildiv, min and max; two
-// expressions compared (== != < <= > >=) make a cross-argument rule. An input's
-// dim may instead be left free (`any`) or free up to a factor (`multiple_of(k)`). It is stored
-// as data in the op library (postfix nodes, opforge/c_api.h), never as compiled code, so each
-// adapter evaluates the same rule its own way: with int64 at run time to check inputs and
-// allocate outputs, with torch's SymInt in the Meta kernel (so torch.compile and torch.export
-// keep dynamic dims symbolic and never specialise on a batch size), and in Python for
-// frameworks that trace shapes there. Names refer to inputs and parameters declared before the
-// rule; they are resolved when the library is loaded, and a bad name is reported with the
-// declaration's file and line.
+// An expression is a small tree over integer dims: constants, a dim of an input (`dim`), an integer
+// parameter (`int_param`), + - * / (floor division) %, ceildiv, min and max; two expressions
+// compared (== != < <= > >=) make a cross-argument rule. An input's dim may instead be left free
+// (`any`) or free up to a factor (`multiple_of(k)`).
+//
+// An expression is stored as data in the op library (postfix nodes, opforge/c_api.h), never as
+// compiled code, so each adapter has the core evaluate the same rule its own way: with int64 at run
+// time to check inputs and allocate outputs, with torch's SymInt in the Meta kernel (so
+// torch.compile and torch.export keep dynamic dims symbolic and never specialise on a batch size),
+// and through the core's C entry points for frameworks that trace shapes in Python (JAX). Names
+// refer to inputs and parameters declared before the rule; they are resolved when the library is
+// loaded, and a bad name is reported with the declaration's file and line.
+//
+// Note [Data-dependent sizes]
+// ---------------------------
+// An output whose length only the kernel knows (a compaction, as torch.nonzero and masked_select)
+// declares its first dim `opforge::size_of("count", bound)`: `count` is a 0-dim int64 output of the
+// same op that the kernel writes, `bound` the most it may be. Kernels get the output with `bound`
+// rows; the call reads `count` (on a GPU a synchronisation, as nonzero's), checks that it is in
+// [0, bound] (a kernel that reports more raises, naming both outputs) and returns the first `count`
+// rows. Such an op has no out= overload and names no backward op.
+//
+// Under torch.compile and torch.export the size is an unbacked symbol (u0): the torch adapter
+// registers a fake kernel that creates it and has the core evaluate the op's other rules with it. A
+// rule of any opforge op over an unbacked size (a same_shape, a shape rule, a .require) is not
+// turned into one of torch's deferred assertions, which would fail with only "Runtime assertion
+// failed for expression Eq(u0, s1)": the op's own check runs when the graph runs (eager, compiled,
+// exported, AOTInductor) and names the op and the argument.
 #pragma once
 
 #include <cstdint>
@@ -108,8 +125,8 @@ inline Expr multiple_of(int64_t k) { return Expr::leaf(OPFORGE_EXPR_MULTIPLE_OF,
 ///   .output("count", opforge::shape({}), opforge::kInt64)
 ///   .output("kept", opforge::shape({opforge::size_of("count", opforge::dim("x", 0))}), opforge::dtype_of("x"))
 /// Kernels get `kept` with at_most rows and write `count`; the call returns its first `count` rows.
-/// Under torch.compile and torch.export the size is an unbacked symbol (u0); see Note
-/// [Data-dependent sizes] in opforge/op.h.
+/// Under torch.compile and torch.export the size is an unbacked symbol (u0); see
+/// Note [Data-dependent sizes] above.
 inline Expr size_of(std::string output, const Expr& at_most) {
   auto n = std::make_shared<Expr::Node>();
   n->op = OPFORGE_EXPR_SIZE_OF;

@@ -152,7 +152,7 @@ __device__ __forceinline__ void block_sum(A (&v)[N]) {
 /// loaded as (element 0 in the low bits of v.x), widened to the accumulator type. Working on
 /// whole words keeps two 16-bit elements in one register and widens them with one shift or mask
 /// each; a Vec<__nv_bfloat16, 8> converted element by element is split into eight registers
-/// first (rms_norm<__nv_bfloat16>: 53 registers instead of 38, by ptxas; bench/RESULTS.md).
+/// first, which costs a kernel registers (ptxas' counts for rms_norm: bench/RESULTS.md).
 template <class T>
 __device__ __forceinline__ void unpack(const uint4& v, acc_t<T> (&out)[16 / sizeof(T)]) {
   static_assert(is_same<T, __nv_bfloat16>::value || is_same<T, __half>::value || is_same<T, float>::value ||
@@ -256,9 +256,8 @@ struct RowRegisters {
   __device__ static int64_t offset(int k) { return (threadIdx.x + int64_t{k} * blockDim.x) * kWidth; }
   /// Loads this thread's vectors of the row at `row` (`cols` elements, 16-byte aligned) as raw
   /// words for unpack, every load issued before any value is used (a load followed by its arithmetic
-  /// before the next load keeps one load in flight per thread: rms_norm ran at 0.86 x copy
-  /// bandwidth so, 0.97 x with the loads first; bench/RESULTS.md). Vectors past the row's end
-  /// read as zeros.
+  /// before the next load keeps one load in flight per thread, well below copy bandwidth:
+  /// bench/RESULTS.md). Vectors past the row's end read as zeros.
   __device__ static void load_words(const T* row, int64_t cols, uint4 (&out)[kMaxVectors]) {
 #pragma unroll
     for (int k = 0; k < kMaxVectors; ++k)

@@ -69,7 +69,7 @@ class Tensor {
 /// Writable view of an output tensor -- dense, row-major, allocated by the adapter with the
 /// shape and dtype of the op's output rule; kernels write every element -- or of an input
 /// declared opforge::mutated (the caller's tensor, laid out as its rule says; see Note
-/// [Mutated inputs] in opforge/op.h).
+/// [Mutated inputs] in opforge/op_constraints.h).
 class MutableTensor : public Tensor {
  public:
   using Tensor::Tensor;

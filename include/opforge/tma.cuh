@@ -3,7 +3,7 @@
 // by nvcc or by NVRTC (run-time kernels, where opforge ships this header in the kernel folder).
 // The host half is opforge::cuda::tiled_tensor_map (opforge/cuda.h), whose map a kernel takes as
 // a `const __grid_constant__ CUtensorMap` parameter, or, for run-time kernels,
-// opforge::tensor_map (opforge/op.h), taken as `const __grid_constant__
+// opforge::tensor_map (opforge/op_cuda.h), taken as `const __grid_constant__
 // opforge::kernel::TensorMap`; the copies below take either.
 //
 // The producer/consumer pipeline these serve (CUTLASS's sm90 pipelines, FlashAttention-3): each

@@ -1,14 +1,19 @@
-"""Building op libraries from Python, through the same CMake functions C++ users call."""
+"""Building with CMake from Python: op libraries, through the same CMake functions C++ users call,
+and the adapters an installed opforge builds on first use (:func:`cmake_build`, used by
+``opforge._adapter`` for torch and ``opforge.jax._adapter`` for JAX)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import hashlib
 import importlib
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import _paths
@@ -23,7 +28,7 @@ class BuildError(RuntimeError):
 _PACKAGE_BIN_DIRS = {"cmake": "CMAKE_BIN_DIR", "ninja": "BIN_DIR"}
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     """A build tool from this Python environment if it has one (pip's cmake and ninja: the
     interpreter's folder, else the package's own, as where a .pth file adds them), else PATH."""
     local = Path(sys.executable).parent / name
@@ -38,8 +43,79 @@ def _tool(name: str) -> str:
     return found
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """opforge's cache folder: ``$OPFORGE_CACHE_DIR``, default ``~/.cache/opforge``."""
     return Path(os.environ.get("OPFORGE_CACHE_DIR", Path.home() / ".cache" / "opforge"))
+
+
+@functools.cache
+def sources_digest() -> str:
+    """The SHA-256 of an installed opforge's adapter and runner sources (``opforge/_src``),
+    hashed once per process."""
+    sources = _paths.PACKAGE / "_src"
+    digest = hashlib.sha256()
+    for path in sorted(p for p in sources.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(sources)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(*parts: str) -> str:
+    """12 hex digits that change with any of ``parts``, this opforge or its sources."""
+    text = "\n".join([*parts, str(_paths.PACKAGE), sources_digest()])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """One builder at a time per folder (parallel test workers, two notebooks)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def cmake_build(source: Path, folder: Path, target: str, output: Path, defines: list[str], what: str) -> Path:
+    """Configure (once) the CMake project ``source`` in ``folder`` and build ``target`` unless
+    ``folder / output`` exists, one builder at a time per folder; returns ``folder``.
+
+    Raises:
+        BuildError: CMake or the compiler failed (the message holds their output and the
+            folder to remove to try again).
+    """
+    if (folder / output).exists():
+        return folder
+    with _locked(folder):
+        if (folder / output).exists():  # built by another process meanwhile
+            return folder
+        cmake = tool("cmake")
+        steps = []
+        if not (folder / "build.ninja").exists():
+            steps.append(
+                [
+                    cmake,
+                    "-S",
+                    str(source),
+                    "-B",
+                    str(folder),
+                    "-G",
+                    "Ninja",
+                    f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}",
+                    f"-DOPFORGE_CMAKE_DIR={_paths.cmake_dir()}",
+                    *defines,
+                ]
+            )
+        steps.append([cmake, "--build", str(folder), "--target", target])
+        with status(f"opforge: building {what} (once)"):
+            for cmd in steps:
+                proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CLICOLOR_FORCE": "0"})
+                if proc.returncode != 0:
+                    raise BuildError(
+                        f"opforge: building {what} failed (remove {folder} to start over):\n{proc.stdout}{proc.stderr}"
+                    )
+    return folder
 
 
 def build_library(
@@ -105,7 +181,7 @@ def build_library(
         body = f"opforge_add_library({name} SOURCES {listing})\n"
     if build_dir is None:
         key = hashlib.sha256("\n".join(map(str, inputs)).encode()).hexdigest()[:12]
-        build_dir = _cache_dir() / "build" / f"{name}-{key}"
+        build_dir = cache_dir() / "build" / f"{name}-{key}"
     build_dir = Path(build_dir).resolve()
     runtime = _paths.runtime_dir()
     # Every setting is in the generated file, so a change of any of them configures again.
@@ -123,11 +199,11 @@ def build_library(
     project.mkdir(parents=True, exist_ok=True)
     target = project / "CMakeLists.txt"
     out = build_dir / "out"
-    cmake = _tool("cmake")
+    cmake = tool("cmake")
     steps = []
     if not (out / "build.ninja").exists() or not target.exists() or target.read_text() != cmakelists:
         target.write_text(cmakelists)
-        configure = [cmake, "-S", str(project), "-B", str(out), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+        configure = [cmake, "-S", str(project), "-B", str(out), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}"]
         steps.append(("configuring", configure))
     steps.append(("compiling", [cmake, "--build", str(out)]))
     for what, cmd in steps:

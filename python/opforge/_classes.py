@@ -1,4 +1,4 @@
-"""Fake classes of opforge's custom classes (Note [Custom classes] in ``opforge/op.h``), so that
+"""Fake classes of opforge's custom classes (Note [Custom classes] in ``opforge/op_class.h``), so that
 torch.compile, torch.export and AOTInductor trace modules holding an instance.
 
 torch traces a torchbind object through a fake object built from the real one's

@@ -1,5 +1,5 @@
 """Fake kernels of ops whose outputs have data-dependent sizes (``opforge::size_of``; Note
-[Data-dependent sizes] in ``opforge/op.h``).
+[Data-dependent sizes] in ``opforge/expr.h``).
 
 Such a size exists only after the kernel runs, so under torch.compile and torch.export it is an
 unbacked symbol, which only torch's Python side can create

@@ -56,7 +56,7 @@ def load_library(path: str | Path) -> Library:
     Each op ``ns::name`` becomes ``torch.ops.ns.name`` with a schema derived from its
     declaration and CPU (reference), CUDA (if declared) and Meta kernels, so it works in eager,
     ``torch.compile``, ``torch.export`` and AOTInductor; ops that name a backward op also get an
-    Autograd kernel that runs it (Note [Backward ops] in ``opforge/op.h``), ops that declare a
+    Autograd kernel that runs it (Note [Backward ops] in ``opforge/op_builder.h``), ops that declare a
     sharding kind DTensor sharding rules (:mod:`opforge.distributed`). Loading the same file
     twice returns the same :class:`~opforge.description.Library`.
 

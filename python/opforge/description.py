@@ -24,24 +24,21 @@ def _float(value) -> float:
 @dataclass(frozen=True)
 class ValueDomain:
     """The values an integer input takes (Note [Value domains]): each element in [low, high)
-    (expressions, as text and as rule trees) or the ``sentinel`` marker; distinct if ``unique``."""
+    (expressions, as text) or the ``sentinel`` marker; distinct if ``unique``."""
 
     low: str
     high: str
-    low_rule: dict
-    high_rule: dict
     unique: bool
     sentinel: int | None
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A cross-argument rule (``.require(...)``): ``lhs op rhs``, as text and as rule trees."""
+    """A cross-argument rule (``.require(...)``): its ``text`` ("x.size(-1) % block == 0") and its
+    comparison ``op`` ("==")."""
 
     text: str
     op: str
-    lhs: dict
-    rhs: dict
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,6 @@ class TensorArg:
         mutated: the kernel writes it in place (``Tensor(a!) name``; Note [Mutated inputs]).
         values: the values of an integer input that indexes something, or None.
         shape: per dim the rule's text ("*", "x.size(-1)", "multiple of 4"), or None.
-        shape_rules: per dim the rule as a tree (see ``src/core/description.h``), or None.
         multiple_of: {dim: k} for dims declared ``opforge::multiple_of(k)``.
         follows: {dim of the first tensor input: this input's dim} for ops sharded by dims.
     """
@@ -81,7 +77,6 @@ class TensorArg:
     mutated: bool
     values: ValueDomain | None
     shape: tuple[str, ...] | None
-    shape_rules: tuple | None
     multiple_of: dict[int, int]
     follows: dict[int, int]
 
@@ -124,10 +119,10 @@ Arg = TensorArg | Param
 @dataclass(frozen=True)
 class Output:
     """An output: its dtype rule (a fixed ``dtype`` or ``dtype_like`` an input) and shape rule
-    (``like`` an input with ``with_dims`` replaced, or an explicit ``shape``), as text and as
-    rule trees (``shape_rules``, ``with_dim_rules``). ``present_with``: the optional input whose
-    rules its rules read; the output is None in calls that leave that input out. ``size_from``:
-    the 0-dim int64 output whose value is this output's first dim (a data-dependent size)."""
+    (``like`` an input with ``with_dims`` replaced, or an explicit ``shape``), as text.
+    ``present_with``: the optional input whose rules its rules read; the output is None in calls
+    that leave that input out. ``size_from``: the 0-dim int64 output whose value is this output's
+    first dim (a data-dependent size)."""
 
     name: str
     dtype: str | None
@@ -136,9 +131,7 @@ class Output:
     present_with: str | None
     size_from: str | None
     shape: tuple[str, ...]
-    shape_rules: tuple
     with_dims: dict[int, str]
-    with_dim_rules: dict[int, object]
 
 
 @dataclass(frozen=True)
@@ -266,7 +259,7 @@ class Method:
 
 @dataclass(frozen=True)
 class CustomClass:
-    """A custom class (Note [Custom classes] in ``opforge/op.h``), ``torch.classes.<ns>.<Name>``
+    """A custom class (Note [Custom classes] in ``opforge/op_class.h``), ``torch.classes.<ns>.<Name>``
     once loaded: the object's ``fields``, its ``methods``, and the ``constructor`` op its
     ``__init__`` runs (or None: ``__init__`` takes the fields)."""
 
@@ -315,7 +308,6 @@ def _param_value(kind: str, value):
 
 def _arg(index: int, a: dict) -> Arg:
     if a["kind"] == "tensor":
-        rules = a["shape_rules"]
         return TensorArg(
             name=a["name"],
             index=index,
@@ -331,7 +323,6 @@ def _arg(index: int, a: dict) -> Arg:
             mutated=a["mutated"],
             values=ValueDomain(**a["values"]) if a["values"] is not None else None,
             shape=tuple(a["shape"]) if a["shape"] is not None else None,
-            shape_rules=tuple(rules) if rules is not None else None,
             multiple_of={d: k for d, k in a["multiple_of"]},
             follows={d: j for d, j in a["follows"]},
         )
@@ -380,9 +371,7 @@ def _op(o: dict) -> Op:
                 present_with=x["present_with"],
                 size_from=x["size_from"],
                 shape=tuple(x["shape"]),
-                shape_rules=tuple(x["shape_rules"]),
                 with_dims={d: t for d, t in x["with_dims"]},
-                with_dim_rules={d: r for d, r in x["with_dim_rules"]},
             )
             for x in o["outputs"]
         ),

@@ -1,7 +1,7 @@
 """Sharding rules for ``torch.distributed.tensor`` (DTensor), from op descriptions.
 
 An op declares how its work may be split (``.sharding(opforge::Sharding::kPointwise)``, or
-derived from a run-time kernel's launch rule; see ``opforge::Sharding`` in opforge/op.h), and
+derived from a run-time kernel's launch rule; see ``opforge::Sharding`` in opforge/op_builder.h), and
 :func:`register_sharding_rules` turns that into DTensor strategies, so a tensor-parallel model
 calls opforge ops on DTensors without gathering them:
 

@@ -1,4 +1,4 @@
-// Backward ops: the name-matching rules of Note [Backward ops] (opforge/op.h).
+// Backward ops: the name-matching rules of Note [Backward ops] (opforge/op_builder.h).
 #include "backward.h"
 
 #include <algorithm>

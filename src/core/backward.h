@@ -1,5 +1,5 @@
 // Backward ops: how an op's values reach the op that computes its input gradients (Note
-// [Backward ops] in opforge/op.h), matched by argument names, and the load-time check.
+// [Backward ops] in opforge/op_builder.h), matched by argument names, and the load-time check.
 #pragma once
 
 #include <cstdint>

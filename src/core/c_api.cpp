@@ -205,7 +205,7 @@ std::string output_shapes_request(const char* text) {
   std::vector<std::string> why;
   Values values(op, args, /*required=*/true, why);
   std::vector<ArgInfo<int64_t>> info(op.num_args);
-  std::deque<std::string> labels;  // dtype and device names the ArgInfo labels point into
+  std::deque<std::string> labels;                         // dtype and device names the ArgInfo labels point into
   std::vector<std::vector<int64_t>> shapes(op.num_args);  // the sizes the ArgInfos view
   for (int32_t i = 0; i < op.num_args; ++i) {
     const OpforgeArgSpec& a = op.args[i];
@@ -233,10 +233,10 @@ std::string output_shapes_request(const char* text) {
   if (!message.empty()) throw InvalidArgument(message);
   json outputs = json::array();
   for (int32_t k = 0; k < op.num_outputs; ++k)
-    outputs.push_back(outs[k].defined ? json{{"name", op.outputs[k].name},
-                                             {"dtype", dtype_name(outs[k].dtype)},
-                                             {"shape", outs[k].sizes}}
-                                      : json(nullptr));
+    outputs.push_back(
+        outs[k].defined
+            ? json{{"name", op.outputs[k].name}, {"dtype", dtype_name(outs[k].dtype)}, {"shape", outs[k].sizes}}
+            : json(nullptr));
   return json{{"outputs", outputs}}.dump();
 }
 

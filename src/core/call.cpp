@@ -11,9 +11,9 @@
 
 #include "check.h"
 #include "device_checks.h"
-#include "overlap.h"
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
+#include "overlap.h"
 #include "schema.h"
 #include "small_vector.h"
 
@@ -238,7 +238,8 @@ std::vector<std::string> refusals(const Call& c, Span<const OpforgeTensor> outpu
     const bool mutated = is_mutated(op.args[i]);
     all.push_back({&t, op.args[i].name, mutated, false});
     const int64_t item = static_cast<int64_t>(dtype_size(t.dtype));
-    if (mutated && admit(op.args[i].tensor, t, item) == Admission::kRefuse) lines.push_back(refusal(op.args[i], t, item));
+    if (mutated && admit(op.args[i].tensor, t, item) == Admission::kRefuse)
+      lines.push_back(refusal(op.args[i], t, item));
   }
   for (int32_t k = 0; c.out_overload && k < op.num_outputs; ++k) {
     const OpforgeTensor& t = outputs[k];
@@ -248,7 +249,8 @@ std::vector<std::string> refusals(const Call& c, Span<const OpforgeTensor> outpu
       lines.push_back(std::string(op.outputs[k].name) +
                       ": expected a tensor whose elements do not overlap in memory (the op writes it), got shape " +
                       sizes_string<int64_t>(Span<const int64_t>(t.sizes, static_cast<size_t>(t.ndim))) +
-                      " with strides " + sizes_string<int64_t>(Span<const int64_t>(t.strides, static_cast<size_t>(t.ndim))));
+                      " with strides " +
+                      sizes_string<int64_t>(Span<const int64_t>(t.strides, static_cast<size_t>(t.ndim))));
   }
   if (!lines.empty()) return lines;
   for (size_t w = 0; w < all.size(); ++w) {
@@ -258,10 +260,11 @@ std::vector<std::string> refusals(const Call& c, Span<const OpforgeTensor> outpu
       const OpforgeTensor &a = *all[w].view, &b = *all[o].view;
       const Overlap how = overlap(a, int64_t(dtype_size(a.dtype)), b, int64_t(dtype_size(b.dtype)));
       if (how == Overlap::kNone) continue;
-      const std::string shared = how == Overlap::kShared ? "memory shared with " + std::string(all[o].name)
-                                                         : "memory that may be shared with " + std::string(all[o].name) +
-                                                               " (their strides interleave in a way opforge does not "
-                                                               "take apart)";
+      const std::string shared = how == Overlap::kShared
+                                     ? "memory shared with " + std::string(all[o].name)
+                                     : "memory that may be shared with " + std::string(all[o].name) +
+                                           " (their strides interleave in a way opforge does not "
+                                           "take apart)";
       lines.push_back(std::string(all[w].name) + ": expected memory of its own (" +
                       (all[w].out ? "the op writes it" : "it is written in place") + "), got " + shared + "; pass " +
                       (all[w].out ? std::string(all[o].name) : std::string(all[w].name)) + ".clone()");

@@ -272,7 +272,7 @@ inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeArgSpec& 
   return want + ", got " + std::string(label);
 }
 /// The line for a dtype `label` of kernel `k`'s dtype_arg that `k` does not take (Note [Kernel
-/// dtypes] in opforge/op.h): "q: expected dtype one of {float16, bfloat16} on cuda (its cuda
+/// dtypes] in opforge/op_builder.h): "q: expected dtype one of {float16, bfloat16} on cuda (its cuda
 /// kernel takes no other), got float32".
 inline std::string kernel_dtype_problem(const OpforgeOpSpec& op, const OpforgeKernel& k, std::string_view label) {
   const std::string device = device_type_name(k.device_type);
@@ -438,7 +438,7 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
     if (why.size() > before_shape) bad[i] |= kBadShape;
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);
   }
-  // Note [Kernel dtypes] in opforge/op.h: the kernel of the call's device may take fewer dtypes
+  // Note [Kernel dtypes] in opforge/op_builder.h: the kernel of the call's device may take fewer dtypes
   // than the declaration admits (meta, where a trace runs, has no kernel: not checked).
   bool restricted = false;  // (most ops: no device name is looked at on their calls)
   for (int32_t k = 1; k < op.num_kernels; ++k) restricted = restricted || restricts_dtypes(op.kernels[k]);

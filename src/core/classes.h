@@ -1,4 +1,4 @@
-// Custom classes (Note [Custom classes] in opforge/op.h): what an object keeps, what its
+// Custom classes (Note [Custom classes] in opforge/op_class.h): what an object keeps, what its
 // __init__ takes and which of a method op's arguments come from the object, derived once from a
 // library's records for every adapter.
 #pragma once

@@ -48,39 +48,6 @@ json value_json(const OpforgeValue& v) {
   }
 }
 
-/// A shape expression as a tree (postfix nodes folded), e.g. {"mul": [{"dim": ["x", -1]}, {"const": 2}]}.
-json rule_json(const OpforgeOpSpec& op, const OpforgeExpr& e) {
-  if (e.num_nodes == 0) return {{"any", true}};
-  static const char* const kBinary[] = {nullptr,    nullptr,   nullptr, "add", "sub",   "mul",
-                                        "floordiv", "ceildiv", "min",   "max", nullptr, "mod"};
-  std::vector<json> stack;
-  for (int32_t k = 0; k < e.num_nodes; ++k) {
-    const OpforgeExprNode& n = e.nodes[k];
-    switch (n.op) {
-      case OPFORGE_EXPR_CONST:
-        stack.push_back({{"const", n.value}});
-        break;
-      case OPFORGE_EXPR_MULTIPLE_OF:
-        stack.push_back({{"multiple_of", n.value}});
-        break;
-      case OPFORGE_EXPR_DIM:
-        stack.push_back({{"dim", json::array({op.args[n.arg].name, n.value})}});
-        break;
-      case OPFORGE_EXPR_PARAM:
-        stack.push_back({{"param", op.args[n.arg].name}});
-        break;
-      default: {
-        json rhs = std::move(stack.back());
-        stack.pop_back();
-        json lhs = std::move(stack.back());
-        stack.pop_back();
-        stack.push_back({{kBinary[n.op], json::array({std::move(lhs), std::move(rhs)})}});
-      }
-    }
-  }
-  return stack.back();
-}
-
 const char* layout_name(int32_t layout) {
   switch (layout) {
     case OPFORGE_LAYOUT_STRIDED:
@@ -129,22 +96,17 @@ json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::m
     j["mutated"] = is_mutated(a);
     json values = nullptr;
     if (t.has_values)
-      values = {
-          {"low", expr_string(op, t.values_low)},    {"high", expr_string(op, t.values_high)},
-          {"low_rule", rule_json(op, t.values_low)}, {"high_rule", rule_json(op, t.values_high)},
-          {"unique", t.values_unique != 0},          {"sentinel", t.has_sentinel ? json(t.sentinel) : json(nullptr)}};
+      values = {{"low", expr_string(op, t.values_low)},
+                {"high", expr_string(op, t.values_high)},
+                {"unique", t.values_unique != 0},
+                {"sentinel", t.has_sentinel ? json(t.sentinel) : json(nullptr)}};
     j["values"] = std::move(values);
-    json shape = nullptr, rules = nullptr;
+    json shape = nullptr;
     if (t.num_dims > 0) {
       shape = json::array();
-      rules = json::array();
-      for (int32_t d = 0; d < t.num_dims; ++d) {
-        shape.push_back(expr_string(op, t.dims[d]));
-        rules.push_back(rule_json(op, t.dims[d]));
-      }
+      for (int32_t d = 0; d < t.num_dims; ++d) shape.push_back(expr_string(op, t.dims[d]));
     }
     j["shape"] = std::move(shape);
-    j["shape_rules"] = std::move(rules);
     json multiple = json::array();
     for (const auto& [d, k] : multiple_of_dims(a)) multiple.push_back({d, k});
     j["multiple_of"] = std::move(multiple);
@@ -177,20 +139,13 @@ json output_json(const OpforgeOpSpec& op, const OpforgeOutputSpec& o) {
   j["like"] = o.shape_like >= 0 ? json(op.args[o.shape_like].name) : json(nullptr);
   j["present_with"] = o.present_with >= 0 ? json(op.args[o.present_with].name) : json(nullptr);
   j["size_from"] = o.size_from >= 0 ? json(op.outputs[o.size_from].name) : json(nullptr);
-  json shape = json::array(), rules = json::array(), with = json::array(), with_rules = json::array();
+  json shape = json::array(), with = json::array();
   for (int32_t d = 0; d < o.num_dims; ++d) {
-    if (o.shape_like >= 0) {
-      with.push_back({o.dim_index[d], expr_string(op, o.dims[d])});
-      with_rules.push_back({o.dim_index[d], rule_json(op, o.dims[d])});
-    } else {
-      shape.push_back(expr_string(op, o.dims[d]));
-      rules.push_back(rule_json(op, o.dims[d]));
-    }
+    if (o.shape_like >= 0) with.push_back({o.dim_index[d], expr_string(op, o.dims[d])});
+    else shape.push_back(expr_string(op, o.dims[d]));
   }
   j["shape"] = std::move(shape);
-  j["shape_rules"] = std::move(rules);
   j["with_dims"] = std::move(with);
-  j["with_dim_rules"] = std::move(with_rules);
   return j;
 }
 
@@ -239,10 +194,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   j["batchable"] = std::move(batchable);
   json rules = json::array();
   for (int32_t k = 0; k < num_rules(op); ++k)
-    rules.push_back({{"text", rule_string(op, op.rules[k])},
-                     {"op", comparison_symbol(op.rules[k].op)},
-                     {"lhs", rule_json(op, op.rules[k].lhs)},
-                     {"rhs", rule_json(op, op.rules[k].rhs)}});
+    rules.push_back({{"text", rule_string(op, op.rules[k])}, {"op", comparison_symbol(op.rules[k].op)}});
   j["rules"] = std::move(rules);
   const auto follows = follow_dims(op);
   json args = json::array();

@@ -28,7 +28,7 @@ namespace opforge::core {
 ///        "sharding": "none" | "pointwise" | "rowwise" | "dims",
 ///        "sharding_dims": [d...], "unshardable_dims": [d from the end...], "batchable": [name...]
 ///        (batchable_args in sharding.h), "rules": [{"text":
-///        "a.size(0) <= b.size(1)", "op": "<=", "lhs": rule, "rhs": rule}...],
+///        "a.size(0) <= b.size(1)", "op": "<="}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],
 ///        "runtime_kernels": [{"source", "name"}], "dtype_combinations": [{tensor name: dtype}...]
 ///        (dtype_combinations in dtypes.h), "dtype_combinations_on": {device: [those its kernel
@@ -37,25 +37,23 @@ namespace opforge::core {
 ///        "same_dtype": name | null, "dtype_alternatives": [dtype...] (with same_dtype),
 ///        "same_shape": name | null, "min_rank", "max_rank" (-1: no bound), "leading_dims": bool
 ///        ("shape" then rules the last dims), "layout": "contiguous" | "strided" | "contiguous_last_dim",
-///        "optional": bool, "mutated": bool, "values": null | {"low", "high" (text), "low_rule",
-///        "high_rule", "unique": bool, "sentinel": int | null} (Note [Value domains]), "shape": ["x.size(-1)", "*"...]
-///        | null, "shape_rules": [rule...] | null, "multiple_of": [[dim, k]...], "follows": [[dim of the first input,
-///        dim]...]}
+///        "optional": bool, "mutated": bool, "values": null | {"low", "high" (text), "unique": bool,
+///        "sentinel": int | null} (Note [Value domains]), "shape": ["x.size(-1)", "*"...] | null,
+///        "multiple_of": [[dim, k]...], "follows": [[dim of the first input, dim]...]}
 ///   param arg: {"name", "kind": "param", "type": "int" | "float" | "bool" | "str" | "int[]" |
 ///        "float[]", "default": typed value (absent: required), "min", "max" (absent: no
 ///        bound), "choices": [typed value...] | null, "compile_time": bool}
 ///   output: {"name", "dtype": "float32" | null (fixed dtype), "dtype_like": name | null,
 ///        "like": name | null, "present_with": the optional input it exists with | null,
 ///        "size_from": the output whose value is its first dim (data-dependent) | null,
-///        "shape": [text...], "shape_rules": [rule...] (explicit shape),
-///        "with_dims": [[dim, text]...], "with_dim_rules": [[dim, rule]...] (like: replaced dims)}
+///        "shape": [text...] (explicit shape), "with_dims": [[dim, text]...] (like: replaced dims)}
 ///   class (Note [Custom classes], classes.h): {"name": "Class", "qualified_name": "ns::Class", "doc",
 ///        "file", "line", "constructor": "ns::op" | null, "fields": [{"name", "kind": "Tensor" |
 ///        "int" | ..., "optional": bool}...], "methods": [{"name", "op": "ns::op", "bound": [field
 ///        name | null (the caller's argument), one per argument of the op]}...]}
-///   rule (a shape expression, for abstract evaluation): {"const": 3} | {"dim": [name, d]} |
-///        {"param": name} | {"any": true} | {"multiple_of": k} | {"add" | "sub" | "mul" |
-///        "floordiv" | "ceildiv" | "min" | "max" | "mod": [rule, rule]}
+///
+/// Shape rules appear as text only: Python, and adapters that trace there, have the core evaluate
+/// them (opforge_core_output_shapes, opforge_core_example_shapes in opforge/core.h).
 ///
 /// Floats that JSON cannot hold (inf, nan) are the strings "inf", "-inf" and "nan".
 std::string description_json(const OpforgeLibrary& lib);

@@ -38,8 +38,8 @@ struct Driver {
   Result (*ctx_get_current)(Context*) = nullptr;
   Result (*module_load_data)(Module*, const void*) = nullptr;
   Result (*module_get_function)(Function*, Module, const char*) = nullptr;
-  Result (*launch_kernel)(Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
-                          void**, void**) = nullptr;
+  Result (*launch_kernel)(Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                          void**) = nullptr;
   Result (*get_error_string)(Result, const char**) = nullptr;
   std::string load_error;
 
@@ -62,8 +62,8 @@ struct Driver {
     if (r == 0) return;
     const char* text = nullptr;
     if (get_error_string != nullptr) get_error_string(r, &text);
-    throw InternalError(qualified_name(op) + ": the device value check: " + what + " failed: " +
-                        (text != nullptr ? text : "CUresult " + std::to_string(r)));
+    throw InternalError(qualified_name(op) + ": the device value check: " + what +
+                        " failed: " + (text != nullptr ? text : "CUresult " + std::to_string(r)));
   }
 };
 
@@ -92,7 +92,9 @@ void* check_function(const OpforgeOpSpec& op) {
   return f;
 }
 
-std::string range_text(int64_t low, int64_t high) { return "[" + std::to_string(low) + ", " + std::to_string(high) + ")"; }
+std::string range_text(int64_t low, int64_t high) {
+  return "[" + std::to_string(low) + ", " + std::to_string(high) + ")";
+}
 
 }  // namespace
 
@@ -102,7 +104,8 @@ void set_device_value_checks(bool enabled) { g_enabled.store(enabled, std::memor
 std::vector<ValueDomain> value_domains(const OpforgeOpSpec& op, Span<const OpforgeArg> args) {
   std::vector<ValueDomain> domains;
   bool any = false;
-  for (int32_t i = 0; i < op.num_args; ++i) any |= op.args[i].kind == OPFORGE_ARG_TENSOR && op.args[i].tensor.has_values;
+  for (int32_t i = 0; i < op.num_args; ++i)
+    any |= op.args[i].kind == OPFORGE_ARG_TENSOR && op.args[i].tensor.has_values;
   if (!any) return domains;
   std::vector<ArgInfo<int64_t>> info(op.num_args);
   for (int32_t i = 0; i < op.num_args; ++i) {
@@ -116,7 +119,8 @@ std::vector<ValueDomain> value_domains(const OpforgeOpSpec& op, Span<const Opfor
     const OpforgeTensorSpec& s = op.args[i].tensor;
     if (op.args[i].kind != OPFORGE_ARG_TENSOR || !s.has_values || args[i].tensor.ndim < 0) continue;
     const Span<const ArgInfo<int64_t>> view(info);
-    const std::optional<int64_t> low = eval_expr<int64_t>(s.values_low, view), high = eval_expr<int64_t>(s.values_high, view);
+    const std::optional<int64_t> low = eval_expr<int64_t>(s.values_low, view),
+                                 high = eval_expr<int64_t>(s.values_high, view);
     if (!low || !high) continue;
     const std::string rule = "[" + expr_string(op, s.values_low) + ", " + expr_string(op, s.values_high) + ")";
     const std::string range = range_text(*low, *high);

@@ -83,7 +83,8 @@ constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DT
                                (1u << OPFORGE_DTYPE_FLOAT16) | (1u << OPFORGE_DTYPE_BFLOAT16);
 
 /// accepts_floating_as over the given combinations (those of one device's kernel).
-bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype, const std::vector<std::vector<int32_t>>& combinations) {
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype,
+                         const std::vector<std::vector<int32_t>>& combinations) {
   std::vector<bool> floating(op.num_args, false);
   for (const auto& c : combinations)
     for (int32_t i = 0; i < op.num_args; ++i) floating[i] = floating[i] || (c[i] >= 0 && ((kFloating >> c[i]) & 1u));

@@ -20,7 +20,7 @@ namespace opforge::core {
 std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, size_t limit = 256);
 
 /// The dtype_combinations that the kernel a call on `device_type` (OpforgeDeviceType) runs
-/// takes (Note [Kernel dtypes] in opforge/op.h): all of them on the CPU, fewer where the device
+/// takes (Note [Kernel dtypes] in opforge/op_builder.h): all of them on the CPU, fewer where the device
 /// kernel declares kernel_dtypes(), none where the op has no kernel for the device.
 std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op, int32_t device_type,
                                                         size_t limit = 256);

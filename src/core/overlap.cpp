@@ -97,7 +97,8 @@ Overlap overlap(const OpforgeTensor& a, int64_t item_a, const OpforgeTensor& b, 
   if (a.ndim > kMaxDims || b.ndim > kMaxDims) return Overlap::kUnknown;
   const Runs ra(a, item_a), rb(b, item_b);
   const uintptr_t lo = std::max(ra.base, rb.base);
-  const uintptr_t hi = std::min(ra.base + static_cast<uintptr_t>(ra.end_offset), rb.base + static_cast<uintptr_t>(rb.end_offset));
+  const uintptr_t hi =
+      std::min(ra.base + static_cast<uintptr_t>(ra.end_offset), rb.base + static_cast<uintptr_t>(rb.end_offset));
   if (lo >= hi) return Overlap::kNone;
   if (!ra.ordered || !rb.ordered) return Overlap::kUnknown;
   RunCursor x(ra, lo), y(rb, lo);

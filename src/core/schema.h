@@ -41,7 +41,7 @@ bool has_data_dependent_sizes(const OpforgeOpSpec& op);
 /// "_opforge_fake_<name>" with a keyword-only `SymInt[] data_dependent_sizes` (one per such
 /// output, in order), e.g. "_opforge_fake_compact(Tensor x, float threshold, *, SymInt[]
 /// data_dependent_sizes) -> (Tensor, Tensor)". A tracing framework creates the unbacked sizes
-/// and calls it to evaluate every other rule in C++ (Note [Data-dependent sizes] in opforge/op.h).
+/// and calls it to evaluate every other rule in C++ (Note [Data-dependent sizes] in opforge/expr.h).
 std::string fake_companion_schema(const OpforgeOpSpec& op);
 std::string fake_companion_name(const OpforgeOpSpec& op);
 
@@ -99,12 +99,10 @@ const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type)
 int32_t device_type_code(std::string_view name);
 
 /// The name of OpforgeDeviceType `device_type` in messages and descriptions: "cuda" or "cpu".
-inline const char* device_type_name(int32_t device_type) {
-  return device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu";
-}
+inline const char* device_type_name(int32_t device_type) { return device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu"; }
 
 /// Whether kernel `k` declares the dtypes it takes for one argument (Note [Kernel dtypes] in
-/// opforge/op.h): a dtype_arg and a non-empty set.
+/// opforge/op_builder.h): a dtype_arg and a non-empty set.
 inline bool restricts_dtypes(const OpforgeKernel& k) { return k.dtype_arg >= 0 && k.dtypes != 0; }
 
 /// Whether kernel `k` takes `dtype` (OpforgeDtype) for tensor argument `arg`: true unless `k`

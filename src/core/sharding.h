@@ -1,5 +1,5 @@
 // How a sharded-tensor framework may split an op's work, derived from its declaration (see
-// opforge::Sharding and opforge::shard_dims in opforge/op.h). Adapters turn these into their
+// opforge::Sharding and opforge::shard_dims in opforge/op_builder.h). Adapters turn these into their
 // framework's rules (torch.distributed.tensor strategies, JAX shardings).
 #pragma once
 

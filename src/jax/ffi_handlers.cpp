@@ -53,22 +53,38 @@ struct DtypeOf {
 
 DtypeOf dtype_of(ffi::DataType t) {
   switch (t) {
-    case ffi::DataType::F32: return {OPFORGE_DTYPE_FLOAT32, "float32"};
-    case ffi::DataType::F64: return {OPFORGE_DTYPE_FLOAT64, "float64"};
-    case ffi::DataType::F16: return {OPFORGE_DTYPE_FLOAT16, "float16"};
-    case ffi::DataType::BF16: return {OPFORGE_DTYPE_BFLOAT16, "bfloat16"};
-    case ffi::DataType::S8: return {OPFORGE_DTYPE_INT8, "int8"};
-    case ffi::DataType::S16: return {OPFORGE_DTYPE_INT16, "int16"};
-    case ffi::DataType::S32: return {OPFORGE_DTYPE_INT32, "int32"};
-    case ffi::DataType::S64: return {OPFORGE_DTYPE_INT64, "int64"};
-    case ffi::DataType::U8: return {OPFORGE_DTYPE_UINT8, "uint8"};
-    case ffi::DataType::PRED: return {OPFORGE_DTYPE_BOOL, "bool"};
-    case ffi::DataType::U16: return {-1, "uint16"};
-    case ffi::DataType::U32: return {-1, "uint32"};
-    case ffi::DataType::U64: return {-1, "uint64"};
-    case ffi::DataType::C64: return {-1, "complex64"};
-    case ffi::DataType::C128: return {-1, "complex128"};
-    default: return {-1, "unknown"};
+    case ffi::DataType::F32:
+      return {OPFORGE_DTYPE_FLOAT32, "float32"};
+    case ffi::DataType::F64:
+      return {OPFORGE_DTYPE_FLOAT64, "float64"};
+    case ffi::DataType::F16:
+      return {OPFORGE_DTYPE_FLOAT16, "float16"};
+    case ffi::DataType::BF16:
+      return {OPFORGE_DTYPE_BFLOAT16, "bfloat16"};
+    case ffi::DataType::S8:
+      return {OPFORGE_DTYPE_INT8, "int8"};
+    case ffi::DataType::S16:
+      return {OPFORGE_DTYPE_INT16, "int16"};
+    case ffi::DataType::S32:
+      return {OPFORGE_DTYPE_INT32, "int32"};
+    case ffi::DataType::S64:
+      return {OPFORGE_DTYPE_INT64, "int64"};
+    case ffi::DataType::U8:
+      return {OPFORGE_DTYPE_UINT8, "uint8"};
+    case ffi::DataType::PRED:
+      return {OPFORGE_DTYPE_BOOL, "bool"};
+    case ffi::DataType::U16:
+      return {-1, "uint16"};
+    case ffi::DataType::U32:
+      return {-1, "uint32"};
+    case ffi::DataType::U64:
+      return {-1, "uint64"};
+    case ffi::DataType::C64:
+      return {-1, "complex64"};
+    case ffi::DataType::C128:
+      return {-1, "complex128"};
+    default:
+      return {-1, "unknown"};
   }
 }
 
@@ -105,8 +121,9 @@ struct Views {
     std::vector<int64_t>& st = strides.emplace_back(s.size());
     int64_t step = 1;
     for (size_t d = s.size(); d-- > 0;) st[d] = step, step *= s[d];
-    return {b.untyped_data(), dtype_of(b.element_type()).code, device_type, device_index,
-            static_cast<int32_t>(s.size()), s.data(), st.data()};
+    return {b.untyped_data(), dtype_of(b.element_type()).code, device_type,
+            device_index,     static_cast<int32_t>(s.size()),  s.data(),
+            st.data()};
   }
 };
 
@@ -121,9 +138,9 @@ OpforgeValue param_value(const OpforgeOpSpec& op, int32_t i, const ffi::Dictiona
   const auto get = [&](auto type) {  // the attribute as `type`'s type, or the call's error
     auto x = attrs.get<decltype(type)>(a.name);
     if (!x.has_value())
-      throw InvalidArgument(core::invalid_arguments_message(
-          op, {std::string(a.name) + ": expected a value of type " + core::schema_type(a.kind) +
-               ", got an attribute of another type"}));
+      throw InvalidArgument(
+          core::invalid_arguments_message(op, {std::string(a.name) + ": expected a value of type " +
+                                               core::schema_type(a.kind) + ", got an attribute of another type"}));
     return *x;
   };
   switch (a.kind) {
@@ -178,17 +195,22 @@ class Hooks final : public core::CallHooks {
  public:
   Hooks(const OpforgeOpSpec& op, int32_t device_type, int32_t device_index, void* stream,
         ffi::ScratchAllocator* scratch, const ffi::RemainingRets& results, Views& views)
-      : op_(op), device_type_(device_type), device_index_(device_index), stream_(stream), results_(results),
-        views_(views), memory_{scratch, {}} {}
+      : op_(op),
+        device_type_(device_type),
+        device_index_(device_index),
+        stream_(stream),
+        results_(results),
+        views_(views),
+        memory_{scratch, {}} {}
 
   OpforgeTensor output(int32_t k, int32_t dtype, core::Span<const int64_t> sizes) override {
     auto r = results_.get<ffi::AnyBuffer>(next_++);
     if (!r.has_value())
-      throw InternalError("opforge.jax: " + core::qualified_name(op_) + ": no result buffer for " + op_.outputs[k].name);
+      throw InternalError("opforge.jax: " + core::qualified_name(op_) + ": no result buffer for " +
+                          op_.outputs[k].name);
     const ffi::AnyBuffer b(**r);
     const auto dims = b.dimensions();
-    if (dtype_of(b.element_type()).code != dtype ||
-        !std::equal(dims.begin(), dims.end(), sizes.begin(), sizes.end()))
+    if (dtype_of(b.element_type()).code != dtype || !std::equal(dims.begin(), dims.end(), sizes.begin(), sizes.end()))
       throw InternalError("opforge.jax: " + core::qualified_name(op_) + ": the result buffer of " +
                           op_.outputs[k].name + " is not the " + dtype_name(dtype) + " " +
                           core::sizes_string<int64_t>(sizes) + " its rule gives");
@@ -298,8 +320,10 @@ void run(int32_t device_type, int32_t device_index, void* stream, ffi::ScratchAl
                         " results for " + std::to_string(result) + " outputs and written inputs");
 
   Hooks hooks(op, device_type, device_index, stream, scratch, results, views);
-  const core::Call call{op, core::device_kernel(op, device_type), info, args, {}, false, device_type,
-                        device_type == OPFORGE_DEVICE_CUDA ? device_index : -1};
+  const core::Call call{op,          core::device_kernel(op, device_type),
+                        info,        args,
+                        {},          false,
+                        device_type, device_type == OPFORGE_DEVICE_CUDA ? device_index : -1};
   std::vector<OpforgeTensor> out_views(static_cast<size_t>(op.num_outputs));
   core::run_call(call, hooks, out_views);
 }

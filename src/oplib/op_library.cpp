@@ -185,8 +185,8 @@ class Resolver {
 /// alternatives.
 uint32_t admitted_dtypes(const OpDef& def, const ArgDecl& a, int depth = 0) {
   if (a.tensor.dtype_like.empty() || depth > static_cast<int>(def.args.size())) return a.tensor.dtypes.bits;
-  const auto model = std::find_if(def.args.begin(), def.args.end(),
-                                  [&](const ArgDecl& m) { return m.name == a.tensor.dtype_like; });
+  const auto model =
+      std::find_if(def.args.begin(), def.args.end(), [&](const ArgDecl& m) { return m.name == a.tensor.dtype_like; });
   if (model == def.args.end()) return a.tensor.dtypes.bits;  // an unknown name is reported elsewhere
   return (admitted_dtypes(def, *model, depth + 1) & a.tensor.dtypes.bits) | a.tensor.dtype_alternatives.bits;
 }
@@ -209,9 +209,10 @@ void resolve_kernel_dtypes(OpDef& def, Resolver& r) {
       continue;
     }
     OpforgeKernel& k = def.kernels[static_cast<size_t>(kd.kernel)];
-    const auto it = std::find_if(def.args.begin(), def.args.end(), [&](const ArgDecl& a) { return a.name == kd.input; });
+    const auto it =
+        std::find_if(def.args.begin(), def.args.end(), [&](const ArgDecl& a) { return a.name == kd.input; });
     if (it == def.args.end() || it->kind != OPFORGE_ARG_TENSOR || it->tensor.optional) {
-      const std::string what = it == def.args.end()               ? "names no input"
+      const std::string what = it == def.args.end()             ? "names no input"
                                : it->kind != OPFORGE_ARG_TENSOR ? "names a parameter"
                                                                 : "names an optional input, which a call may leave out";
       r.error(ctx, what + "; expected a required tensor input (" + inputs + ")");
@@ -677,7 +678,8 @@ void OpDef::add_kernel(const OpforgeKernel& kernel, bool reference) {
 }
 
 void OpDef::set_kernel_dtypes(std::string input, uint32_t dtypes) {
-  kernel_dtypes.push_back({kernels.size() > 1 ? static_cast<int32_t>(kernels.size() - 1) : -1, std::move(input), dtypes});
+  kernel_dtypes.push_back(
+      {kernels.size() > 1 ? static_cast<int32_t>(kernels.size() - 1) : -1, std::move(input), dtypes});
 }
 
 void OpDef::set_launch(LaunchRule rule) {
@@ -711,27 +713,25 @@ std::vector<std::string> ClassDef::finalize() {
   if (!is_identifier(name) || name.rfind("__", 0) == 0)
     problem("a class name must be an identifier that does not start with \"__\"");
   if (!constructor.empty() && !field_names.empty())
-    problem(".field() and .constructor() together: with a constructor op, the object's fields are its outputs and "
-            "the arguments a method takes");
+    problem(
+        ".field() and .constructor() together: with a constructor op, the object's fields are its outputs and "
+        "the arguments a method takes");
   if (methods.empty()) problem("no .method(): a class is used through its methods");
   std::set<std::string> seen;
   for (const auto& f : field_names) {
     if (!is_identifier(f) || f.rfind("__", 0) == 0)
       problem("field \"" + f + "\": expected an identifier that does not start with \"__\"");
-    else if (std::string why = reserved(f, {}); !why.empty())
-      problem("field " + why);
-    else if (!seen.insert(f).second)
-      problem("field \"" + f + "\" declared twice");
+    else if (std::string why = reserved(f, {}); !why.empty()) problem("field " + why);
+    else if (!seen.insert(f).second) problem("field \"" + f + "\" declared twice");
   }
   std::set<std::string> method_names;
   for (const auto& [m, op] : methods) {
     if (!is_identifier(m) || m.rfind("__", 0) == 0)
-      problem("method \"" + m + "\": expected an identifier that does not start with \"__\" (torch reserves "
+      problem("method \"" + m +
+              "\": expected an identifier that does not start with \"__\" (torch reserves "
               "__init__, __getstate__, __setstate__ and __obj_flatten__ for what opforge derives)");
-    else if (!method_names.insert(m).second)
-      problem("method \"" + m + "\" declared twice");
-    else if (seen.count(m))
-      problem("method \"" + m + "\" has the name of a field (both are attributes of the object)");
+    else if (!method_names.insert(m).second) problem("method \"" + m + "\" declared twice");
+    else if (seen.count(m)) problem("method \"" + m + "\" has the name of a field (both are attributes of the object)");
   }
   field_name_ptrs_.clear();
   for (const auto& f : field_names) field_name_ptrs_.push_back(f.c_str());

@@ -294,7 +294,7 @@ void check_signature(const RuntimeKernel& rk, const std::string& name, const Bin
   if (problems.empty()) return;
   std::string message = "the run-time kernel " + name + " (" + rk.file + ") is declared (" + *declared +
                         ") but is passed (" + rtc::parameters_text(expected, cuda_type, !launch_values_known) +
-                        "); see Note [Run-time kernels] in opforge/op.h:";
+                        "); see Note [Run-time kernels] in opforge/op_launch.h:";
   for (const auto& p : problems) message += "\n  " + p;
   throw InternalError(message);
 }

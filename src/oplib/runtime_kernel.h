@@ -1,4 +1,4 @@
-// The backend-neutral half of run-time kernels (Note [Run-time kernels] in opforge/op.h): the
+// The backend-neutral half of run-time kernels (Note [Run-time kernels] in opforge/op_launch.h): the
 // kernel folder, the on-disk binary cache, instantiation names, launch geometry and the order of
 // kernel arguments. A backend (rtc_cuda.cpp: NVRTC and the CUDA driver) compiles and launches;
 // everything here is shared by any backend and needs no GPU library.
@@ -90,7 +90,7 @@ struct TensorMapLayout {
 
 /// The layout of opforge::tensor_map(t, box, swizzle): t's dims and strides reversed. Throws
 /// InvalidArgument naming the tensor's dtype and shape and what the bulk tensor copies cannot
-/// take (Requires of opforge::tensor_map in opforge/op.h).
+/// take (Requires of opforge::tensor_map in opforge/op_cuda.h).
 TensorMapLayout tensor_map_layout(const Tensor& t, const uint32_t* box, size_t box_size, TensorMapSwizzle swizzle);
 
 // ---- kernel signatures ----------------------------------------------------------------------

@@ -135,9 +135,9 @@ std::string aoti_shim(const std::string& name, const std::string& device) {
     const bool tensor = type == "AtenTensorHandle", optional_tensor = type == "AtenTensorHandle*";
     const bool optional_scalar = !optional_tensor && type.back() == '*';
     args << (i ? ", " : "")
-         << (tensor            ? "static_cast<const void*>(a" + std::to_string(i) + ")"
-             : optional_tensor ? "a" + std::to_string(i) + " ? static_cast<const void*>(*a" + std::to_string(i) +
-                                     ") : nullptr"
+         << (tensor ? "static_cast<const void*>(a" + std::to_string(i) + ")"
+             : optional_tensor
+                 ? "a" + std::to_string(i) + " ? static_cast<const void*>(*a" + std::to_string(i) + ") : nullptr"
              : optional_scalar ? "static_cast<const void*>(a" + std::to_string(i) + ")"
                                : "static_cast<const void*>(&a" + std::to_string(i) + ")");
   }
@@ -192,7 +192,8 @@ extern "C" void* opforge_torch_aoti_op(const char* name, const char* device) {
     const OpforgeOpSpec* op = opforge::torch::find_spec(name);
     const std::optional<opforge::torch::Mode> mode = opforge::torch::shim_mode(device);
     const OpforgeKernel* kernel = op && mode ? opforge::torch::kernel_for(*op, *mode) : nullptr;
-    if (kernel == nullptr) throw opforge::InvalidArgument(std::string("no ") + device + " kernel of " + name + " is loaded");
+    if (kernel == nullptr)
+      throw opforge::InvalidArgument(std::string("no ") + device + " kernel of " + name + " is loaded");
     return new opforge::torch::ShimOp{name, opforge::torch::registered_schema(name),
                                       opforge::torch::make_boxed_run(*op, *mode, kernel)};
   } catch (const std::exception& e) {
@@ -211,7 +212,8 @@ extern "C" int32_t opforge_torch_aoti_call(void* op, const void* const* args, vo
     const auto& arguments = s.schema.arguments();
     ::torch::jit::Stack stack;
     stack.reserve(arguments.size());
-    for (size_t i = 0; i < arguments.size(); ++i) stack.push_back(opforge::torch::to_ivalue(arguments[i].type(), args[i]));
+    for (size_t i = 0; i < arguments.size(); ++i)
+      stack.push_back(opforge::torch::to_ivalue(arguments[i].type(), args[i]));
     s.run(&stack);
     for (size_t r = 0; r < stack.size(); ++r) {
       if (outs[r] == nullptr) continue;

@@ -58,19 +58,22 @@ void copy_back(CopiedBack& copied_back) {
 }
 
 // Note [Autograd kernel]
-// An op that names a backward op (Note [Backward ops] in opforge/op.h) gets one boxed kernel at
-// the Autograd key. When grad mode is on and a tensor input requires grad, it saves what the
-// backward op asks for (core::BackwardPlan), runs the op below autograd and attaches a
-// BackwardNode to the differentiable outputs; otherwise it only redispatches (no Python on the
-// call path, unlike torch.library.register_autograd: 2.4 against 8 us a call, measured on the
-// CPU). The node calls the backward op through the dispatcher, so its kernels, torch.compile's
-// tracing of the backward graph and a backward op's own backward (double backward) work as for
-// any op. The same shape as the kernels torch generates for its own ops (VariableType). A
-// backward op without a backward of its own gets torch's autogradNotImplementedFallback, so a
-// second derivative raises when it is taken, at any torch.func level. Any other op without a
-// backward op gets no Autograd kernel: torch's fallback warns if a gradient reaches it, and
-// models that use it still compile with parameters that require grad. Not supported: compiled
+// An op that names a backward op (Note [Backward ops] in opforge/op_builder.h) gets one boxed
+// kernel at the Autograd key, of the shape of the kernels torch generates for its own ops
+// (VariableType). When grad mode is on and a tensor input requires grad, it saves what the backward
+// op asks for (core::BackwardPlan), runs the op below autograd and attaches a BackwardNode to the
+// differentiable outputs; otherwise it only redispatches. No Python runs on the call path, unlike
+// torch.library.register_autograd (bench/bench_autograd.py compares the two). The node calls the
+// backward op through the dispatcher, so its kernels, torch.compile's tracing of the backward graph
+// and a backward op's own backward (double backward) work as for any op. Not supported: compiled
 // autograd (the node has no compiled_args/apply_with_saved).
+//
+// An op without a backward op gets no such kernel (registration.cpp): torch's
+// autogradNotImplementedFallback where it writes none of its inputs (a backward op without a
+// backward of its own included; the fallback works at any torch.func level), writer_autograd below
+// where it does (Note [Writers and autograd]). Either way a backward that must pass a gradient
+// through it into an input that requires grad raises "derivative for ns::op is not implemented",
+// while calls under no_grad or inference_mode, or whose inputs do not require grad, are free.
 //
 // Note [In-place backward]
 // An op with mutated inputs that names a backward op works as torch's in-place ops with a

@@ -131,8 +131,8 @@ class ClassRegistration {
            std::function<void(Stack&)> body) {
     args.insert(args.begin(), self());
     c10::FunctionSchema schema(name, "", std::move(args), std::move(returns));
-    auto fn = std::make_unique<::torch::jit::BuiltinOpFunction>(
-        c10::QualifiedName(*type_->name(), name), std::move(schema), std::move(body), "");
+    auto fn = std::make_unique<::torch::jit::BuiltinOpFunction>(c10::QualifiedName(*type_->name(), name),
+                                                                std::move(schema), std::move(body), "");
     type_->addMethod(fn.get());
     ::torch::registerCustomClassMethod(std::move(fn));
   }
@@ -223,8 +223,7 @@ class ClassRegistration {
           auto values = stack.back().toTupleRef().elements();
           auto object = stack[stack.size() - 2].toObject();
           TORCH_CHECK_VALUE(values.size() == plan->fields.size(), core::qualified_name(*plan->cls),
-                            ".__setstate__: expected a state of ", plan->fields.size(), " fields, got ",
-                            values.size());
+                            ".__setstate__: expected a state of ", plan->fields.size(), " fields, got ", values.size());
           for (size_t k = 0; k < values.size(); ++k) object->setSlot(k, values[k]);
           ::torch::jit::drop(stack, 2);
           stack.emplace_back();

@@ -1,5 +1,5 @@
 // Registering a loaded op library's custom classes as torchbind classes (Note [Custom classes]
-// in opforge/op.h).
+// in opforge/op_class.h).
 #pragma once
 
 #include "opforge/c_api.h"

@@ -5,8 +5,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/stack.h>
 #include <ATen/native/Resize.h>
-#include <c10/util/SmallVector.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
 #include <dlfcn.h>
 
 #include <cmath>
@@ -225,7 +225,7 @@ class OpKernel final : public c10::OperatorKernel {
     const at::Device device = device_arg >= 0 ? call.tensors[device_arg].device() : at::Device(at::kCPU);
     if constexpr (std::is_same_v<Int, int64_t>) {
       return launch(call, info, device);
-    } else {  // tracing: the checks, and the outputs' shapes and dtypes
+    } else {                                              // tracing: the checks, and the outputs' shapes and dtypes
       PerCall<core::OutputInfo<Int, PerCall<Int>>> outs;  // sizes inline too
       std::string problems;
       if (out_) {
@@ -350,7 +350,8 @@ class OpKernel final : public c10::OperatorKernel {
 
   /// Runs the call through the call protocol (core::run_call) and returns its outputs, narrowed
   /// to their data-dependent sizes.
-  PerCall<at::Tensor> launch(CallArgs& call, const PerCall<core::ArgInfo<int64_t>>& info, const at::Device& device) const {
+  PerCall<at::Tensor> launch(CallArgs& call, const PerCall<core::ArgInfo<int64_t>>& info,
+                             const at::Device& device) const {
     const int32_t n = op_.num_args;
     const int32_t device_type = mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
     const int32_t device_index = device.has_index() ? device.index() : -1;
@@ -380,7 +381,7 @@ class OpKernel final : public c10::OperatorKernel {
   const OpforgeOpSpec& op_;
   Mode mode_;
   const OpforgeKernel* kernel_;
-  bool out_;     // the op's out= overload: the outputs are the caller's tensors, after the arguments
+  bool out_;  // the op's out= overload: the outputs are the caller's tensors, after the arguments
   bool has_strings_ = false, has_lists_ = false;  // argument kinds that need storage in CallArgs
 };
 
@@ -397,7 +398,8 @@ const OpforgeKernel* kernel_for(const OpforgeOpSpec& op, Mode mode) {
 
 std::string take_call_error() { return std::exchange(t_call_error, std::string()); }
 
-std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel) {
+std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode,
+                                                         const OpforgeKernel* kernel) {
   auto k = std::make_shared<OpKernel>(op, mode, kernel, /*out=*/false);
   return [k](::torch::jit::Stack* stack) { k->run(stack); };
 }

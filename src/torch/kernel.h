@@ -27,6 +27,7 @@ const OpforgeKernel* kernel_for(const OpforgeOpSpec& op, Mode mode);
 
 /// make_kernel's kernel (not an out= overload) as a plain callable on a boxed stack, for callers
 /// that go around the dispatcher: AOTInductor's C shims (aoti_shims.cpp).
-std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode, const OpforgeKernel* kernel);
+std::function<void(::torch::jit::Stack*)> make_boxed_run(const OpforgeOpSpec& op, Mode mode,
+                                                         const OpforgeKernel* kernel);
 
 }  // namespace opforge::torch

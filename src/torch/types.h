@@ -23,7 +23,7 @@ struct IntOps<c10::SymInt> {
   // A backed size is guarded on (expect_true). A rule over an unbacked (data-dependent) size is
   // assumed to hold while tracing and left to the op's own check when the graph runs, which
   // names the op and the argument (a deferred assertion of torch's would read only "Runtime
-  // assertion failed for expression Eq(u0, s1)"; Note [Data-dependent sizes] in opforge/op.h).
+  // assertion failed for expression Eq(u0, s1)"; Note [Data-dependent sizes] in opforge/expr.h).
   static bool unbacked(const c10::SymInt& a, const c10::SymInt& b) { return !a.has_hint() || !b.has_hint(); }
   static bool eq(const c10::SymInt& a, const c10::SymInt& b) {
     return unbacked(a, b) || a.sym_eq(b).expect_true(__FILE__, __LINE__);

@@ -802,10 +802,10 @@ TEST(KernelDtypes, DeclarationMistakesAreNamed) {
   EXPECT_EQ(declaration_errors("first", with("x", opforge::kFloat16, false)),
             (std::vector<std::string>{pre("first") + "kernel_dtypes(\"x\"): must follow the device kernel it applies "
                                                      "to (.cuda() or .cuda_source())"}));
-  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
-           {"alpha", "names a parameter"},
-           {"w", "names an optional input, which a call may leave out"},
-           {"nope", "names no input"}})
+  for (const auto& [name, what] :
+       std::vector<std::pair<std::string, std::string>>{{"alpha", "names a parameter"},
+                                                        {"w", "names an optional input, which a call may leave out"},
+                                                        {"nope", "names no input"}})
     EXPECT_EQ(declaration_errors("arg", with(name, opforge::kFloat16, true)),
               (std::vector<std::string>{pre("arg") + "kernel_dtypes(\"" + name + "\"): " + what +
                                         "; expected a required tensor input (x)"}))

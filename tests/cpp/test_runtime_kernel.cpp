@@ -13,21 +13,17 @@
 #include <cuda_runtime.h>
 
 #include "../../src/oplib/runtime_kernel.h"
+#include "helpers.h"
 
 namespace {
 
 using opforge::MutableTensor;
 using opforge::Tensor;
 namespace rtc = opforge::detail::rtc;
+using opforge_test::finalized;
 
 void row_sum_cpu(Tensor, double, MutableTensor) {}
 void pair_cpu(Tensor, Tensor, int64_t, double, bool, int64_t, MutableTensor) {}
-
-std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
-  auto errors = def->finalize();
-  EXPECT_TRUE(errors.empty()) << errors.front();
-  return def;
-}
 
 /// One call's frame over host arrays (the geometry reads sizes only).
 struct Frame {

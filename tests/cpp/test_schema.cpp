@@ -1,25 +1,18 @@
-// Schema strings derived from declarations: types, defaults and returns as torch parses them.
+// Schema strings derived from declarations (src/core/schema.cpp): types, defaults and returns as
+// torch parses them; and the accessors of schema.h that read a declaration's records.
 #include <gtest/gtest.h>
 #include <opforge/op.h>
 
 #include "../../src/core/schema.h"
+#include "helpers.h"
 
 namespace {
 
-using opforge::MutableTensor;
-using opforge::Tensor;
+using namespace opforge_test;  // NOLINT: the shared fixtures
 
 void all_params(Tensor, int64_t, double, bool, std::string_view, std::span<const int64_t>, std::span<const double>,
                 MutableTensor) {}
 void two_outputs(Tensor, MutableTensor, MutableTensor) {}
-void one_param(Tensor, double, MutableTensor) {}
-void one_string(Tensor, std::string_view, MutableTensor) {}
-
-std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
-  auto errors = def->finalize();
-  EXPECT_TRUE(errors.empty()) << errors.front();
-  return def;
-}
 
 TEST(Schema, EveryParameterTypeWithDefaults) {
   auto def = finalized(opforge::detail::make_op("ns", "everything", "f.cpp", 1)
@@ -115,9 +108,21 @@ TEST(Schema, StringDefaultsAreEscapedAsTorchsParserReadsThem) {
                            .input("x", opforge::floating)
                            .param<std::string>("tag", "it's \\ \"q\"\n\t\x01")
                            .output("y", opforge::like("x"))
-                           .reference(one_string)
+                           .reference(with_tag)
                            .release());
   EXPECT_EQ(opforge::core::schema(*def->spec()), "s(Tensor x, str tag='it\\'s \\\\ \"q\"\\n\\t\\x01') -> Tensor");
+}
+
+TEST(KernelDtypes, AZeroedKernelRecordRestrictsNothing) {
+  OpforgeKernel k{sizeof(OpforgeKernel), OPFORGE_DEVICE_CUDA, nullptr, nullptr};  // dtype_arg 0, dtypes 0
+  EXPECT_FALSE(opforge::core::restricts_dtypes(k));
+  EXPECT_TRUE(opforge::core::kernel_takes(k, 0, OPFORGE_DTYPE_FLOAT64));
+  k.dtypes = 1u << OPFORGE_DTYPE_FLOAT16;
+  EXPECT_TRUE(opforge::core::restricts_dtypes(k));
+  EXPECT_FALSE(opforge::core::kernel_takes(k, 0, OPFORGE_DTYPE_FLOAT64));
+  EXPECT_TRUE(opforge::core::kernel_takes(k, 0, OPFORGE_DTYPE_FLOAT16));
+  EXPECT_TRUE(opforge::core::kernel_takes(k, 1, OPFORGE_DTYPE_FLOAT64)) << "another argument is not restricted";
+  EXPECT_FALSE(opforge::core::kernel_takes(k, 0, -1)) << "a dtype opforge does not know";
 }
 
 }  // namespace

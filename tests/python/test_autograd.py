@@ -1,6 +1,6 @@
 """Autograd through opforge ops: the Autograd kernel the torch adapter registers for every op
 (Note [Autograd kernel] in src/torch/autograd.cpp), with the backward ops they name (Note
-[Backward ops] in opforge/op.h), and the load-time checks of that pairing."""
+[Backward ops] in opforge/op_builder.h), and the load-time checks of that pairing."""
 
 from __future__ import annotations
 

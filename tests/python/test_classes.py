@@ -1,4 +1,4 @@
-"""Custom classes (Note [Custom classes] in opforge/op.h): IdentityConvClass and Int8Linear in
+"""Custom classes (Note [Custom classes] in opforge/op_class.h): IdentityConvClass and Int8Linear in
 eager calls, through torch.save/torch.load in a fresh process, torch.compile, torch.export,
 AOTInductor and the C++ runner; class declarations that must fail to load. Int8Linear's numbers
 are test_int8_linear.py's."""

@@ -365,7 +365,7 @@ def test_a_kernel_whose_parameters_differ_is_refused_when_compiled(broken_ops, o
         opforge.precompile(f"fixture::{op}", {"x": dtype}, arch="sm_90", cache_dir=tmp_path)
     assert str(err.value) == (
         f"fixture::{op}: the run-time kernel {name} (broken_kernels.cu) is declared ({declared}) but is passed "
-        f"({passed}); see Note [Run-time kernels] in opforge/op.h:\n  {problems}"
+        f"({passed}); see Note [Run-time kernels] in opforge/op_launch.h:\n  {problems}"
     )
     # verify's NVRTC check reports it too (and a cached binary is checked again: the second arch
     # compiles anew, the first finds the refused binary in the cache and refuses it again).

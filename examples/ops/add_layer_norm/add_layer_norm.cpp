@@ -84,7 +84,7 @@ void add_layer_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor g
                                   opforge::MutableTensor grad_x_and_residual, opforge::MutableTensor grad_weight,
                                   opforge::MutableTensor grad_bias);
 
-// The gradients of add_layer_norm (Note [Backward ops] in opforge/op.h): grad_y, and x, residual,
+// The gradients of add_layer_norm (Note [Backward ops] in opforge/op_builder.h): grad_y, and x, residual,
 // weight and eps saved from the forward call (bias does not enter them). x and residual enter the
 // op as their sum, so they share one gradient (grad_x_and_residual), given to both.
 OPFORGE_OP(examples, add_layer_norm_backward)

@@ -18,8 +18,7 @@ constexpr int kLoopThreads = 256;
 /// 16-byte vectors of a row per thread (RowRegisters) and the largest block for them: 4 vectors
 /// for 16-bit elements at up to 256 threads (h, grad_y and two partial sums in up to 255
 /// registers), 2 for wider ones at up to 512 (128 registers), the faster choice for each at
-/// [32768, 4096] on the H200 (bench/RESULTS.md: bf16 0.871 x copy with 4 against 0.793 with 2;
-/// float32 0.934 with 2 against 0.929 with 4).
+/// [32768, 4096] on the H200 (bench/RESULTS.md).
 template <class T>
 constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
 template <class T>
@@ -27,18 +26,17 @@ constexpr int kMaxRowThreads = sizeof(T) == 2 ? 256 : 512;
 
 /// Where the rows-in-registers kernel keeps grad_weight's and grad_bias's per-column sums and the
 /// weight: for 16-bit elements in shared memory (each thread its own columns, so no barrier;
-/// sums in RowRegisters' conflict-free layout), which takes the 16-bit kernel from 168 registers
-/// (3 resident blocks of 128 threads) to 120 (4 blocks): bench/RESULTS.md, bf16 0.830 -> 0.883 x
-/// copy at [32768, 4096]. The sums alone in shared memory with the weight re-read from L1 ran at
-/// 0.79: the rows' loads in flight need the L1 that the carve-out takes. Wider elements keep
-/// registers.
+/// sums in RowRegisters' conflict-free layout), which frees the registers of a fourth resident
+/// block of 128 threads. The weight goes there too: the sums alone in shared memory, with the
+/// weight re-read from L1, were slower, as the rows' loads in flight need the L1 that the
+/// carve-out takes (bench/RESULTS.md, [32768, 4096] on the H200). Wider elements keep registers.
 template <class T>
 constexpr bool kSharedColumns = sizeof(T) == 2;
 
 /// kRegisters: the row fits RowRegisters at this block size and every pointer is 16-byte aligned
 /// (the host checks both); h is read once into registers and weight is re-read per row (from
 /// shared memory for 16-bit elements, kSharedColumns; else from L1: kept in registers it cost the
-/// 16-bit kernel a resident block, 0.810 against 0.879 x copy).
+/// 16-bit kernel a resident block and was slower, bench/RESULTS.md).
 /// Else plain loops that read each row three times and keep the partial sums in `partial` itself
 /// (each thread its own columns). partial: [2, gridDim.x, cols], grad_weight's then grad_bias's.
 template <class T, bool kRegisters>

@@ -218,7 +218,7 @@ void attention_backward_cuda(const opforge::Context& ctx, opforge::Tensor q, opf
                              opforge::Tensor mask, bool causal, double scale, opforge::MutableTensor grad_q,
                              opforge::MutableTensor grad_k, opforge::MutableTensor grad_v);
 
-// The gradients of attention (Note [Backward ops] in opforge/op.h): grad_o, and q, k, v, o, lse,
+// The gradients of attention (Note [Backward ops] in opforge/op_builder.h): grad_o, and q, k, v, o, lse,
 // mask and the parameters saved from the forward call (o, lse: the forward's outputs for them). A
 // mask that requires grad gets none (an additive padding mask is data, not a parameter): its
 // backward raises, naming the op.

@@ -64,7 +64,7 @@ static void bias_gelu_backward_cpu(opforge::Tensor grad_y, opforge::Tensor x, op
 void bias_gelu_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_y, opforge::Tensor x,
                              opforge::Tensor bias, opforge::MutableTensor grad_x, opforge::MutableTensor grad_bias);
 
-// The gradients of bias_gelu (Note [Backward ops] in opforge/op.h): grad_y, and x and bias saved
+// The gradients of bias_gelu (Note [Backward ops] in opforge/op_builder.h): grad_y, and x and bias saved
 // from the forward call.
 OPFORGE_OP(examples, bias_gelu_backward)
     .doc("bias_gelu's gradients: grad_x = grad_y * gelu'(x + bias), grad_bias its sum over rows (float32 sums)")

@@ -27,11 +27,9 @@ struct FastDivisor {
 };
 
 /// Elements each thread loads before computing any: two 16-byte vectors (N = 16 / sizeof(T)
-/// elements each), or 8 single elements on the scalar path (N = 1), in blocks of 128 threads.
-/// Measured at 4 GiB on the H200 (bench/RESULTS.md): bfloat16 with 1 and 2 vectors per thread,
-/// 0.91 and 0.98 x copy; bench_elementwise.py with 256 and 128 threads a block, float32 0.976
-/// and 0.995 x copy, bfloat16 0.986 and 1.007 (bench/sweep_bias_gelu.py: bfloat16 0.955 and
-/// 1.000 in one process; its float32 figures were skewed by the order of timing, see RESULTS).
+/// elements each), or 8 single elements on the scalar path (N = 1), in blocks of 128 threads: the
+/// fastest of the vector counts and block sizes bench/bench_elementwise.py and
+/// bench/sweep_bias_gelu.py compared on the H200 (bench/RESULTS.md).
 template <int N>
 constexpr int kPerThread = N > 1 ? 2 : 8;
 constexpr int kThreads = 128;

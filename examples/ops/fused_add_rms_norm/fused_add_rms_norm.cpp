@@ -78,7 +78,7 @@ void fused_add_rms_norm_backward_cuda(const opforge::Context& ctx, opforge::Tens
                                       opforge::Tensor weight, double eps, opforge::MutableTensor grad_x_and_residual,
                                       opforge::MutableTensor grad_weight);
 
-// The gradients of fused_add_rms_norm (Note [Mutated inputs] in opforge/op.h): of x and residual
+// The gradients of fused_add_rms_norm (Note [Mutated inputs] in opforge/op_constraints.h): of x and residual
 // after the op (grad_x_out, grad_residual_out), with residual's value after the op saved; x and
 // residual as given share one gradient (both feed x + residual): grad_x_and_residual.
 OPFORGE_OP(examples, fused_add_rms_norm_backward)

@@ -3,7 +3,7 @@
 // sliced, expanded and storage-offset views arrive as they are; y is dense and row-major.
 //
 // IdentityConvClass: the same copy as the method of a custom class whose one field is its
-// `channels` (Note [Custom classes] in opforge/op.h): `forward(x)` takes x of [N, channels, ...].
+// `channels` (Note [Custom classes] in opforge/op_class.h): `forward(x)` takes x of [N, channels, ...].
 #include <opforge/op.h>
 
 #include <cstring>
@@ -36,9 +36,7 @@ OPFORGE_OP(examples, identity_conv)
     .reference(identity_conv_cpu)
     .cuda(identity_conv_cuda);
 
-static void identity_conv_forward_cpu(opforge::Tensor x, int64_t, opforge::MutableTensor y) {
-  identity_conv_cpu(x, y);
-}
+static void identity_conv_forward_cpu(opforge::Tensor x, int64_t, opforge::MutableTensor y) { identity_conv_cpu(x, y); }
 
 static void identity_conv_forward_cuda(const opforge::Context& ctx, opforge::Tensor x, int64_t,
                                        opforge::MutableTensor y) {

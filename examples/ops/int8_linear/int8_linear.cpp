@@ -44,8 +44,9 @@ void int8_linear_pack_cuda(const opforge::Context& ctx, opforge::Tensor weight, 
                            opforge::MutableTensor bias_fp32);
 
 OPFORGE_OP(examples, int8_linear_pack)
-    .doc("Int8Linear's constructor: weight [N, K] as int8 per output channel (qweight, packed for the kernels; "
-         "scales [N] float32) and bias [N] as float32")
+    .doc(
+        "Int8Linear's constructor: weight [N, K] as int8 per output channel (qweight, packed for the kernels; "
+        "scales [N] float32) and bias [N] as float32")
     .input("weight", opforge::floating, opforge::rank(2))
     .input("bias", opforge::floating, opforge::shape({opforge::dim("weight", 0)}), opforge::optional)
     .output("qweight", opforge::like("weight").with_dtype(opforge::kInt8))
@@ -96,7 +97,8 @@ OPFORGE_OP(examples, int8_linear)
     .cuda(int8_linear_cuda);
 
 OPFORGE_CLASS(examples, Int8Linear)
-    .doc("A linear layer with int8 weights per output channel, built from a float weight [N, K] and bias [N]: "
-         "forward(x [*, K]) -> [*, N] in x's dtype")
+    .doc(
+        "A linear layer with int8 weights per output channel, built from a float weight [N, K] and bias [N]: "
+        "forward(x [*, K]) -> [*, N] in x's dtype")
     .constructor("int8_linear_pack")
     .method("forward", "int8_linear");

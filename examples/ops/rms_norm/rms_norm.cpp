@@ -68,7 +68,7 @@ void rms_norm_backward_cuda(const opforge::Context& ctx, opforge::Tensor grad_y,
                             opforge::Tensor weight, double eps, opforge::MutableTensor grad_x,
                             opforge::MutableTensor grad_weight);
 
-// The gradients of rms_norm (Note [Backward ops] in opforge/op.h): grad_y, and x, weight and eps
+// The gradients of rms_norm (Note [Backward ops] in opforge/op_builder.h): grad_y, and x, weight and eps
 // saved from the forward call; grad_weight in weight's dtype (float32 beside a 16-bit x).
 OPFORGE_OP(examples, rms_norm_backward)
     .doc("rms_norm's gradients: grad_x, and grad_weight summed over rows in float32")

@@ -17,15 +17,13 @@ namespace rms_norm_backward {
 constexpr int kLoopThreads = 256;
 constexpr int kMaxRowThreads = 512;  // with __launch_bounds__, at most 128 registers a thread
 /// 16-byte vectors of a row per thread (RowRegisters): 4 for 16-bit elements, 2 for wider ones,
-/// the faster of the two at [32768, 4096] on the H200 (bench/RESULTS.md: bf16 0.905 x copy with
-/// 4 against 0.870 with 2; float32 0.981 with 2 against 0.889 with 4).
+/// the faster of the two at [32768, 4096] on the H200 (bench/RESULTS.md).
 template <class T>
 constexpr int kRowVectors = sizeof(T) == 2 ? 4 : 2;
 /// Where the rows-in-registers kernel keeps its grad_w sums: for 16-bit elements in shared memory
 /// (each thread its own columns, so no barrier; RowRegisters' conflict-free layout), which takes
-/// 32 registers a thread off the 128 that weight and the rows already hold (bench/RESULTS.md:
-/// fused_add_rms_norm bf16 0.874 -> 0.967 x copy, rms_norm fp16 0.904 -> 0.924 in column order,
-/// 0.940 in the conflict-free layout); for wider ones in registers.
+/// 32 registers a thread off the 128 that weight and the rows already hold, faster for 16-bit
+/// elements at [32768, 4096] on the H200 (bench/RESULTS.md); for wider ones in registers.
 template <class T>
 constexpr bool kSharedSums = sizeof(T) == 2;
 

@@ -43,7 +43,7 @@ static void softshrink_backward_cpu(opforge::Tensor grad_y, opforge::Tensor x, d
   });
 }
 
-// The gradient of softshrink (Note [Backward ops] in opforge/op.h): inputs grad_y (the
+// The gradient of softshrink (Note [Backward ops] in opforge/op_builder.h): inputs grad_y (the
 // gradient of the output y), x and lambd (saved from the forward call); output grad_x.
 OPFORGE_OP(examples, softshrink_backward)
     .doc("softshrink's gradient: grad_y where |x| > lambd, else 0")

@@ -20,6 +20,9 @@
 #include "opforge/expr.h"
 #include "opforge/tensor.h"
 
+#define OPFORGE_CONCAT_INNER(a, b) a##b
+#define OPFORGE_CONCAT(a, b) OPFORGE_CONCAT_INNER(a, b)
+
 #if defined(_WIN32)
 #define OPFORGE_HIDDEN
 #else
@@ -80,15 +83,15 @@ void set_output(OutputDecl& o, const Like& rule);
 void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like, int32_t dtype);
 
 /// An encoded tensor map of the tensor-memory accelerator (CUDA's CUtensorMap: 128 opaque
-/// bytes, 128-byte aligned), made by opforge::tensor_map for a run-time kernel's bulk tensor
-/// copies. All zeros (the default) is no map: a kernel path that copies nothing through it may
-/// be passed one.
+/// bytes, 128-byte aligned), made by opforge::tensor_map (opforge/op_cuda.h) for a run-time
+/// kernel's bulk tensor copies. All zeros (the default) is no map: a kernel path that copies
+/// nothing through it may be passed one.
 struct TensorMap {
   alignas(128) unsigned char bytes[128] = {};
 };
 
 /// Grid and block of a kernel launch, extra int64 kernel arguments and tensor maps; returned by
-/// the function given to opforge::grid().
+/// a grid function (OpBuilder::launch_grid).
 struct LaunchConfig {
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {256, 1, 1};
@@ -97,7 +100,8 @@ struct LaunchConfig {
   std::vector<TensorMap> tensor_maps;
 };
 
-/// How a run-time kernel is launched (see opforge::elementwise, opforge::rows, opforge::grid).
+/// How a run-time kernel is launched (opforge::elementwise, opforge::rows or a grid function
+/// given to OpBuilder::launch_grid).
 struct LaunchRule {
   enum Kind { kNone, kElementwise, kRows, kGrid } kind = kNone;
   std::string tensor;  // elementwise, rows: the tensor whose shape sets the grid

@@ -18,8 +18,7 @@ import jax
 import jaxlib
 
 from .. import _paths
-from .._adapter import cache_key, cmake_build
-from .._build import _cache_dir
+from .._build import cache_dir, cache_key, cmake_build
 from .._core import OpforgeError
 from ..description import Op
 
@@ -43,7 +42,7 @@ def adapter() -> ctypes.CDLL:
     """
     if _paths.installed():
         include = jax.ffi.include_dir()
-        folder = _cache_dir() / "adapter" / f"jax-{jaxlib.__version__}-{cache_key(jaxlib.__version__, include)}"
+        folder = cache_dir() / "adapter" / f"jax-{jaxlib.__version__}-{cache_key(jaxlib.__version__, include)}"
         path = (
             cmake_build(
                 _paths.PACKAGE / "_src" / "src" / "jax",

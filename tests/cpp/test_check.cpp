@@ -1,5 +1,5 @@
-// Shape rules and input checks, evaluated over int64 (the run-time path; the adapter's Meta
-// kernel runs the same code over c10::SymInt).
+// Input checks and shape rules (src/core/check.h), evaluated over int64 (the run-time path; the
+// adapter's Meta kernel runs the same code over c10::SymInt).
 #include <gtest/gtest.h>
 #include <opforge/op.h>
 
@@ -9,14 +9,12 @@
 #include <vector>
 
 #include "../../src/core/check.h"
-#include "../../src/core/dtypes.h"
 #include "../../src/core/schema.h"
-#include "../../src/core/sharding.h"
+#include "helpers.h"
 
 namespace {
 
-using opforge::MutableTensor;
-using opforge::Tensor;
+using namespace opforge_test;  // NOLINT: the shared fixtures
 using Info = opforge::core::ArgInfo<int64_t>;
 
 /// A copy of `sizes` that lives for the whole test run: an ArgInfo only views its sizes.
@@ -166,13 +164,12 @@ TEST(ShapeRules, Int64OverflowIsAnErrorNeverAWrappedSize) {
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
   const int64_t big = int64_t{1} << 62;
-  EXPECT_FALSE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(big)},
-                                                     outs, errors));
+  EXPECT_FALSE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(big)}, outs, errors));
   EXPECT_EQ(errors,
             (std::vector<std::string>{"output y: the shape rule x.size(0) * k overflows int64 for these inputs"}));
   errors.clear();
-  EXPECT_FALSE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {int64_t{1} << 32}), int_value(1 << 30)}, outs, errors));
+  EXPECT_FALSE(
+      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {int64_t{1} << 32}), int_value(1 << 30)}, outs, errors));
   EXPECT_EQ(errors, (std::vector<std::string>{"output y: shape [4611686018427387904, 4294967296] has more elements "
                                               "than int64 counts"}));
   EXPECT_EQ(check(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {3}), int_value(INT64_MAX)}),
@@ -287,21 +284,8 @@ TEST(ShapeRules, MultipleOfOnlyAsAWholeInputDim) {
 
 namespace {
 
-void norm_ref(Tensor, Tensor, MutableTensor) {}
 void vec_ref_1(Tensor, MutableTensor) {}
 void three_ref(Tensor, Tensor, Tensor, MutableTensor) {}
-
-// x: [*, H] (any number of leading dims, H a multiple of 4); weight: [H] in x's dtype or float32.
-std::unique_ptr<opforge::detail::OpDef> norm_op() {
-  auto def = opforge::detail::make_op("ns", "norm", "f.cpp", 5)
-                 .input("x", opforge::floating, opforge::shape({opforge::leading_dims, opforge::multiple_of(4)}))
-                 .input("weight", opforge::same_dtype("x") | opforge::kFloat32, opforge::shape({opforge::dim("x", -1)}))
-                 .output("y", opforge::like("x"))
-                 .reference(norm_ref)
-                 .release();
-  EXPECT_TRUE(def->finalize().empty());
-  return def;
-}
 
 }  // namespace
 
@@ -316,8 +300,8 @@ TEST(LeadingDims, AnyNumberOfLeadingDimsAndTheLastDimsRuled) {
             (std::vector<std::string>{"x: expected rank >= 1, got rank 0 (shape [])"}));
   std::vector<opforge::core::OutputInfo<int64_t>> outs, none;
   std::vector<std::string> errors;
-  ASSERT_TRUE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
+  ASSERT_TRUE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs,
+                     errors));
   EXPECT_EQ(outs[0].sizes, (std::vector<int64_t>{2, 3, 8}));
 }
 
@@ -367,19 +351,9 @@ TEST(MixedDtypes, ASameDtypeRuleWithAlternatives) {
             (std::vector<std::string>{"x: expected dtype one of {float32, float64, float16, bfloat16}, got int32"}));
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  ASSERT_TRUE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
+  ASSERT_TRUE(
+      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_BFLOAT16, {2, 8}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}, outs, errors));
   EXPECT_EQ(outs[0].dtype, OPFORGE_DTYPE_BFLOAT16);  // like("x"): x's dtype, not the weight's
-}
-
-TEST(MixedDtypes, EveryCombinationTheRulesAccept) {
-  auto def = norm_op();
-  using C = std::vector<int32_t>;
-  constexpr int32_t f32 = OPFORGE_DTYPE_FLOAT32, f64 = OPFORGE_DTYPE_FLOAT64, f16 = OPFORGE_DTYPE_FLOAT16,
-                    bf16 = OPFORGE_DTYPE_BFLOAT16;
-  EXPECT_EQ(opforge::core::dtype_combinations(*def->spec()),
-            (std::vector<C>{{f32, f32}, {f64, f32}, {f64, f64}, {f16, f32}, {f16, f16}, {bf16, f32}, {bf16, bf16}}));
-  EXPECT_EQ(opforge::core::dtype_combinations(*def->spec(), 2).size(), 2u);
 }
 
 namespace {
@@ -399,13 +373,12 @@ TEST(OptionalOutputs, UndefinedWhenTheirInputIsLeftOut) {
   absent.defined = false;
   std::vector<opforge::core::OutputInfo<int64_t>> outs;
   std::vector<std::string> errors;
-  ASSERT_TRUE(
-      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), absent}, outs, errors));
+  ASSERT_TRUE(shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), absent}, outs, errors));
   ASSERT_EQ(outs.size(), 2u);
   EXPECT_TRUE(outs[0].defined);
   EXPECT_FALSE(outs[1].defined);
-  ASSERT_TRUE(shapes(
-      *def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), tensor(OPFORGE_DTYPE_FLOAT16, {3, 5})}, outs, errors));
+  ASSERT_TRUE(
+      shapes(*def->spec(), {tensor(OPFORGE_DTYPE_FLOAT32, {4}), tensor(OPFORGE_DTYPE_FLOAT16, {3, 5})}, outs, errors));
   EXPECT_TRUE(outs[1].defined);
   EXPECT_EQ(outs[1].sizes, (std::vector<int64_t>{3, 10}));
   EXPECT_EQ(outs[1].dtype, OPFORGE_DTYPE_FLOAT16);
@@ -427,135 +400,80 @@ TEST(SizeParams, ParametersThatShapeRulesReadAreSymInt) {
             std::string::npos);
 }
 
-TEST(Autocast, APolicyTheDtypeRulesCannotTakeIsADeclarationProblem) {
-  auto half_only = opforge::detail::make_op("ns", "half_only", "f.cpp", 9)
-                       .input("x", opforge::half_precision)
-                       .output("y", opforge::like("x"))
-                       .autocast(opforge::Autocast::kFloat32)
-                       .reference(vec_ref_1)
-                       .release();
-  ASSERT_TRUE(half_only->finalize().empty());
-  EXPECT_EQ(opforge::core::autocast_problem(*half_only->spec()),
-            "f.cpp:9: ns::half_only: autocast(kFloat32) casts every floating input to float32, which its dtype rules "
-            "refuse");
-  // The CUDA kernel's dtypes count too (Note [Kernel dtypes]): autocast on CUDA casts for it.
-  auto half_kernel = opforge::detail::make_op("ns", "half_kernel", "f.cpp", 10)
-                         .input("x", opforge::floating)
-                         .output("y", opforge::like("x"))
-                         .autocast(opforge::Autocast::kFloat32)
-                         .reference(vec_ref_1)
-                         .cuda_source("k.cu", "k<{T}>")
-                         .launch(opforge::elementwise("y"))
-                         .kernel_dtypes("x", opforge::half_precision)
-                         .release();
-  ASSERT_TRUE(half_kernel->finalize().empty());
-  EXPECT_EQ(opforge::core::autocast_problem(*half_kernel->spec()),
-            "f.cpp:10: ns::half_kernel: autocast(kFloat32) casts every floating input to float32, which its cuda "
-            "kernel's dtypes (kernel_dtypes) refuse");
-  auto norm = norm_op();  // weight: x's dtype or float32, so every floating input may be float32 or bfloat16
-  EXPECT_TRUE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_FLOAT32));
-  EXPECT_TRUE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_BFLOAT16));
-  EXPECT_FALSE(opforge::core::accepts_floating_as(*norm->spec(), OPFORGE_DTYPE_INT32));
-  EXPECT_EQ(opforge::core::autocast_policy(*norm->spec()), OPFORGE_AUTOCAST_NONE);
-  EXPECT_EQ(opforge::core::autocast_problem(*norm->spec()), "");
-  // kPromote: an x of float16 beside a weight that is float32 only would be cast to float32.
-  auto promote = opforge::detail::make_op("ns", "promote", "f.cpp", 11)
-                     .input("x", opforge::half_precision)
-                     .input("w", opforge::kFloat32)
-                     .output("y", opforge::like("x"))
-                     .autocast(opforge::Autocast::kPromote)
-                     .reference(norm_ref)
-                     .release();
-  ASSERT_TRUE(promote->finalize().empty());
-  EXPECT_EQ(opforge::core::autocast_problem(*promote->spec()),
-            "f.cpp:11: ns::promote: autocast(kPromote) casts every floating input to the widest among them, float32 "
-            "for inputs of x=float16, w=float32, which its dtype rules refuse");
-  auto unknown = opforge::detail::make_op("ns", "unknown", "f.cpp", 12)
-                     .input("x", opforge::floating)
-                     .output("y", opforge::like("x"))
-                     .autocast(static_cast<opforge::Autocast>(7))
-                     .reference(vec_ref_1)
-                     .release();
-  ASSERT_TRUE(unknown->finalize().empty());
-  EXPECT_EQ(opforge::core::autocast_problem(*unknown->spec()),
-            "f.cpp:12: ns::unknown: autocast policy 7 is not one of kNone, kFloat32, kLowerPrecision, kPromote");
+namespace {
+
+TEST(ShapeRules, AReplacedDimOutsideTheRankIsReported) {
+  auto def = finalized(opforge::detail::make_op("ns", "wd", "f.cpp", 1)
+                           .input("x", opforge::floating)
+                           .output("y", opforge::like("x").with_dim(-3, 1))
+                           .reference(+[](Tensor, MutableTensor) {})
+                           .release());
+  std::vector<opforge::core::ArgInfo<int64_t>> args(1);
+  args[0].dtype = OPFORGE_DTYPE_FLOAT32;
+  const std::vector<int64_t> sizes{4, 5};
+  args[0].sizes = sizes;
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  EXPECT_EQ(opforge::core::check_call<int64_t>(*def->spec(), args, outs),
+            "ns::wd(Tensor x) -> Tensor: invalid arguments\n  output y: with_dim(-3) is out of range for rank 2");
 }
 
-TEST(Tolerance, BrokenDeclarationsAreListedAndGoodOnesKept) {
-  auto broken = opforge::detail::make_op("ns", "tol", "f.cpp", 13)
-                    .input("x", opforge::floating)
-                    .output("y", opforge::like("x"))
-                    .tolerance(opforge::kInt32, 1e-3, 1e-3)
-                    .tolerance(opforge::kBFloat16, -1e-2, 1e-2)
-                    .tolerance(opforge::kBFloat16, 1e-2, std::numeric_limits<double>::quiet_NaN())
-                    .reference(vec_ref_1)
-                    .release();
-  ASSERT_TRUE(broken->finalize().empty());
-  EXPECT_EQ(opforge::core::tolerance_problems(*broken->spec()),
-            (std::vector<std::string>{"f.cpp:13: ns::tol: tolerance for int32: expected a floating dtype",
-                                      "f.cpp:13: ns::tol: tolerance for bfloat16: expected atol finite and >= 0, got "
-                                      "-0.010000",
-                                      "f.cpp:13: ns::tol: tolerance for bfloat16 declared twice",
-                                      "f.cpp:13: ns::tol: tolerance for bfloat16: expected rtol finite and >= 0, got "
-                                      "nan"}));
-  auto good = opforge::detail::make_op("ns", "tol_ok", "f.cpp", 14)
-                  .input("x", opforge::floating)
-                  .output("y", opforge::like("x"))
-                  .tolerance(opforge::kFloat16, 8e-3, 4e-3)
-                  .reference(vec_ref_1)
-                  .release();
-  ASSERT_TRUE(good->finalize().empty());
-  EXPECT_TRUE(opforge::core::tolerance_problems(*good->spec()).empty());
-  const auto kept = opforge::core::tolerances(*good->spec());
-  ASSERT_EQ(kept.size(), 1u);
-  EXPECT_EQ(kept[0].dtype, OPFORGE_DTYPE_FLOAT16);
-  EXPECT_EQ(kept[0].atol, 8e-3);
-  EXPECT_EQ(kept[0].rtol, 4e-3);
-  EXPECT_EQ(opforge::core::tolerance_vs_equivalent(*good->spec()), 0.0);  // not declared
+/// check_call of rules_op() for x and cache of these sizes (float32) and this block.
+std::string check_rules(const OpforgeOpSpec& op, const std::vector<int64_t>& x, const std::vector<int64_t>& cache,
+                        int64_t block) {
+  std::vector<opforge::core::ArgInfo<int64_t>> args(3);
+  args[0].dtype = args[1].dtype = OPFORGE_DTYPE_FLOAT32;
+  args[0].dtype_label = args[1].dtype_label = "float32";
+  args[0].sizes = x;
+  args[1].sizes = cache;
+  args[2].value.kind = OPFORGE_ARG_INT;
+  args[2].value.i = block;
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  return opforge::core::check_call<int64_t>(op, args, outs);
 }
 
-TEST(Tolerance, AFactorOverTheEquivalentNeedsOneAndMustBeFinite) {
-  const auto problems = [](double factor, bool with_equivalent) {
-    auto b = opforge::detail::make_op("ns", "eqtol", "f.cpp", 15)
-                 .input("x", opforge::floating)
-                 .output("y", opforge::like("x"))
-                 .tolerance_vs_equivalent(factor)
-                 .reference(vec_ref_1);
-    auto op = (with_equivalent ? std::move(b).equivalent("x.clone()") : std::move(b)).release();
-    EXPECT_TRUE(op->finalize().empty());
-    EXPECT_EQ(opforge::core::tolerance_vs_equivalent(*op->spec()), factor);
-    return opforge::core::tolerance_problems(*op->spec());
-  };
-  EXPECT_TRUE(problems(2.0, true).empty());
-  EXPECT_TRUE(problems(0.0, false).empty());  // 0: not declared
-  EXPECT_EQ(problems(2.0, false),
-            (std::vector<std::string>{"f.cpp:15: ns::eqtol: tolerance_vs_equivalent needs the .equivalent() torch "
-                                      "expression it is measured against"}));
-  EXPECT_EQ(problems(-1.0, true), (std::vector<std::string>{"f.cpp:15: ns::eqtol: tolerance_vs_equivalent: expected "
-                                                            "a finite factor >= 0, got -1.000000"}));
-  EXPECT_EQ(problems(std::numeric_limits<double>::infinity(), true),
-            (std::vector<std::string>{"f.cpp:15: ns::eqtol: tolerance_vs_equivalent: expected a finite factor >= 0, "
-                                      "got inf"}));
+TEST(Rules, CrossArgumentRulesAreCheckedWithTheArguments) {
+  auto def = rules_op();
+  EXPECT_EQ(check_rules(*def->spec(), {3, 64}, {9, 32}, 16), "");
+  EXPECT_EQ(check_rules(*def->spec(), {3, 60}, {9, 96}, 16),
+            "ns::rot(Tensor x, Tensor cache, SymInt block=4) -> Tensor: invalid arguments\n"
+            "  expected cache.size(1) <= x.size(-1), got 96 <= 60\n"
+            "  expected x.size(-1) % block == 0, got 12 == 0");
+  // A rule that reads an argument already reported is not checked again.
+  EXPECT_EQ(check_rules(*def->spec(), {3}, {9, 96}, 16),
+            "ns::rot(Tensor x, Tensor cache, SymInt block=4) -> Tensor: invalid arguments\n"
+            "  x: expected rank 2, got rank 1 (shape [3])");
+  const json op = describe({def.get()})["ops"][0];
+  EXPECT_EQ(op["rules"][0]["text"], "cache.size(1) <= x.size(-1)");
+  EXPECT_EQ(op["rules"][1], json::parse(R"({"text": "x.size(-1) % block == 0", "op": "=="})"));
 }
 
-TEST(Batching, APointwiseOrRowwiseOpOfFreeRankTakesTheBatchAtItsFirstInput) {
-  auto rowwise = opforge::detail::make_op("ns", "rownorm", "f.cpp", 10)
-                     .input("x", opforge::floating, opforge::shape({opforge::leading_dims, opforge::any}))
-                     .input("weight", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", -1)}))
-                     .output("y", opforge::like("x"))
-                     .sharding(opforge::Sharding::kRowwise)
-                     .reference(norm_ref)
-                     .release();
-  ASSERT_TRUE(rowwise->finalize().empty());
-  EXPECT_EQ(opforge::core::batchable_args(*rowwise->spec()), (std::vector<int32_t>{0}));
-  auto front = opforge::detail::make_op("ns", "front", "f.cpp", 11)  // reads x.size(0): a batch would shift it
-                   .input("x", opforge::floating, opforge::min_rank(1))
-                   .input("weight", opforge::same_dtype("x"), opforge::shape({opforge::dim("x", 0)}))
-                   .output("y", opforge::like("x"))
-                   .sharding(opforge::Sharding::kPointwise)
-                   .reference(norm_ref)
-                   .release();
-  ASSERT_TRUE(front->finalize().empty());
-  EXPECT_TRUE(opforge::core::batchable_args(*front->spec()).empty());
-  EXPECT_TRUE(opforge::core::batchable_args(*norm_op()->spec()).empty());  // no sharding kind declared
+std::string check_on(const OpforgeOpSpec& op, const char* device, int32_t dtype, const char* label) {
+  const std::vector<int64_t> sizes{4};
+  std::vector<opforge::core::ArgInfo<int64_t>> args(2);
+  for (auto& a : args) {
+    a.dtype = dtype;
+    a.dtype_label = label;
+    a.device_type = device;
+    a.sizes = sizes;
+  }
+  std::vector<opforge::core::OutputInfo<int64_t>> outs;
+  return opforge::core::check_call<int64_t>(op, args, outs);
 }
+
+TEST(KernelDtypes, ADeviceCallOfADtypeItsKernelDoesNotTakeIsRefused) {
+  auto def = half_kernel_op();
+  const OpforgeOpSpec& op = *def->spec();
+  EXPECT_EQ(check_on(op, "cuda", OPFORGE_DTYPE_FLOAT32, "torch.float32"),
+            "ns::hk(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
+            "  x: expected dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got "
+            "torch.float32");
+  EXPECT_EQ(check_on(op, "cuda", OPFORGE_DTYPE_BFLOAT16, "torch.bfloat16"), "");
+  EXPECT_EQ(check_on(op, "cpu", OPFORGE_DTYPE_FLOAT64, "torch.float64"), "") << "the reference takes every dtype";
+  EXPECT_EQ(check_on(op, "meta", OPFORGE_DTYPE_FLOAT32, "torch.float32"), "") << "no kernel runs on meta";
+  // A dtype the declaration refuses is reported once, by its own rule.
+  EXPECT_EQ(check_on(op, "cuda", OPFORGE_DTYPE_INT32, "torch.int32"),
+            "ns::hk(Tensor x, Tensor w) -> Tensor: invalid arguments\n"
+            "  x: expected dtype one of {float32, float64, float16, bfloat16}, got torch.int32");
+}
+
+}  // namespace
