@@ -464,10 +464,35 @@ def test_cli_exit_code_and_json(broken_ops, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "opforge verify on cpu (seed 9)" in proc.stdout
     assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in proc.stdout
+    assert "checks failed" in proc.stdout.splitlines()[-1] and "fixture::off_by_one values float32" in proc.stdout
     data = json.loads(out.read_text())
     assert data["seed"] == 9 and data["ok"] is False and data["tolerances"]["float32"] == [1e-5, 1e-5]
     ok = subprocess.run(env_python + ["examples::softshrink"], capture_output=True, text=True)
     assert ok.returncode == 2 and "no loaded op" in ok.stderr  # an op name alone does not load its library
+
+
+def test_the_report_ends_with_one_summary_line():
+    def result(op, check, dtype, status):
+        return verify.CaseResult(op, check, dtype, "shape 3x37", status)
+
+    report = verify.Report(seed=1, device="cpu")
+    report.results += [result("ns::a", "values", "float32", "pass")] * 3 + [
+        result("ns::a", "compile", "float32", "skip")
+    ]
+    report.results += [result("ns::b", "values", "float16", "pass")]
+    assert report.summary() == "2 ops, 3 checks (5 cases), all passed, 1 skipped"
+    report.results += [result("ns::b", "values", "float16", "FAIL")] * 2 + [result("ns::a", "out", "float32", "FAIL")]
+    assert report.summary() == (
+        "2 ops, 4 checks (8 cases), 1 skipped: 2 checks failed (3 cases): ns::b values float16, ns::a out float32"
+    )
+    assert verify.Report(seed=1, device="cpu", results=[result("ns::a", "meta", "float32", "pass")]).summary() == (
+        "1 op, 1 check (1 case), all passed"
+    )
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    verify.print_report(report, console)
+    assert console.export_text().rstrip().splitlines()[-1] == report.summary()
 
 
 def test_model_in_the_cpp_runner(tmp_path):
