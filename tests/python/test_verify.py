@@ -16,7 +16,7 @@ from opforge import verify
 from opforge.verify.cases import dtype_cases, floating_as, generate_cases
 from opforge.verify.checks import UNCHECKED, _equivalent_bound
 from opforge.verify.compare import compare_outputs, equivalent_bound
-from opforge.verify.poison import other_values
+from opforge.verify.poison import other_values, run_prefilled
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
@@ -156,6 +156,19 @@ def test_other_values_differ_from_the_reference_everywhere():
     assert ints.tolist() == [[123, 123], [0, 123]]
     bools = other_values(torch.empty(2, 2, dtype=torch.bool), torch.tensor([[True, False], [False, True]]))
     assert bools.tolist() == [[False, True], [True, False]]
+
+
+def test_an_out_overload_that_returns_other_tensors_is_refused(broken_ops):
+    class Handle:  # a torch.ops packet whose out= overload returns a copy of its out tensor
+        @staticmethod
+        def out(x, y):
+            y.copy_(2 * x)
+            return y.clone()
+
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError) as err:
+        run_prefilled(opforge.find_op("fixture::correct"), Handle, [x], (2 * x,), (2 * x,))
+    assert str(err.value) == "the out= overload did not return its out tensors"
 
 
 def test_a_cuda_fixture_that_skips_its_last_row_is_right_on_the_cpu(broken_ops):

@@ -43,13 +43,17 @@ def poisoning(enabled: bool) -> Iterator[None]:
         _poisoning[0] = before
 
 
+def _poison(dtype: torch.dtype) -> float | bool | int:
+    """The value the core poisons an output of ``dtype`` with (``opforge::core::poison_value``)."""
+    return float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else 123)
+
+
 def _equals_poison(like: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Where ``ref`` (any dtype, on any device) holds the poison of an output of ``like``'s dtype."""
     r = ref.detach().cpu()
     if like.is_floating_point():
         return r.isnan() if r.is_floating_point() else torch.zeros(r.shape, dtype=torch.bool)
-    poison = 1 if like.dtype == torch.bool else 123
-    return r.double() == poison
+    return r.double() == float(_poison(like.dtype))
 
 
 def hidden(op: Op, out: tuple, ref: tuple) -> int:
@@ -66,17 +70,17 @@ def hidden(op: Op, out: tuple, ref: tuple) -> int:
 def other_values(like: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """A dense tensor of ``like``'s shape, dtype and device that differs from ``ref`` (of the same
     shape) in every element: the poison, and 0 (false for bools) where ``ref`` holds the poison."""
-    poison = float("nan") if like.is_floating_point() else (True if like.dtype == torch.bool else 123)
-    out = torch.full(like.shape, poison, dtype=like.dtype)
+    out = torch.full(like.shape, _poison(like.dtype), dtype=like.dtype)
     out[_equals_poison(like, ref)] = 0
     return out.to(like.device)
 
 
 def run_prefilled(op: Op, handle, args: list, out: tuple, ref: tuple) -> tuple:
     """The results of the out= overload of ``handle`` (the op's ``torch.ops`` packet) on ``args``
-    (which it writes, as :func:`~opforge.verify.checks.results` does), its outputs filled
-    beforehand with :func:`other_values` of ``ref`` in the layout of ``out`` (an earlier run's
-    results), with poisoning off: its outputs, then the final values of the mutated inputs.
+    (which it writes, as :func:`~opforge.verify.checks.results` does), with poisoning off and
+    its outputs given as dense tensors of the shapes, dtypes and devices of ``out`` (an earlier
+    run's results) holding :func:`other_values` of ``ref``: its outputs, then the final values
+    of the mutated inputs.
 
     Raises:
         RuntimeError: the overload returned other tensors than the out tensors it was given.
