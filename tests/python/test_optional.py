@@ -168,8 +168,10 @@ def test_verify_passes_with_and_without(device):
     report = verify.verify_op("fixture::add_bias", device=device, seed=7)
     assert report.ok, [(r.dtype, r.case, r.message) for r in report.failures]
     cases = {(r.check, r.case) for r in report.results if r.status == "pass"}
-    for check in ("opcheck", "meta", "compile"):
+    for check in ("opcheck", "meta"):
         assert {(check, "shape 3x37"), (check, "shape 3x37 without bias")} <= cases
+    sweep = "sweep 3x37, 11x67, 19x101"  # the compile check's sizes (opforge/verify/sweep.py)
+    assert {("compile", sweep), ("compile", sweep + " without bias")} <= cases
     values = [r for r in report.results if r.check == "values"]
     assert any(r.case == "shape 33x257 without bias" for r in values)
     assert any(r.case == "empty without bias" for r in values)

@@ -14,8 +14,9 @@ import torch
 import opforge
 from opforge import verify
 from opforge.verify.cases import dtype_cases, floating_as, generate_cases
-from opforge.verify.checks import _equivalent_bound
+from opforge.verify.checks import UNCHECKED, _equivalent_bound
 from opforge.verify.compare import compare_outputs, equivalent_bound
+from opforge.verify.poison import other_values, run_prefilled
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
@@ -26,8 +27,12 @@ def broken_ops(tmp_path_factory):
     return opforge.load_library(
         opforge.build_library(
             "broken_ops",
-            [FIXTURES / "broken_ops.cpp"],
-            kernels=[FIXTURES / "kernels" / "broken_kernels.cu", FIXTURES / "kernels" / "syntax_error.cu"],
+            [FIXTURES / "broken_ops.cpp", FIXTURES / "unwritten_ops.cpp", FIXTURES / "sweep_ops.cpp"],
+            kernels=[
+                FIXTURES / "kernels" / "broken_kernels.cu",
+                FIXTURES / "kernels" / "syntax_error.cu",
+                FIXTURES / "kernels" / "unwritten_kernels.cu",
+            ],
             build_dir=tmp_path_factory.mktemp("broken"),
         )
     )
@@ -61,14 +66,16 @@ def test_example_ops_pass(name):
     first = opforge.find_op(name).tensors[0].name
     if report.device == "cpu":  # the reference is checked against the description's torch expression
         assert {
+            "shape 3x37",
             "shape 33x255",
-            "shape 33x257",
             f"permuted {first}",
             f"sliced {first}",
             f"offset {first}",
+            f"leading slice {first}",
             "empty",
             "nan/inf",
         } <= cases
+        assert len([c for c in cases if c.startswith("random ")]) >= 2  # random sizes; fewer where two coincide
 
 
 def failed_values(report: verify.Report, op: str) -> dict[str, verify.CaseResult]:
@@ -88,6 +95,174 @@ def test_catches_off_by_one(broken_ops):
         "storage_offset": 0,
     }
     assert "float32 empty" not in failed
+
+
+HIDDEN = "the poison equals the reference in {n} output elements; run again with other values in the outputs: "
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("fixture::isfinite_skips_last_row", "37 of 111 elements differ; first at [2, 0]: 0.0, expected 1.0"),
+        ("fixture::fill_skips_last_row", "37 of 111 elements differ; first at [2, 0]: 0.0, expected 123.0"),
+    ],
+)
+def test_an_element_left_unwritten_is_caught_where_the_reference_is_the_poison(broken_ops, name, message):
+    """A bool output's poison is true and an integer's 123: a reference of that value would hide
+    a row the kernel never writes, so such cases run again with other values in the outputs; every
+    case with a row to skip fails, and so does the out= check."""
+    report = verify.verify_op(name, device="cpu", seed=5)
+    values = [r for r in report.results if r.check == "values"]
+    assert values and all(r.status == "FAIL" for r in values if not r.case.startswith("empty")), [
+        r.case for r in values if r.status != "FAIL"
+    ]
+    assert failed_values(report, name)["float32 shape 3x37"].message == HIDDEN.format(n=111) + message
+    (out,) = [r for r in report.results if r.check == "out"]
+    assert out.status == "FAIL" and out.message == "out= differs from the op: " + message
+
+
+def test_a_nan_left_to_the_poison_is_caught(broken_ops):
+    """A reference that leaves an element whose input is NaN unwritten, as if the output's memory
+    held NaN: the NaN it propagates no longer hides it."""
+    report = verify.verify_op("fixture::twice_skips_nan", device="cpu", seed=5)
+    failed = failed_values(report, "fixture::twice_skips_nan")
+    assert set(failed) == {f"{d} nan/inf" for d in ("float32", "float64", "float16", "bfloat16")}
+    assert failed["float32 nan/inf"].message == (
+        HIDDEN.format(n=1) + "1 of 111 elements differ; first at [0, 0]: 0.0, expected nan"
+    )
+    assert [r.check for r in report.failures] == ["values"] * 4
+
+
+def test_an_op_without_an_out_overload_counts_the_elements_it_could_not_check(broken_ops):
+    """An optional output leaves the op without an out= overload, so verify cannot give it its
+    outputs: where the reference holds the poison, the case passes with a message that counts
+    the elements left unchecked (Note [Poison that equals the reference])."""
+    report = verify.verify_op("fixture::isfinite_pair_skips_last_row", device="cpu", seed=5, dtypes=["float32"])
+    values = {r.case: r for r in report.results if r.check == "values"}
+    assert values["shape 3x37"].status == "pass"
+    assert values["shape 3x37"].message == UNCHECKED.format(n=2 * 111)  # y and key_out
+    assert values["shape 3x37 without key"].message == UNCHECKED.format(n=111)
+    assert UNCHECKED.format(n=222) == (
+        "222 output elements hold the poison in the reference: not checked for being written (the op has no out= "
+        "overload to run again with other values)"
+    )
+
+
+def test_other_values_differ_from_the_reference_everywhere():
+    ref = torch.tensor([[float("nan"), 1.0], [123.0, 0.0]], dtype=torch.float64)
+    floats = other_values(torch.empty(2, 2, dtype=torch.float16), ref)
+    assert floats.dtype == torch.float16 and floats[0, 0] == 0 and floats[1:].isnan().all() and floats[0, 1].isnan()
+    ints = other_values(torch.empty(2, 2, dtype=torch.int32), ref)
+    assert ints.tolist() == [[123, 123], [0, 123]]
+    bools = other_values(torch.empty(2, 2, dtype=torch.bool), torch.tensor([[True, False], [False, True]]))
+    assert bools.tolist() == [[False, True], [True, False]]
+
+
+def test_an_out_overload_that_returns_other_tensors_is_refused(broken_ops):
+    class Handle:  # a torch.ops packet whose out= overload returns a copy of its out tensor
+        @staticmethod
+        def out(x, y):
+            y.copy_(2 * x)
+            return y.clone()
+
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError) as err:
+        run_prefilled(opforge.find_op("fixture::correct"), Handle, [x], (2 * x,), (2 * x,))
+    assert str(err.value) == "the out= overload did not return its out tensors"
+
+
+def test_a_cuda_fixture_that_skips_its_last_row_is_right_on_the_cpu(broken_ops):
+    """The kernels of the cuda_ fixtures compile, and their CPU references are right: on a GPU,
+    test_catches_kernels_that_skip_their_last_row finds what their kernels leave out."""
+    for name in ("fixture::cuda_twice_skips_last_row", "fixture::cuda_isfinite_skips_last_row"):
+        report = verify.verify_op(name, device="cpu", seed=5)
+        assert report.ok, report.failures
+        assert {r.case for r in report.results if r.check == "nvrtc"} == {"sm_90", "sm_80"}
+
+
+@requires_cuda
+def test_catches_kernels_that_skip_their_last_row(broken_ops):
+    """Run-time kernels launched one block per row that return early in the last block: every
+    case with rows fails on the device, the bool one through its run with other values."""
+    for name in ("fixture::cuda_twice_skips_last_row", "fixture::cuda_isfinite_skips_last_row"):
+        report = verify.verify_op(name, device="cuda", seed=5)
+        values = [r for r in report.results if r.check == "values"]
+        assert values and all(r.status == "FAIL" for r in values if not r.case.startswith("empty")), [
+            (r.dtype, r.case) for r in values if r.status != "FAIL"
+        ]
+        assert "shape 1031x64" in {r.case for r in values}  # the device's own sizes
+    message = failed_values(report, "fixture::cuda_isfinite_skips_last_row")["float32 shape 3x37"].message
+    assert message == HIDDEN.format(n=111) + "37 of 111 elements differ; first at [2, 0]: 0.0, expected 1.0"
+
+
+def test_the_compile_check_never_meets_duck_sizing(broken_ops):
+    """dequantize_blocks' scales are [t, h, ceildiv(c, 8)] beside x [t, h, c]: at c = 37 the last
+    dim of scales equals the heads (5), at other sizes not, which torch.compile would recompile
+    for (Note [Duck sizing]); the check leaves out that size and passes."""
+    report = verify.verify_op("fixture::dequantize_blocks", device="cpu", seed=5, dtypes=["float32"])
+    assert report.ok, report.failures
+    (compile_check,) = [r for r in report.results if r.check == "compile"]
+    assert (compile_check.status, compile_check.case) == ("pass", "sweep 11x67, 19x101, 29x131")
+    shapes = [[a["shape"] for a in c["args"]] for c in compile_check.repro["cases"]]
+    assert shapes == [[[11, 5, 67], [11, 5, 9]], [[19, 5, 101], [19, 5, 13]], [[29, 5, 131], [29, 5, 17]]]
+
+
+def test_the_compile_check_takes_sizes_the_rules_admit_or_says_why_not(broken_ops):
+    """An op of at most two rows compiles over sizes with two rows (none of the sizes the check
+    starts from); an op of one shape gets the check as not applicable, with the reason."""
+    report = verify.verify_op("fixture::two_rows_at_most", device="cpu", seed=5, dtypes=["float32"])
+    assert report.ok, report.failures
+    (compile_check,) = [r for r in report.results if r.check == "compile"]
+    assert compile_check.status == "pass"
+    assert [c["args"][0]["shape"] for c in compile_check.repro["cases"]] == [[2, 37], [2, 67], [2, 101]]
+    report = verify.verify_op("fixture::one_shape", device="cpu", seed=5, dtypes=["float32"])
+    assert report.ok, report.failures
+    (compile_check,) = [r for r in report.results if r.check == "compile"]
+    assert (compile_check.status, compile_check.message) == (
+        "skip",
+        "the op's rules admit one input shape only (x [4, 8])",
+    )
+
+
+def test_cases_reach_head_sizes_row_blocks_and_views_of_written_inputs():
+    """Head sizes 64 and 128, more rows than a 128-row block, sliced views of the inputs an op
+    writes (those it takes without a copy), and on a device the device's own sizes; sizes whose
+    shapes an earlier case had are left out."""
+    for library in ("rotary_embedding", "kv_cache_write", "attention"):
+        opforge.load_library(opforge.example_library(library))
+    rotary = opforge.find_op("examples::rotary_embedding")
+    dtypes = dtype_cases(rotary, ["float16"])[0].dtypes
+    cases = {c.label: c for c in generate_cases(rotary, dtypes, seed=6)}
+    assert {cases[f"shape {lead}x{size}"].args[1].shape[2] for lead, size in ((7, 64), (6, 128))} == {64, 128}
+    assert cases["shape 131x24"].args[2].shape[0] == 131  # cos_sin_cache rows: positions index past 128
+    query = cases["leading slice query"].args[1]  # written in place, in the layout it is given
+    assert query.is_contiguous() and query.storage_offset() == query[0].numel()
+    kv = opforge.find_op("examples::kv_cache_write")
+    labels = {c.label for c in generate_cases(kv, dtype_cases(kv, ["bfloat16"])[0].dtypes, seed=6)}
+    assert {"leading slice key_cache", "leading slice value_cache", "sliced key"} <= labels
+    assert "sliced key_cache" not in labels  # key_cache is written and dense: a strided view is refused
+    on_cuda = {c.label for c in generate_cases(kv, dtype_cases(kv, ["bfloat16"])[0].dtypes, seed=6, device="cuda")}
+    assert {"shape 1031x64", "shape 300x128", "shape 3x40000"} <= on_cuda and "shape 1031x64" not in labels
+    assert len([c for c in on_cuda if c.startswith("random ")]) == 12 > len([c for c in labels if "random" in c])
+    attention = opforge.find_op("examples::attention")
+    sized = generate_cases(attention, dtype_cases(attention, ["float16"])[0].dtypes, seed=6)
+    shapes = [
+        repr([list(a.shape) if isinstance(a, torch.Tensor) else a for a in c.args])
+        for c in sized
+        if c.label.startswith(("shape ", "random "))
+    ]
+    assert len(shapes) == len(set(shapes))  # attention's last dim is head_dim: 33x256 and 33x257 are 33x255
+    assert "shape 33x255" in {c.label for c in sized} and "shape 33x257" not in {c.label for c in sized}
+
+
+def test_rules_that_bound_a_size_from_above_still_get_every_other_size(broken_ops):
+    """x.size(1) <= 4: each case takes the largest small size its rule admits, so the cases keep
+    their rows (1 to 131) and views instead of shrinking to the one 1x1 case."""
+    op = opforge.find_op("fixture::four_columns_at_most")
+    cases = {c.label: c for c in generate_cases(op, {"x": "float32"}, seed=5)}
+    assert cases["shape 131x24"].args[0].shape == (131, 4) and cases["permuted x"].args[0].shape == (4, 4)
+    assert len({c.args[0].shape for c in cases.values()}) >= 8 and "empty" in cases and "nan/inf" in cases
+    assert verify.verify_op(op.name, device="cpu", seed=5, dtypes=["float32"]).ok
 
 
 def test_catches_missing_stride(broken_ops):
@@ -302,10 +477,35 @@ def test_cli_exit_code_and_json(broken_ops, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "opforge verify on cpu (seed 9)" in proc.stdout
     assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in proc.stdout
+    assert "checks failed" in proc.stdout.splitlines()[-1] and "fixture::off_by_one values float32" in proc.stdout
     data = json.loads(out.read_text())
     assert data["seed"] == 9 and data["ok"] is False and data["tolerances"]["float32"] == [1e-5, 1e-5]
     ok = subprocess.run(env_python + ["examples::softshrink"], capture_output=True, text=True)
     assert ok.returncode == 2 and "no loaded op" in ok.stderr  # an op name alone does not load its library
+
+
+def test_the_report_ends_with_one_summary_line():
+    def result(op, check, dtype, status):
+        return verify.CaseResult(op, check, dtype, "shape 3x37", status)
+
+    report = verify.Report(seed=1, device="cpu")
+    report.results += [result("ns::a", "values", "float32", "pass")] * 3 + [
+        result("ns::a", "compile", "float32", "skip")
+    ]
+    report.results += [result("ns::b", "values", "float16", "pass")]
+    assert report.summary() == "2 ops, 3 checks (5 cases), all passed, 1 skipped"
+    report.results += [result("ns::b", "values", "float16", "FAIL")] * 2 + [result("ns::a", "out", "float32", "FAIL")]
+    assert report.summary() == (
+        "2 ops, 4 checks (8 cases), 1 skipped: 2 checks failed (3 cases): ns::b values float16, ns::a out float32"
+    )
+    assert verify.Report(seed=1, device="cpu", results=[result("ns::a", "meta", "float32", "pass")]).summary() == (
+        "1 op, 1 check (1 case), all passed"
+    )
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    verify.print_report(report, console)
+    assert console.export_text().rstrip().splitlines()[-1] == report.summary()
 
 
 def test_model_in_the_cpp_runner(tmp_path):

@@ -16,12 +16,24 @@ from ..description import Op, Param, TensorArg
 
 _FLOATING = ("float32", "float64", "float16", "bfloat16")
 
-#: Sizes of the leading and the last dim: odd sizes, and sizes on either side of 16-byte vectors
-#: and of 256-thread blocks.
-SHAPES = [(1, 1), (3, 37), (33, 255), (33, 256), (33, 257), (2, 4097)]
+#: Sizes (lead, last) of the shape cases, as the core's example shapes take them (``lead`` for
+#: first dims, ``last`` for last dims): one element; odd sizes; sizes on either side of 16-byte
+#: vectors and of 256-thread blocks; the head sizes 64 and 128; more rows than one 128-row block.
+SHAPES = [(1, 1), (3, 37), (33, 255), (33, 256), (33, 257), (2, 4097), (2, 8), (3, 9), (7, 64), (6, 128), (131, 24)]
+
+#: Further sizes on a device, whose kernels tile them: thousands of rows (more than a GPU holds
+#: blocks at once), rows of 128-element heads past several row blocks, and rows too long for a
+#: thread block's registers. The CPU reference computes them too (the baseline), so they are
+#: left out where the CPU reference is the code under test.
+DEVICE_SHAPES = [(1031, 64), (300, 128), (3, 40000)]
+
+#: Random sizes per dtype combination, "random LEADxLAST": lead in [2, 48], last in [2, 320],
+#: this many on the CPU and :data:`DEVICE_RANDOM_CASES` on a device.
+RANDOM_CASES = 4
+DEVICE_RANDOM_CASES = 12
 
 #: The strided layouts each tensor input is given in turn (see :func:`_view`).
-VIEWS = ("permuted", "sliced", "expanded", "offset", "padded rows", "rows permuted")
+VIEWS = ("permuted", "sliced", "expanded", "offset", "padded rows", "rows permuted", "leading slice")
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -207,7 +219,9 @@ def _view(t: torch.Tensor, how: str, gen: torch.Generator, draw) -> torch.Tensor
     aligned rows, which reach a ``contiguous_last_dim`` input as they are: padded rows (rows
     further apart than their length) and rows permuted (dims -3 and -2 swapped in memory, a head
     split's transpose); or expanded (rows repeated, so with values of its own from ``draw(shape)``,
-    which makes fresh values in the input's domain)."""
+    which makes fresh values in the input's domain); or a leading slice (``big[1:]`` of a tensor one
+    longer in its first dim: dense, and 16-byte aligned where a row is a multiple of 16 bytes, so
+    that an input written in place takes it as it is, as a layer's slice of a stacked cache)."""
     shape = list(t.shape)
     if how == "permuted":
         return t.transpose(0, -1).contiguous().transpose(0, -1)
@@ -224,6 +238,10 @@ def _view(t: torch.Tensor, how: str, gen: torch.Generator, draw) -> torch.Tensor
         return big[..., ::2]
     if how == "expanded":
         return draw([1] + shape[1:]).expand(shape)
+    if how == "leading slice":
+        big = draw([shape[0] + 1] + shape[1:])
+        big[1:] = t
+        return big[1:]
     flat = draw([t.numel() + 1])
     flat[1:] = t.reshape(-1)
     return flat[1:].view(shape)
@@ -283,17 +301,23 @@ def without_optional(op: Op) -> str:
 #: divisibility the free sizes miss).
 _RETRY_LASTS = (8, 16, 32, 64, 128, 256)
 
+#: Sizes tried last, for rules that bound a size from above ("x.size(0) <= 2", a convolution's
+#: width "weight.size(1) <= 4"): as lasts after the integer parameters' values, and as leads.
+_SMALL = (4, 3, 2, 1)
+
 
 def example(op: Op, lead: int, last: int, params: dict[str, object], leading: int = 1) -> dict | None:
     """The core's example shapes and facts (:func:`opforge._core.example_shapes`) for sizes near
     (lead, last) that satisfy every cross-argument rule: ``last`` itself, then it rounded up to a
     multiple of 2, 4, ... 128, then :data:`_RETRY_LASTS`, then the integer parameters' values (a
-    rule such as ``x.size(1) == channels``); with ``lead`` itself first, then it rounded up the
-    same way (``weight.size(0) % 8 == 0``). None if none does."""
+    rule such as ``x.size(1) == channels``), then :data:`_SMALL`; with ``lead`` itself first, then
+    it rounded up the same way (``weight.size(0) % 8 == 0``), then :data:`_SMALL`. None if none
+    does."""
     multiples = (2, 4, 8, 16, 32, 64, 128)
     sizes = [v for v in params.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0]
-    lasts = dict.fromkeys([last] + [-(-last // m) * m for m in multiples] + list(_RETRY_LASTS) + sizes)
-    for candidate_lead in dict.fromkeys([lead] + [-(-lead // m) * m for m in multiples]):
+    lasts = dict.fromkeys([last] + [-(-last // m) * m for m in multiples] + list(_RETRY_LASTS) + sizes + list(_SMALL))
+    leads = dict.fromkeys([lead] + [-(-lead // m) * m for m in multiples] + list(_SMALL))
+    for candidate_lead in leads:
         for candidate in lasts:
             facts = _core.example_shapes(op.name, candidate_lead, candidate, params, leading)
             if not facts["rule_problems"]:
@@ -344,26 +368,31 @@ def forward_results(op: Op, fwd: Op | None, args: list) -> bool:
     return True
 
 
-def generate_cases(
-    op: Op, dtypes: dict[str, str], seed: int, only: Callable[[str], bool] | None = None
-) -> list[Inputs]:
-    """Every input case for one op and dtype combination (``dtypes`` by tensor input name: a
-    :attr:`DtypeCase.dtypes`; CPU tensors), each from its own seed. Optional
-    tensor inputs are given, except in the cases labelled with :func:`without_optional`'s suffix
-    (every shape, and empty), where they are None. An op with an input declared
-    ``shape({leading_dims, ...})`` also gets cases with none and with three leading dims. Sizes
-    satisfy the op's cross-argument rules (:func:`example`), integer inputs with a value domain
-    hold values inside it, and a backward op's inputs that are its forward op's results hold
-    those results (:func:`forward_results`). A case no input can make (a rule no nearby size meets, more distinct
-    indices than the range holds) is left out, as is a strided view of a mutated input that the
-    op refuses (:func:`refused`). With ``only``, just the cases whose label it accepts are built
-    (each with the seed it has in the full list)."""
-    rng = random.Random(seed)
-    cases: list[Inputs] = []
-    without = without_optional(op)
-    forward = _forward_of(op)
+#: The most elements the tensors of one case hold together, by where the code under test runs
+#: ("cpu": the CPU reference against the equivalent; a device: its kernels, against the CPU
+#: reference): sizes that make an input of rank 3 or more larger (a rotary embedding's [tokens,
+#: heads, head size] draws tokens and head size from the same free size) are left out.
+MAX_ELEMENTS = {"cpu": 1 << 22, "device": 1 << 25}
+
+
+class CaseBuilder:
+    """Builds the cases of one op in one dtype combination (``dtypes`` by tensor input name: a
+    :attr:`DtypeCase.dtypes`; CPU tensors), each from its own seed, drawn in turn from ``seed``
+    (so a case keeps its seed whichever cases are built). ``params`` are the op's parameter sets
+    (:func:`param_sets`, drawn first from the same seed). Sizes satisfy the op's cross-argument
+    rules (:func:`example`), integer inputs with a value domain hold values inside it, and a
+    backward op's inputs that are its forward op's results hold those results
+    (:func:`forward_results`)."""
+
+    def __init__(self, op: Op, dtypes: dict[str, str], seed: int, max_elements: int = MAX_ELEMENTS["cpu"]):
+        self.op, self.dtypes, self.max_elements = op, dtypes, max_elements
+        self.rng = random.Random(seed)
+        self.params = param_sets(op, self.rng)
+        self.forward = _forward_of(op)
+        self._shapes_seen: set = set()
 
     def build(
+        self,
         label: str,
         lead: int,
         last: int,
@@ -371,69 +400,122 @@ def generate_cases(
         transform: Callable[..., torch.Tensor] | None = None,
         omit_optional: bool = False,
         leading: int = 1,
-    ) -> None:
-        case_seed = rng.randrange(2**31)
-        if only is not None and not only(label):
-            return
-        gen = torch.Generator().manual_seed(case_seed)
-        facts = example(op, lead, last, {op.args[i].name: v for i, v in params.items()}, leading)
+        only: Callable[[str], bool] | None = None,
+        distinct: bool = False,
+    ) -> Inputs | None:
+        """One case, or None where no input can make it (a rule no nearby size meets, more
+        distinct indices than the range holds, more than ``max_elements`` elements), where it
+        is a strided view of a mutated input that the op refuses (:func:`refused`), where
+        ``only`` rejects its label, or, with ``distinct``, where an earlier case built with
+        ``distinct`` had the same shapes and parameters. Optional tensor inputs are None with
+        ``omit_optional``; ``transform(arg, t, gen, draw)`` gives each tensor its layout."""
+        op = self.op
+        case_seed = self.rng.randrange(2**31)
+        named = {op.args[i].name: v for i, v in params.items()}
+        facts = example(op, lead, last, named, leading) if only is None or only(label) or distinct else None
         if facts is None:
-            return
+            return None
+        present = {a.name: facts["shapes"][a.name] for a in op.tensors if not (omit_optional and a.optional)}
+        if sum(math.prod(s) for s in present.values()) > self.max_elements:
+            return None
+        if distinct:
+            key = (repr(sorted(present.items())), repr(sorted(named.items())))
+            if key in self._shapes_seen:
+                return None
+            self._shapes_seen.add(key)
+        if only is not None and not only(label):
+            return None
+        gen = torch.Generator().manual_seed(case_seed)
         args = []
         try:
             for a in op.args:
                 if isinstance(a, Param):
                     args.append(params[a.index])
                     continue
-                if omit_optional and a.optional:
+                if a.name not in present:
                     args.append(None)
                     continue
                 bounds = facts["bounds"].get(a.name)
                 domain = Domain(bounds[0], bounds[1], a.values.unique, a.values.sentinel) if bounds else None
-                torch_dtype = dtype_of(dtypes[a.name])
+                torch_dtype = dtype_of(self.dtypes[a.name])
 
                 def draw(shape, torch_dtype=torch_dtype, domain=domain):
                     return random_tensor(shape, torch_dtype, gen, domain)
 
-                t = draw(facts["shapes"][a.name])
+                t = draw(present[a.name])
                 args.append(transform(a, t, gen, draw) if transform else t)
                 if a.mutated and refused(op, a, args[-1]):
-                    return  # a mutated input in a layout it cannot take: not a case the op computes
+                    return None  # a mutated input in a layout it cannot take: not a case the op computes
         except NoCase:
-            return
-        if not forward_results(op, forward, args):
-            return
-        cases.append(Inputs(label, args, case_seed))
+            return None
+        if not forward_results(op, self.forward, args):
+            return None
+        return Inputs(label, args, case_seed)
 
-    params = param_sets(op, rng)
-    for lead, last in SHAPES:
-        build(f"shape {lead}x{last}", lead, last, params[0])
+
+def _viewed(index: int, how: str) -> Callable[..., torch.Tensor]:
+    """A ``transform`` for :meth:`CaseBuilder.build` that gives the tensor input at ``index``
+    the layout ``how`` (:func:`_view`) where its shape allows it, and leaves the others dense."""
+
+    def transform(arg, t, gen, draw):
+        if arg.index != index or t.dim() == 0 or t.numel() == 0:
+            return t
+        if how in ("permuted", "expanded") and (t.dim() < 2 or t.shape[0] < 2):
+            return t
+        if how == "rows permuted" and (t.dim() < 3 or t.shape[-3] < 2 or t.shape[-2] < 2):
+            return t
+        return _view(t, how, gen, draw)
+
+    return transform
+
+
+def generate_cases(
+    op: Op, dtypes: dict[str, str], seed: int, only: Callable[[str], bool] | None = None, device: str = "cpu"
+) -> list[Inputs]:
+    """Every input case for one op and dtype combination (``dtypes`` by tensor input name: a
+    :attr:`DtypeCase.dtypes`; CPU tensors), built by a :class:`CaseBuilder` from ``seed``: the
+    sizes of :data:`SHAPES` (with :data:`DEVICE_SHAPES` where ``device`` is not "cpu"), random
+    sizes (:data:`RANDOM_CASES`, :data:`DEVICE_RANDOM_CASES`), each parameter set, each of
+    :data:`VIEWS` for each tensor input (written ones included, in the layouts they take),
+    empty and NaN/Inf. Sizes that give the shapes of an earlier size case are left out. Optional
+    tensor inputs are given, except in the cases labelled with :func:`without_optional`'s suffix
+    (every size, and empty), where they are None. An op with an input declared
+    ``shape({leading_dims, ...})`` also gets cases with none and with three leading dims. With
+    ``only``, just the cases whose label it accepts are built (each with the seed it has in the
+    full list)."""
+    on_cpu = device == "cpu"
+    builder = CaseBuilder(op, dtypes, seed, MAX_ELEMENTS["cpu" if on_cpu else "device"])
+    without = without_optional(op)
+    params = builder.params
+    cases: list[Inputs] = []
+
+    def add(*args, **kwargs) -> None:
+        case = builder.build(*args, only=only, **kwargs)
+        if case is not None:
+            cases.append(case)
+
+    sizes = [(f"shape {lead}x{last}", lead, last) for lead, last in SHAPES + ([] if on_cpu else DEVICE_SHAPES)]
+    for _ in range(RANDOM_CASES if on_cpu else DEVICE_RANDOM_CASES):
+        lead, last = builder.rng.randint(2, 48), builder.rng.randint(2, 320)
+        sizes.append((f"random {lead}x{last}", lead, last))
+    for label, lead, last in sizes:
+        add(label, lead, last, params[0], distinct=True)
         if without:
-            build(f"shape {lead}x{last}{without}", lead, last, params[0], omit_optional=True)
+            add(label + without, lead, last, params[0], omit_optional=True, distinct=True)
     for k, p in enumerate(params[1:], 1):
-        build(f"params #{k}", 3, 37, p)
+        add(f"params #{k}", 3, 37, p)
     for how in VIEWS:
         for a in op.tensors:
             if how == "expanded" and a.values is not None and a.values.unique:
                 continue  # repeated rows repeat indices that must be distinct
-
-            def transform(arg, t, gen, draw, i=a.index, how=how):
-                if arg.index != i or t.dim() == 0 or t.numel() == 0:
-                    return t
-                if how in ("permuted", "expanded") and (t.dim() < 2 or t.shape[0] < 2):
-                    return t
-                if how == "rows permuted" and (t.dim() < 3 or t.shape[-3] < 2 or t.shape[-2] < 2):
-                    return t
-                return _view(t, how, gen, draw)
-
-            build(f"{how} {a.name}", 4, 40, params[0], transform)
+            add(f"{how} {a.name}", 4, 40, params[0], _viewed(a.index, how))
     if any(a.leading_dims for a in op.tensors):  # shape({leading_dims, ...}): none, and several
-        build("no leading dims", 3, 37, params[0], leading=0)
-        build("3 leading dims", 3, 37, params[0], leading=3)
-    build("empty", 0, 37, params[0])
+        add("no leading dims", 3, 37, params[0], leading=0)
+        add("3 leading dims", 3, 37, params[0], leading=3)
+    add("empty", 0, 37, params[0])
     if without:
-        build(f"empty{without}", 0, 37, params[0], omit_optional=True)
+        add(f"empty{without}", 0, 37, params[0], omit_optional=True)
     floating = [a.index for a in op.tensors if dtypes[a.name] in _FLOATING]
     if floating:
-        build("nan/inf", 3, 37, params[0], lambda arg, t, gen, draw: _special(t) if arg.index == floating[0] else t)
+        add("nan/inf", 3, 37, params[0], lambda arg, t, gen, draw: _special(t) if arg.index == floating[0] else t)
     return cases

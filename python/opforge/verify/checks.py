@@ -11,12 +11,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._core import set_poison_outputs
 from .._torch import find_op, precompile
 from ..description import Op
 from .cases import (
     _FLOATING,
-    SHAPES,
+    CaseBuilder,
     DtypeCase,
     Inputs,
     dtype_cases,
@@ -28,7 +27,9 @@ from .cases import (
     without_optional,
 )
 from .compare import TOLERANCES, compare_outputs, equivalent_bound
+from .poison import hidden, poisoning, run_prefilled
 from .report import CaseResult, Report
+from .sweep import compile_cases
 
 #: Targets run-time kernels are compiled for on a machine without a GPU: Hopper (built as sm_90a,
 #: where kernels may take wgmma paths) and Ampere (sm_80), which compiles their other paths.
@@ -114,6 +115,14 @@ def unwritten(op: Op, before: list, after: list) -> str:
 FLOAT32_GRADCHECK = {"eps": 1e-3, "atol": 1e-3, "rtol": 1e-2, "fast_mode": False}
 
 
+#: The message of a passing case whose reference holds the poison where the op has no out=
+#: overload to run it again with other values (Note [Poison that equals the reference]).
+UNCHECKED = (
+    "{n} output elements hold the poison in the reference: not checked for being written (the op has no out= "
+    "overload to run again with other values)"
+)
+
+
 def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report) -> None:
     """Every case of :func:`generate_cases` for one dtype combination: the device kernel against
     the CPU reference (in float64 where the op accepts that combination with float64 for every
@@ -126,7 +135,10 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
     kernel's floating output that misses those passes still within ``op.tolerance_vs_equivalent``
     times the error of ``op.equivalent`` run on the device in the case's dtypes, where the
     reference is float64 (:func:`equivalent_bound`; the case's ``error_vs_tolerance`` then
-    counts its error over that bound, and its message names such outputs)."""
+    counts its error over that bound, and its message names such outputs). Where an output's
+    reference holds the poison, the case runs again with other values in its outputs (Note
+    [Poison that equals the reference] in :mod:`.poison`); device cases include
+    :data:`~.cases.DEVICE_SHAPES`."""
     handle = op_handle(op.name)
     declared = op.tolerances.get(case.tolerance) if device != "cpu" else None
     wide = floating_as(op, case, "float64", keep_fixed=True)
@@ -146,7 +158,7 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             )
         )
         return
-    for inputs in generate_cases(op, case.dtypes, seed):
+    for inputs in generate_cases(op, case.dtypes, seed, device=device):
         result = CaseResult(
             op.name,
             "values",
@@ -171,9 +183,22 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(
                 out, ref, case.tolerance, declared, beyond
             )
+            refs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
+            masked = hidden(op, out, refs) if ok else 0
+            if masked and op.out_schema:  # Note [Poison that equals the reference]
+                again = run_prefilled(op, handle, [keep_layout(a, device) for a in fresh(inputs.args)], out, refs)
+                ok, _, _, why = compare_outputs(again, ref, case.tolerance, declared, beyond)
+                if not ok:
+                    why = (
+                        f"the poison equals the reference in {masked} output elements; run again with other values "
+                        f"in the outputs: {why}"
+                    )
+            elif masked:
+                result.message = UNCHECKED.format(n=masked)
             if ok and passed:
-                which = ", ".join(map(str, passed))
-                result.message = f"output {which}: within {op.tolerance_vs_equivalent:g} x the equivalent's error"
+                which = ", ".join(map(str, dict.fromkeys(passed)))
+                bound = f"output {which}: within {op.tolerance_vs_equivalent:g} x the equivalent's error"
+                result.message = "; ".join(filter(None, [bound, result.message]))
             why = why or unwritten(op, inputs.args, args)
             if why:
                 result.status, result.message = "FAIL", why
@@ -195,12 +220,45 @@ def _equivalent_bound(op: Op, args: list, device: str, passed: list[int]) -> Cal
 
 
 def check_structure(op: Op, case: DtypeCase, device: str, seed: int, report: Report) -> None:
-    """opcheck, compile without recompiles over three batch sizes, Meta against real, the out=
-    overload and gradcheck, in one dtype combination; for an op with optional tensor inputs,
-    once with them and once without."""
+    """opcheck, compile without recompiles over the sizes of :func:`~.sweep.compile_cases`, Meta
+    against real, the out= overload and gradcheck, in one dtype combination; for an op with
+    optional tensor inputs, once with them and once without."""
     cases = generate_cases(op, case.dtypes, seed)
     for suffix in dict.fromkeys(["", without_optional(op)]):
         _check_structure_of(op, case, device, report, cases, suffix)
+        builder = CaseBuilder(op, case.dtypes, seed)
+        sweep = compile_cases(op, builder, builder.params[0], omit_optional=bool(suffix), suffix=suffix)
+        check_compile(op, case, device, sweep, report)
+
+
+def check_compile(op: Op, case: DtypeCase, device: str, sweep, report: Report) -> None:
+    """``torch.compile(fullgraph=True, dynamic=True)`` of the op over ``sweep``'s cases (a
+    :class:`~.sweep.Sweep`): compiled on the first, then no recompile on the others (torch's
+    ``error_on_recompile``), and each compiled result equal to the op's in eager; reported as not
+    applicable (skip) with ``sweep.why`` where the sweep has no cases."""
+    if not sweep.cases:
+        report.results.append(CaseResult(op.name, "compile", case.label, sweep.label, "skip", message=sweep.why))
+        return
+    import torch._dynamo
+
+    handle = op_handle(op.name)
+    result = CaseResult(
+        op.name, "compile", case.label, sweep.label, "pass", repro={"cases": [c.repro() for c in sweep.cases]}
+    )
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *a: results(op, handle, list(a)), fullgraph=True, dynamic=True)
+        compiled(*fresh(to(sweep.cases[0].args, device)))
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for c in sweep.cases[1:]:
+                a = to(c.args, device)
+                ok, _, _, why = compare_outputs(compiled(*fresh(a)), results(op, handle, fresh(a)), case.tolerance)
+                if not ok:
+                    result.status, result.message = "FAIL", f"{c.label}: compiled result differs: {why}"
+                    break
+    except Exception as e:  # noqa: BLE001 -- reported as a failed check
+        result.status, result.message = "FAIL", first_lines(e)
+    report.results.append(result)
 
 
 def _gradcheck_dtype(op: Op, case: DtypeCase, device: str) -> tuple[torch.dtype, dict, str] | None:
@@ -268,33 +326,11 @@ def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, ca
                 return (f"output {k}: " if len(reals) > 1 else "") + f"meta {got} != real {want}"
         return None
 
-    def compile_check():
-        import torch._dynamo
-
-        torch._dynamo.reset()
-        compiled = torch.compile(lambda *a: results(op, handle, list(a)), fullgraph=True, dynamic=True)
-        labels = {f"shape {lead}x{last}{suffix}" for lead, last in SHAPES[1:4]}
-        batches = [c for c in cases if c.label in labels]
-        compiled(*fresh(to(batches[0].args, device)))
-        with torch._dynamo.config.patch(error_on_recompile=True):
-            for c in batches[1:]:
-                a = to(c.args, device)
-                ok, _, _, why = compare_outputs(compiled(*fresh(a)), results(op, handle, fresh(a)), case.tolerance)
-                if not ok:
-                    return f"compiled result differs: {why}"
-        return None
-
     def out_overload():
+        # out tensors that differ from the op's results in every element, and no poison: an
+        # element the out= call does not write differs (Note [Poison that equals the reference])
         outs = results(op, handle, fresh(args))
-        buffers = {
-            o.name: torch.full_like(t, float("nan")) if t.is_floating_point() else torch.full_like(t, 123)
-            for o, t in zip(op.outputs, outs)
-        }
-        returned = handle.out(*fresh(args), **buffers)
-        returned = returned if isinstance(returned, tuple) else (returned,)
-        if any(r is not b for r, b in zip(returned, buffers.values())):
-            return "the out= overload did not return its out tensors"
-        ok, _, _, why = compare_outputs(tuple(buffers.values()), outs, case.tolerance)
+        ok, _, _, why = compare_outputs(run_prefilled(op, handle, fresh(args), outs, outs), outs, case.tolerance)
         return None if ok else f"out= differs from the op: {why}"
 
     grad = _gradcheck_dtype(op, case, device) if op.backward else None
@@ -322,7 +358,6 @@ def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, ca
 
     record("opcheck", opcheck)
     record("meta", meta)
-    record("compile", compile_check)
     if op.out_schema:
         record("out", out_overload)
     if grad is not None:
@@ -404,14 +439,11 @@ def verify_op(
     # if it is one), else the first combination.
     uniform = [c for c in cases if len({*c.dtypes.values()} & set(_FLOATING)) <= 1]
     structure = next((c for c in uniform if c.primary == "float32"), (uniform or cases)[0])
-    set_poison_outputs(True)
-    try:
+    with poisoning(True):  # every check that runs a kernel: Note [Poison that equals the reference]
         for k, case in enumerate(cases):
             check_values(op, case, device, seed + k, report)
         if device == "cpu" and op.runtime_kernels:
             compiled = [c for c in dtype_cases(op, None, "cuda") if only is None or c.primary in only]
             check_kernels_compile(op, compiled, seed, report)
         check_structure(op, structure, device, seed, report)
-    finally:
-        set_poison_outputs(False)
     return report

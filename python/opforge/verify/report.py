@@ -26,6 +26,10 @@ class CaseResult:
     repro: dict = field(default_factory=dict)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 @dataclass
 class Report:
     """Every case of a verification run, with the seed it started from."""
@@ -42,6 +46,26 @@ class Report:
     def ok(self) -> bool:
         return not self.failures
 
+    def summary(self) -> str:
+        """One line: "3 ops, 17 checks (1204 cases), all passed", with ", 2 skipped" for checks
+        that did not apply, or ": 2 checks failed (5 cases): ns::op values float32, ..." naming
+        each failed check. A check is one row of :func:`print_report`'s table: an op, a check and
+        a dtype combination."""
+        groups: dict[tuple, list[CaseResult]] = {}
+        for r in self.results:
+            groups.setdefault((r.op, r.check, r.dtype), []).append(r)
+        head = f"{_count(len({r.op for r in self.results}), 'op')}, {_count(len(groups), 'check')}"
+        head += f" ({_count(len(self.results), 'case')})"
+        skipped = sum(all(r.status == "skip" for r in rs) for rs in groups.values())
+        skips = f", {skipped} skipped" if skipped else ""
+        failed = [" ".join(k) for k, rs in groups.items() if any(r.status == "FAIL" for r in rs)]
+        if not failed:
+            return f"{head}, all passed{skips}"
+        return (
+            f"{head}{skips}: {_count(len(failed), 'check')} failed ({_count(len(self.failures), 'case')}): "
+            + ", ".join(failed)
+        )
+
     def to_json(self) -> dict:
         return {
             "seed": self.seed,
@@ -53,7 +77,9 @@ class Report:
 
 
 def print_report(report: Report, console=None) -> None:
-    """A table of failures and per-op totals, then the seed and tolerances (rich)."""
+    """A table with a row per op, check and dtype combination (its number of cases, failures and
+    largest errors), each failure with how to reproduce it, the tolerances, and last the
+    report's :meth:`Report.summary` line (rich)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -91,3 +117,4 @@ def print_report(report: Report, console=None) -> None:
         + "; an output passed by its op's .tolerance_vs_equivalent counts its error over that bound",
         soft_wrap=True,
     )
+    console.print(escape(report.summary()), soft_wrap=True)
