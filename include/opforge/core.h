@@ -59,6 +59,13 @@ void opforge_core_reload(void);
  * floating types), 2 the alternate one (Note [The call protocol] in src/core/call.h). */
 void opforge_core_set_poison_outputs(int mode);
 
+/* The poison mode outputs get now (0, 1 or 2; see opforge_core_set_poison_outputs). */
+int opforge_core_poison_outputs(void);
+
+/* The byte repeated over an output of dtype `dtype` (opforge's name, "float16") in poison mode
+ * `mode` (1 or 2); -1 for a name opforge does not know. */
+int opforge_core_poison_byte(const char* dtype, int mode);
+
 /* Checks value domains of device calls on the device (1, the default) or not (0): Note [Device
  * value checks] in src/core/device_checks.h. */
 void opforge_core_set_device_value_checks(int enabled);

@@ -47,6 +47,9 @@ def _core() -> ctypes.CDLL:
             lib.opforge_core_reload.argtypes = []
             lib.opforge_core_set_poison_outputs.argtypes = [ctypes.c_int]
             lib.opforge_core_set_device_value_checks.argtypes = [ctypes.c_int]
+            lib.opforge_core_poison_outputs.restype = ctypes.c_int
+            lib.opforge_core_poison_byte.argtypes = [ctypes.c_char_p, ctypes.c_int]
+            lib.opforge_core_poison_byte.restype = ctypes.c_int
             _lib = lib
         return _lib
 
@@ -151,6 +154,20 @@ def set_poison_outputs(mode: bool | int) -> None:
     environment variable ``OPFORGE_POISON_OUTPUTS`` (1 or 2) sets it for a whole process (Note
     [The call protocol] in ``src/core/call.h``)."""
     _core().opforge_core_set_poison_outputs(int(mode))
+
+
+def poison_outputs() -> int:
+    """The poison mode outputs get now: 0 (none), 1 or 2 (see :func:`set_poison_outputs`)."""
+    return int(_core().opforge_core_poison_outputs())
+
+
+def poison_byte(dtype: str, mode: int) -> int:
+    """The byte repeated over an output of ``dtype`` (opforge's name, e.g. ``"float16"``) in poison
+    mode ``mode`` (1 or 2): the core's choice, which every adapter fills with."""
+    byte = int(_core().opforge_core_poison_byte(dtype.encode(), int(mode)))
+    if byte < 0:
+        raise ValueError(f"opforge: no dtype named {dtype!r}")
+    return byte
 
 
 def set_device_value_checks(enabled: bool) -> None:

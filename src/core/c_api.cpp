@@ -293,6 +293,13 @@ extern "C" void opforge_core_reload(void) { opforge::core::reload_kernels(); }
 
 extern "C" void opforge_core_set_poison_outputs(int mode) { opforge::core::set_poison_mode(mode); }
 
+extern "C" int opforge_core_poison_outputs(void) { return opforge::core::poison_mode(); }
+
+extern "C" int opforge_core_poison_byte(const char* dtype, int mode) {
+  const int32_t code = opforge::core::dtype_code(dtype == nullptr ? "" : dtype);
+  return code < 0 ? -1 : opforge::core::poison_byte(code, mode);
+}
+
 extern "C" void opforge_core_set_device_value_checks(int enabled) {
   opforge::core::set_device_value_checks(enabled != 0);
 }
