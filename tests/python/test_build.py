@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -137,3 +138,25 @@ def test_an_op_folder_builds_against_the_prebuilt_runtime(tmp_path):
     torch.testing.assert_close(torch.ops.built.twice(x, 2), x * 2)
     compiled = {p.name for p in (tmp_path / "build" / "out").rglob("*.o")}
     assert compiled == {"twice.cpp.o"}, "the op-library runtime is linked from opforge's build, not rebuilt"
+
+
+def _cmake_error(output: str) -> str:
+    """The text of the first ``message(FATAL_ERROR ...)`` in CMake's output, its lines (which
+    CMake wraps and indents) joined again."""
+    lines = output[output.index("CMake Error at ") :].splitlines()[1:]
+    return " ".join(line.strip() for line in lines[: lines.index("")])
+
+
+def test_files_that_declare_no_op_fail_the_build_naming_them(tmp_path):
+    helper = _write(tmp_path, "helper", "#include <opforge/op.h>\nint helper() { return 1; }\n")
+    empty = _write(tmp_path, "empty", "// an op file whose declaration was left out\n")
+    with pytest.raises(opforge.BuildError) as err:
+        opforge.build_library("no_ops", [helper, empty], build_dir=tmp_path / "build")
+    assert _cmake_error(str(err.value)) == (
+        f"opforge_add_library(no_ops): no OPFORGE_OP or OPFORGE_CLASS declaration in {helper}, {empty}; "
+        "an op library declares at least one op (see opforge/op.h)"
+    )
+    assert not (tmp_path / "build" / "libno_ops.so").exists()  # nothing left that would fail to load
+    with pytest.raises(opforge.BuildError, match=re.escape("no OPFORGE_OP or OPFORGE_CLASS declaration")):
+        opforge.build_library("no_ops", [helper, empty], build_dir=tmp_path / "build")  # and again
+
