@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import _paths
@@ -42,6 +44,22 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("OPFORGE_CACHE_DIR", Path.home() / ".cache" / "opforge"))
 
 
+@contextlib.contextmanager
+def _exclusive(build_dir: Path, name: str) -> Iterator[None]:
+    """Holds the build folder's lock (``<build_dir>/.lock``, an flock) while the block runs, so
+    that processes building into one folder (torchrun ranks, pytest-xdist workers) take turns:
+    the first builds, the others then find the library up to date. The lock goes with the
+    process (closing the file releases it), also when the process dies."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with status(f"opforge: waiting for another process building lib{name}.so in {build_dir}"):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build_library(
     name: str,
     sources: Sequence[str | Path] = (),
@@ -57,7 +75,8 @@ def build_library(
     Generates a CMake project of a few lines that calls ``opforge_add_library`` (or, with
     ``folder``, ``opforge_add_op_folder``; see ``cmake/opforge-config.cmake``) and builds it with
     Ninja, linking the prebuilt op-library runtime. Rebuilding after an edit recompiles only
-    what changed and does not configure again.
+    what changed and does not configure again. Processes that build into one folder at once
+    (torchrun ranks, pytest-xdist workers) take turns through a file lock in it.
 
     Args:
         name: the library's name (an identifier); the file is ``lib<name>.so``.
@@ -78,7 +97,9 @@ def build_library(
     Raises:
         ValueError: ``name`` is not an identifier; neither or both of ``sources`` and ``folder``
             are given; a source file or the folder does not exist.
-        BuildError: CMake or a compiler failed (the message holds their output).
+        BuildError: CMake or a compiler failed (the message holds their output), or none of
+            the op files declares an op or class (``OPFORGE_OP``/``OPFORGE_CLASS``: the message
+            names the files).
     """
     if not name.isidentifier():
         raise ValueError(f"opforge.build_library: name must be an identifier, got {name!r}")
@@ -119,6 +140,14 @@ def build_library(
         + f"project({name} LANGUAGES {'CXX CUDA' if has_cuda else 'CXX'})\n"
         f'find_package(opforge REQUIRED CONFIG PATHS "{_paths.cmake_dir()}" NO_DEFAULT_PATH)\n' + body
     )
+    with _exclusive(build_dir, name):
+        _configure_and_build(name, build_dir, cmakelists, verbose)
+    return build_dir / f"lib{name}.so"
+
+
+def _configure_and_build(name: str, build_dir: Path, cmakelists: str, verbose: bool) -> None:
+    """Writes the generated project into ``build_dir``, configures it if it changed, and builds
+    it with Ninja; the caller holds the folder's lock."""
     project = build_dir / "project"
     project.mkdir(parents=True, exist_ok=True)
     target = project / "CMakeLists.txt"
@@ -137,4 +166,3 @@ def build_library(
             print(proc.stdout, proc.stderr, sep="", file=sys.stderr)
         if proc.returncode != 0:
             raise BuildError(f"opforge.build_library({name!r}) failed:\n{proc.stdout}{proc.stderr}")
-    return build_dir / f"lib{name}.so"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import textwrap
 from pathlib import Path
@@ -160,3 +161,32 @@ def test_files_that_declare_no_op_fail_the_build_naming_them(tmp_path):
     with pytest.raises(opforge.BuildError, match=re.escape("no OPFORGE_OP or OPFORGE_CLASS declaration")):
         opforge.build_library("no_ops", [helper, empty], build_dir=tmp_path / "build")  # and again
 
+
+def _build_when_all_are_ready(barrier, src: Path, build_dir: Path, results) -> None:
+    """One of the processes of the test below: builds the library as soon as every process is ready."""
+    barrier.wait()
+    try:
+        results.put(str(opforge.build_library("shared_ops", [src], build_dir=build_dir)))
+    except opforge.BuildError as e:
+        results.put(f"failed: {e}")
+
+
+def test_processes_building_one_library_into_one_folder_take_turns(tmp_path):
+    """torchrun ranks and pytest-xdist workers build the same library into the same folder at
+    once: each gets the library (one builds it, the others find it built), none a CMake error."""
+    src = _write(tmp_path, "shared", OP_FILE.format(name="shared"))
+    ctx = multiprocessing.get_context("spawn")
+    world = 4
+    barrier, results = ctx.Barrier(world), ctx.Queue()
+    procs = [
+        ctx.Process(target=_build_when_all_are_ready, args=(barrier, src, tmp_path / "build", results))
+        for _ in range(world)
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert got == [str((tmp_path / "build" / "libshared_ops.so").resolve())] * world, "\n".join(got)
+    assert [p.exitcode for p in procs] == [0] * world
+    assert opforge.load_library(got[0]).op_names == ["built::shared"]
