@@ -9,7 +9,6 @@ import random
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +42,7 @@ def pytest_run(folder: Path, *args: str, env: dict[str, str] | None = None) -> s
 
 
 def seed_sections(output: str) -> dict[str, str]:
-    """{test name: the text of its "random seed" report section} of pytest's output."""
+    """{test name: the seed its "random seed" report section gives} of pytest's output."""
     found = re.findall(
         r"^-+ random seed -+\n(\d+); again with this seed: python -m pytest '[^:]+::(\w+)'", output, re.M
     )
@@ -56,12 +55,14 @@ def test_a_failure_reports_its_seed_and_the_seed_reproduces_it(tmp_path):
     assert fresh.returncode == 1, fresh.stdout + fresh.stderr
     assert (
         "random seed: a fresh one per test, in the report of a failure (--seed N or OPFORGE_TEST_SEED=N fixes it)"
-        in (fresh.stdout)
+        in fresh.stdout
     )
     seeds = seed_sections(fresh.stdout)
     assert sorted(seeds) == ["test_draws", "test_draws_too"]  # a passing test gets no section
     assert seeds["test_draws"] != seeds["test_draws_too"]  # each test draws its own
     assert f"with seed {seeds['test_draws']}" in fresh.stdout  # the fixture hands the test its seed
+    section = f"{seeds['test_draws']}; again with this seed: python -m pytest 'test_draws.py::test_draws' --seed "
+    assert f"\n{section}{seeds['test_draws']}\n" in fresh.stdout
     first = re.search(r"drew (\S+) with seed", fresh.stdout).group(1)
 
     again = pytest_run(tmp_path, "test_draws.py::test_draws", "--seed", seeds["test_draws"])
@@ -118,5 +119,5 @@ def test_nothing_runs_a_failing_test_again(pytestconfig):
     and pytest's options name none."""
     plugins = {name for name, _ in pytestconfig.pluginmanager.list_name_plugin() if name}
     assert not {p for p in plugins if re.search(r"rerun|retry|flaky", p)}, plugins
-    ini = textwrap.dedent((HERE.parents[1] / "pytest.ini").read_text())
+    ini = (HERE.parents[1] / "pytest.ini").read_text()
     assert not re.search(r"rerun|retry|flaky", ini)
