@@ -113,6 +113,18 @@ function(opforge_add_library name)
   # --as-needed: a library without CUDA code records no dependency on the CUDA runtime.
   target_link_options(${name} PRIVATE "LINKER:--no-undefined" "LINKER:--as-needed"
     "LINKER:--version-script=${OPFORGE_ROOT}/cmake/exports.map")
+  # A library none of whose files declares an op fails here, not when it is loaded.
+  if(CMAKE_NM)
+    set(shown)
+    foreach(source ${ARG_SOURCES})
+      get_filename_component(source "${source}" ABSOLUTE)
+      list(APPEND shown "${source}")
+    endforeach()
+    list(JOIN shown ", " shown)
+    add_custom_command(TARGET ${name} POST_BUILD VERBATIM
+      COMMAND "${CMAKE_COMMAND}" "-DLIBRARY=$<TARGET_FILE:${name}>" "-DNAME=${name}" "-DSOURCES=${shown}"
+              "-DNM=${CMAKE_NM}" -P "${OPFORGE_ROOT}/cmake/opforge-check-library.cmake")
+  endif()
   set(cuda_sources ${ARG_SOURCES})
   list(FILTER cuda_sources INCLUDE REGEX "\\.cu$")
   if(cuda_sources)

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build against its python3 and torch, run every test (CUDA ones
+# Calls on the GPU machine: build against its python3 and torch, run every test (CUDA ones
 # included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
-# with steps from: build test verify sanitize demo bench (default: all), and pytest (the tests
+# with steps from: build test verify sanitize demo bench (default: all), cpp (the C++ unit tests),
+# tests K/N (the build, then the K-th of N groups of the Python tests), pytest (the tests
 # named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_backward, bench_training,
 # bench_serving, bench_int8_linear, bench_jax, bench_aoti_shims, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
 # racecheck, ncu (issue-slot, DRAM, occupancy and stall figures of the kernels of tools/ncu_kernels.py's group
 # $NCU_GROUP whose names match $NCU_KERNELS).
+#
+# The whole suite does not fit one call of the GPU machine (10 minutes; DESIGN.md, "Where things
+# run"). Run it as three calls, each well under the limit:
+#   tools/device_check.sh cpp tests 1/3;  tools/device_check.sh tests 2/3;  tools/device_check.sh tests 3/3
+# A group is pytest's own selection (--group K/N, tests/python/run_options.py): the collected tests
+# in collection order (files by name, tests in file order) dealt out in turn, so the N groups take
+# every test once and each about an N-th of every file, whatever files are added. Where a group
+# comes near the limit, run more groups (tests 1/4 ... 4/4).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
@@ -30,10 +39,24 @@ run() {  # run <name> <command...>: log to $OUT/<name>.log, print the tail, reme
 sanitizer() {  # sanitizer <memcheck|racecheck>: compute-sanitizer over the example kernels ($SANITIZE_GROUPS, default all)
   run "$1" compute-sanitizer --tool "$1" --error-exitcode 9 python3 tools/sanitize.py ${SANITIZE_GROUPS:-}
 }
-for step in ${steps[*]}; do
+set -- ${steps[*]}
+while [ $# -gt 0 ]; do
+  step=$1
+  shift
   case $step in
     build) run build make build ;;
     test) run test make test PYTEST_ARGS="-q -rs" ;;
+    cpp) run cpp make test-cpp ;;
+    tests)
+      group=${1:-}
+      if [[ ! $group =~ ^[0-9]+/[0-9]+$ ]]; then
+        echo "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/3), got '$group'" >&2
+        status=1
+        continue
+      fi
+      shift
+      run build make build
+      run "tests_${group%/*}_of_${group#*/}" python3 -m pytest -q -rs -p no:logging tests/python --group "$group" ;;
     pytest) run pytest python3 -m pytest -q -rs -p no:logging ${PYTEST_SELECT:-tests/python} ;;
     verify) run verify python3 -m opforge verify $(ls examples/ops) --json "$OUT/verify.json" ;;
     sanitize) sanitizer memcheck; sanitizer racecheck ;;

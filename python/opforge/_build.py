@@ -66,15 +66,20 @@ def cache_key(*parts: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """One builder at a time per folder (parallel test workers, two notebooks)."""
+def _locked(folder: Path, what: str) -> Iterator[None]:
+    """Holds ``folder``'s lock (``<folder>/.lock``, an flock) while the block runs, so that
+    processes building into one folder (torchrun ranks, pytest-xdist workers, two notebooks) take
+    turns: the first builds, the others then find its result. A process that waits says so, naming
+    ``what`` it waits for. The lock goes with the process (closing the file releases it), also
+    when the process dies."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(folder / ".lock", "a") as lock:
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with status(f"opforge: waiting for another process building {what} in {folder}"):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def cmake_build(source: Path, folder: Path, target: str, output: Path, defines: list[str], what: str) -> Path:
@@ -87,7 +92,7 @@ def cmake_build(source: Path, folder: Path, target: str, output: Path, defines: 
     """
     if (folder / output).exists():
         return folder
-    with _locked(folder):
+    with _locked(folder, what):
         if (folder / output).exists():  # built by another process meanwhile
             return folder
         cmake = tool("cmake")
@@ -133,7 +138,8 @@ def build_library(
     Generates a CMake project of a few lines that calls ``opforge_add_library`` (or, with
     ``folder``, ``opforge_add_op_folder``; see ``cmake/opforge-config.cmake``) and builds it with
     Ninja, linking the prebuilt op-library runtime. Rebuilding after an edit recompiles only
-    what changed and does not configure again.
+    what changed and does not configure again. Processes that build into one folder at once
+    (torchrun ranks, pytest-xdist workers) take turns through a file lock in it.
 
     Args:
         name: the library's name (an identifier); the file is ``lib<name>.so``.
@@ -154,7 +160,9 @@ def build_library(
     Raises:
         ValueError: ``name`` is not an identifier; neither or both of ``sources`` and ``folder``
             are given; a source file or the folder does not exist.
-        BuildError: CMake or a compiler failed (the message holds their output).
+        BuildError: CMake or a compiler failed (the message holds their output), or none of
+            the op files declares an op or class (``OPFORGE_OP``/``OPFORGE_CLASS``: the message
+            names the files).
     """
     if not name.isidentifier():
         raise ValueError(f"opforge.build_library: name must be an identifier, got {name!r}")
@@ -195,6 +203,14 @@ def build_library(
         + f"project({name} LANGUAGES {'CXX CUDA' if has_cuda else 'CXX'})\n"
         f'find_package(opforge REQUIRED CONFIG PATHS "{_paths.cmake_dir()}" NO_DEFAULT_PATH)\n' + body
     )
+    with _locked(build_dir, f"lib{name}.so"):
+        _configure_and_build(name, build_dir, cmakelists, verbose)
+    return build_dir / f"lib{name}.so"
+
+
+def _configure_and_build(name: str, build_dir: Path, cmakelists: str, verbose: bool) -> None:
+    """Writes the generated project into ``build_dir``, configures it if it changed, and builds
+    it with Ninja; the caller holds the folder's lock."""
     project = build_dir / "project"
     project.mkdir(parents=True, exist_ok=True)
     target = project / "CMakeLists.txt"
@@ -213,4 +229,3 @@ def build_library(
             print(proc.stdout, proc.stderr, sep="", file=sys.stderr)
         if proc.returncode != 0:
             raise BuildError(f"opforge.build_library({name!r}) failed:\n{proc.stdout}{proc.stderr}")
-    return build_dir / f"lib{name}.so"

@@ -9,6 +9,7 @@ steps as a PNG, GPU busy and idle with the culprits labelled.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -96,13 +97,35 @@ class Timeline:
 SOURCE = "@"
 
 
+#: The folders of the packages whose frames are library code, not the user's: torch's and
+#: opforge's, where this process imported them from and where links there lead.
+_LIBRARY_DIRS = tuple(
+    {
+        os.path.join(os.path.dirname(path), "")
+        for module in (torch.__file__, __file__)
+        for path in (module, os.path.realpath(module))
+    }
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _library_file(name: str) -> bool:
+    """Whether the code file ``name`` (a frame's ``co_filename``) is torch's or opforge's own:
+    inside one of :data:`_LIBRARY_DIRS`, or frozen. Decided by the packages' real locations, so a
+    user's own files in a folder that happens to be called ``opforge`` or ``torch`` (a clone) stay
+    the user's."""
+    if name.startswith("<frozen"):
+        return True
+    return name.startswith(_LIBRARY_DIRS) or os.path.realpath(name).startswith(_LIBRARY_DIRS)
+
+
 def user_source() -> tuple[str, int] | None:
-    """(file, line) of the innermost Python frame outside torch and opforge, or None."""
+    """(file, line) of the innermost Python frame outside torch's and opforge's packages (and
+    Python's frozen modules), or None."""
     frame = sys._getframe(1)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if "/torch/" not in name and "/opforge/" not in name and not name.startswith("<frozen"):
-            return name, frame.f_lineno
+        if not _library_file(frame.f_code.co_filename):
+            return frame.f_code.co_filename, frame.f_lineno
         frame = frame.f_back
     return None
 

@@ -17,6 +17,10 @@
 #include "schema.h"
 #include "small_vector.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace opforge::core {
 namespace {
 
@@ -193,6 +197,37 @@ const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg) {
   return a.param.default_value;
 }
 
+/// Note [Subnormals in the CPU reference]
+/// A CPU reference computes in IEEE arithmetic whatever floating-point mode its caller runs in.
+/// XLA's CPU runtime runs every computation, custom calls included, with flush-to-zero and
+/// denormals-are-zero set, and torch.set_flush_denormal(True) sets them on torch's thread; with
+/// them a result below its dtype's smallest normal (gelu'(-13) in float32) is 0 through one
+/// framework and not through the other. The reference is the correctness baseline, so the same
+/// inputs give the same bits through every adapter: the call clears both modes while the
+/// reference runs and restores the caller's afterwards (a device kernel keeps its own arithmetic).
+class IeeeSubnormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  IeeeSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFlushModes); }
+  ~IeeeSubnormals() { _mm_setcsr(saved_); }
+  IeeeSubnormals(const IeeeSubnormals&) = delete;
+  IeeeSubnormals& operator=(const IeeeSubnormals&) = delete;
+
+ private:
+  static constexpr unsigned kFlushModes = 0x8040;  // MXCSR: FTZ (bit 15) and DAZ (bit 6)
+  unsigned saved_;
+#elif defined(__aarch64__)
+  IeeeSubnormals() : saved_(__builtin_aarch64_get_fpcr64()) { __builtin_aarch64_set_fpcr64(saved_ & ~kFlushMode); }
+  ~IeeeSubnormals() { __builtin_aarch64_set_fpcr64(saved_); }
+  IeeeSubnormals(const IeeeSubnormals&) = delete;
+  IeeeSubnormals& operator=(const IeeeSubnormals&) = delete;
+
+ private:
+  static constexpr unsigned long long kFlushMode = 1ull << 24;  // FPCR.FZ
+  unsigned long long saved_;
+#endif
+};
+
 void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const OpforgeContext& ctx,
                  Span<const OpforgeArg> args, Span<const OpforgeTensor> outputs) {
   char error[4096];  // the kernel writes a NUL-terminated message; not cleared: 4 KiB a call
@@ -206,6 +241,8 @@ void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const Opf
   frame.outputs = outputs.data();
   frame.error = error;
   frame.error_capacity = sizeof(error);
+  std::optional<IeeeSubnormals> ieee;  // Note [Subnormals in the CPU reference]
+  if (kernel.device_type == OPFORGE_DEVICE_CPU) ieee.emplace();
   const int32_t status = kernel.fn(&frame, kernel.user);
   if (status == OPFORGE_STATUS_OK) return;
   if (status == OPFORGE_STATUS_INVALID_ARGUMENT) throw InvalidArgument(qualified_name(op) + ": " + error);

@@ -1,4 +1,5 @@
-"""Shared fixtures: the example op libraries, devices, and per-op test cases."""
+"""Shared fixtures: the example op libraries, devices, per-op test cases, and (from run_options.py)
+each test's random seed and the group of tests a run takes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ import torch.nn.functional as F  # noqa: E402
 
 import opforge  # noqa: E402
 from opforge._adapter import runner_path  # noqa: E402
+
+# Each test's random seed (--seed) and the group of tests a run takes (--group): run_options.py.
+from run_options import (  # noqa: E402, F401
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_report_header,
+    pytest_runtest_makereport,
+    seed,
+)
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
@@ -199,14 +209,6 @@ def example_ops():
 def _private_kernel_cache(tmp_path, monkeypatch):
     """Each test compiles run-time kernels into its own cache, never the user's."""
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "opforge-cache"))
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    """Fresh random data for every test; the seed is printed, and pytest shows it on failure."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    print(f"torch.manual_seed({seed})")
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import re
 import textwrap
 from pathlib import Path
 
@@ -137,3 +139,54 @@ def test_an_op_folder_builds_against_the_prebuilt_runtime(tmp_path):
     torch.testing.assert_close(torch.ops.built.twice(x, 2), x * 2)
     compiled = {p.name for p in (tmp_path / "build" / "out").rglob("*.o")}
     assert compiled == {"twice.cpp.o"}, "the op-library runtime is linked from opforge's build, not rebuilt"
+
+
+def _cmake_error(output: str) -> str:
+    """The text of the first ``message(FATAL_ERROR ...)`` in CMake's output, its lines (which
+    CMake wraps and indents) joined again."""
+    lines = output[output.index("CMake Error at ") :].splitlines()[1:]
+    return " ".join(line.strip() for line in lines[: lines.index("")])
+
+
+def test_files_that_declare_no_op_fail_the_build_naming_them(tmp_path):
+    helper = _write(tmp_path, "helper", "#include <opforge/op.h>\nint helper() { return 1; }\n")
+    empty = _write(tmp_path, "empty", "// an op file whose declaration was left out\n")
+    with pytest.raises(opforge.BuildError) as err:
+        opforge.build_library("no_ops", [helper, empty], build_dir=tmp_path / "build")
+    assert _cmake_error(str(err.value)) == (
+        f"opforge_add_library(no_ops): no OPFORGE_OP or OPFORGE_CLASS declaration in {helper}, {empty}; "
+        "an op library declares at least one op (see opforge/op.h)"
+    )
+    assert not (tmp_path / "build" / "libno_ops.so").exists()  # nothing left that would fail to load
+    with pytest.raises(opforge.BuildError, match=re.escape("no OPFORGE_OP or OPFORGE_CLASS declaration")):
+        opforge.build_library("no_ops", [helper, empty], build_dir=tmp_path / "build")  # and again
+
+
+def _build_when_all_are_ready(barrier, src: Path, build_dir: Path, results) -> None:
+    """One of the processes of the test below: builds the library as soon as every process is ready."""
+    barrier.wait()
+    try:
+        results.put(str(opforge.build_library("shared_ops", [src], build_dir=build_dir)))
+    except opforge.BuildError as e:
+        results.put(f"failed: {e}")
+
+
+def test_processes_building_one_library_into_one_folder_take_turns(tmp_path):
+    """torchrun ranks and pytest-xdist workers build the same library into the same folder at
+    once: each gets the library (one builds it, the others find it built), none a CMake error."""
+    src = _write(tmp_path, "shared", OP_FILE.format(name="shared"))
+    ctx = multiprocessing.get_context("spawn")
+    world = 4
+    barrier, results = ctx.Barrier(world), ctx.Queue()
+    procs = [
+        ctx.Process(target=_build_when_all_are_ready, args=(barrier, src, tmp_path / "build", results))
+        for _ in range(world)
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert got == [str((tmp_path / "build" / "libshared_ops.so").resolve())] * world, "\n".join(got)
+    assert [p.exitcode for p in procs] == [0] * world
+    assert opforge.load_library(got[0]).op_names == ["built::shared"]

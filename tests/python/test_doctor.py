@@ -7,6 +7,7 @@ synchronisations, GPU idle gaps; on a GPU, CPU fallbacks); the worked example en
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 
@@ -16,7 +17,7 @@ import torch
 
 import opforge
 from conftest import requires_cuda
-from opforge._timeline import HostOp, Timeline, timeline_findings
+from opforge._timeline import HostOp, Timeline, profile_step, timeline_findings
 
 
 @torch.library.custom_op("doctor_test::host_scale", mutates_args=())
@@ -193,6 +194,23 @@ def test_the_timeline_names_each_operator_s_line_and_is_written_as_trace_and_pic
     assert not report.timeline.cuda  # a model on the CPU: the GPU is not profiled, even where there is one
     if not torch.cuda.is_available():  # no GPU at all: no copies, gaps or fallbacks to report
         assert not {"copy", "sync", "gpu_idle", "cpu_fallback"} & {f.kind for f in report.findings}
+
+
+@pytest.mark.parametrize("folder", ["opforge", "torch"])
+def test_the_user_s_files_in_a_folder_named_opforge_or_torch_keep_their_lines(tmp_path, monkeypatch, folder):
+    """A clone is a folder named opforge (what git clone makes), and a user's project may sit in
+    one named torch: their files are the user's, whatever the folder is called. Only the frames of
+    torch's and opforge's packages, where this process imported them from, are library code."""
+    where = tmp_path / folder / "models"
+    where.mkdir(parents=True)
+    module = f"user_model_in_{folder}"
+    (where / f"{module}.py").write_text(
+        "import torch\n\n\nclass Double(torch.nn.Module):\n    def forward(self, x):\n        return torch.mul(x, 2)\n"
+    )
+    monkeypatch.syspath_prepend(str(where))
+    model = importlib.import_module(module).Double()
+    (mul,) = [op for op in profile_step(model, (torch.randn(4, 8),), cuda=False).host if op.name == "aten::mul"]
+    assert mul.source == f"{where / module}.py:6"
 
 
 def synthetic(ops, device) -> Timeline:

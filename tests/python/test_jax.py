@@ -1,7 +1,12 @@
 """opforge ops from JAX (opforge.jax): every example op gives the result it gives through PyTorch
 (on the CPU: its reference), with the same input errors; jit, vmap (one call, per-element fallback,
 nested, empty batch), grad through backward ops (in-place ones too), a missing backward, and the
-jax.export round trip in a fresh process."""
+jax.export round trip in a fresh process.
+
+The tests mean the CPU unless they say CUDA: JAX's default device is the GPU where jax has CUDA,
+so every test here runs with the CPU as its default device (the cpu_by_default fixture), fresh
+processes get JAX_PLATFORMS=cpu, and a CUDA test places its arrays on the GPU itself. Random
+data comes from the test's seed (run_options.py): jax.random.key(seed), verify's cases."""
 
 from __future__ import annotations
 
@@ -47,10 +52,28 @@ requires_jax_cuda = pytest.mark.skipif(
 JAX_DEVICES = ["cpu", pytest.param("cuda", marks=requires_jax_cuda)]
 
 
+#: The environment of a fresh process that means the CPU, where jax has CUDA too.
+CPU_ONLY = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def libraries():
     """Every example library, loaded into JAX (and, by conftest, into torch)."""
     return {lib: ojax.load_library(opforge.example_library(lib)) for lib in LIBRARIES}
+
+
+@pytest.fixture(autouse=True)
+def cpu_by_default():
+    """Arrays made and computations run without a device of their own are on the CPU (JAX's
+    default device is the GPU where jax has CUDA); arrays placed on the GPU stay there."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@pytest.fixture
+def key(seed) -> jax.Array:
+    """The test's JAX random key, from its seed."""
+    return jax.random.key(seed)
 
 
 def to_jax(t: torch.Tensor) -> jax.Array:
@@ -77,34 +100,53 @@ def torch_results(op, args: list) -> list:
 
 @pytest.mark.parametrize("device", JAX_DEVICES)
 @pytest.mark.parametrize(("library", "name"), OPS, ids=[name for _, name in OPS])
-def test_every_example_op_gives_the_same_result_through_jax_as_through_torch(library, name, device):
+def test_every_example_op_gives_the_same_result_through_jax_as_through_torch(library, name, device, seed):
     op = next(o for o in opforge.load_library(opforge.example_library(library)).ops if o.name == name)
     ran = 0
-    for dtypes in vcases.dtype_cases(op):
-        seed = int.from_bytes(os.urandom(4), "little")
+    for k, dtypes in enumerate(vcases.dtype_cases(op, device=device)):  # those its kernel on the device takes
         for case in vcases.generate_cases(
-            op, dtypes.dtypes, seed, only=lambda label: label.split(" without")[0] in LABELS
+            op, dtypes.dtypes, seed + k, only=lambda label: label.split(" without")[0] in LABELS
         ):
             args = [a.to(device).contiguous() if isinstance(a, torch.Tensor) else a for a in case.args]
             jax_args = [to_jax(a) if isinstance(a, torch.Tensor) else a for a in args]
             got = jax_op(name)(*jax_args)
             got = list(got) if isinstance(got, tuple) else [got]
             expected = torch_results(op, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-            assert len(got) == len(expected), case.label
+            where = f"{case.label} ({dtypes.label}, case seed {case.seed})"
+            assert len(got) == len(expected), where
             for g, e in zip(got, expected, strict=True):
                 if e is None:
-                    assert g is None, case.label
+                    assert g is None, where
                     continue
                 g = to_torch(g)
-                assert g.dtype == e.dtype and g.shape == e.shape, case.label
+                assert g.dtype == e.dtype and g.shape == e.shape, where
                 if device == "cpu":  # the same reference, in the same process: the same bits
-                    assert torch.equal(g.nan_to_num(), e.nan_to_num()), case.label
+                    assert torch.equal(g.nan_to_num(), e.nan_to_num()), where
                 # On CUDA the same kernel; a reduction may sum in another order. (The kernels against
                 # the CPU reference are opforge verify's: tests/python/test_verify.py, the GPU machine.)
                 ok, err, _, why = compare(g, e, dtypes.tolerance)
-                assert ok, f"{case.label} ({dtypes.label}, seed {case.seed}): {why or err}"
+                assert ok, f"{where}: {why or err}"
             ran += 1
     assert ran > 0
+
+
+def test_a_result_below_the_smallest_normal_is_the_same_bits_through_jax_and_torch():
+    """The CPU reference computes in IEEE arithmetic whatever mode its caller runs in: gelu'(v)
+    for v near -13 is below float32's smallest normal, and is that number through torch, through
+    torch with flush_denormal set, and through JAX (whose CPU runtime flushes subnormals)."""
+    x = torch.tensor([[-13.5, -13.2, -12.9, -1.0]])
+    bias, grad_y = torch.zeros(4), torch.ones(1, 4)
+    grad_x, grad_bias = torch.ops.examples.bias_gelu_backward(grad_y, x, bias)
+    tiny = torch.finfo(torch.float32).tiny
+    assert 0 < -grad_x[0, 0] < tiny  # gelu'(-13.5): subnormal, as the reference computes it
+    assert torch.set_flush_denormal(True)
+    try:
+        flushed = torch.ops.examples.bias_gelu_backward(grad_y, x, bias)
+    finally:
+        torch.set_flush_denormal(False)
+    through_jax = ojax.ops.examples.bias_gelu_backward(to_jax(grad_y), to_jax(x), to_jax(bias))
+    for got in (flushed, [to_torch(a) for a in through_jax]):
+        assert torch.equal(got[0], grad_x) and torch.equal(got[1], grad_bias)
 
 
 def test_bad_arguments_raise_the_pytorch_message_at_trace_time():
@@ -132,20 +174,22 @@ def test_parameters_are_checked_and_static():
         ojax.ops.examples.softshrink(x, width=3)
 
 
-def test_jit_compiles_once_per_shape_and_matches_eager():
+def test_jit_compiles_once_per_shape_and_matches_eager(key):
     f = jax.jit(lambda x, b: ojax.ops.examples.bias_gelu(x, b) * 2)
-    x = jax.random.normal(jax.random.key(0), (4, 16), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (16,), jnp.float32)
+    kx, kb = jax.random.split(key)
+    x = jax.random.normal(kx, (4, 16), jnp.float32)
+    b = jax.random.normal(kb, (16,), jnp.float32)
     ref = 2 * jax.nn.gelu(x + b, approximate=False)
     assert jnp.allclose(f(x, b), ref, atol=1e-6)
     assert jnp.array_equal(f(x[:2], b), f(x, b)[:2])
     assert f._cache_size() == 2
 
 
-def test_vmap_batches_rowwise_ops_in_one_call_and_falls_back_per_element():
+def test_vmap_batches_rowwise_ops_in_one_call_and_falls_back_per_element(key):
     rms = ojax.ops.examples.rms_norm
-    x = jax.random.normal(jax.random.key(0), (5, 3, 64))
-    w = jax.random.uniform(jax.random.key(1), (5, 64)) + 0.5
+    kx, kw = jax.random.split(key)
+    x = jax.random.normal(kx, (5, 3, 64))
+    w = jax.random.uniform(kw, (5, 64)) + 0.5
     per_row = jnp.stack([rms(x[i], w[0]) for i in range(5)])
     one_call = jax.vmap(rms, in_axes=(0, None))(x, w[0])  # only x batched: a leading dim of one call
     assert jnp.array_equal(one_call, per_row)
@@ -158,9 +202,9 @@ def test_vmap_batches_rowwise_ops_in_one_call_and_falls_back_per_element():
     assert jnp.array_equal(moved, jnp.stack([rms(x[:, j], w[0]) for j in range(3)], axis=1))
 
 
-def test_nested_vmap_and_an_empty_batch():
+def test_nested_vmap_and_an_empty_batch(key):
     shrink = ojax.ops.examples.softshrink
-    x = jax.random.normal(jax.random.key(2), (3, 4, 7))
+    x = jax.random.normal(key, (3, 4, 7))
     assert jnp.array_equal(jax.vmap(jax.vmap(shrink))(x), shrink(x))
     rms = ojax.ops.examples.rms_norm
     w = jnp.ones((5, 8))
@@ -208,9 +252,10 @@ def layer_norm(h, w, b, eps=1e-5):
         ),
     ],
 )
-def test_grad_runs_the_backward_op(name, make, reference):
-    args = make(jax.random.split(jax.random.key(3), 4))
-    cot = jax.random.normal(jax.random.key(4), (6, 33))
+def test_grad_runs_the_backward_op(name, make, reference, key):
+    keys = jax.random.split(key, 5)
+    args = make(keys[:4])
+    cot = jax.random.normal(keys[4], (6, 33))
     argnums = tuple(range(len(args)))
     op = getattr(ojax.ops.examples, name)
     got = jax.grad(lambda *a: jnp.sum(op(*a) * cot), argnums)(*args)
@@ -221,10 +266,10 @@ def test_grad_runs_the_backward_op(name, make, reference):
     assert jax.jit(jax.grad(lambda *a: jnp.sum(op(*a) * cot)))(*args).shape == args[0].shape
 
 
-def test_grad_of_attention_runs_its_backward_op():
+def test_grad_of_attention_runs_its_backward_op(key):
     """examples::attention in float64 (its CPU reference's): jax.grad of q, k and v through
     examples::attention_backward against the same attention written in jax.numpy."""
-    kq, kk, kv, kc = jax.random.split(jax.random.key(5), 4)
+    kq, kk, kv, kc = jax.random.split(key, 4)
     q = jax.random.normal(kq, (1, 2, 5, 32), jnp.float64)
     k, v = (jax.random.normal(key, (1, 2, 7, 32), jnp.float64) for key in (kk, kv))
     cot = jax.random.normal(kc, q.shape, jnp.float64)
@@ -248,10 +293,10 @@ def test_grad_of_attention_runs_its_backward_op():
         assert jnp.array_equal(g, w)
 
 
-def test_grad_of_an_op_that_writes_its_inputs():
+def test_grad_of_an_op_that_writes_its_inputs(key):
     """fused_add_rms_norm returns the new x and residual; its backward op sees them as x_out and
     residual_out, and gives the gradients of the values before."""
-    k = jax.random.split(jax.random.key(5), 5)
+    k = jax.random.split(key, 5)
     x, r = jax.random.normal(k[0], (4, 40)), jax.random.normal(k[1], (4, 40))
     w = jax.random.uniform(k[2], (40,)) + 0.5
     cx, cr = jax.random.normal(k[3], (4, 40)), jax.random.normal(k[4], (4, 40))
@@ -277,12 +322,13 @@ def test_a_gradient_through_an_op_without_backward_raises_and_forward_use_is_fre
     assert jax.grad(lambda w: jnp.sum(ojax.ops.examples.identity_conv(x) * w))(w) == x.size
 
 
-def test_optional_inputs_and_outputs_follow_the_description():
+def test_optional_inputs_and_outputs_follow_the_description(key):
     q8 = ojax.ops.examples.int8_linear_pack
-    w = jax.random.normal(jax.random.key(6), (16, 64))
+    kw, kx = jax.random.split(key)
+    w = jax.random.normal(kw, (16, 64))
     qweight, scales, bias = q8(w, None)
     assert bias is None and qweight.dtype == jnp.int8 and scales.shape == (16,)
-    x = jax.random.normal(jax.random.key(7), (3, 64)).astype(jnp.float32)
+    x = jax.random.normal(kx, (3, 64)).astype(jnp.float32)
     y = ojax.ops.examples.int8_linear(x, qweight, scales, None)
     assert y.shape == (3, 16) and y.dtype == jnp.float32
 
@@ -294,13 +340,14 @@ def test_data_dependent_sizes_are_refused_by_name(rule_ops):
         jax_op(op.name)(*[jnp.ones((4,)) for _ in op.tensors])
 
 
-def test_export_round_trip_in_a_fresh_process(tmp_path):
+def test_export_round_trip_in_a_fresh_process(tmp_path, key):
     def f(x, b):
         return ojax.ops.examples.rms_norm(ojax.ops.examples.bias_gelu(x, b), b, eps=1e-5)
 
-    x = jax.random.normal(jax.random.key(8), (4, 32), jnp.float32)
-    b = jax.random.uniform(jax.random.key(9), (32,), jnp.float32) + 0.5
-    exported = jax.export.export(jax.jit(f), disabled_checks=ojax.disabled_checks())(x, b)
+    kx, kb = jax.random.split(key)
+    x = jax.random.normal(kx, (4, 32), jnp.float32)
+    b = jax.random.uniform(kb, (32,), jnp.float32) + 0.5
+    exported = jax.export.export(jax.jit(f), platforms=["cpu"], disabled_checks=ojax.disabled_checks())(x, b)
     (tmp_path / "f.bin").write_bytes(exported.serialize())
     jnp.save(tmp_path / "x.npy", x)
     jnp.save(tmp_path / "b.npy", b)
@@ -320,10 +367,14 @@ def test_export_round_trip_in_a_fresh_process(tmp_path):
         print("torch" in sys.modules)
         """
     )
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path), "load"], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path), "load"], capture_output=True, text=True, env=CPU_ONLY
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "False"  # opforge.jax imports no torch
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path), "no"], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path), "no"], capture_output=True, text=True, env=CPU_ONLY
+    )
     assert run.returncode != 0 and "examples.bias_gelu" in run.stderr
 
 
@@ -364,10 +415,11 @@ def test_an_older_jax_is_refused_on_import():
     )
 
 
-def test_a_parameter_left_at_none_takes_its_default():
+def test_a_parameter_left_at_none_takes_its_default(key):
     pos = jnp.array([0, 2, 1])
-    q = jax.random.normal(jax.random.key(10), (3, 2, 8), jnp.float32)
-    cache = jax.random.normal(jax.random.key(11), (4, 8), jnp.float32)
+    kq, kc = jax.random.split(key)
+    q = jax.random.normal(kq, (3, 2, 8), jnp.float32)
+    cache = jax.random.normal(kc, (4, 8), jnp.float32)
     rope = ojax.ops.examples.rotary_embedding
     assert jnp.array_equal(rope(pos, q, cache, None, None), rope(pos, q, cache, None, True))  # is_neox=True
     assert not jnp.array_equal(rope(pos, q, cache, None, None), rope(pos, q, cache, None, False))
@@ -407,8 +459,8 @@ def test_an_op_not_loaded_says_what_to_load():
 
 
 def test_results_inside_shard_map_vary_like_their_inputs():
-    """Four host devices in a fresh process: a result of a sharded input is not taken for
-    replicated (JAX refuses out_specs=P() for it), and a gradient through shard_map type-checks."""
+    """Four host devices in a fresh process (the CPU's): a result of a sharded input is not taken
+    for replicated (JAX refuses out_specs=P() for it), and a gradient through shard_map type-checks."""
     script = textwrap.dedent(
         """
         import os
@@ -428,13 +480,13 @@ def test_results_inside_shard_map_vary_like_their_inputs():
         print(g.ravel().tolist())
         """
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=CPU_ONLY)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[:2] == ["refused", "[1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]"]
 
 
 @requires_jax_cuda
-def test_a_run_time_kernel_edited_then_reloaded_changes_what_jax_computes(tmp_path):
+def test_a_run_time_kernel_edited_then_reloaded_changes_what_jax_computes(tmp_path, key):
     """NVRTC on first use, one cache with PyTorch, and opforge.jax.reload() after an edit of the
     kernel source (as tests/python/test_runtime_kernels.py does through torch)."""
     from test_runtime_kernels import KERNEL, build_scale_op
@@ -442,7 +494,7 @@ def test_a_run_time_kernel_edited_then_reloaded_changes_what_jax_computes(tmp_pa
     lib = build_scale_op(tmp_path, "live_jax", KERNEL.replace("MULTIPLIER", "1"))
     ojax.load_library(lib.path)
     live = ojax.ops.rtc_test.live_jax
-    x = jax.device_put(jax.random.normal(jax.random.key(12), (1000,), jnp.float32), jax.devices("gpu")[0])
+    x = jax.device_put(jax.random.normal(key, (1000,), jnp.float32), jax.devices("gpu")[0])
     assert jnp.allclose(live(x, 3), x * 3)
     (tmp_path / "scale.cu").write_text(KERNEL.replace("MULTIPLIER", "2"))
     assert jnp.allclose(live(x, 3), x * 3)  # compiled kernels stay until reload

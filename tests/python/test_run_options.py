@@ -1,0 +1,123 @@
+"""run_options.py, the plugin every test runs under: a failing test's report gives its random
+seed, ``--seed`` (or ``$OPFORGE_TEST_SEED``) runs it again with that seed, ``--group K/N`` deals
+the tests out into N groups that take every test once, and nothing retries a failing test."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+DRAWS = """
+import random
+
+
+def test_draws(seed):
+    assert False, f"drew {random.random()!r} with seed {seed}"
+
+
+def test_draws_too():
+    assert False, f"drew {random.random()!r}"
+
+
+def test_passes():
+    assert random.random() < 1.0
+"""
+
+
+def pytest_run(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m pytest -p run_options *args`` in ``folder``, run_options.py alone (no conftest)."""
+    environ = {k: v for k, v in os.environ.items() if k != "OPFORGE_TEST_SEED"}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), environ.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pytest", "-p", "run_options", "-p", "no:cacheprovider", *args]
+    return subprocess.run(cmd, cwd=folder, env={**environ, **(env or {})}, capture_output=True, text=True)
+
+
+def seed_sections(output: str) -> dict[str, str]:
+    """{test name: the seed its "random seed" report section gives} of pytest's output."""
+    found = re.findall(
+        r"^-+ random seed -+\n(\d+); again with this seed: python -m pytest '[^:]+::(\w+)'", output, re.M
+    )
+    return {name: seed for seed, name in found}
+
+
+def test_a_failure_reports_its_seed_and_the_seed_reproduces_it(tmp_path):
+    (tmp_path / "test_draws.py").write_text(DRAWS)
+    fresh = pytest_run(tmp_path, "test_draws.py")
+    assert fresh.returncode == 1, fresh.stdout + fresh.stderr
+    assert (
+        "random seed: a fresh one per test, in the report of a failure (--seed N or OPFORGE_TEST_SEED=N fixes it)"
+        in fresh.stdout
+    )
+    seeds = seed_sections(fresh.stdout)
+    assert sorted(seeds) == ["test_draws", "test_draws_too"]  # a passing test gets no section
+    assert seeds["test_draws"] != seeds["test_draws_too"]  # each test draws its own
+    assert f"with seed {seeds['test_draws']}" in fresh.stdout  # the fixture hands the test its seed
+    section = f"{seeds['test_draws']}; again with this seed: python -m pytest 'test_draws.py::test_draws' --seed "
+    assert f"\n{section}{seeds['test_draws']}\n" in fresh.stdout
+    first = re.search(r"drew (\S+) with seed", fresh.stdout).group(1)
+
+    again = pytest_run(tmp_path, "test_draws.py::test_draws", "--seed", seeds["test_draws"])
+    assert f"random seed: {seeds['test_draws']} for every test" in again.stdout
+    assert re.search(r"drew (\S+) with seed", again.stdout).group(1) == first
+    assert seed_sections(again.stdout) == {"test_draws": seeds["test_draws"]}
+    by_env = pytest_run(tmp_path, "test_draws.py::test_draws", env={"OPFORGE_TEST_SEED": seeds["test_draws"]})
+    assert re.search(r"drew (\S+) with seed", by_env.stdout).group(1) == first
+
+
+def test_a_seed_that_is_not_an_integer_is_refused(tmp_path):
+    (tmp_path / "test_draws.py").write_text(DRAWS)
+    run = pytest_run(tmp_path, "test_draws.py", env={"OPFORGE_TEST_SEED": "lucky"})
+    assert run.returncode == 4  # pytest's usage error
+    assert "ERROR: OPFORGE_TEST_SEED: expected an integer seed, got 'lucky'" in run.stderr
+
+
+def test_groups_take_every_test_once_and_each_about_an_nth_of_every_file(tmp_path):
+    for name in ("a", "b"):
+        tests = "".join(f"def test_{name}{i}():\n    pass\n\n\n" for i in range(5))
+        (tmp_path / f"test_{name}.py").write_text(tests)
+    groups = []
+    for k in (1, 2, 3):
+        run = pytest_run(tmp_path, "--collect-only", "--group", f"{k}/3")
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"test group: {k} of 3 (tests number {k}, {k + 3}, {k + 6}, ... in collection order)" in run.stdout
+        groups.append(re.findall(r"<Function (\w+)>", run.stdout))
+    assert groups == [
+        ["test_a0", "test_a3", "test_b1", "test_b4"],
+        ["test_a1", "test_a4", "test_b2"],
+        ["test_a2", "test_b0", "test_b3"],
+    ]
+
+
+def test_a_group_that_is_not_k_of_n_is_refused(tmp_path):
+    (tmp_path / "test_draws.py").write_text(DRAWS)
+    for value in ("4/3", "two"):
+        run = pytest_run(tmp_path, "--group", value)
+        assert run.returncode == 4
+        assert f"ERROR: --group: expected K/N with 1 <= K <= N (the K-th of N groups), got '{value}'" in run.stderr
+
+
+def test_the_seed_seeds_torch_numpy_and_random(seed):
+    drawn = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    assert torch.equal(torch.rand(3), drawn[0])
+    assert np.array_equal(np.random.rand(3), drawn[1]) and random.random() == drawn[2]
+
+
+def test_nothing_runs_a_failing_test_again(pytestconfig):
+    """A seed-dependent failure is a bug to fix, never retried away: no rerun plugin is loaded,
+    and pytest's options name none."""
+    plugins = {name for name, _ in pytestconfig.pluginmanager.list_name_plugin() if name}
+    assert not {p for p in plugins if re.search(r"rerun|retry|flaky", p)}, plugins
+    ini = (HERE.parents[1] / "pytest.ini").read_text()
+    assert not re.search(r"rerun|retry|flaky", ini)
