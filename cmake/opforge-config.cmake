@@ -47,8 +47,8 @@ endif()
 
 # The op-library runtime, linked into every op library: the declaration records and the
 # backend-neutral half of run-time kernels (opforge_oplib), and the CUDA half (NVRTC, driver
-# launch; opforge_oplib_cuda), which the linker takes from the archive only for a library that
-# declares a .cuda_source() kernel. Hidden visibility: each op library keeps its own registry.
+# launch, and Triton kernels; opforge_oplib_cuda), whose parts the linker takes from the archive
+# only for a library that declares a .cuda_source() or .triton_source() kernel. Hidden visibility: each op library keeps its own registry.
 # An installed opforge ships the two archives, built once (lib/ beside this folder); a build
 # may name a folder holding them with -DOPFORGE_RUNTIME_DIR=<dir> (opforge.build_library passes
 # the opforge build's lib/); otherwise they are built from src/oplib in this build tree.
@@ -71,8 +71,24 @@ if(NOT TARGET opforge_oplib)
     set_property(TARGET opforge_oplib_cuda APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart)
   else()
     add_library(opforge_oplib STATIC "${OPFORGE_ROOT}/src/oplib/op_library.cpp" "${OPFORGE_ROOT}/src/oplib/runtime_kernel.cpp")
-    add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp")
+    # The partial sums of TritonLaunch::sum_into are a CUDA kernel compiled to PTX by nvcc and
+    # embedded in the archive, loaded with the CUDA driver on first use.
+    set(_sum_ptx "${CMAKE_BINARY_DIR}/generated/sum_partials.ptx")
+    set(_sum_cpp "${CMAKE_BINARY_DIR}/generated/sum_partials_ptx.cpp")
+    add_custom_command(OUTPUT "${_sum_ptx}"
+      COMMAND "${CUDAToolkit_NVCC_EXECUTABLE}" -ptx -arch=compute_75 -O3 -o "${_sum_ptx}"
+              "${OPFORGE_ROOT}/src/oplib/kernels/sum_partials.cu"
+      DEPENDS "${OPFORGE_ROOT}/src/oplib/kernels/sum_partials.cu"
+      COMMENT "opforge: the partial-sum kernel's PTX")
+    add_custom_command(OUTPUT "${_sum_cpp}"
+      COMMAND "${CMAKE_COMMAND}" -DIN=${_sum_ptx} -DOUT=${_sum_cpp} -DSYMBOL=opforge_sum_partials_ptx
+              -P "${OPFORGE_ROOT}/cmake/embed_text.cmake"
+      DEPENDS "${_sum_ptx}" "${OPFORGE_ROOT}/cmake/embed_text.cmake")
+    add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp" "${OPFORGE_ROOT}/src/oplib/triton.cpp"
+      "${OPFORGE_ROOT}/src/oplib/triton_cuda.cpp" "${_sum_cpp}")
     target_link_libraries(opforge_oplib_cuda PUBLIC CUDA::cudart)
+    # nlohmann/json (vendored, header-only): the Triton worker's answers.
+    target_include_directories(opforge_oplib_cuda SYSTEM PRIVATE "${OPFORGE_ROOT}/third_party/nlohmann_json/include")
     foreach(_lib opforge_oplib opforge_oplib_cuda)
       target_include_directories(${_lib} PUBLIC "${OPFORGE_INCLUDE_DIR}")
       target_link_libraries(${_lib} PUBLIC ${CMAKE_DL_LIBS})

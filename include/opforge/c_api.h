@@ -319,6 +319,13 @@ typedef struct OpforgePrecompileRequest {
   char* error; /* on failure, a NUL-terminated message */
   size_t error_capacity;
   int32_t cache_hit; /* out: 1 if the binary was already cached, 0 if compiled now */
+  /* The shapes of one call to compile for, or num_shapes 0 for none: per argument then per
+   * output, its rank (-1: a parameter, or an optional tensor left out) and sizes (dense, row-major
+   * layouts). A kernel whose variants depend on sizes (a Triton kernel's grid function) compiles the
+   * variant of these shapes; read past struct_size only. */
+  int32_t num_shapes;
+  const int32_t* ndims;
+  const int64_t* const* sizes;
 } OpforgePrecompileRequest;
 typedef int32_t (*OpforgePrecompileFn)(OpforgePrecompileRequest* request, const void* user);
 

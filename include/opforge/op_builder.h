@@ -314,18 +314,37 @@ class OpBuilder {
     return std::move(*this);
   }
 
-  /// An explicit grid for the last `.cuda_source()` kernel: a grid function
-  /// `opforge::LaunchConfig fn(args...)` takes the op's arguments like a kernel does and returns
-  /// grid, block, dynamic shared memory, extra int64 kernel arguments (passed after the tensor
-  /// pointers) and tensor maps (opforge/op_cuda.h).
+  /// A Triton kernel (Note [Triton kernels] in opforge/op_launch.h): `file` is a Python file
+  /// shipped in the library's kernel folder, `function` the name of an unmodified `@triton.jit`
+  /// function in it (under `@triton.autotune` or not), e.g. `.triton_source("rms_norm.py",
+  /// "_rms_norm_forward_kernel")`. Follow with `.launch(rule)` or `.launch_grid(fn)` (a grid
+  /// function returning opforge::TritonLaunch).
+  OpBuilder triton_source(std::string file, std::string function) && {
+    def_->add_triton_source(std::move(file), std::move(function));
+    return std::move(*this);
+  }
+
+  /// An explicit grid for the last `.cuda_source()` or `.triton_source()` kernel: a grid
+  /// function takes the op's arguments like a kernel does. For a CUDA source it is
+  /// `opforge::LaunchConfig fn(args...)`, returning grid, block, dynamic shared memory, extra
+  /// int64 kernel arguments (passed after the tensor pointers) and tensor maps
+  /// (opforge/op_cuda.h); for a Triton kernel `opforge::TritonLaunch fn(args...)`, returning the
+  /// grid in programs, launch options and values of the function's parameters by name.
   template <class F>
   OpBuilder launch_grid(F* fn) && {
-    static_assert(std::is_same_v<F, detail::LaunchConfig(detail::KernelType<Sig>...)>,
-                  "opforge: a grid function must be `opforge::LaunchConfig fn(args...)` taking the declared "
-                  "inputs, parameters and outputs in declaration order");
+    constexpr bool cuda = std::is_same_v<F, detail::LaunchConfig(detail::KernelType<Sig>...)>;
+    constexpr bool triton = std::is_same_v<F, detail::TritonLaunch(detail::KernelType<Sig>...)>;
+    static_assert(cuda || triton,
+                  "opforge: a grid function must be `opforge::LaunchConfig fn(args...)` (a .cuda_source() kernel) "
+                  "or `opforge::TritonLaunch fn(args...)` (a .triton_source() kernel) taking the declared inputs, "
+                  "parameters and outputs in declaration order");
     detail::LaunchRule r;
     r.kind = detail::LaunchRule::kGrid;
-    r.grid_entry = &detail::GridEntry<Sig...>::run;
+    if constexpr (cuda) {
+      r.grid_entry = &detail::GridEntry<detail::LaunchConfig, Sig...>::run;
+    } else {
+      r.triton_grid_entry = &detail::GridEntry<detail::TritonLaunch, Sig...>::run;
+    }
     r.grid_fn = reinterpret_cast<const void*>(fn);
     return std::move(*this).launch(std::move(r));
   }

@@ -1,5 +1,5 @@
 // opforge/op_launch.h -- how a run-time kernel is launched: the launch rules that follow
-// `.cuda_source()` (part of opforge/op.h).
+// `.cuda_source()` and `.triton_source()` (part of opforge/op.h).
 //
 //   .cuda_source("softshrink.cu", "softshrink<{T}>").launch(opforge::elementwise("y").bytes_per_thread(16))
 //   .cuda_source("rms_norm.cu", "rms_norm<{T}, {T_weight}>").launch(opforge::rows("x"))
@@ -43,6 +43,61 @@
 //
 // The source may `#include <opforge/kernel.cuh>` (device helpers), <opforge/tma.cuh> (mbarriers and
 // bulk tensor copies), cuda_fp16.h and cuda_bf16.h.
+//
+// Note [Triton kernels]
+// ---------------------
+// `.triton_source("rms_norm.py", "_rms_norm_forward_kernel").launch_grid(rms_norm_grid)` names an
+// unmodified `@triton.jit` function (under `@triton.autotune` or not) in a Python file of the
+// library's kernel folder. On a kernel's first use opforge has Triton compile it for the GPU in
+// use, in a Python process of its own (`python -m opforge._triton_worker`: the caller's GIL is
+// not held, and other threads' calls go on), stores the cubin in the kernel cache, and launches it
+// from C++ through the CUDA driver, as Triton's own launcher would: no Python on the call path.
+//
+// Arguments. Each parameter of the function, in order, gets its value by name, from the first of:
+//   1. a name the grid function sets (TritonLaunch::set, constant, tensor, sum_into);
+//   2. a tensor input or output of the op with the parameter's name, ignoring case and a `_ptr`
+//      suffix (`X_ptr` is input `x`): its data pointer (null for an optional input left out);
+//   3. a parameter of the op of that name, ignoring case: its value; an opforge::compile_time
+//      parameter must meet a `tl.constexpr` one and any other a runtime one;
+//   4. the launch rule's values: opforge::rows gives `n_rows` and `n_cols`, opforge::elementwise
+//      `n_elements`;
+//   5. the default of a `tl.constexpr` parameter in the function's signature, or the value an
+//      autotune config gives it.
+// A parameter that gets no value, a value of the wrong kind for it (a tensor or runtime value for
+// a `tl.constexpr`, a constant for a runtime parameter), or a name the grid function sets that the
+// function does not have, is an error when the kernel is first compiled, naming the op, the file,
+// the function and the parameter. Runtime values travel as Triton's launcher types them:
+// pointers as `*<dtype>`, integers as i32 or i64 by value, floating-point values as fp32, bools as
+// i1; a dtype constant is a `tl.dtype` (tl.bfloat16).
+//
+// Grid. opforge::rows(t) launches one program per row of t (numel / size(-1)); opforge::elementwise(t)
+// cdiv(t.numel(), BLOCK_SIZE) programs, BLOCK_SIZE being the kernel's `tl.constexpr` of that name; a
+// grid function sets TritonLaunch::grid (with grid_per for a grid that depends on an autotune
+// config's value). num_warps and num_stages are 4 and 3 (Triton's defaults) unless the grid
+// function or an autotune config sets them.
+//
+// Variants. As Triton's JIT specialises: an integer argument divisible by 16 and a pointer aligned
+// to 16 bytes compile with that fact (tt.divisibility), an integer equal to 1 compiles as a
+// constant, and `do_not_specialize` / `do_not_specialize_on_alignment` and annotated parameters are
+// honoured; each variant compiles once. A variant is keyed by the sha256 of every .py file of the
+// kernel folder (a kernel file may import helpers beside it), the function, the target, the
+// signature, the constants and the options. A process that cannot compile (no Python with Triton:
+// OPFORGE_TRITON_PYTHON unset, as in the C++ runner) uses the variants the library's kernel folder
+// carries (opforge.aoti.package puts those of the graph's calls there), and where the exact one is
+// missing the general variant (no divisibility, no constant 1, 64-bit integers), which is correct
+// for every call; a call for which neither is there fails naming the op, the kernel and the
+// specialisation.
+//
+// Autotune. For a function under `@triton.autotune`, the configs are tried on the first call of
+// each tuning key (the values of the arguments its `key` names, and the tensors' dtypes), each
+// timed over repeated launches on the call's stream with its `reset_to_zero` arguments zeroed and
+// `restore_value` arguments restored around each run; the fastest is kept in the kernel cache, and
+// packages carry the choices. Tuning synchronises the device, once per key; it refuses to run
+// during CUDA graph capture (call the op once before capturing). Config pre-hooks,
+// `prune_configs_by` and `triton.heuristics` run Python per call and are refused, naming the op.
+//
+// Edit and redeploy: the next process, or this one after opforge.reload(), hashes the kernel
+// folder again and compiles what changed.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +112,19 @@ namespace opforge {
 /// the extra int64 kernel arguments (passed after the tensor pointers) and tensor maps (passed
 /// after those; opforge::tensor_map in opforge/op_cuda.h).
 using detail::LaunchConfig;
+
+/// What the grid function of a Triton kernel returns (Note [Triton kernels]): the grid in
+/// programs, num_warps and num_stages, and values of the function's parameters by name:
+///
+///   opforge::TritonLaunch rms_norm_grid(opforge::Tensor x, opforge::Tensor w, double eps,
+///                                       opforge::MutableTensor y, opforge::MutableTensor rstd) {
+///     opforge::TritonLaunch cfg;
+///     cfg.grid[0] = x.numel() / x.size(-1);  // one program per row
+///     cfg.num_warps = 8;
+///     cfg.set("X_row_stride", x.size(-1)).constant("BLOCK_SIZE", 4096);
+///     return cfg;
+///   }
+using detail::TritonLaunch;
 
 /// One thread per element of `tensor` (an input or output): the kernel receives the tensors'
 /// pointers, then `int64_t n` (the element count), then the runtime parameters. Chain

@@ -101,13 +101,20 @@ def _request(name: str, request: dict) -> dict:
 
 
 def precompile_request(
-    op: str, dtypes: dict[str, str], params: dict[str, object], arch: str, cache_dir: str | None
+    op: str,
+    dtypes: dict[str, str],
+    params: dict[str, object],
+    arch: str,
+    cache_dir: str | None,
+    shapes: dict[str, list[int]] | None = None,
 ) -> bool:
     """Compile one instantiation of ``op``'s run-time kernels (dtypes by tensor name as dtype
-    names); True if every binary was already cached. See :func:`opforge.precompile`."""
-    return _request("precompile", {"op": op, "dtypes": dtypes, "params": params, "arch": arch, "cache_dir": cache_dir})[
-        "cache_hit"
-    ]
+    names; ``shapes`` by tensor name, for kernels whose variants depend on sizes); True if every
+    binary was already cached. See :func:`opforge.precompile`."""
+    request = {"op": op, "dtypes": dtypes, "params": params, "arch": arch, "cache_dir": cache_dir}
+    if shapes is not None:
+        request["shapes"] = {name: [int(s) for s in shape] for name, shape in shapes.items()}
+    return _request("precompile", request)["cache_hit"]
 
 
 def example_shapes(op: str, lead: int, last: int, params: dict[str, object], leading: int = 1) -> dict:

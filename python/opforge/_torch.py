@@ -137,6 +137,7 @@ def precompile(
     *,
     arch: str = "sm_90",
     cache_dir: str | Path | None = None,
+    shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> bool:
     """Compile the run-time kernels of ``op`` for one instantiation, without a GPU.
 
@@ -155,6 +156,11 @@ def precompile(
             instantiation and default to their declared defaults; others may be omitted).
         arch: ``"sm_XX"`` for machine code, ``"compute_XX"`` for PTX.
         cache_dir: where a freshly compiled binary is stored.
+        shapes: the shape of each tensor input of one call, by name (dense layouts), for kernels
+            whose variants depend on sizes: a Triton kernel's grid function sets constants and
+            Triton specialises on sizes (Note [Triton kernels] in ``opforge/op_launch.h``); its
+            variant for these shapes is compiled, and the general one that serves any call. The
+            call's checks apply to them.
 
     Returns:
         True if every binary was already cached, False if one was compiled now.
@@ -169,5 +175,10 @@ def precompile(
     find_op(op)  # loaded by this adapter
     names = {name: str(dtype).removeprefix("torch.") for name, dtype in dtypes.items()}
     return _core.precompile_request(
-        op, names, dict(params or {}), arch, str(cache_dir) if cache_dir is not None else None
+        op,
+        names,
+        dict(params or {}),
+        arch,
+        str(cache_dir) if cache_dir is not None else None,
+        {name: list(shape) for name, shape in shapes.items()} if shapes is not None else None,
     )

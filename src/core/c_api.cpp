@@ -175,9 +175,16 @@ std::string precompile_request(const char* text) {
       why.push_back(std::string(a.name) + ": expected a value for this compile-time parameter, which has no default");
   }
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
+  std::vector<std::vector<int64_t>> shapes;  // "shapes": {name: sizes} of one call, optional
+  if (request.contains("shapes") && request["shapes"].is_object()) {
+    shapes.resize(op.num_args);
+    for (int32_t i = 0; i < op.num_args; ++i)
+      if (op.args[i].kind == OPFORGE_ARG_TENSOR && request["shapes"].contains(op.args[i].name))
+        shapes[i] = request["shapes"][op.args[i].name].get<std::vector<int64_t>>();
+  }
   const std::string arch = request.value("arch", "sm_90");
   const json& dir = request.value("cache_dir", json());
-  const bool hit = precompile(op, dtypes, values.get(), arch, dir.is_string() ? dir.get<std::string>() : "");
+  const bool hit = precompile(op, dtypes, values.get(), arch, dir.is_string() ? dir.get<std::string>() : "", shapes);
   return json{{"cache_hit", hit}}.dump();
 }
 

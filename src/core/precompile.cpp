@@ -5,11 +5,12 @@
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
 #include "schema.h"
+#include "span.h"
 
 namespace opforge::core {
 
 bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, const std::vector<OpforgeValue>& values,
-                const std::string& arch, const std::string& cache_dir) {
+                const std::string& arch, const std::string& cache_dir, const std::vector<std::vector<int64_t>>& shapes) {
   OPFORGE_ICHECK(given.size() == static_cast<size_t>(op.num_args) && values.size() == given.size());
   // A required input's dtype the description fixes need not be given: same_dtype's, or the only
   // one its set allows (same_dtype names an earlier input, so one pass in order settles it).
@@ -47,6 +48,35 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
   if (cuda != nullptr && restricts_dtypes(*cuda) && !kernel_takes(*cuda, cuda->dtype_arg, dtypes[cuda->dtype_arg]))
     throw InvalidArgument(
         invalid_arguments_message(op, {kernel_dtype_problem(op, *cuda, dtype_name(dtypes[cuda->dtype_arg]))}));
+  // With shapes: the call's checks and output rules, and every tensor's rank and sizes for the request.
+  std::vector<int32_t> ndims;
+  std::vector<const int64_t*> sizes;
+  std::vector<OutputInfo<int64_t>> outs;
+  if (!shapes.empty()) {
+    OPFORGE_ICHECK(shapes.size() == static_cast<size_t>(op.num_args));
+    std::vector<ArgInfo<int64_t>> info(op.num_args);
+    for (int32_t i = 0; i < op.num_args; ++i) {
+      info[i].value = values[i];
+      if (op.args[i].kind != OPFORGE_ARG_TENSOR) continue;
+      info[i].defined = dtypes[i] >= 0;
+      info[i].dtype = dtypes[i];
+      info[i].dtype_label = dtypes[i] >= 0 ? dtype_name(dtypes[i]) : "unknown";
+      info[i].device_type = "cuda";
+      info[i].device_index = 0;
+      info[i].sizes = Span<const int64_t>(shapes[i].data(), shapes[i].size());
+    }
+    const std::string problems = check_call<int64_t>(op, info, outs);
+    if (!problems.empty()) throw InvalidArgument(problems);
+    for (int32_t i = 0; i < op.num_args; ++i) {
+      const bool tensor = op.args[i].kind == OPFORGE_ARG_TENSOR && dtypes[i] >= 0;
+      ndims.push_back(tensor ? static_cast<int32_t>(shapes[i].size()) : -1);
+      sizes.push_back(tensor ? shapes[i].data() : nullptr);
+    }
+    for (const auto& o : outs) {
+      ndims.push_back(o.defined ? static_cast<int32_t>(o.sizes.size()) : -1);
+      sizes.push_back(o.defined ? o.sizes.data() : nullptr);
+    }
+  }
   bool hit = true;
   for (int32_t k = 0; k < op.num_kernels; ++k) {
     if (!has_runtime_source(op.kernels[k])) continue;
@@ -59,6 +89,9 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
     r.cache_dir = cache_dir.empty() ? nullptr : cache_dir.c_str();
     r.error = message;
     r.error_capacity = sizeof(message);
+    r.num_shapes = static_cast<int32_t>(ndims.size());
+    r.ndims = ndims.data();
+    r.sizes = sizes.data();
     const int32_t status = op.kernels[k].precompile(&r, op.kernels[k].user);
     if (status == OPFORGE_STATUS_INVALID_ARGUMENT) throw InvalidArgument(qualified_name(op) + ": " + message);
     if (status != OPFORGE_STATUS_OK) throw InternalError(qualified_name(op) + ": " + message);

@@ -24,7 +24,11 @@ namespace opforge::core {
 /// with every problem on its own line (invalid_arguments_message), opforge::InternalError for a
 /// kernel that fails to compile or whose source cannot be read ("ns::op: " and the kernel's
 /// message, NVRTC's log with the source file and line).
+/// `shapes`, if not empty: per argument, the sizes of one call's tensors (empty for parameters and
+/// for optional inputs left out), checked as a call's and given with its outputs' to kernels whose
+/// variants depend on sizes (Triton kernels' grid functions).
 bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& dtypes, const std::vector<OpforgeValue>& values,
-                const std::string& arch, const std::string& cache_dir);
+                const std::string& arch, const std::string& cache_dir,
+                const std::vector<std::vector<int64_t>>& shapes = {});
 
 }  // namespace opforge::core

@@ -804,10 +804,15 @@ const OpforgeLibrary* Registry::library() {
     lib_.ops = specs_.data();
     lib_.error = errors_.empty() ? nullptr : errors_.c_str();
     lib_.kernel_dir = kernel_dir().c_str();
-    lib_.reload = reload_;
+    lib_.reload = reloads_[0] != nullptr ? &Registry::reload_all : nullptr;
     built_ = true;
   }
   return &lib_;
+}
+
+void Registry::reload_all() {
+  for (auto* r : registry().reloads_)
+    if (r != nullptr) r();
 }
 
 Registry& registry() {

@@ -469,7 +469,7 @@ void OpDef::add_cuda_source(std::string source_file, std::string kernel_name) {
   k.precompile = &rtc_precompile;
   kernels.push_back(k);
   runtime_kernels.push_back(std::move(rk));
-  registry().set_reload(&rtc_reload);
+  registry().add_reload(&rtc_reload);
 }
 
 void rtc_reload() {

@@ -100,6 +100,95 @@ struct LaunchConfig {
   std::vector<TensorMap> tensor_maps;
 };
 
+/// What the grid function of a Triton kernel returns (Note [Triton kernels] in
+/// opforge/op_launch.h): the grid in programs, Triton's launch options, and values for the
+/// function's parameters by name. Names are string literals (kept as pointers, not copied: the
+/// grid function runs on every call).
+struct TritonLaunch {
+  /// One value for a parameter of the Triton function, by name.
+  struct Value {
+    enum Kind : int32_t { kInt, kFloat, kBool, kConstInt, kConstFloat, kConstBool, kConstDtype, kTensor, kPartials };
+    const char* name = nullptr;
+    Kind kind = kInt;
+    int64_t i = 0;  // kInt, kConstInt, kConstBool, kBool; kConstDtype: the OpforgeDtype; kPartials: rows
+    double f = 0;   // kFloat, kConstFloat
+    OpforgeTensor tensor{};  // kTensor: the tensor the pointer points to; kPartials: the output summed into
+  };
+  /// Programs in x, y and z (Triton's grid). Where `grid_per[d]` names a tl.constexpr parameter,
+  /// dim d is grid[d] divided by that parameter's value, rounded up (the value an autotune config
+  /// chose: Triton's `lambda meta: (triton.cdiv(n, meta["BLOCK_SIZE"]),)`).
+  int64_t grid[3] = {1, 1, 1};
+  const char* grid_per[3] = {nullptr, nullptr, nullptr};
+  /// Triton's launch options (an autotune config's replace them).
+  int32_t num_warps = 4;
+  int32_t num_stages = 3;
+  std::vector<Value> values;
+
+  /// A runtime (not tl.constexpr) parameter: an integer (i32 or i64 by its value, as Triton's
+  /// launcher types it), a floating-point value (fp32) or a bool.
+  template <class T>
+  TritonLaunch& set(const char* name, T value) {
+    static_assert(std::is_arithmetic_v<T>, "opforge: TritonLaunch::set takes an integer, a floating-point value or a bool");
+    Value v;
+    v.name = name;
+    if constexpr (std::is_same_v<T, bool>) {
+      v.kind = Value::kBool;
+      v.i = value;
+    } else if constexpr (std::is_integral_v<T>) {
+      v.kind = Value::kInt;
+      v.i = static_cast<int64_t>(value);
+    } else {
+      v.kind = Value::kFloat;
+      v.f = static_cast<double>(value);
+    }
+    values.push_back(v);
+    return *this;
+  }
+  /// A tl.constexpr parameter: an integer, floating-point value, bool, or a dtype (a tl.dtype
+  /// such as tl.bfloat16: `constant("X_dtype", x.dtype())`). Each value compiles its own kernel.
+  template <class T>
+  TritonLaunch& constant(const char* name, T value) {
+    Value v;
+    v.name = name;
+    if constexpr (std::is_same_v<T, Dtype>) {
+      v.kind = Value::kConstDtype;
+      v.i = static_cast<int32_t>(value);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      v.kind = Value::kConstBool;
+      v.i = value;
+    } else if constexpr (std::is_integral_v<T>) {
+      v.kind = Value::kConstInt;
+      v.i = static_cast<int64_t>(value);
+    } else {
+      static_assert(std::is_floating_point_v<T>, "opforge: TritonLaunch::constant takes a number, a bool or a Dtype");
+      v.kind = Value::kConstFloat;
+      v.f = static_cast<double>(value);
+    }
+    values.push_back(v);
+    return *this;
+  }
+  /// A pointer parameter whose name is not that of the tensor it points to (`dY_ptr` for grad_y).
+  TritonLaunch& tensor(const char* name, const Tensor& t) { return bind(name, Value::kTensor, t, 0); }
+  /// A pointer parameter the kernel writes `rows` rows of partial results through, one row of
+  /// out.numel() float32 values per program (as Liger's RMSNorm backward writes dW), which opforge
+  /// then sums over the rows into `out` (in out's dtype) after the kernel: scratch memory from the
+  /// call's allocator, of rows x out.numel() float32 values, row-major.
+  TritonLaunch& sum_into(const char* name, const Tensor& out, int64_t rows) {
+    return bind(name, Value::kPartials, out, rows);
+  }
+
+ private:
+  TritonLaunch& bind(const char* name, Value::Kind kind, const Tensor& t, int64_t rows) {
+    Value v;
+    v.name = name;
+    v.kind = kind;
+    v.tensor = t.c_tensor();
+    v.i = rows;
+    values.push_back(v);
+    return *this;
+  }
+};
+
 /// How a run-time kernel is launched (opforge::elementwise, opforge::rows or a grid function
 /// given to OpBuilder::launch_grid).
 struct LaunchRule {
@@ -109,16 +198,20 @@ struct LaunchRule {
   int32_t bytes_per_thread = 0;  // > 0: items per thread = bytes / element size
   int32_t threads = 256;
   LaunchConfig (*grid_entry)(const OpforgeCallFrame*, const void*) = nullptr;
+  TritonLaunch (*triton_grid_entry)(const OpforgeCallFrame*, const void*) = nullptr;  // a Triton kernel's
   const void* grid_fn = nullptr;
 };
 
 struct OpDef;
 
-/// A CUDA kernel compiled at run time from a source file shipped beside the op library.
+/// A CUDA kernel compiled at run time from a source file shipped beside the op library: CUDA C++
+/// (NVRTC) or a Triton function.
 struct RuntimeKernel {
+  enum Backend { kNvrtc, kTriton };
   const OpDef* def = nullptr;
+  Backend backend = kNvrtc;
   std::string file;  // relative to the library's kernel folder
-  std::string name;  // name template, e.g. "softshrink<{T}>"
+  std::string name;  // NVRTC: a name template, e.g. "softshrink<{T}>"; Triton: the function's name
   LaunchRule rule;
   // Resolved by OpDef::finalize:
   int32_t rule_tensor = -1;  // argument index, or num_args + output index
@@ -179,6 +272,8 @@ struct OpDef {
   /// Sets the CPU reference (kernels[0]) or appends a device kernel.
   void add_kernel(const OpforgeKernel& kernel, bool reference);
   void add_cuda_source(std::string file, std::string name);
+  /// OpBuilder::triton_source's step (src/oplib/triton.cpp).
+  void add_triton_source(std::string file, std::string function);
   void set_launch(LaunchRule rule);
   void set_kernel_dtypes(std::string input, uint32_t dtypes);
 
@@ -218,12 +313,20 @@ class OPFORGE_HIDDEN Registry {
   void add(std::unique_ptr<OpDef> def);
   void add(std::unique_ptr<ClassDef> def);
   const OpforgeLibrary* library();
-  /// The library's OpforgeLibrary::reload, set by the first run-time kernel declared (so a
-  /// library without one never references the run-time compiler).
-  void set_reload(void (*reload)()) { reload_ = reload; }
+  /// Adds a backend's reload to the library's OpforgeLibrary::reload, by the first run-time
+  /// kernel of that backend declared (so a library without one never references its compiler).
+  void add_reload(void (*reload)()) {
+    for (auto*& r : reloads_)
+      if (r == reload || r == nullptr) {
+        r = reload;
+        return;
+      }
+  }
+  /// Runs every backend's reload (OpforgeLibrary::reload).
+  static void reload_all();
 
  private:
-  void (*reload_)() = nullptr;
+  void (*reloads_[4])() = {};
   std::vector<std::unique_ptr<OpDef>> defs_;
   std::vector<const OpforgeOpSpec*> specs_;
   std::vector<std::unique_ptr<ClassDef>> class_defs_;
@@ -475,15 +578,16 @@ struct Entry {
   }
 };
 
-/// Calls a grid function `LaunchConfig fn(args...)` with the frame's typed arguments.
-template <class... S>
+/// Calls a grid function `R fn(args...)` (R: LaunchConfig, or TritonLaunch for a Triton
+/// kernel) with the frame's typed arguments.
+template <class R, class... S>
 struct GridEntry {
-  using Fn = LaunchConfig (*)(KernelType<S>...);
+  using Fn = R (*)(KernelType<S>...);
   template <size_t... I>
-  static LaunchConfig call(Fn fn, const OpforgeCallFrame* f, std::index_sequence<I...>) {
+  static R call(Fn fn, const OpforgeCallFrame* f, std::index_sequence<I...>) {
     return fn(frame_arg<I, S...>(f)...);
   }
-  static LaunchConfig run(const OpforgeCallFrame* f, const void* user) {
+  static R run(const OpforgeCallFrame* f, const void* user) {
     return call(reinterpret_cast<Fn>(const_cast<void*>(user)), f, std::index_sequence_for<S...>{});
   }
 };
