@@ -21,6 +21,7 @@
 #include "opforge/c_api.h"
 #include "opforge/detail/names.h"
 #include "opforge/detail/str.h"
+#include "records.h"
 #include "schema.h"
 #include "span.h"
 

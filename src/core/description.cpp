@@ -10,6 +10,7 @@
 #include "classes.h"
 #include "dtypes.h"
 #include "opforge/detail/names.h"
+#include "records.h"
 #include "schema.h"
 #include "sharding.h"
 
@@ -280,8 +281,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
 
 std::string description_json(const OpforgeLibrary& lib) {
   json j = {{"abi_version", lib.abi_version}};
-  const bool has_dir = lib.struct_size >= offsetof(OpforgeLibrary, kernel_dir) + sizeof(lib.kernel_dir);
-  j["kernel_dir"] = has_dir && lib.kernel_dir && *lib.kernel_dir ? json(lib.kernel_dir) : json(nullptr);
+  j["kernel_dir"] = kernel_dir(lib) ? json(kernel_dir(lib)) : json(nullptr);
   json ops = json::array();
   for (int32_t k = 0; k < lib.num_ops; ++k) ops.push_back(op_json(lib, *lib.ops[k]));
   j["ops"] = std::move(ops);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "check.h"
+#include "records.h"
 #include "schema.h"
 
 namespace opforge::core {

@@ -17,6 +17,7 @@
 #include "dtypes.h"
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
+#include "records.h"
 #include "schema.h"
 #include "shared_object.h"
 
@@ -142,8 +143,7 @@ const OpforgeClassSpec* find_loaded_class(const std::string& qualified, const Li
 void reload_kernels() {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const Library& l : libraries()) {
-    const OpforgeLibrary* lib = l.lib;
-    if (lib->struct_size >= offsetof(OpforgeLibrary, reload) + sizeof(lib->reload) && lib->reload) lib->reload();
+    if (const ReloadFn reload = reload_entry(*l.lib)) reload();
   }
 }
 

@@ -4,6 +4,7 @@
 #include "check.h"
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
+#include "records.h"
 #include "schema.h"
 
 namespace opforge::core {
