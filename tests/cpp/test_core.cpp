@@ -21,6 +21,7 @@
 #include "../../src/core/sharding.h"
 #include "../../src/core/sizes.h"
 #include "../../src/core/span.h"
+#include "declaration_problems.h"
 
 namespace {
 
@@ -35,7 +36,7 @@ void with_tag(Tensor, std::string_view, MutableTensor) {}
 void with_ints(Tensor, std::span<const int64_t>, MutableTensor) {}
 
 std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
-  auto errors = def->finalize();
+  auto errors = declaration_problems(*def);
   EXPECT_TRUE(errors.empty()) << errors.front();
   return def;
 }
@@ -540,11 +541,12 @@ TEST(ValueDomains, OnlyIntegerInputsIndex) {
                  .output("y", opforge::like("x"))
                  .reference(+[](Tensor, MutableTensor) {})
                  .release();
-  EXPECT_EQ(def->finalize(), (std::vector<std::string>{
-                                 "f.cpp:7: ns::bad: input 'x': values_in() applies to integer inputs, but its dtypes "
-                                 "include float32",
-                                 "f.cpp:7: ns::bad: input 'x': values_in(): opforge::any is allowed only in an "
-                                 "input's shape({...})"}));
+  EXPECT_EQ(
+      declaration_problems(*def),
+      (std::vector<std::string>{"f.cpp:7: ns::bad: input 'x': values_in(): opforge::any is allowed only in an "
+                                "input's shape({...})",
+                                "f.cpp:7: ns::bad: input 'x': values_in() applies to integer inputs, but its dtypes "
+                                "include float32"}));
 }
 
 }  // namespace

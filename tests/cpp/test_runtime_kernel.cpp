@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "../../src/oplib/runtime_kernel.h"
+#include "declaration_problems.h"
 
 namespace {
 
@@ -24,7 +25,7 @@ void row_sum_cpu(Tensor, double, MutableTensor) {}
 void pair_cpu(Tensor, Tensor, int64_t, double, bool, int64_t, MutableTensor) {}
 
 std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
-  auto errors = def->finalize();
+  auto errors = declaration_problems(*def);
   EXPECT_TRUE(errors.empty()) << errors.front();
   return def;
 }

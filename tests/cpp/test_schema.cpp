@@ -3,6 +3,7 @@
 #include <opforge/op.h>
 
 #include "../../src/core/schema.h"
+#include "declaration_problems.h"
 
 namespace {
 
@@ -16,7 +17,7 @@ void one_param(Tensor, double, MutableTensor) {}
 void one_string(Tensor, std::string_view, MutableTensor) {}
 
 std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
-  auto errors = def->finalize();
+  auto errors = declaration_problems(*def);
   EXPECT_TRUE(errors.empty()) << errors.front();
   return def;
 }
