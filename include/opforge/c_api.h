@@ -24,13 +24,13 @@
  * carries it, and a field that fits in an older struct's tail padding is read
  * only when a value that needs it says so (as `sharding_dims` is read only for
  * OPFORGE_SHARDING_DIMS). A field added after version 1 says so in its comment,
- * "Since ABI n.", n being the version whose headers first had it (appended
- * fields included, which change no version).
+ * "Since ABI n.", n being the version below that lists it (appended fields
+ * included, which change no version).
  *
  * Version 1: the records, with OpforgeOpSpec::equivalent and sharding,
  * OpforgeKernel::source, name and precompile, and OpforgeLibrary::kernel_dir and
  * reload appended.
- * Version 2: OpforgeTensorSpec::optional (OpforgeArgSpec grew),
+ * Version 2: OpforgeTensorSpec::optional (OpforgeArgSpec grew); appended:
  * OpforgeOpSpec::sharding_dims.
  * Version 3: OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM (an older adapter would pass such inputs
  * as is, misaligned or with a strided last dim), OPFORGE_EXPR_MULTIPLE_OF; appended:

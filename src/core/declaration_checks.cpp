@@ -59,7 +59,6 @@ class Problems {
   explicit Problems(const OpforgeOpSpec& op) : op_(op), at_(declared_at(op)) {}
   void add(const std::string& context, const std::string& what) { lines_.push_back(at_ + context + what); }
   std::vector<std::string> take() { return std::move(lines_); }
-  bool empty() const { return lines_.empty(); }
 
   /// The argument of `op_` called `name`, or -1.
   int32_t arg(std::string_view name) const {
