@@ -19,20 +19,35 @@
  * array growing: OpforgeTensorSpec and OpforgeParamSpec live inside
  * OpforgeArgSpec, which op specs hold as an array, so growing any of them moves
  * every later element). Appending a field to a struct that is only reached
- * through a pointer is compatible: readers check `struct_size` before reading a
- * field past the ones they know, and a field that fits in an older struct's
- * tail padding is read only when a value that needs it says so (as
- * `sharding_dims` is read only for OPFORGE_SHARDING_DIMS).
+ * through a pointer is compatible: readers read a field past the ones the
+ * struct's first version had only where OPFORGE_HAS_FIELD says the record
+ * carries it, and a field that fits in an older struct's tail padding is read
+ * only when a value that needs it says so (as `sharding_dims` is read only for
+ * OPFORGE_SHARDING_DIMS). A field added after version 1 says so in its comment,
+ * "Since ABI n.", n being the version below that lists it (appended fields
+ * included, which change no version).
  *
- * Version 2: OpforgeTensorSpec::optional (OpforgeArgSpec grew),
+ * Version 1: the records, with OpforgeOpSpec::equivalent and sharding,
+ * OpforgeKernel::source, name and precompile, and OpforgeLibrary::kernel_dir and
+ * reload appended.
+ * Version 2: OpforgeTensorSpec::optional (OpforgeArgSpec grew); appended:
  * OpforgeOpSpec::sharding_dims.
  * Version 3: OPFORGE_LAYOUT_CONTIGUOUS_LAST_DIM (an older adapter would pass such inputs
- * as is, misaligned or with a strided last dim), OPFORGE_EXPR_MULTIPLE_OF.
+ * as is, misaligned or with a strided last dim), OPFORGE_EXPR_MULTIPLE_OF; appended:
+ * OpforgeOpSpec::backward.
  * Version 4: OpforgeTensorSpec::mutated (an older adapter would copy a mutated input and lose
  * the kernel's writes) and value domains (OpforgeTensorSpec grew), comparison and remainder
- * nodes (OPFORGE_EXPR_MOD .. OPFORGE_EXPR_GE), OpforgeOpSpec::rules.
+ * nodes (OPFORGE_EXPR_MOD .. OPFORGE_EXPR_GE); appended: OpforgeOpSpec::num_rules and rules.
+ * Version 5: OpforgeTensorSpec::dtype_alternatives and leading_dims (OpforgeArgSpec grew),
+ * OpforgeOutputSpec::present_with and size_from (held in an array, it grew),
+ * OPFORGE_EXPR_SIZE_OF; appended: OpforgeOpSpec::autocast, OpforgeLibrary::num_classes and
+ * classes (OpforgeClassSpec, OpforgeMethodSpec).
  * Version 6: OpforgeKernel::dtype_arg and dtypes (OpforgeKernel, held in an array, grew; an
- * older adapter would hand a kernel dtypes it does not take).
+ * older adapter would hand a kernel dtypes it does not take); appended:
+ * OpforgeOpSpec::num_tolerances, tolerances (OpforgeTolerance) and tolerance_vs_equivalent.
+ * Version 7: OpforgeKernel::backend (OpforgeKernel, held in an array, grew: an older adapter
+ * would take a Triton kernel's Python source for CUDA C++); appended:
+ * OpforgePrecompileRequest::num_shapes, ndims and sizes.
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -44,7 +59,13 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 6
+#define OPFORGE_ABI_VERSION 7
+
+/* Whether `record`, a struct of type `type` that starts with `struct_size`, carries `field`:
+ * its struct_size reaches past the field's end. Readers test a field appended after the
+ * struct's first version with it before reading it (Note [ABI versioning]), e.g.
+ * `OPFORGE_HAS_FIELD(OpforgeOpSpec, *op, autocast) ? op->autocast : OPFORGE_AUTOCAST_NONE`. */
+#define OPFORGE_HAS_FIELD(type, record, field) ((record).struct_size >= offsetof(type, field) + sizeof((record).field))
 
 /* Element types. The numbering is opforge's own and stable across versions. */
 typedef enum OpforgeDtype {
@@ -170,15 +191,16 @@ typedef struct OpforgeTensorSpec {
   /* 1: the caller may leave the tensor out (schema `Tensor? name=None`); it then arrives absent
    * (see OpforgeTensor) and its constraints are not checked. No other argument's constraint,
    * shape rule, output rule or launch rule refers to an optional tensor, and the first tensor
-   * argument is never optional. */
+   * argument is never optional. Since ABI 2. */
   int32_t optional;
   /* 1: the kernel writes this input in place (schema `Tensor(a!) name`): it reaches the kernel
-   * as the caller's tensor, never as a copy (see Note [Mutated inputs] in opforge/op.h). */
+   * as the caller's tensor, never as a copy (see Note [Mutated inputs] in opforge/op.h). Since
+   * ABI 4. */
   int32_t mutated;
   /* The values an integer input's elements may take (Note [Value domains] in opforge/op.h):
    * with has_values, each element is in [values_low, values_high) -- expressions over dims
    * and integer parameters -- or equals `sentinel` when has_sentinel; with values_unique, the
-   * elements other than the sentinel are distinct. */
+   * elements other than the sentinel are distinct. Since ABI 4. */
   int32_t has_values;
   int32_t values_unique;
   int32_t has_sentinel;
@@ -186,11 +208,11 @@ typedef struct OpforgeTensorSpec {
   OpforgeExpr values_low;
   OpforgeExpr values_high;
   /* With dtype_like: dtypes accepted besides that tensor's, whatever it is (`same_dtype("x") |
-   * kFloat32`: a norm weight kept in float32 under 16-bit activations); 0: none. ABI 5. */
+   * kFloat32`: a norm weight kept in float32 under 16-bit activations); 0: none. Since ABI 5. */
   uint32_t dtype_alternatives;
   /* 1: `dims` describe the last num_dims dims, after any number of leading dims (torch's `(*, H)`;
    * `shape({opforge::leading_dims, ...})`): the rank is at least num_dims, within min_rank and
-   * max_rank. 0: `dims` give the exact rank. ABI 5. */
+   * max_rank. 0: `dims` give the exact rank. Since ABI 5. */
   int32_t leading_dims;
 } OpforgeTensorSpec;
 
@@ -238,12 +260,12 @@ typedef struct OpforgeOutputSpec {
   const OpforgeExpr* dims;
   /* The optional input whose rules this output's rules read (like("key")), or -1: the output
    * exists only in calls that give that input (schema `Tensor?`, None otherwise), and reaches
-   * kernels absent (see OpforgeTensor) in the others. ABI 5. */
+   * kernels absent (see OpforgeTensor) in the others. Since ABI 5. */
   int32_t present_with;
   /* The output whose value is this output's first dim, or -1: a data-dependent size (a
    * compaction's length), known only after the kernel writes it into that output (a 0-dim int64
    * one). Kernels get this output allocated with dims[0] (the bound) as its first dim; the
-   * adapter reads the size after the kernel and returns the first that many rows. ABI 5. */
+   * adapter reads the size after the kernel and returns the first that many rows. Since ABI 5. */
   int32_t size_from;
 } OpforgeOutputSpec;
 
@@ -322,29 +344,40 @@ typedef struct OpforgePrecompileRequest {
   /* The shapes of one call to compile for, or num_shapes 0 for none: per argument then per
    * output, its rank (-1: a parameter, or an optional tensor left out) and sizes (dense, row-major
    * layouts). A kernel whose variants depend on sizes (a Triton kernel's grid function) compiles the
-   * variant of these shapes; read past struct_size only. */
+   * variant of these shapes. Since ABI 7. */
   int32_t num_shapes;
   const int32_t* ndims;
   const int64_t* const* sizes;
 } OpforgePrecompileRequest;
 typedef int32_t (*OpforgePrecompileFn)(OpforgePrecompileRequest* request, const void* user);
 
+/* How a kernel was made (OpforgeKernel::backend). */
+typedef enum OpforgeKernelBackend {
+  OPFORGE_BACKEND_NATIVE = 0, /* a function compiled with the library (the reference, .cuda()) */
+  OPFORGE_BACKEND_NVRTC = 1,  /* CUDA C++ compiled at run time (.cuda_source()) */
+  OPFORGE_BACKEND_TRITON = 2  /* a Triton function compiled by the worker (.triton_source()) */
+} OpforgeKernelBackend;
+
 typedef struct OpforgeKernel {
   size_t struct_size;
   int32_t device_type; /* OpforgeDeviceType */
   OpforgeKernelFn fn;
   const void* user; /* passed back to fn: the author's typed function */
-  /* Run-time kernels only (NULL otherwise): the CUDA source file, relative to the library's
-   * kernel folder (see Note [Run-time kernels] in opforge/op.h), the kernel's name
-   * template, and the ahead-of-time compile entry. */
+  /* Run-time kernels only (NULL otherwise): the source file, relative to the library's
+   * kernel folder (see Note [Run-time kernels] and Note [Triton kernels] in
+   * opforge/op_launch.h), the kernel's name (a CUDA name template, or a Triton function), and
+   * the ahead-of-time compile entry. */
   const char* source;
   const char* name;
   OpforgePrecompileFn precompile;
   /* The dtypes this device kernel takes (Note [Kernel dtypes] in opforge/op.h): bit
-   * (1u << OpforgeDtype) per dtype of tensor argument `dtype_arg`; dtypes 0 (a zeroed struct)
-   * or dtype_arg -1: every dtype the declaration admits (always so for the CPU reference). */
+   * (1u << OpforgeDtype) per dtype of tensor argument `dtype_arg`, as declared (a dtype the
+   * argument does not admit comes in no call); dtypes 0 (a zeroed struct) or dtype_arg -1:
+   * every dtype the declaration admits (always so for the CPU reference). Since ABI 6. */
   int32_t dtype_arg;
   uint32_t dtypes;
+  /* How the kernel was made: OpforgeKernelBackend. Since ABI 7. */
+  int32_t backend;
 } OpforgeKernel;
 
 /* A tolerance of opforge verify for an op's results in one dtype, against float64:
@@ -375,26 +408,27 @@ typedef struct OpforgeOpSpec {
   /* How torch.distributed.tensor (or another framework's sharding) may split the op's work:
    * OpforgeSharding. */
   int32_t sharding;
-  /* OPFORGE_SHARDING_DIMS: bit d set if dim d of the first tensor input may be sharded. */
+  /* OPFORGE_SHARDING_DIMS: bit d set if dim d of the first tensor input may be sharded. Since
+   * ABI 2. */
   uint32_t sharding_dims;
   /* The op that computes this op's input gradients ("ns::name"), or NULL: see
-   * Note [Backward ops] in opforge/op.h. Appended in ABI 3 (read past struct_size only). */
+   * Note [Backward ops] in opforge/op.h. Since ABI 3. */
   const char* backward;
-  /* Cross-argument rules, checked with the arguments' own constraints. ABI 4. */
+  /* Cross-argument rules, checked with the arguments' own constraints. Since ABI 4. */
   int32_t num_rules;
   const OpforgeRule* rules;
-  /* How the op runs under automatic mixed precision (torch.autocast): OpforgeAutocast. ABI 5. */
+  /* How the op runs under automatic mixed precision (torch.autocast): OpforgeAutocast. Since ABI 5. */
   int32_t autocast;
   /* The tolerances opforge verify compares this op's results with where its arithmetic is
    * looser than a dtype's defaults (OpBuilder::tolerance), num_tolerances of them, one per
-   * dtype at most. Appended in ABI 6 (read past struct_size only: num_tolerances lies in the
-   * tail padding of older records, read only when struct_size covers `tolerances`). */
+   * dtype at most. Since ABI 6 (num_tolerances lies in the tail padding of older records: it is
+   * read only where the record has `tolerances`). */
   int32_t num_tolerances;
   const struct OpforgeTolerance* tolerances;
   /* Where a device kernel's result misses the dtype's tolerance, opforge verify still passes
    * it if each output's largest error is at most this many times that of `equivalent` run in
    * the case's own dtypes, both against float64 (OpBuilder::tolerance_vs_equivalent); 0: not
-   * declared. Appended (read past struct_size only). */
+   * declared. Since ABI 6. */
   double tolerance_vs_equivalent;
 } OpforgeOpSpec;
 
@@ -410,7 +444,7 @@ typedef struct OpforgeMethodSpec {
 /* A custom class (`torch.classes.<ns>.<name>`): state kept between calls, constructed once. With
  * a constructor op, the class's __init__ takes that op's arguments and the object keeps its
  * outputs, then those of its arguments that a method takes; without one, __init__ takes the
- * declared fields, which the object keeps as given. ABI 5, read past OpforgeLibrary::struct_size. */
+ * declared fields, which the object keeps as given. Since ABI 5. */
 typedef struct OpforgeClassSpec {
   size_t struct_size;
   const char* ns;
@@ -439,8 +473,7 @@ typedef struct OpforgeLibrary {
   /* Forget compiled run-time kernels, so the next call re-reads and recompiles (or finds in
    * the on-disk cache) each source. Modules already loaded stay valid for work in flight. */
   void (*reload)(void);
-  /* Custom classes declared with OPFORGE_CLASS, in declaration order. Appended in ABI 5: read
-   * only past struct_size (core::library_classes). */
+  /* Custom classes declared with OPFORGE_CLASS, in declaration order. Since ABI 5. */
   int32_t num_classes;
   const OpforgeClassSpec* const* classes;
 } OpforgeLibrary;

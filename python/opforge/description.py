@@ -136,10 +136,13 @@ class Output:
 
 @dataclass(frozen=True)
 class RuntimeKernel:
-    """A run-time kernel: its source file (in the library's kernel folder) and name template."""
+    """A run-time kernel: its source file (in the library's kernel folder), its name (a CUDA name
+    template, or a Triton function's name) and how it is compiled: ``"nvrtc"`` (CUDA C++) or
+    ``"triton"`` (Note [Triton kernels] in ``opforge/op_launch.h``)."""
 
     source: str
     name: str
+    backend: str = "nvrtc"
 
 
 @dataclass(frozen=True)
@@ -376,7 +379,9 @@ def _op(o: dict) -> Op:
             for x in o["outputs"]
         ),
         devices=tuple(o["devices"]),
-        runtime_kernels=tuple(RuntimeKernel(k["source"], k["name"]) for k in o["runtime_kernels"]),
+        runtime_kernels=tuple(
+            RuntimeKernel(k["source"], k["name"], k.get("backend", "nvrtc")) for k in o["runtime_kernels"]
+        ),
         dtype_combinations=tuple(o["dtype_combinations"]),
         dtype_combinations_on={d: tuple(cs) for d, cs in o["dtype_combinations_on"].items()},
     )

@@ -2,17 +2,13 @@
 #include "backward.h"
 
 #include <algorithm>
-#include <cstddef>
 #include <functional>
 #include <string_view>
 
+#include "records.h"
 #include "schema.h"
 
 namespace opforge::core {
-
-const char* backward_name(const OpforgeOpSpec& op) {
-  return op.struct_size >= offsetof(OpforgeOpSpec, backward) + sizeof(op.backward) ? op.backward : nullptr;
-}
 
 const OpforgeOpSpec* find_op(const OpforgeLibrary& lib, const std::string& qualified) {
   for (int32_t k = 0; k < lib.num_ops; ++k)

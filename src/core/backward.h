@@ -36,10 +36,6 @@ struct BackwardPlan {
 /// each mutated input (its value after the op), in argument order.
 std::vector<std::string> result_names(const OpforgeOpSpec& op);
 
-/// The backward op `op` names ("ns::name"), if it has one and its record carries the field,
-/// else nullptr.
-const char* backward_name(const OpforgeOpSpec& op);
-
 /// Matches `bwd`'s arguments and outputs to `fwd` by name: an argument `grad_<result>` or named
 /// like an argument or result of `fwd` (a mutated input only as `<input>_out`: its value before
 /// the op is overwritten); outputs `grad_<tensor argument>`, the gradient of the argument as given,

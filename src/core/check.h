@@ -18,9 +18,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtypes.h"
 #include "opforge/c_api.h"
 #include "opforge/detail/names.h"
 #include "opforge/detail/str.h"
+#include "records.h"
 #include "schema.h"
 #include "span.h"
 
@@ -272,11 +274,12 @@ inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeArgSpec& 
   return want + ", got " + std::string(label);
 }
 /// The line for a dtype `label` of kernel `k`'s dtype_arg that `k` does not take (Note [Kernel
-/// dtypes] in opforge/op_builder.h): "q: expected dtype one of {float16, bfloat16} on cuda (its cuda
-/// kernel takes no other), got float32".
+/// dtypes] in opforge/op_builder.h), naming those it takes of the ones the argument admits: "q: expected
+/// dtype one of {float16, bfloat16} on cuda (its cuda kernel takes no other), got float32".
 inline std::string kernel_dtype_problem(const OpforgeOpSpec& op, const OpforgeKernel& k, std::string_view label) {
   const std::string device = device_type_name(k.device_type);
-  return std::string(op.args[k.dtype_arg].name) + ": expected dtype " + dtype_set_string(k.dtypes) + " on " + device +
+  const uint32_t takes = k.dtypes & admitted_dtypes(op, k.dtype_arg);  // of those a call may have
+  return std::string(op.args[k.dtype_arg].name) + ": expected dtype " + dtype_set_string(takes) + " on " + device +
          " (its " + device + " kernel takes no other), got " + std::string(label);
 }
 /// Index into a tensor of rank `rank` of the first dim its shape rule's `dims` describe: 0, or

@@ -1,20 +1,15 @@
 // Custom classes: plans and load checks (classes.h).
 #include "classes.h"
 
-#include <cstddef>
 #include <set>
 
 #include "backward.h"
 #include "check.h"
 #include "opforge/detail/names.h"
+#include "records.h"
 #include "schema.h"
 
 namespace opforge::core {
-
-std::vector<const OpforgeClassSpec*> library_classes(const OpforgeLibrary& lib) {
-  if (lib.struct_size < offsetof(OpforgeLibrary, classes) + sizeof(lib.classes) || lib.classes == nullptr) return {};
-  return {lib.classes, lib.classes + lib.num_classes};
-}
 
 std::string qualified_name(const OpforgeClassSpec& c) { return std::string(c.ns) + "::" + c.name; }
 

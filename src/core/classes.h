@@ -10,9 +10,6 @@
 
 namespace opforge::core {
 
-/// The library's classes; none for a record that predates OpforgeLibrary::classes.
-std::vector<const OpforgeClassSpec*> library_classes(const OpforgeLibrary& lib);
-
 /// "ns::Name".
 std::string qualified_name(const OpforgeClassSpec& c);
 

@@ -10,6 +10,7 @@
 #include "classes.h"
 #include "dtypes.h"
 #include "opforge/detail/names.h"
+#include "records.h"
 #include "schema.h"
 #include "sharding.h"
 
@@ -220,7 +221,10 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
     const char* device = device_type_name(k.device_type);
     devices.push_back(device);
     if (!on.contains(device)) on[device] = combinations_json(dtype_combinations_on(op, k.device_type));
-    if (has_runtime_source(k)) kernels.push_back({{"source", k.source}, {"name", k.name}});
+    if (has_runtime_source(k))
+      kernels.push_back({{"source", k.source},
+                         {"name", k.name},
+                         {"backend", k.backend == OPFORGE_BACKEND_TRITON ? "triton" : "nvrtc"}});
   }
   j["devices"] = std::move(devices);
   j["dtype_combinations_on"] = std::move(on);
@@ -232,8 +236,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
 
 std::string description_json(const OpforgeLibrary& lib) {
   json j = {{"abi_version", lib.abi_version}};
-  const bool has_dir = lib.struct_size >= offsetof(OpforgeLibrary, kernel_dir) + sizeof(lib.kernel_dir);
-  j["kernel_dir"] = has_dir && lib.kernel_dir && *lib.kernel_dir ? json(lib.kernel_dir) : json(nullptr);
+  j["kernel_dir"] = kernel_dir(lib) ? json(kernel_dir(lib)) : json(nullptr);
   json ops = json::array();
   for (int32_t k = 0; k < lib.num_ops; ++k) ops.push_back(op_json(lib, *lib.ops[k]));
   j["ops"] = std::move(ops);

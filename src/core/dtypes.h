@@ -1,9 +1,9 @@
 // The dtype combinations an op's declaration admits, for tools that test every one (opforge
-// verify) without re-implementing the dtype rules.
+// verify) without re-implementing the dtype rules, and the dtype facts the declaration checks
+// and autocast read off them.
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "opforge/c_api.h"
@@ -25,19 +25,25 @@ std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, si
 std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op, int32_t device_type,
                                                         size_t limit = 256);
 
+/// Whether `dtype` (an OpforgeDtype) is a floating one: float32, float64, float16, bfloat16.
+bool is_floating(int32_t dtype);
+
+/// The dtypes tensor argument `arg` of `op` takes in some call (bit 1u << OpforgeDtype each): its
+/// own set, or for a same_dtype input each dtype its rule (same_dtype_allowed) accepts beside a
+/// dtype its model takes. A model that is not an earlier argument (a declaration error) counts
+/// as taking nothing.
+uint32_t admitted_dtypes(const OpforgeOpSpec& op, int32_t arg);
+
 /// Whether `op` accepts `dtype` for every tensor input that takes a floating dtype in some
 /// combination (the others keep any of theirs): what casting every floating input to `dtype`
-/// (autocast) needs.
+/// (autocast) needs. The second form judges over the given combinations (those of one device's
+/// kernel, dtype_combinations_on).
 bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype);
+bool accepts_floating_as(const OpforgeOpSpec& op, int32_t dtype, const std::vector<std::vector<int32_t>>& combinations);
 
-/// The declaration problem of `op`'s autocast policy, "" if none: kFloat32 needs
-/// accepts_floating_as(float32), kLowerPrecision float16 or bfloat16 ("file:line: ns::op: ...").
-std::string autocast_problem(const OpforgeOpSpec& op);
-
-/// The declaration problems of `op`'s verify tolerances (OpBuilder::tolerance and
-/// tolerance_vs_equivalent), one line each ("file:line: ns::op: ..."): a dtype that is not
-/// floating or is declared twice, an atol, rtol or factor that is negative or not finite, a
-/// factor without an .equivalent() expression.
-std::vector<std::string> tolerance_problems(const OpforgeOpSpec& op);
+/// The dtype a call's floating dtypes `combination` (one OpforgeDtype per argument, -1 for
+/// parameters) promote to, as torch.promote_types: float64 over float32 over the 16-bit types,
+/// float16 with bfloat16 giving float32; -1 if none is floating.
+int32_t promoted_floating(const std::vector<int32_t>& combination);
 
 }  // namespace opforge::core

@@ -13,10 +13,11 @@
 
 #include "backward.h"
 #include "classes.h"
+#include "declaration_checks.h"
 #include "description.h"
-#include "dtypes.h"
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
+#include "records.h"
 #include "schema.h"
 #include "shared_object.h"
 
@@ -51,30 +52,15 @@ const OpforgeClassSpec* find_class_locked(const std::string& qualified, const Li
   return nullptr;
 }
 
-/// Every problem that keeps `lib` from loading, one line each: its declarations, its backward
-/// ops, and ops that a library loaded earlier declares.
+/// Every problem that keeps `lib` from loading, one line each: its declarations
+/// (library_declaration_problems), then ops and classes that a library loaded earlier declares.
 std::vector<std::string> problems_of(const OpforgeLibrary& lib) {
-  std::vector<std::string> problems;
-  if (lib.error != nullptr) {  // "file:line: ns::op: ..." lines, each ending in a newline
-    std::string text = lib.error;
-    for (size_t start = 0, end; start < text.size(); start = end + 1) {
-      end = text.find('\n', start);
-      if (end == std::string::npos) end = text.size();
-      if (end > start) problems.push_back(text.substr(start, end - start));
-    }
-    return problems;  // the records of an invalid declaration are incomplete: check nothing else
-  }
-  for (auto& p : check_backward_ops(lib)) problems.push_back(std::move(p));
-  for (auto& p : check_classes(lib)) problems.push_back(std::move(p));
+  std::vector<std::string> problems = library_declaration_problems(lib);
   for (const OpforgeClassSpec* c : library_classes(lib)) {
     const Library* other = nullptr;
     if (const OpforgeClassSpec* first = find_class_locked(qualified_name(*c), &other))
       problems.push_back(opforge::detail::declared_at(c->file, c->line, qualified_name(*c)) + "already loaded from " +
                          other->path + " (declared at " + first->file + ":" + std::to_string(first->line) + ")");
-  }
-  for (int32_t i = 0; i < lib.num_ops; ++i) {
-    if (std::string p = autocast_problem(*lib.ops[i]); !p.empty()) problems.push_back(std::move(p));
-    for (std::string& p : tolerance_problems(*lib.ops[i])) problems.push_back(std::move(p));
   }
   for (int32_t i = 0; i < lib.num_ops; ++i) {
     const OpforgeOpSpec& op = *lib.ops[i];
@@ -142,8 +128,7 @@ const OpforgeClassSpec* find_loaded_class(const std::string& qualified, const Li
 void reload_kernels() {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (const Library& l : libraries()) {
-    const OpforgeLibrary* lib = l.lib;
-    if (lib->struct_size >= offsetof(OpforgeLibrary, reload) + sizeof(lib->reload) && lib->reload) lib->reload();
+    if (const ReloadFn reload = reload_entry(*l.lib)) reload();
   }
 }
 

@@ -7,7 +7,8 @@
 // registers ops with its framework; it contains no dlopen, ABI, declaration, layout, call-frame
 // or precompile code. Those live here, in libopforge_core, which every adapter links and tooling
 // reaches through the C entry points of opforge/core.h:
-//   - loading (this file): dlopen, the ABI version, declaration errors, backward pairing, ops
+//   - loading (this file): dlopen, the ABI version, the declaration checks
+//     (declaration_checks.h: each declaration's meaning, backward pairing, classes), ops
 //     declared by two libraries; a library that fails any check is not loaded at all;
 //   - the call protocol (call.h): input checks and output shape rules (check.h), which inputs
 //     reach the kernel as they are and which as a dense copy, skipping a launch whose outputs
@@ -15,6 +16,30 @@
 //     the op once;
 //   - precompile (precompile.h) and the library's JSON description (description.h).
 // A rule that a second adapter would otherwise copy belongs here.
+//
+// Note [Where a rule goes]
+// ------------------------
+// A rule of what an op declares (its names, kinds, ranges, defaults, dtype sets, kernels) is
+// checked once, at load, on the library's C ABI records: in declaration_checks.cpp, or where it
+// needs a plan that adapters use too (backward ops, classes), beside that plan, called from
+// there. The op-library runtime (OpDef::finalize, src/oplib/op_library.cpp) reports only what
+// keeps it from writing a record that says what was declared: a name that resolves to nothing a
+// record may point at, an expression the postfix form cannot hold, declarations it merges or
+// orders (a rank beside a fixed shape, .launch() after its .cuda_source()), a value the record
+// cannot hold (an empty kernel_dtypes() set, a shard dim past 31), and launch rules, which
+// records do not carry. Both write "file:line: ns::op: ..." lines; loading lists each op's
+// together (library_declaration_problems), and a test pins each message with a broken
+// declaration (tests/cpp/test_declaration_checks.cpp and its neighbours).
+//
+// A rule of one call (what its arguments must be, how its outputs are made, the order of its
+// steps) goes into the call protocol (call.h; checks of arguments and shape rules in check.h),
+// which every adapter runs, so it holds for all of them.
+//
+// A new field of a record is appended to a struct reached through a pointer, with "Since ABI n."
+// in opforge/c_api.h and its offset pinned in tests/cpp/test_abi_layout.cpp; it is written by the
+// op-library runtime and read only through an accessor in records.h that tests
+// OPFORGE_HAS_FIELD. A field of a struct embedded by value or held in an array changes
+// OPFORGE_ABI_VERSION (Note [ABI versioning] in opforge/c_api.h).
 #pragma once
 
 #include <string>

@@ -4,13 +4,15 @@
 #include "check.h"
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
+#include "records.h"
 #include "schema.h"
 #include "span.h"
 
 namespace opforge::core {
 
 bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, const std::vector<OpforgeValue>& values,
-                const std::string& arch, const std::string& cache_dir, const std::vector<std::vector<int64_t>>& shapes) {
+                const std::string& arch, const std::string& cache_dir,
+                const std::vector<std::vector<int64_t>>& shapes) {
   OPFORGE_ICHECK(given.size() == static_cast<size_t>(op.num_args) && values.size() == given.size());
   // A required input's dtype the description fixes need not be given: same_dtype's, or the only
   // one its set allows (same_dtype names an earlier input, so one pass in order settles it).

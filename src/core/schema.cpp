@@ -8,6 +8,7 @@
 
 #include "opforge/detail/names.h"
 #include "opforge/detail/str.h"
+#include "records.h"
 
 namespace opforge::core {
 
@@ -76,18 +77,6 @@ std::string format_value(const OpforgeValue& v) {
 }
 
 }  // namespace
-
-bool has_runtime_source(const OpforgeKernel& k) {
-  return k.struct_size >= offsetof(OpforgeKernel, precompile) + sizeof(k.precompile) && k.source != nullptr &&
-         k.precompile != nullptr;
-}
-
-const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type) {
-  if (device_type == OPFORGE_DEVICE_CPU) return op.num_kernels > 0 ? &op.kernels[0] : nullptr;
-  for (int32_t k = 1; k < op.num_kernels; ++k)
-    if (op.kernels[k].device_type == device_type) return &op.kernels[k];
-  return nullptr;
-}
 
 int32_t device_type_code(std::string_view name) {
   return name == "cuda" ? OPFORGE_DEVICE_CUDA : name == "cpu" ? OPFORGE_DEVICE_CPU : -1;
@@ -217,24 +206,6 @@ std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule) {
   return expr_string(op, rule.lhs) + " " + comparison_symbol(rule.op) + " " + expr_string(op, rule.rhs);
 }
 
-int32_t autocast_policy(const OpforgeOpSpec& op) {
-  return op.struct_size >= offsetof(OpforgeOpSpec, autocast) + sizeof(op.autocast) ? op.autocast
-                                                                                   : OPFORGE_AUTOCAST_NONE;
-}
-
-std::vector<OpforgeTolerance> tolerances(const OpforgeOpSpec& op) {
-  if (op.struct_size < offsetof(OpforgeOpSpec, tolerances) + sizeof(op.tolerances) || op.tolerances == nullptr ||
-      op.num_tolerances <= 0)
-    return {};
-  return {op.tolerances, op.tolerances + op.num_tolerances};
-}
-
-double tolerance_vs_equivalent(const OpforgeOpSpec& op) {
-  return op.struct_size >= offsetof(OpforgeOpSpec, tolerance_vs_equivalent) + sizeof(op.tolerance_vs_equivalent)
-             ? op.tolerance_vs_equivalent
-             : 0.0;
-}
-
 const char* autocast_name(int32_t policy) {
   switch (policy) {
     case OPFORGE_AUTOCAST_FLOAT32:
@@ -246,10 +217,6 @@ const char* autocast_name(int32_t policy) {
     default:
       return "none";
   }
-}
-
-int32_t num_rules(const OpforgeOpSpec& op) {
-  return op.struct_size >= offsetof(OpforgeOpSpec, rules) + sizeof(op.rules) ? op.num_rules : 0;
 }
 
 std::string qualified_out_schema(const OpforgeOpSpec& op) { return std::string(op.ns) + "::" + out_schema(op); }
@@ -332,26 +299,6 @@ bool has_out_overload(const OpforgeOpSpec& op) {
   return op.num_outputs > 0 && !mutates_inputs(op);
 }
 
-bool mutates_inputs(const OpforgeOpSpec& op) {
-  for (int32_t i = 0; i < op.num_args; ++i)
-    if (is_mutated(op.args[i])) return true;
-  return false;
-}
-
 std::string declared_at(const OpforgeOpSpec& op) { return detail::declared_at(op.file, op.line, qualified_name(op)); }
-
-const char* equivalent(const OpforgeOpSpec& op) {
-  return op.struct_size >= offsetof(OpforgeOpSpec, equivalent) + sizeof(op.equivalent) ? op.equivalent : nullptr;
-}
-
-int32_t sharding(const OpforgeOpSpec& op) {
-  if (op.struct_size < offsetof(OpforgeOpSpec, sharding) + sizeof(op.sharding)) return OPFORGE_SHARDING_NONE;
-  if (op.sharding == OPFORGE_SHARDING_DIMS &&
-      op.struct_size < offsetof(OpforgeOpSpec, sharding_dims) + sizeof(op.sharding_dims))
-    return OPFORGE_SHARDING_NONE;
-  return op.sharding;
-}
-
-uint32_t sharding_dims(const OpforgeOpSpec& op) { return sharding(op) == OPFORGE_SHARDING_DIMS ? op.sharding_dims : 0; }
 
 }  // namespace opforge::core

@@ -1,4 +1,5 @@
-// Schema strings derived from an op's C ABI record: names, types, defaults, expressions.
+// Schema strings derived from an op's C ABI record: names, types, defaults, expressions. The
+// accessors that read the records are in records.h.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "opforge/c_api.h"
+#include "records.h"  // the accessors of the records, for readers that include this header only
 
 namespace opforge::core {
 
@@ -60,21 +62,9 @@ const char* comparison_symbol(int32_t op);
 /// A rule's text, e.g. "cos_sin_cache.size(1) <= query.size(-1)".
 std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule);
 
-/// The op's autocast policy (OpforgeAutocast; NONE for records without the field), and its name:
-/// "none", "float32", "lower_precision", "promote".
-int32_t autocast_policy(const OpforgeOpSpec& op);
+/// The name of an autocast policy (OpforgeAutocast): "none", "float32", "lower_precision",
+/// "promote".
 const char* autocast_name(int32_t policy);
-
-/// The tolerances opforge verify compares the op's results with (OpforgeOpSpec::tolerances),
-/// none for records without the field.
-std::vector<OpforgeTolerance> tolerances(const OpforgeOpSpec& op);
-
-/// The factor of OpforgeOpSpec::tolerance_vs_equivalent, 0 when not declared or for records
-/// without the field.
-double tolerance_vs_equivalent(const OpforgeOpSpec& op);
-
-/// The op's cross-argument rules (OpforgeOpSpec::rules), 0 for records without the field.
-int32_t num_rules(const OpforgeOpSpec& op);
 
 /// Whether parameter `i` is a size: an int64_t parameter, not compile-time, that a shape rule,
 /// value domain or cross-argument rule reads. Its schema type is `SymInt` (as torch's own size
@@ -85,49 +75,11 @@ bool is_size_param(const OpforgeOpSpec& op, int32_t i);
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);
 
-/// True if `k` is a run-time kernel (a source compiled at run time) of a library whose ABI
-/// carries those fields.
-bool has_runtime_source(const OpforgeKernel& k);
-
-/// The kernel a call on `device_type` (OpforgeDeviceType) runs: the CPU reference for
-/// OPFORGE_DEVICE_CPU, else the op's first kernel for that device; null if it has none. Every
-/// adapter picks through this, so they agree on which kernel runs.
-const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type);
-
 /// The OpforgeDeviceType a framework's device type name stands for ("cpu", "cuda"); -1 for
 /// one no kernel runs on ("meta").
 int32_t device_type_code(std::string_view name);
 
 /// The name of OpforgeDeviceType `device_type` in messages and descriptions: "cuda" or "cpu".
 inline const char* device_type_name(int32_t device_type) { return device_type == OPFORGE_DEVICE_CUDA ? "cuda" : "cpu"; }
-
-/// Whether kernel `k` declares the dtypes it takes for one argument (Note [Kernel dtypes] in
-/// opforge/op_builder.h): a dtype_arg and a non-empty set.
-inline bool restricts_dtypes(const OpforgeKernel& k) { return k.dtype_arg >= 0 && k.dtypes != 0; }
-
-/// Whether kernel `k` takes `dtype` (OpforgeDtype) for tensor argument `arg`: true unless `k`
-/// declares a dtype set for `arg` without it.
-inline bool kernel_takes(const OpforgeKernel& k, int32_t arg, int32_t dtype) {
-  return !restricts_dtypes(k) || k.dtype_arg != arg || (dtype >= 0 && ((k.dtypes >> dtype) & 1u));
-}
-
-/// True if `a` is a tensor argument the caller may leave out (`Tensor? name=None`). (The
-/// field needs no struct_size test: OpforgeTensorSpec is embedded in OpforgeArgSpec, so it
-/// grows only with OPFORGE_ABI_VERSION, which loading checks.)
-inline bool is_optional(const OpforgeArgSpec& a) { return a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional != 0; }
-
-/// True if `a` is a tensor argument the kernel writes in place (`Tensor(a!) name`).
-inline bool is_mutated(const OpforgeArgSpec& a) { return a.kind == OPFORGE_ARG_TENSOR && a.tensor.mutated != 0; }
-
-/// True if the op writes any of its inputs.
-bool mutates_inputs(const OpforgeOpSpec& op);
-
-/// The op's equivalent torch expression (OpforgeOpSpec::equivalent), or nullptr.
-const char* equivalent(const OpforgeOpSpec& op);
-
-/// The op's sharding kind (OpforgeSharding) and, for OPFORGE_SHARDING_DIMS, its dims bit set;
-/// OPFORGE_SHARDING_NONE for records without the fields.
-int32_t sharding(const OpforgeOpSpec& op);
-uint32_t sharding_dims(const OpforgeOpSpec& op);
 
 }  // namespace opforge::core

@@ -2,6 +2,7 @@
 #include "sharding.h"
 
 #include "check.h"
+#include "records.h"
 #include "schema.h"
 
 namespace opforge::core {

@@ -1,13 +1,13 @@
 // The support code compiled into every op library: turns OPFORGE_OP declarations into the C
-// ABI records of opforge/c_api.h, checks them, and exports `opforge_library_v1`.
+// ABI records of opforge/c_api.h and exports `opforge_library_v1`. It reports only what keeps it
+// from writing a record that says what was declared; the core checks the records' meaning at
+// load (Note [Where a rule goes] in src/core/library.h).
 //
 // Compiled with hidden visibility (opforge_add_library sets it), so each op library keeps its
 // own registry even when several are loaded into one process.
 #include <algorithm>
-#include <cctype>
 #include <deque>
 #include <map>
-#include <set>
 
 #include "opforge/detail/names.h"
 #include "opforge/op.h"
@@ -28,55 +28,6 @@ struct OpDef::Storage {
 };
 
 namespace {
-
-/// Python's keywords (keyword.kwlist): torch.fx and Inductor turn an op's schema into a Python
-/// signature, where an argument so named fails (`lambda`) or is generated as invalid code (`from`).
-constexpr const char* kPythonKeywords[] = {"False",  "None",   "True",    "and",      "as",       "assert", "async",
-                                           "await",  "break",  "class",   "continue", "def",      "del",    "elif",
-                                           "else",   "except", "finally", "for",      "from",     "global", "if",
-                                           "import", "in",     "is",      "lambda",   "nonlocal", "not",    "or",
-                                           "pass",   "raise",  "return",  "try",      "while",    "with",   "yield"};
-
-/// Why `name` cannot name an argument or output, or "" if it can.
-std::string reserved(const std::string& name, const std::vector<ArgDecl>& args) {
-  for (const char* k : kPythonKeywords)
-    if (name == k)
-      return "\"" + name +
-             "\" is a Python keyword, which torch.compile and AOTInductor cannot take as an argument name; "
-             "rename it";
-  if (name == "self")
-    for (const auto& a : args)
-      if (a.name == "input")
-        return "\"self\" beside an argument named \"input\": torch's Python signatures call a \"self\" argument "
-               "\"input\", so the two collide under torch.compile; rename one";
-  return "";
-}
-
-bool is_identifier(const std::string& s) {
-  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
-  return true;
-}
-
-const char* kind_name(int32_t k) {
-  switch (k) {
-    case OPFORGE_ARG_TENSOR:
-      return "tensor";
-    case OPFORGE_ARG_INT:
-      return "int64_t";
-    case OPFORGE_ARG_FLOAT:
-      return "double";
-    case OPFORGE_ARG_BOOL:
-      return "bool";
-    case OPFORGE_ARG_STRING:
-      return "std::string";
-    case OPFORGE_ARG_INT_LIST:
-      return "std::vector<int64_t>";
-    default:
-      return "std::vector<double>";
-  }
-}
 
 /// Resolves names and flattens expression trees into postfix nodes.
 class Resolver {
@@ -180,20 +131,9 @@ class Resolver {
   int32_t* gate_ = nullptr;
 };
 
-/// The dtypes tensor input `a` may have in some call: its own set, or through same_dtype its
-/// model's (followed to the first input of the chain) within its own set, plus the rule's
-/// alternatives.
-uint32_t admitted_dtypes(const OpDef& def, const ArgDecl& a, int depth = 0) {
-  if (a.tensor.dtype_like.empty() || depth > static_cast<int>(def.args.size())) return a.tensor.dtypes.bits;
-  const auto model =
-      std::find_if(def.args.begin(), def.args.end(), [&](const ArgDecl& m) { return m.name == a.tensor.dtype_like; });
-  if (model == def.args.end()) return a.tensor.dtypes.bits;  // an unknown name is reported elsewhere
-  return (admitted_dtypes(def, *model, depth + 1) & a.tensor.dtypes.bits) | a.tensor.dtype_alternatives.bits;
-}
-
 /// Resolves .kernel_dtypes() declarations into their kernels' dtype_arg and dtypes (Note
-/// [Kernel dtypes] in opforge/op.h), keeping of each set the dtypes the input admits; every
-/// other kernel takes every dtype (dtype_arg -1).
+/// [Kernel dtypes] in opforge/op.h), as declared; every other kernel takes every dtype
+/// (dtype_arg -1). A kernel holds one set, and an empty one would read as every dtype.
 void resolve_kernel_dtypes(OpDef& def, Resolver& r) {
   for (auto& k : def.kernels) {
     k.dtype_arg = -1;
@@ -226,39 +166,18 @@ void resolve_kernel_dtypes(OpDef& def, Resolver& r) {
       r.error(ctx, "the dtype set is empty");
       continue;
     }
-    const uint32_t admitted = admitted_dtypes(def, *it);
-    if ((kd.dtypes & admitted) == 0) {
-      r.error(ctx, "none of these dtypes is one the input admits, so the kernel would never run");
-      continue;
-    }
     k.dtype_arg = static_cast<int32_t>(it - def.args.begin());
-    k.dtypes = kd.dtypes & admitted;
+    k.dtypes = kd.dtypes;
   }
 }
 
-/// Checks run-time kernels: launch rules, kernel-name placeholders, parameter kinds.
-void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOutputSpec>& outs) {
+/// Resolves the launch rules of run-time kernels, which records do not carry, and checks them.
+void resolve_launch_rules(OpDef& def, Resolver& r, const std::vector<OpforgeOutputSpec>& outs) {
   const auto& args = def.args;
   const auto& outputs = def.outputs;
-  bool any_compile_time = false;
-  for (const auto& a : args) any_compile_time = any_compile_time || a.param.compile_time;
   if (def.launch_without_source) r.error("", ".launch() comes after the .cuda_source() it applies to");
-  if (def.runtime_kernels.empty()) {
-    if (any_compile_time) r.error("", "compile_time parameters need a run-time kernel (.cuda_source())");
-    return;
-  }
-  for (const auto& a : args) {
-    if (a.kind == OPFORGE_ARG_TENSOR) continue;
-    const std::string ctx = "param '" + a.name + "': ";
-    if (a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL && a.kind != OPFORGE_ARG_STRING)
-      r.error(ctx, "compile_time applies to int64_t, bool and std::string parameters");
-    if (!a.param.compile_time && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL && a.kind != OPFORGE_ARG_FLOAT)
-      r.error(ctx, "run-time kernels take int64_t, double and bool arguments; mark it opforge::compile_time");
-  }
   for (auto& rk : def.runtime_kernels) {
     const std::string ctx = "cuda_source(\"" + rk->file + "\"): ";
-    if (rk->file.empty() || rk->file[0] == '/' || rk->file.find("..") != std::string::npos)
-      r.error(ctx, "the file must be a relative path inside the library's kernel folder");
     const LaunchRule& rule = rk->rule;
     if (rule.kind == LaunchRule::kNone)
       r.error(ctx, "no launch rule: add .launch(opforge::elementwise(...)) or another");
@@ -291,48 +210,7 @@ void check_runtime_kernels(OpDef& def, Resolver& r, const std::vector<OpforgeOut
       r.error(ctx, "threads per block of a row kernel must be a multiple of 32 (whole warps)");
     if (rule.items_per_thread <= 0 || rule.bytes_per_thread < 0)
       r.error(ctx, "items (or bytes) per thread must be positive");
-    // Placeholders in the kernel name: {T}, {T_<tensor>}, {<compile_time param>}.
-    for (size_t pos = rk->name.find('{'); pos != std::string::npos; pos = rk->name.find('{', pos + 1)) {
-      const size_t end = rk->name.find('}', pos);
-      if (end == std::string::npos) {
-        r.error(ctx, "unclosed '{' in the kernel name \"" + rk->name + "\"");
-        break;
-      }
-      const std::string key = rk->name.substr(pos + 1, end - pos - 1);
-      if (key == "T") continue;
-      if (key.rfind("T_", 0) == 0) {
-        const std::string t = key.substr(2);
-        bool is_output = false;
-        for (size_t o = 0; o < outputs.size(); ++o) {
-          if (outputs[o].name != t) continue;
-          is_output = true;
-          if (outs[o].present_with >= 0)
-            r.error(ctx, "{" + key + "}: \"" + t + "\" exists only when '" + args[outs[o].present_with].name +
-                             "' is given, so its dtype cannot name an instantiation");
-        }
-        if (!is_output) r.tensor(t, ctx + "{" + key + "}: ");
-        continue;
-      }
-      bool found = false;
-      for (const auto& a : args) {
-        if (a.name != key || a.kind == OPFORGE_ARG_TENSOR) continue;
-        found = true;
-        if (!a.param.compile_time) r.error(ctx, "{" + key + "} names a parameter that is not opforge::compile_time");
-      }
-      if (!found) r.error(ctx, "{" + key + "} names no parameter (use {T}, {T_<tensor>} or {<compile_time param>})");
-    }
   }
-}
-
-bool in_range(const ParamDecl& p, double v) { return !(p.has_min && v < p.min) && !(p.has_max && v > p.max); }
-
-/// "the default 5 is outside the declared range [0, 4]" (or "... range [0, inf)", or "the
-/// declared range [5, 0] is empty").
-std::string range_error(const ParamDecl& p, double v) {
-  const std::string range =
-      (p.has_min ? cat("[", p.min) : std::string("(-inf")) + ", " + (p.has_max ? cat(p.max, "]") : std::string("inf)"));
-  if (p.has_min && p.has_max && p.min > p.max) return "the declared range " + range + " is empty";
-  return cat("the default ", v, " is outside the declared range ", range);
 }
 
 }  // namespace
@@ -352,10 +230,8 @@ std::vector<std::string> OpDef::finalize() {
       } else if (es[i].is_any()) {
         if (!allow_any) r.error(context, "opforge::any is allowed only in an input's shape({...})");
       } else if (es[i].node()->op == OPFORGE_EXPR_MULTIPLE_OF) {
-        const int64_t k = es[i].node()->value;
-        if (!allow_any) r.error(context, "opforge::multiple_of is allowed only in an input's shape({...})");
-        if (k <= 0) r.error(context, "opforge::multiple_of(" + std::to_string(k) + "): expected a factor > 0");
-        nodes.push_back({OPFORGE_EXPR_MULTIPLE_OF, -1, k});
+        if (allow_any) nodes.push_back({OPFORGE_EXPR_MULTIPLE_OF, -1, es[i].node()->value});
+        else r.error(context, "opforge::multiple_of is allowed only in an input's shape({...})");
       } else {
         r.flatten(es[i].node(), nodes, context);
       }
@@ -365,46 +241,14 @@ std::vector<std::string> OpDef::finalize() {
   };
   auto cstr = [&](const std::string& str) { return s.strings.emplace_back(str).c_str(); };
 
-  if (!is_identifier(ns) || !is_identifier(name)) r.error("", "namespace and op name must be identifiers");
-  else if (ns.rfind("__", 0) == 0 || name.rfind("__", 0) == 0)
-    r.error("",
-            "namespace and op name must not start with \"__\": C++ reserves such names, and Python mangles them "
-            "inside classes (torch.ops.ns.__op in a method is looked up as _Class__op)");
-  if (!has_reference) r.error("", "no CPU reference: add .reference(fn)");
   if (output_after_kernel)
     r.error("",
             "declare every .output() before the kernels (.reference(), .cuda()): kernels take the outputs as "
             "arguments");
-  if (std::none_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.kind == OPFORGE_ARG_TENSOR; }))
-    r.error("", "an op takes at least one tensor .input() (it sets the device outputs are allocated on)");
-  std::set<std::string> seen;
-  std::string after_default;  // the first argument with a default: torch schemas put defaults last
-  bool first_tensor = true;
-  int num_cuda = 0;
-  for (const auto& k : kernels) num_cuda += k.device_type == OPFORGE_DEVICE_CUDA;
-  if (num_cuda > 1) r.error("", "more than one CUDA kernel (.cuda() or .cuda_source())");
 
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgDecl& a = args[i];
     const std::string ctx = (a.kind == OPFORGE_ARG_TENSOR ? "input '" : "param '") + a.name + "': ";
-    if (!is_identifier(a.name)) r.error(ctx, "the name must be an identifier");
-    else if (const std::string why = reserved(a.name, args); !why.empty()) r.error(ctx, why);
-    if (!seen.insert(a.name).second) r.error(ctx, "declared twice");
-    if (a.kind == OPFORGE_ARG_TENSOR && a.tensor.optional && first_tensor)
-      r.error(ctx,
-              "the first tensor input cannot be opforge::optional (it sets the outputs' device and the run-time "
-              "kernels' {T})");
-    const bool has_default = a.kind == OPFORGE_ARG_TENSOR
-                                 ? a.tensor.optional != 0
-                                 : !std::holds_alternative<std::monostate>(a.param.default_value);
-    if (!after_default.empty() && !has_default)  // torch's schema parser asserts on such a schema
-      r.error(ctx, "follows " + after_default +
-                       (a.kind == OPFORGE_ARG_TENSOR ? ", so it must be optional too" : ", so it needs a default") +
-                       " (torch schemas put arguments with defaults last)");
-    if (has_default && after_default.empty())
-      after_default = (a.kind == OPFORGE_ARG_TENSOR ? "the opforge::optional input '" : "the param '") + a.name +
-                      (a.kind == OPFORGE_ARG_TENSOR ? "'" : "' with a default");
-    if (a.kind == OPFORGE_ARG_TENSOR) first_tensor = false;
     OpforgeArgSpec spec{};
     spec.struct_size = sizeof(OpforgeArgSpec);
     spec.name = cstr(a.name);
@@ -414,33 +258,20 @@ std::vector<std::string> OpDef::finalize() {
     if (a.kind == OPFORGE_ARG_TENSOR) {
       const TensorDecl& t = a.tensor;
       spec.tensor.dtypes = t.dtypes.bits;
-      spec.tensor.dtype_like = -1;
+      spec.tensor.dtype_like = t.dtype_like.empty() ? -1 : r.tensor(t.dtype_like, ctx + "same_dtype(): ");
       spec.tensor.dtype_alternatives = t.dtype_alternatives.bits;
-      if (!t.dtype_like.empty()) {
-        spec.tensor.dtype_like = r.tensor(t.dtype_like, ctx + "same_dtype(): ");
-        if (spec.tensor.dtype_like >= static_cast<int32_t>(i))
-          r.error(ctx, "same_dtype(\"" + t.dtype_like + "\") must name an earlier tensor input");
-      }
-      spec.tensor.shape_like = -1;
-      if (!t.shape_like.empty()) {
-        spec.tensor.shape_like = r.tensor(t.shape_like, ctx + "same_shape(): ");
-        if (spec.tensor.shape_like >= static_cast<int32_t>(i))
-          r.error(ctx, "same_shape(\"" + t.shape_like + "\") must name an earlier tensor input");
-      }
+      spec.tensor.shape_like = t.shape_like.empty() ? -1 : r.tensor(t.shape_like, ctx + "same_shape(): ");
       spec.tensor.min_rank = t.min_rank;
       spec.tensor.max_rank = t.max_rank;
-      if (t.has_shape) {
+      if (t.has_shape) {  // the record holds one rank range, which the shape's dims bound
         const bool leading = !t.shape.empty() && t.shape.front().is_leading_dims();
         const std::vector<Expr> dims(t.shape.begin() + (leading ? 1 : 0), t.shape.end());
         const int32_t n = static_cast<int32_t>(dims.size());
         spec.tensor.num_dims = n;
         spec.tensor.dims = exprs(dims, true, ctx + "shape(): ");
         spec.tensor.leading_dims = leading;
-        if (leading) {  // rank bounds bound the whole rank, which is at least the ruled dims'
+        if (leading) {
           spec.tensor.min_rank = std::max(t.min_rank, n);
-          if (t.max_rank >= 0 && t.max_rank < n)
-            r.error(ctx, "a rank of at most " + std::to_string(t.max_rank) + " is below the " + std::to_string(n) +
-                             " dims its shape({opforge::leading_dims, ...}) rules");
         } else {
           if ((t.min_rank >= 0 || t.max_rank >= 0) && !(t.min_rank == n && t.max_rank == n))
             r.error(ctx, "a rank constraint beside shape({...}) of " + std::to_string(n) +
@@ -449,21 +280,10 @@ std::vector<std::string> OpDef::finalize() {
           spec.tensor.min_rank = spec.tensor.max_rank = n;
         }
       }
-      if ((!t.has_shape || spec.tensor.leading_dims) && t.min_rank >= 0 && t.max_rank >= 0 && t.min_rank > t.max_rank)
-        r.error(ctx,
-                "the rank range [" + std::to_string(t.min_rank) + ", " + std::to_string(t.max_rank) + "] is empty");
-
       spec.tensor.layout = t.layout;
       spec.tensor.optional = t.optional;
       spec.tensor.mutated = t.mutated;
-      if (t.dtypes.bits == 0) r.error(ctx, "the dtype set is empty");
       if (t.has_values) {
-        constexpr uint32_t kIntegers = (1u << OPFORGE_DTYPE_INT8) | (1u << OPFORGE_DTYPE_INT16) |
-                                       (1u << OPFORGE_DTYPE_INT32) | (1u << OPFORGE_DTYPE_INT64) |
-                                       (1u << OPFORGE_DTYPE_UINT8);
-        if (t.dtypes.bits & ~kIntegers)
-          r.error(ctx, "values_in() applies to integer inputs, but its dtypes include " +
-                           std::string(dtype_name(__builtin_ctz(t.dtypes.bits & ~kIntegers))));
         spec.tensor.has_values = 1;
         spec.tensor.values_unique = t.values_unique;
         spec.tensor.has_sentinel = t.has_sentinel;
@@ -478,39 +298,29 @@ std::vector<std::string> OpDef::finalize() {
       spec.param.has_max = p.has_max;
       spec.param.min = p.min;
       spec.param.max = p.max;
-      if (!p.choices.empty()) {
-        if (a.kind != (p.integer_choices ? OPFORGE_ARG_INT : OPFORGE_ARG_STRING))
-          r.error(ctx, p.integer_choices ? "one_of() with integers applies to int64_t parameters only"
-                                         : "one_of() with strings applies to std::string parameters only");
+      // The record holds choices for int64_t (in decimal) and std::string parameters only.
+      if (!p.choices.empty() && a.kind != (p.integer_choices ? OPFORGE_ARG_INT : OPFORGE_ARG_STRING)) {
+        r.error(ctx, p.integer_choices ? "one_of() with integers applies to int64_t parameters only"
+                                       : "one_of() with strings applies to std::string parameters only");
+      } else if (!p.choices.empty()) {
         auto& cs = s.cstrs.emplace_back();
         for (const auto& c : p.choices) cs.push_back(cstr(c));
         spec.param.num_choices = static_cast<int32_t>(cs.size());
         spec.param.choices = cs.data();
       }
-      if ((p.has_min || p.has_max) && (a.kind == OPFORGE_ARG_STRING || a.kind == OPFORGE_ARG_BOOL))
-        r.error(ctx, std::string("a range applies to numeric parameters only, not ") + kind_name(a.kind));
       OpforgeValue& v = spec.param.default_value;
       v.kind = a.kind;
       spec.param.has_default = !std::holds_alternative<std::monostate>(p.default_value);
       std::visit(
           [&](const auto& d) {
             using D = std::decay_t<decltype(d)>;
-            if constexpr (std::is_same_v<D, int64_t>) {
+            if constexpr (std::is_same_v<D, int64_t> || std::is_same_v<D, bool>) {
               v.i = d;
-              if (!in_range(p, static_cast<double>(d))) r.error(ctx, range_error(p, static_cast<double>(d)));
-              if (p.integer_choices &&
-                  std::find(p.choices.begin(), p.choices.end(), std::to_string(d)) == p.choices.end())
-                r.error(ctx, "the default " + std::to_string(d) + " is not one of the declared choices");
             } else if constexpr (std::is_same_v<D, double>) {
               v.f = d;
-              if (!in_range(p, d)) r.error(ctx, range_error(p, d));
-            } else if constexpr (std::is_same_v<D, bool>) {
-              v.i = d;
             } else if constexpr (std::is_same_v<D, std::string>) {
               v.s = cstr(d);
               v.len = d.size();
-              if (!p.choices.empty() && std::find(p.choices.begin(), p.choices.end(), d) == p.choices.end())
-                r.error(ctx, "the default \"" + d + "\" is not one of the declared choices");
             } else if constexpr (std::is_same_v<D, std::vector<int64_t>>) {
               v.ints = s.i64s.emplace_back(d).data();
               v.len = d.size();
@@ -526,9 +336,6 @@ std::vector<std::string> OpDef::finalize() {
 
   for (const auto& o : outputs) {
     const std::string ctx = "output '" + o.name + "': ";
-    if (!is_identifier(o.name)) r.error(ctx, "the name must be an identifier");
-    else if (const std::string why = reserved(o.name, {}); !why.empty()) r.error(ctx, why);
-    if (!seen.insert(o.name).second) r.error(ctx, "the name is already used by an argument or output");
     OpforgeOutputSpec spec{};
     spec.struct_size = sizeof(OpforgeOutputSpec);
     spec.name = cstr(o.name);
@@ -545,23 +352,16 @@ std::vector<std::string> OpDef::finalize() {
     const auto& first = dims.empty() ? nullptr : dims[0].node();
     if (first != nullptr && first->op == OPFORGE_EXPR_SIZE_OF) {
       dims[0] = Expr::from_node(first->lhs);
+      int32_t count = -1;
       for (size_t k = 0; k < outputs.size(); ++k)
-        if (outputs[k].name == first->name) spec.size_from = static_cast<int32_t>(k);
-      const OutputDecl* count = spec.size_from >= 0 ? &outputs[spec.size_from] : nullptr;
+        if (outputs[k].name == first->name) count = static_cast<int32_t>(k);
       if (!o.shape_like.empty())
         r.error(ctx, "opforge::size_of is allowed only as the first dim of an output's shape({...})");
-      else if (count == nullptr) r.error(ctx, "size_of(\"" + first->name + "\"): names no output of this op");
-      else if (!count->dtype_like.empty() || count->dtype != OPFORGE_DTYPE_INT64 || !count->shape_like.empty() ||
-               !count->dims.empty())
-        r.error(ctx, "size_of(\"" + first->name + "\"): the size must come from a 0-dim int64 output, " +
-                         "opforge::shape({}) with opforge::kInt64");
-      if (!backward.empty()) r.error(ctx, "has a data-dependent size, and an op with one cannot name a backward op");
+      else if (count < 0) r.error(ctx, "size_of(\"" + first->name + "\"): names no output of this op");
+      else spec.size_from = count;
     }
     spec.dims = exprs(dims, false, ctx);
     r.admit_optional(nullptr);
-    if (spec.present_with >= 0 && !backward.empty())
-      r.error(ctx, "exists only when '" + args[spec.present_with].name +
-                       "' is given, and an op with such an output cannot name a backward op");
     if (!o.dim_index.empty()) spec.dim_index = s.ints.emplace_back(o.dim_index).data();
     if (o.dtype_like.empty() && (spec.dtype < 0 || spec.dtype >= OPFORGE_NUM_DTYPES)) r.error(ctx, "no dtype rule");
     s.outputs.push_back(spec);
@@ -576,7 +376,7 @@ std::vector<std::string> OpDef::finalize() {
     s.rules.push_back(rule);
   }
 
-  check_runtime_kernels(*this, r, s.outputs);
+  resolve_launch_rules(*this, r, s.outputs);
   resolve_kernel_dtypes(*this, r);
 
   spec_.struct_size = sizeof(OpforgeOpSpec);
@@ -601,27 +401,9 @@ std::vector<std::string> OpDef::finalize() {
   spec_.tolerance_vs_equivalent = tolerance_vs_equivalent;
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
-  int32_t first_rank = -1;  // the first tensor input's rank, if fixed
-  for (const auto& a : args) {
-    if (a.kind != OPFORGE_ARG_TENSOR) continue;
-    const bool leading = a.tensor.has_shape && !a.tensor.shape.empty() && a.tensor.shape[0].is_leading_dims();
-    first_rank = leading                                  ? -1
-                 : a.tensor.has_shape                     ? static_cast<int32_t>(a.tensor.shape.size())
-                 : a.tensor.min_rank == a.tensor.max_rank ? a.tensor.max_rank
-                                                          : -1;
-    break;
-  }
-  for (int32_t d : sharding_dims) {
-    if (d < 0 || d >= 32) {
-      r.error("", "shard_dims(): dim " + std::to_string(d) + " is outside [0, 32)");
-      continue;
-    }
-    if (first_rank >= 0 && d >= first_rank) {
-      r.error("", "shard_dims(): dim " + std::to_string(d) + " is not a dim of the first tensor input (rank " +
-                      std::to_string(first_rank) + ")");
-      continue;
-    }
-    spec_.sharding_dims |= 1u << d;
+  for (int32_t d : sharding_dims) {  // a bit per dim
+    if (d < 0 || d >= 32) r.error("", "shard_dims(): dim " + std::to_string(d) + " is outside [0, 32)");
+    else spec_.sharding_dims |= 1u << d;
   }
   if (sharding < 0) {
     for (const auto& rk : runtime_kernels) {
@@ -671,7 +453,6 @@ void OpDef::add_kernel(const OpforgeKernel& kernel, bool reference) {
   kernels_declared = true;  // an .output() after this is a declaration error (finalize)
   if (reference) {
     kernels[0] = kernel;
-    has_reference = true;
   } else {
     kernels.push_back(kernel);
   }
@@ -706,33 +487,7 @@ void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like
 ClassDef::ClassDef(const char* ns_, const char* name_, const char* file_, int line_)
     : ns(ns_), name(name_), file(file_), line(line_) {}
 
-std::vector<std::string> ClassDef::finalize() {
-  std::vector<std::string> problems;
-  const std::string at = declared_at(file, line, ns + "::" + name);
-  auto problem = [&](const std::string& what) { problems.push_back(at + what); };
-  if (!is_identifier(name) || name.rfind("__", 0) == 0)
-    problem("a class name must be an identifier that does not start with \"__\"");
-  if (!constructor.empty() && !field_names.empty())
-    problem(
-        ".field() and .constructor() together: with a constructor op, the object's fields are its outputs and "
-        "the arguments a method takes");
-  if (methods.empty()) problem("no .method(): a class is used through its methods");
-  std::set<std::string> seen;
-  for (const auto& f : field_names) {
-    if (!is_identifier(f) || f.rfind("__", 0) == 0)
-      problem("field \"" + f + "\": expected an identifier that does not start with \"__\"");
-    else if (std::string why = reserved(f, {}); !why.empty()) problem("field " + why);
-    else if (!seen.insert(f).second) problem("field \"" + f + "\" declared twice");
-  }
-  std::set<std::string> method_names;
-  for (const auto& [m, op] : methods) {
-    if (!is_identifier(m) || m.rfind("__", 0) == 0)
-      problem("method \"" + m +
-              "\": expected an identifier that does not start with \"__\" (torch reserves "
-              "__init__, __getstate__, __setstate__ and __obj_flatten__ for what opforge derives)");
-    else if (!method_names.insert(m).second) problem("method \"" + m + "\" declared twice");
-    else if (seen.count(m)) problem("method \"" + m + "\" has the name of a field (both are attributes of the object)");
-  }
+void ClassDef::finalize() {
   field_name_ptrs_.clear();
   for (const auto& f : field_names) field_name_ptrs_.push_back(f.c_str());
   method_specs_.clear();
@@ -757,7 +512,6 @@ std::vector<std::string> ClassDef::finalize() {
   spec_.constructor = constructor.empty() ? nullptr : constructor.c_str();
   spec_.num_methods = static_cast<int32_t>(method_specs_.size());
   spec_.methods = method_specs_.data();
-  return problems;
 }
 
 void Registry::add(std::unique_ptr<OpDef> def) {
@@ -774,26 +528,13 @@ const OpforgeLibrary* Registry::library() {
   if (!built_) {
     specs_.clear();
     errors_.clear();
-    std::map<std::string, const OpDef*> names;
     for (auto& d : defs_) {
       for (const auto& e : d->finalize()) errors_ += e + "\n";
-      const std::string qualified = d->ns + "::" + d->name;
-      auto [it, fresh] = names.emplace(qualified, d.get());
-      if (!fresh) {
-        errors_ += declared_at(d->file, d->line, qualified) + "declared twice (first at " + it->second->file + ":" +
-                   std::to_string(it->second->line) + ")\n";
-      }
       specs_.push_back(d->spec());
     }
     class_specs_.clear();
-    std::map<std::string, const ClassDef*> class_names;
     for (auto& c : class_defs_) {
-      for (const auto& e : c->finalize()) errors_ += e + "\n";
-      const std::string qualified = c->ns + "::" + c->name;
-      auto [it, fresh] = class_names.emplace(qualified, c.get());
-      if (!fresh)
-        errors_ += declared_at(c->file, c->line, qualified) + "declared twice (first at " + it->second->file + ":" +
-                   std::to_string(it->second->line) + ")\n";
+      c->finalize();
       class_specs_.push_back(c->spec());
     }
     lib_.struct_size = sizeof(OpforgeLibrary);

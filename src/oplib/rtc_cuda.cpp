@@ -467,6 +467,7 @@ void OpDef::add_cuda_source(std::string source_file, std::string kernel_name) {
   k.source = rk->file.c_str();
   k.name = rk->name.c_str();
   k.precompile = &rtc_precompile;
+  k.backend = OPFORGE_BACKEND_NVRTC;
   kernels.push_back(k);
   runtime_kernels.push_back(std::move(rk));
   registry().add_reload(&rtc_reload);

@@ -20,6 +20,8 @@
 #include <memory>
 #include <thread>
 
+#include "opforge/detail/kernel_name.h"
+
 namespace opforge::detail {
 
 const std::string& kernel_dir() {
@@ -220,26 +222,23 @@ std::string instantiate(const RuntimeKernel& rk, const std::vector<int32_t>& arg
       if (def.outputs[o].name == name) return out_dtypes[o];
     return -1;
   };
+  std::vector<KernelNamePiece> pieces;  // checked at load, so every placeholder names what it may
+  parse_kernel_name(rk.name, pieces);
   std::string out;
-  for (size_t i = 0; i < rk.name.size(); ++i) {
-    if (rk.name[i] != '{') {
-      out += rk.name[i];
-      continue;
-    }
-    const size_t end = rk.name.find('}', i);
-    const std::string key = rk.name.substr(i + 1, end - i - 1);
-    i = end;
-    if (key == "T") {
+  for (const KernelNamePiece& p : pieces) {
+    if (p.kind == KernelNamePiece::kText) {
+      out += p.text;
+    } else if (p.kind == KernelNamePiece::kFirstType) {
       for (size_t a = 0; a < def.args.size(); ++a)
         if (def.args[a].kind == OPFORGE_ARG_TENSOR) {
           out += type_name(arg_dtypes[a]);
           break;
         }
-    } else if (key.rfind("T_", 0) == 0) {
-      out += type_name(tensor_dtype(key.substr(2)));
+    } else if (p.kind == KernelNamePiece::kTypeOf) {
+      out += type_name(tensor_dtype(p.text));
     } else {
       for (size_t a = 0; a < def.args.size(); ++a) {
-        if (def.args[a].name != key || def.args[a].kind == OPFORGE_ARG_TENSOR) continue;
+        if (def.args[a].name != p.text || def.args[a].kind == OPFORGE_ARG_TENSOR) continue;
         const OpforgeValue& v = values[a];
         if (def.args[a].kind == OPFORGE_ARG_BOOL) out += v.i ? "true" : "false";
         else if (def.args[a].kind == OPFORGE_ARG_STRING) out.append(v.s, v.len);

@@ -152,8 +152,9 @@ Function parse_inspection(const std::string& text) {
         fn.configs.push_back(std::move(cfg));
       }
       for (const char* list : {"key", "reset_to_zero", "restore_value"}) {
-        std::vector<std::string>& into = list[0] == 'k' ? fn.key : list[0] == 'r' && list[2] == 's' ? fn.reset_to_zero
-                                                                                                    : fn.restore_value;
+        std::vector<std::string>& into = list[0] == 'k'                     ? fn.key
+                                         : list[0] == 'r' && list[2] == 's' ? fn.reset_to_zero
+                                                                            : fn.restore_value;
         if (t.contains(list) && t[list].is_array())
           for (const json& n : t[list]) into.push_back(n.get<std::string>());
       }
@@ -187,8 +188,7 @@ std::vector<Source> static_sources(const RuntimeKernel& rk, const Function& fn) 
       if ((rule == LaunchRule::kRows && param.name == "n_rows") ||
           (rule == LaunchRule::kElementwise && param.name == "n_elements"))
         s = {Source::kLaunchValue, 0};
-      else if (rule == LaunchRule::kRows && param.name == "n_cols")
-        s = {Source::kLaunchValue, 1};
+      else if (rule == LaunchRule::kRows && param.name == "n_cols") s = {Source::kLaunchValue, 1};
     }
     if (s.kind == Source::kNone && param.is_constexpr && param.has_default) s = {Source::kDefault, -1};
   }
@@ -209,8 +209,7 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
   for (const TritonLaunch::Value& v : cfg.values) {
     size_t p = 0;
     while (p < np && fn.params[p].name != v.name) ++p;
-    if (p == np)
-      throw InternalError(subject(rk) + " has no parameter '" + v.name + "', which the grid function sets");
+    if (p == np) throw InternalError(subject(rk) + " has no parameter '" + v.name + "', which the grid function sets");
     const Param& param = fn.params[p];
     const bool constant = v.kind == TritonLaunch::Value::kConstInt || v.kind == TritonLaunch::Value::kConstFloat ||
                           v.kind == TritonLaunch::Value::kConstBool || v.kind == TritonLaunch::Value::kConstDtype;
@@ -259,7 +258,8 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
     switch (s.kind) {
       case Source::kTensor: {
         if (param.is_constexpr)
-          throw InternalError(subject(rk) + ": parameter '" + param.name + "' is a tl.constexpr, but it names the tensor " +
+          throw InternalError(subject(rk) + ": parameter '" + param.name +
+                              "' is a tl.constexpr, but it names the tensor " +
                               (s.index < n ? rk.def->args[s.index].name : rk.def->outputs[s.index - n].name));
         const OpforgeTensor& t = s.index < n ? f->args[s.index].tensor : f->outputs[s.index - n];
         b.values[p] = {Value::kPointer, t.ndim < 0 ? nullptr : t.data, t.ndim < 0 ? -1 : t.dtype, 0, 0};
@@ -271,19 +271,24 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
         const bool compile_time = a.param.compile_time;
         if (compile_time != param.is_constexpr)
           throw InternalError(subject(rk) + ": parameter '" + param.name + "' is " +
-                              (param.is_constexpr ? "a tl.constexpr" : "a runtime parameter") + ", but the op's parameter " +
-                              a.name + " is " + (compile_time ? "opforge::compile_time" : "not opforge::compile_time"));
+                              (param.is_constexpr ? "a tl.constexpr" : "a runtime parameter") +
+                              ", but the op's parameter " + a.name + " is " +
+                              (compile_time ? "opforge::compile_time" : "not opforge::compile_time"));
         if (a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_FLOAT && a.kind != OPFORGE_ARG_BOOL)
           throw InternalError(subject(rk) + ": parameter '" + param.name + "' gets the op's parameter " + a.name +
                               ", whose type a Triton kernel cannot take (an integer, float or bool)");
         if (compile_time) {
           Constant& c = b.constants[p];
-          c.kind = a.kind == OPFORGE_ARG_FLOAT ? Constant::kFloat : a.kind == OPFORGE_ARG_BOOL ? Constant::kBool : Constant::kInt;
+          c.kind = a.kind == OPFORGE_ARG_FLOAT  ? Constant::kFloat
+                   : a.kind == OPFORGE_ARG_BOOL ? Constant::kBool
+                                                : Constant::kInt;
           c.i = v.i;
           c.f = v.f;
           b.is_constant[p] = 1;
         } else {
-          b.values[p] = {a.kind == OPFORGE_ARG_FLOAT ? Value::kFloat : a.kind == OPFORGE_ARG_BOOL ? Value::kBool : Value::kInt,
+          b.values[p] = {a.kind == OPFORGE_ARG_FLOAT  ? Value::kFloat
+                         : a.kind == OPFORGE_ARG_BOOL ? Value::kBool
+                                                      : Value::kInt,
                          nullptr, -1, v.i, v.f};
         }
         break;
@@ -294,7 +299,8 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
         int64_t numel = 1;
         for (int32_t d = 0; d < view.ndim; ++d) numel *= view.sizes[d];
         const int64_t cols = view.ndim > 0 ? view.sizes[view.ndim - 1] : 1;
-        const int64_t value = rk.rule.kind == LaunchRule::kRows ? (s.index == 0 ? (cols ? numel / cols : 0) : cols) : numel;
+        const int64_t value =
+            rk.rule.kind == LaunchRule::kRows ? (s.index == 0 ? (cols ? numel / cols : 0) : cols) : numel;
         if (param.is_constexpr) {
           b.constants[p].kind = Constant::kInt, b.constants[p].i = value, b.is_constant[p] = 1;
         } else {
@@ -361,8 +367,8 @@ Variant specialise(const Function& fn, const Bound& b, int32_t num_warps, int32_
           v.constants[p].i = 1;
           break;
         }
-        v.types[p] = !param.annotation.empty() ? param.annotation
-                     : general                 ? "i64"
+        v.types[p] = !param.annotation.empty()              ? param.annotation
+                     : general                              ? "i64"
                      : x.i >= INT32_MIN && x.i <= INT32_MAX ? "i32"
                                                             : "i64";
         v.divisible[p] = align && x.i % 16 == 0;
@@ -404,7 +410,8 @@ std::string Variant::request(const Function& fn) const {
       if (divisible[p]) attrs += (attrs.empty() ? "" : ", ") + name + ": [[\"tt.divisibility\", 16]]";
     }
   }
-  std::string options = "\"num_warps\": " + std::to_string(num_warps) + ", \"num_stages\": " + std::to_string(num_stages) +
+  std::string options = "\"num_warps\": " + std::to_string(num_warps) +
+                        ", \"num_stages\": " + std::to_string(num_stages) +
                         ", \"num_ctas\": " + std::to_string(num_ctas);
   if (maxnreg > 0) options += ", \"maxnreg\": " + std::to_string(maxnreg);
   return "{\"signature\": {" + sig + "}, \"constexprs\": {" + consts + "}, \"attrs\": {" + attrs + "}, \"options\": {" +
@@ -510,7 +517,8 @@ std::optional<std::string> run_worker(const std::string& request, const std::str
       break;
     }
     if (fds[0].fd >= 0 && (fds[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w = (fds[0].revents & POLLOUT) ? ::write(in[1], request.data() + written, request.size() - written) : -1;
+      const ssize_t w =
+          (fds[0].revents & POLLOUT) ? ::write(in[1], request.data() + written, request.size() - written) : -1;
       if (w > 0) written += static_cast<size_t>(w);
       if (w < 0 || written == request.size()) {
         ::close(in[1]);
@@ -537,7 +545,8 @@ std::optional<std::string> run_worker(const std::string& request, const std::str
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || answer.empty()) {
     const std::string tail = errors.size() > 4000 ? errors.substr(errors.size() - 4000) : errors;
     throw InternalError("opforge: " + what + ": the Triton worker (" + python + " " + worker + ") failed" +
-                        (WIFEXITED(status) ? " with status " + std::to_string(WEXITSTATUS(status)) : "") + ":\n" + tail);
+                        (WIFEXITED(status) ? " with status " + std::to_string(WEXITSTATUS(status)) : "") + ":\n" +
+                        tail);
   }
   return answer;
 }

@@ -20,9 +20,7 @@ struct Constant {
   int64_t i = 0;
   double f = 0;
   std::string dtype;
-  bool operator==(const Constant& o) const {
-    return kind == o.kind && i == o.i && f == o.f && dtype == o.dtype;
-  }
+  bool operator==(const Constant& o) const { return kind == o.kind && i == o.i && f == o.f && dtype == o.dtype; }
   /// As the worker's JSON takes it: 5, 0.5, true, {"dtype": "bf16"}, null.
   std::string json() const;
 };
@@ -94,19 +92,19 @@ struct Bound {
 /// function (or the launch rule) gave. Throws InvalidArgument (caller's data: never) or
 /// InternalError naming the op, the file, the function and the parameter for a parameter without
 /// a value, a value of the wrong kind, or a name the grid function sets that no parameter has.
-Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source>& sources,
-           const OpforgeCallFrame* f, const TritonLaunch& cfg);
+Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source>& sources, const OpforgeCallFrame* f,
+           const TritonLaunch& cfg);
 
 /// Triton's type of a pointer to OpforgeDtype `dtype` ("*fp32"), or of the dtype ("fp32").
 std::string type_name(int32_t dtype);
 
 /// One compiled variant's description: the request the worker gets for it.
 struct Variant {
-  std::vector<std::string> types;     ///< per parameter: Triton's type, or "constexpr"
-  std::vector<uint8_t> divisible;     ///< per parameter: tt.divisibility 16
-  std::vector<Constant> constants;    ///< per parameter (types[i] == "constexpr")
+  std::vector<std::string> types;   ///< per parameter: Triton's type, or "constexpr"
+  std::vector<uint8_t> divisible;   ///< per parameter: tt.divisibility 16
+  std::vector<Constant> constants;  ///< per parameter (types[i] == "constexpr")
   int32_t num_warps = 4, num_stages = 3, num_ctas = 1, maxnreg = 0;
-  int32_t config = -1;                ///< the autotune config it compiles, or -1
+  int32_t config = -1;  ///< the autotune config it compiles, or -1
   /// The request's "variants" entry (JSON).
   std::string request(const Function& fn) const;
   /// The variant's part of a cache key, and the text messages name it by.

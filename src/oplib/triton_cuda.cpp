@@ -47,7 +47,8 @@ struct Driver {
       driver_entry_point<decltype(&::cuStreamIsCapturing)>("cuStreamIsCapturing");
   decltype(&::cuEventCreate) event_create = driver_entry_point<decltype(&::cuEventCreate)>("cuEventCreate");
   decltype(&::cuEventRecord) event_record = driver_entry_point<decltype(&::cuEventRecord)>("cuEventRecord");
-  decltype(&::cuEventSynchronize) event_sync = driver_entry_point<decltype(&::cuEventSynchronize)>("cuEventSynchronize");
+  decltype(&::cuEventSynchronize) event_sync =
+      driver_entry_point<decltype(&::cuEventSynchronize)>("cuEventSynchronize");
   decltype(&::cuEventElapsedTime) elapsed = driver_entry_point<decltype(&::cuEventElapsedTime)>("cuEventElapsedTime");
   decltype(&::cuEventDestroy) event_destroy = driver_entry_point<decltype(&::cuEventDestroy)>("cuEventDestroy");
 };
@@ -161,11 +162,13 @@ tr::Function describe(const RuntimeKernel& rk, const std::string& write_dir) {
     if (!answer)
       throw InternalError(subject(rk) +
                           ": this process cannot compile Triton kernels (OPFORGE_TRITON_PYTHON is unset: no Python "
-                          "with Triton, as in the C++ runner) and the kernel folder " + kernel_dir() +
+                          "with Triton, as in the C++ runner) and the kernel folder " +
+                          kernel_dir() +
                           " carries no description of the function; package the model with opforge.aoti.package, "
                           "which carries it");
     const json a = json::parse(*answer);
-    if (!a.value("ok", false)) throw InternalError(subject(rk) + ": " + a.value("error", std::string("the worker failed")));
+    if (!a.value("ok", false))
+      throw InternalError(subject(rk) + ": " + a.value("error", std::string("the worker failed")));
     b.lowered_name = rk.name;
     b.image = *answer;
     rtc::store(write_dir, key, b);
@@ -209,7 +212,8 @@ void compile(const RuntimeKernel& rk, const tr::Function& fn, int arch, const st
   const std::optional<std::string> answer = tr::run_worker(request, subject(rk));
   if (!answer) throw InternalError(subject(rk) + ": no Triton worker");  // callers asked can_compile() first
   const json a = json::parse(*answer);
-  if (!a.value("ok", false)) throw InternalError(subject(rk) + ": " + a.value("error", std::string("the worker failed")));
+  if (!a.value("ok", false))
+    throw InternalError(subject(rk) + ": " + a.value("error", std::string("the worker failed")));
   const json& out = a.at("variants");
   for (size_t i = 0; i < variants.size(); ++i) {
     const json& v = out.at(i);
@@ -227,8 +231,8 @@ void compile(const RuntimeKernel& rk, const tr::Function& fn, int arch, const st
 
 /// The compiled variant `v`: the kernel cache's, else compiled now (where this process can),
 /// else nullopt.
-std::optional<Compiled> find_or_compile(const RuntimeKernel& rk, const tr::Function& fn, int arch,
-                                        const tr::Variant& v, const std::string& write_dir, bool store_in_write_dir) {
+std::optional<Compiled> find_or_compile(const RuntimeKernel& rk, const tr::Function& fn, int arch, const tr::Variant& v,
+                                        const std::string& write_dir, bool store_in_write_dir) {
   rtc::Binary b;
   const std::string key = variant_key(rk, arch, v);
   if (!rtc::find_cached(key, write_dir, store_in_write_dir, b)) {
@@ -338,7 +342,8 @@ void launch_variant(const Loaded& l, const tr::Function& fn, const tr::Variant& 
   if (l.c.global_scratch > 0) {
     const size_t bytes = static_cast<size_t>(programs * l.c.global_scratch + l.c.global_scratch_align);
     scratch = ctx.allocate ? ctx.allocate(ctx.allocator_state, bytes) : nullptr;
-    if (scratch == nullptr) throw InternalError("opforge: scratch allocation failed for a Triton kernel's global scratch");
+    if (scratch == nullptr)
+      throw InternalError("opforge: scratch allocation failed for a Triton kernel's global scratch");
     const uintptr_t a = static_cast<uintptr_t>(l.c.global_scratch_align);
     scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch) + a - 1) / a * a);
   }
@@ -386,8 +391,8 @@ CUfunction sum_partials_function(int32_t dtype) {
     static std::map<CUcontext, CUmodule> modules;
     CUmodule& m = modules[context];
     if (m == nullptr) check_cu(driver().module_load(&m, opforge_sum_partials_ptx), "cuModuleLoadData (sum_partials)");
-    const char* name = dtype == OPFORGE_DTYPE_FLOAT64   ? "opforge_sum_partials_fp64"
-                       : dtype == OPFORGE_DTYPE_FLOAT16 ? "opforge_sum_partials_fp16"
+    const char* name = dtype == OPFORGE_DTYPE_FLOAT64    ? "opforge_sum_partials_fp64"
+                       : dtype == OPFORGE_DTYPE_FLOAT16  ? "opforge_sum_partials_fp16"
                        : dtype == OPFORGE_DTYPE_BFLOAT16 ? "opforge_sum_partials_bf16"
                                                          : "opforge_sum_partials_fp32";
     check_cu(driver().get_function(&f, m, name), "cuModuleGetFunction (sum_partials)");
@@ -404,7 +409,7 @@ std::string tuning_key(const tr::Function& fn, const tr::Bound& b) {
     for (size_t p = 0; p < fn.params.size(); ++p)
       if (fn.params[p].name == name)
         k += name + "=" +
-             (b.is_constant[p] ? b.constants[p].json()
+             (b.is_constant[p]                          ? b.constants[p].json()
               : b.values[p].kind == tr::Value::kPointer ? tr::type_name(b.values[p].dtype)
               : b.values[p].kind == tr::Value::kFloat   ? json(b.values[p].f).dump()
                                                         : std::to_string(b.values[p].i)) +
@@ -415,7 +420,8 @@ std::string tuning_key(const tr::Function& fn, const tr::Bound& b) {
 }
 
 /// One grid dim, divided by the constexpr grid_per names (rounded up).
-int64_t grid_dim(const RuntimeKernel& rk, const tr::Function& fn, const tr::Variant& v, int64_t count, const char* per) {
+int64_t grid_dim(const RuntimeKernel& rk, const tr::Function& fn, const tr::Variant& v, int64_t count,
+                 const char* per) {
   if (per == nullptr) return count;
   for (size_t p = 0; p < fn.params.size(); ++p)
     if (fn.params[p].name == per && v.types[p] == "constexpr" && v.constants[p].kind == tr::Constant::kInt &&
@@ -434,7 +440,8 @@ int32_t tune(const RuntimeKernel& rk, KernelState& st, int device, const tr::Var
   CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
   if (d.is_capturing) d.is_capturing(static_cast<CUstream>(f->ctx->stream), &capturing);
   if (capturing != CU_STREAM_CAPTURE_STATUS_NONE)
-    throw InternalError(subject(rk) + " is autotuned and has no choice for this call's tuning key yet; tuning "
+    throw InternalError(subject(rk) +
+                        " is autotuned and has no choice for this call's tuning key yet; tuning "
                         "times launches, which CUDA graph capture forbids: call the op once before capturing");
   const tr::Function& fn = st.fn;
   const int arch = device_arch(device);
@@ -491,7 +498,8 @@ int32_t tune(const RuntimeKernel& rk, KernelState& st, int device, const tr::Var
       for (const std::string& name : fn.reset_to_zero) {
         const void* ptr = nullptr;
         const size_t bytes = tensor_bytes(name, ptr);
-        if (bytes > 0) check_cu(d.memset_async(reinterpret_cast<CUdeviceptr>(ptr), 0, bytes, stream), "cuMemsetD8Async");
+        if (bytes > 0)
+          check_cu(d.memset_async(reinterpret_cast<CUdeviceptr>(ptr), 0, bytes, stream), "cuMemsetD8Async");
       }
     else
       for (const Saved& s : restore) check_cu(d.copy_async(s.at, s.copy, s.bytes, stream), "cuMemcpyDtoDAsync");
@@ -538,8 +546,9 @@ std::string choice_key(const RuntimeKernel& rk, int arch, const tr::Variant& bas
 std::optional<TritonLaunch> grid_of(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   TritonLaunch cfg;
   const int32_t n = f->num_args;
-  const OpforgeTensor* t =
-      rk.rule_tensor < 0 ? nullptr : rk.rule_tensor < n ? &f->args[rk.rule_tensor].tensor : &f->outputs[rk.rule_tensor - n];
+  const OpforgeTensor* t = rk.rule_tensor < 0   ? nullptr
+                           : rk.rule_tensor < n ? &f->args[rk.rule_tensor].tensor
+                                                : &f->outputs[rk.rule_tensor - n];
   int64_t numel = 1;
   if (t != nullptr)
     for (int32_t d = 0; d < t->ndim; ++d) numel *= t->sizes[d];
@@ -668,7 +677,7 @@ int32_t triton_precompile(OpforgePrecompileRequest* request, const void* user) {
     bool hit = rtc::find_cached(key_prefix(rk, "inspect"), write_dir, true, probe);
     const tr::Function fn = describe(rk, write_dir);
     const OpforgeOpSpec& spec = *rk.def->spec();
-    const bool shaped = request->struct_size >= offsetof(OpforgePrecompileRequest, sizes) + sizeof(request->sizes) &&
+    const bool shaped = OPFORGE_HAS_FIELD(OpforgePrecompileRequest, *request, sizes) &&
                         request->num_shapes == spec.num_args + spec.num_outputs;
     if (!shaped) {
       request->cache_hit = hit;
@@ -684,10 +693,18 @@ int32_t triton_precompile(OpforgePrecompileRequest* request, const void* user) {
       if (nd >= 0) {
         strides[i].assign(nd, 1);
         for (int32_t d = nd - 1; d > 0; --d) strides[i][d - 1] = strides[i][d] * request->sizes[i][d];
-        const int32_t dtype = i < spec.num_args ? request->dtypes[i] : rtc::output_dtype(spec.outputs[i - spec.num_args],
-                                                                                      std::vector<int32_t>(request->dtypes, request->dtypes + spec.num_args));
-        t = {reinterpret_cast<void*>(uintptr_t{0x100000} * (i + 1)), dtype, OPFORGE_DEVICE_CUDA, 0, nd,
-             request->sizes[i], strides[i].data()};
+        const int32_t dtype =
+            i < spec.num_args
+                ? request->dtypes[i]
+                : rtc::output_dtype(spec.outputs[i - spec.num_args],
+                                    std::vector<int32_t>(request->dtypes, request->dtypes + spec.num_args));
+        t = {reinterpret_cast<void*>(uintptr_t{0x100000} * (i + 1)),
+             dtype,
+             OPFORGE_DEVICE_CUDA,
+             0,
+             nd,
+             request->sizes[i],
+             strides[i].data()};
       } else {
         t = {nullptr, -1, OPFORGE_DEVICE_CUDA, 0, -1, nullptr, nullptr};
       }
@@ -732,7 +749,8 @@ int32_t triton_precompile(OpforgePrecompileRequest* request, const void* user) {
       if (!rtc::find_cached(variant_key(rk, arch, v), write_dir, true, probe)) missing.push_back(v);
     if (!missing.empty()) {
       if (!tr::can_compile())
-        throw InternalError(subject(rk) + ": this process cannot compile Triton kernels (OPFORGE_TRITON_PYTHON is unset)");
+        throw InternalError(subject(rk) +
+                            ": this process cannot compile Triton kernels (OPFORGE_TRITON_PYTHON is unset)");
       compile(rk, fn, arch, missing, write_dir);
     }
     request->cache_hit = hit && missing.empty();
@@ -757,6 +775,7 @@ void OpDef::add_triton_source(std::string source_file, std::string function) {
   k.source = rk->file.c_str();
   k.name = rk->name.c_str();
   k.precompile = &triton_precompile;
+  k.backend = OPFORGE_BACKEND_TRITON;
   kernels.push_back(k);
   runtime_kernels.push_back(std::move(rk));
   registry().add_reload(&reload);

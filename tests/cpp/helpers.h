@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../../src/core/declaration_checks.h"
 #include "../../src/core/description.h"
 
 namespace opforge_test {
@@ -32,9 +33,17 @@ inline void with_tag(Tensor, std::string_view, MutableTensor) {}
 inline void with_ints(Tensor, std::span<const int64_t>, MutableTensor) {}
 inline void with_size(Tensor, Tensor, int64_t, MutableTensor) {}
 
-/// `def` after OpDef::finalize, which must report no problem.
+/// What loading a library that declares `def` reports about it: what its builder could not write
+/// into the record (OpDef::finalize), then what the core's checks find in the record.
+inline std::vector<std::string> declaration_problems(opforge::detail::OpDef& def) {
+  std::vector<std::string> problems = def.finalize();
+  for (std::string& p : opforge::core::op_declaration_problems(*def.spec())) problems.push_back(std::move(p));
+  return problems;
+}
+
+/// `def` after OpDef::finalize and the core's declaration checks, which must report no problem.
 inline std::unique_ptr<opforge::detail::OpDef> finalized(std::unique_ptr<opforge::detail::OpDef> def) {
-  auto errors = def->finalize();
+  auto errors = declaration_problems(*def);
   EXPECT_TRUE(errors.empty()) << errors.front();
   return def;
 }

@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 6); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 7); }
 
 TEST(AbiLayout, Tensor) {
   EXPECT_EQ(sizeof(OpforgeTensor), 40u);
@@ -148,7 +148,7 @@ TEST(AbiLayout, CallFrame) {
 }
 
 TEST(AbiLayout, PrecompileRequest) {
-  EXPECT_EQ(sizeof(OpforgePrecompileRequest), 64u);
+  EXPECT_EQ(sizeof(OpforgePrecompileRequest), 80u);
   EXPECT_EQ(offsetof(OpforgePrecompileRequest, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgePrecompileRequest, dtypes), 8u);
   EXPECT_EQ(offsetof(OpforgePrecompileRequest, values), 16u);
@@ -157,10 +157,13 @@ TEST(AbiLayout, PrecompileRequest) {
   EXPECT_EQ(offsetof(OpforgePrecompileRequest, error), 40u);
   EXPECT_EQ(offsetof(OpforgePrecompileRequest, error_capacity), 48u);
   EXPECT_EQ(offsetof(OpforgePrecompileRequest, cache_hit), 56u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, num_shapes), 60u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, ndims), 64u);
+  EXPECT_EQ(offsetof(OpforgePrecompileRequest, sizes), 72u);
 }
 
 TEST(AbiLayout, Kernel) {
-  EXPECT_EQ(sizeof(OpforgeKernel), 64u);
+  EXPECT_EQ(sizeof(OpforgeKernel), 72u);
   EXPECT_EQ(offsetof(OpforgeKernel, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeKernel, device_type), 8u);
   EXPECT_EQ(offsetof(OpforgeKernel, fn), 16u);
@@ -170,6 +173,7 @@ TEST(AbiLayout, Kernel) {
   EXPECT_EQ(offsetof(OpforgeKernel, precompile), 48u);
   EXPECT_EQ(offsetof(OpforgeKernel, dtype_arg), 56u);
   EXPECT_EQ(offsetof(OpforgeKernel, dtypes), 60u);
+  EXPECT_EQ(offsetof(OpforgeKernel, backend), 64u);
 }
 
 TEST(AbiLayout, OpSpec) {

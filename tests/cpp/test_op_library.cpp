@@ -17,11 +17,12 @@ TEST(ValueDomains, OnlyIntegerInputsIndex) {
                  .output("y", opforge::like("x"))
                  .reference(+[](Tensor, MutableTensor) {})
                  .release();
-  EXPECT_EQ(def->finalize(), (std::vector<std::string>{
-                                 "f.cpp:7: ns::bad: input 'x': values_in() applies to integer inputs, but its dtypes "
-                                 "include float32",
-                                 "f.cpp:7: ns::bad: input 'x': values_in(): opforge::any is allowed only in an "
-                                 "input's shape({...})"}));
+  EXPECT_EQ(
+      declaration_problems(*def),
+      (std::vector<std::string>{"f.cpp:7: ns::bad: input 'x': values_in(): opforge::any is allowed only in an "
+                                "input's shape({...})",
+                                "f.cpp:7: ns::bad: input 'x': values_in() applies to integer inputs, but its dtypes "
+                                "include float32"}));
 }
 
 }  // namespace

@@ -337,6 +337,31 @@ def test_a_policy_the_dtype_rules_cannot_take_is_refused_at_load(tmp_path):
         opforge.load_library(path)
 
 
+def test_names_the_out_overload_cannot_take_are_refused_at_load(tmp_path):
+    # The out= overload takes the outputs as keyword arguments beside the op's arguments, and
+    # torch.fx calls a "self" argument "input": torch.compile of the overload would fail on either.
+    src = tmp_path / "out_names.cpp"
+    src.write_text(
+        "#include <opforge/op.h>\n"
+        "static void copy(opforge::Tensor x, opforge::MutableTensor y) {}\n"
+        'OPFORGE_OP(outnames, self_in).input("self", opforge::kFloat32).output("input", opforge::like("self"))\n'
+        "    .reference(copy);\n"
+        'OPFORGE_OP(outnames, self_out).input("x", opforge::kFloat32).output("self", opforge::like("x"))\n'
+        "    .reference(copy);\n"
+    )
+    path = opforge.build_library("out_names", [src], build_dir=tmp_path / "build")
+    with pytest.raises(ValueError) as err:
+        opforge.load_library(path)
+    assert str(err.value).splitlines()[1:] == [
+        f'{src}:3: outnames::self_in: input \'self\': "self" beside an output named "input", an argument of the '
+        'out= overload: torch\'s Python signatures call a "self" argument "input", so the two collide under '
+        "torch.compile; rename one",
+        f"{src}:5: outnames::self_out: output 'self': \"self\" is a keyword argument of the out= overload, which "
+        'torch.compile cannot pass (torch\'s operator methods take their own "self"); rename it',
+    ]
+    assert not hasattr(torch.ops.outnames, "self_in")  # nothing was registered
+
+
 # ---- verify: dtype combinations and --dtype with integer inputs -----------------------------------
 
 

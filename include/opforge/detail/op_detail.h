@@ -110,8 +110,8 @@ struct TritonLaunch {
     enum Kind : int32_t { kInt, kFloat, kBool, kConstInt, kConstFloat, kConstBool, kConstDtype, kTensor, kPartials };
     const char* name = nullptr;
     Kind kind = kInt;
-    int64_t i = 0;  // kInt, kConstInt, kConstBool, kBool; kConstDtype: the OpforgeDtype; kPartials: rows
-    double f = 0;   // kFloat, kConstFloat
+    int64_t i = 0;           // kInt, kConstInt, kConstBool, kBool; kConstDtype: the OpforgeDtype; kPartials: rows
+    double f = 0;            // kFloat, kConstFloat
     OpforgeTensor tensor{};  // kTensor: the tensor the pointer points to; kPartials: the output summed into
   };
   /// Programs in x, y and z (Triton's grid). Where `grid_per[d]` names a tl.constexpr parameter,
@@ -128,7 +128,8 @@ struct TritonLaunch {
   /// launcher types it), a floating-point value (fp32) or a bool.
   template <class T>
   TritonLaunch& set(const char* name, T value) {
-    static_assert(std::is_arithmetic_v<T>, "opforge: TritonLaunch::set takes an integer, a floating-point value or a bool");
+    static_assert(std::is_arithmetic_v<T>,
+                  "opforge: TritonLaunch::set takes an integer, a floating-point value or a bool");
     Value v;
     v.name = name;
     if constexpr (std::is_same_v<T, bool>) {
@@ -239,10 +240,9 @@ struct OpDef {
   std::vector<ArgDecl> args;
   std::vector<OutputDecl> outputs;
   std::vector<Condition> rules;        // .require(...)
-  std::vector<OpforgeKernel> kernels;  // kernels[0]: the CPU reference
-  bool has_reference = false;
-  bool kernels_declared = false;     // a .reference() or .cuda() came already
-  bool output_after_kernel = false;  // an .output() came after one (kernels take outputs: refused)
+  std::vector<OpforgeKernel> kernels;  // kernels[0]: the CPU reference (fn null until .reference())
+  bool kernels_declared = false;       // a .reference() or .cuda() came already
+  bool output_after_kernel = false;    // an .output() came after one (kernels take outputs: refused)
   std::vector<std::unique_ptr<RuntimeKernel>> runtime_kernels;
   bool launch_without_source = false;
   /// .kernel_dtypes() declarations: the device kernel (index into kernels) they follow, -1 if
@@ -277,8 +277,9 @@ struct OpDef {
   void set_launch(LaunchRule rule);
   void set_kernel_dtypes(std::string input, uint32_t dtypes);
 
-  /// Resolves names, builds the C ABI structs, and returns problems found (each one line,
-  /// with this declaration's file:line). Defined in src/oplib/op_library.cpp.
+  /// Resolves names and builds the C ABI structs; returns what kept a record from saying what
+  /// was declared (each one line, with this declaration's file:line). The records' meaning is
+  /// checked at load (src/core/declaration_checks.h). Defined in src/oplib/op_library.cpp.
   std::vector<std::string> finalize();
   const OpforgeOpSpec* spec() const { return &spec_; }
 
@@ -296,9 +297,9 @@ struct ClassDef {
   std::vector<std::pair<std::string, std::string>> methods;  // (method, op)
 
   ClassDef(const char* ns, const char* name, const char* file, int line);
-  /// Checks names, builds the C ABI struct, and returns problems found (each one line, with
-  /// this declaration's file:line). Defined in src/oplib/op_library.cpp.
-  std::vector<std::string> finalize();
+  /// Builds the C ABI struct, whose meaning is checked at load (src/core/declaration_checks.h).
+  /// Defined in src/oplib/op_library.cpp.
+  void finalize();
   const OpforgeClassSpec* spec() const { return &spec_; }
 
  private:
