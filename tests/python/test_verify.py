@@ -4,6 +4,8 @@ reproduce, and checks whole models in the C++ runner."""
 from __future__ import annotations
 
 import json
+import math
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +15,11 @@ import torch
 
 import opforge
 from opforge import verify
+from opforge._core import poison_outputs
 from opforge.verify.cases import dtype_cases, floating_as, generate_cases
-from opforge.verify.checks import UNCHECKED, _equivalent_bound
+from opforge.verify.checks import _equivalent_bound, out_results
 from opforge.verify.compare import compare_outputs, equivalent_bound
-from opforge.verify.poison import other_values, run_prefilled
+from opforge.verify.poison import ALTERNATE, poison_value, poisoning
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
@@ -97,28 +100,40 @@ def test_catches_off_by_one(broken_ops):
     assert "float32 empty" not in failed
 
 
-HIDDEN = "the poison equals the reference in {n} output elements; run again with other values in the outputs: "
+#: int64's poison in mode 1 and in mode 2 (every byte 0x7b, then 0x5a).
+INT64_POISON = (8897841259083430779, 6510615555426900570)
+#: The last row of a bool output of 3x37 left unwritten: false (mode 2) where true is expected.
+LAST_ROW = "37 of 111 elements differ; first at [2, 0]: 0.0, expected 1.0"
+
+
+def test_the_alternate_run_message():
+    assert ALTERNATE.format(n=111) == (
+        "the reference holds the poison in 111 output elements; run again with the alternate poison: "
+    )
 
 
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("fixture::isfinite_skips_last_row", "37 of 111 elements differ; first at [2, 0]: 0.0, expected 1.0"),
-        ("fixture::fill_skips_last_row", "37 of 111 elements differ; first at [2, 0]: 0.0, expected 123.0"),
+        ("fixture::isfinite_skips_last_row", LAST_ROW),
+        (
+            "fixture::fill_skips_last_row",
+            "37 of 111 elements differ; first at [2, 0]: 6.510615555426901e+18, expected 8.897841259083431e+18",
+        ),
     ],
 )
 def test_an_element_left_unwritten_is_caught_where_the_reference_is_the_poison(broken_ops, name, message):
-    """A bool output's poison is true and an integer's 123: a reference of that value would hide
-    a row the kernel never writes, so such cases run again with other values in the outputs; every
-    case with a row to skip fails, and so does the out= check."""
+    """A bool output's primary poison is true and an int64's 0x7b7b7b7b7b7b7b7b: a reference of
+    that value would hide a row the kernel never writes, so such cases run again with the
+    alternate poison; every case with a row to skip fails, and so does the out= check."""
     report = verify.verify_op(name, device="cpu", seed=5)
     values = [r for r in report.results if r.check == "values"]
     assert values and all(r.status == "FAIL" for r in values if not r.case.startswith("empty")), [
         r.case for r in values if r.status != "FAIL"
     ]
-    assert failed_values(report, name)["float32 shape 3x37"].message == HIDDEN.format(n=111) + message
+    assert failed_values(report, name)["float32 shape 3x37"].message == ALTERNATE.format(n=111) + message
     (out,) = [r for r in report.results if r.check == "out"]
-    assert out.status == "FAIL" and out.message == "out= differs from the op: " + message
+    assert out.status == "FAIL" and out.message == "out= differs from the op: " + ALTERNATE.format(n=111) + message
 
 
 def test_a_nan_left_to_the_poison_is_caught(broken_ops):
@@ -127,35 +142,78 @@ def test_a_nan_left_to_the_poison_is_caught(broken_ops):
     report = verify.verify_op("fixture::twice_skips_nan", device="cpu", seed=5)
     failed = failed_values(report, "fixture::twice_skips_nan")
     assert set(failed) == {f"{d} nan/inf" for d in ("float32", "float64", "float16", "bfloat16")}
+    alternate = poison_value(torch.float32, 2).item()  # every byte 0x5a: finite
     assert failed["float32 nan/inf"].message == (
-        HIDDEN.format(n=1) + "1 of 111 elements differ; first at [0, 0]: 0.0, expected nan"
+        ALTERNATE.format(n=1) + f"1 of 111 elements differ; first at [0, 0]: {alternate!r}, expected nan"
     )
     assert [r.check for r in report.failures] == ["values"] * 4
 
 
-def test_an_op_without_an_out_overload_counts_the_elements_it_could_not_check(broken_ops):
-    """An optional output leaves the op without an out= overload, so verify cannot give it its
-    outputs: where the reference holds the poison, the case passes with a message that counts
-    the elements left unchecked (Note [Poison that equals the reference])."""
-    report = verify.verify_op("fixture::isfinite_pair_skips_last_row", device="cpu", seed=5, dtypes=["float32"])
+@pytest.mark.parametrize(
+    ("name", "cases"),
+    [
+        # an optional output (key_out, given with key): y's and key_out's 111 elements, y's without key
+        ("fixture::isfinite_pair_skips_last_row", {"shape 3x37": 222, "shape 3x37 without key": 111}),
+        # an input written in place: the results are y, then x's final value
+        ("fixture::isfinite_clear_skips_last_row", {"shape 3x37": 111}),
+    ],
+)
+def test_an_op_without_an_out_overload_is_caught_where_the_reference_is_the_poison(broken_ops, name, cases):
+    """An optional output or an input written in place leaves the op without an out= overload;
+    the run with the alternate poison needs none, so every case with a row to skip fails (Note
+    [Poison that equals the reference])."""
+    assert opforge.find_op(name).out_schema is None
+    report = verify.verify_op(name, device="cpu", seed=5, dtypes=["float32"])
     values = {r.case: r for r in report.results if r.check == "values"}
-    assert values["shape 3x37"].status == "pass"
-    assert values["shape 3x37"].message == UNCHECKED.format(n=2 * 111)  # y and key_out
-    assert values["shape 3x37 without key"].message == UNCHECKED.format(n=111)
-    assert UNCHECKED.format(n=222) == (
-        "222 output elements hold the poison in the reference: not checked for being written (the op has no out= "
-        "overload to run again with other values)"
-    )
+    assert all(r.status == "FAIL" for c, r in values.items() if not c.startswith("empty")), [
+        c for c, r in values.items() if r.status != "FAIL"
+    ]
+    for case, n in cases.items():
+        assert values[case].message == ALTERNATE.format(n=n) + "output 0: " + LAST_ROW
 
 
-def test_other_values_differ_from_the_reference_everywhere():
-    ref = torch.tensor([[float("nan"), 1.0], [123.0, 0.0]], dtype=torch.float64)
-    floats = other_values(torch.empty(2, 2, dtype=torch.float16), ref)
-    assert floats.dtype == torch.float16 and floats[0, 0] == 0 and floats[1:].isnan().all() and floats[0, 1].isnan()
-    ints = other_values(torch.empty(2, 2, dtype=torch.int32), ref)
-    assert ints.tolist() == [[123, 123], [0, 123]]
-    bools = other_values(torch.empty(2, 2, dtype=torch.bool), torch.tensor([[True, False], [False, True]]))
-    assert bools.tolist() == [[False, True], [True, False]]
+@pytest.mark.parametrize(
+    ("dtype", "primary", "alternate"),
+    [
+        (torch.float16, math.nan, 203.25),
+        (torch.bfloat16, math.nan, float.fromhex("0x1.b4p+53")),
+        (torch.float32, math.nan, struct.unpack("<f", b"\x5a" * 4)[0]),
+        (torch.float64, math.nan, struct.unpack("<d", b"\x5a" * 8)[0]),
+        (torch.int8, 123, 90),
+        (torch.uint8, 123, 90),
+        (torch.int16, 31611, 23130),
+        (torch.int32, 0x7B7B7B7B, 0x5A5A5A5A),
+        (torch.int64, INT64_POISON[0], INT64_POISON[1]),
+        (torch.bool, True, False),
+    ],
+)
+def test_the_poison_of_each_dtype_is_the_cores_byte_repeated(dtype, primary, alternate):
+    """Each mode's poison is its byte repeated over the item (not one value for every width),
+    and the two modes differ in every dtype, which makes the run in mode 2 catch what mode 1
+    hides."""
+    one, two = poison_value(dtype, 1), poison_value(dtype, 2)
+    assert one.dtype == two.dtype == dtype and one.shape == two.shape == ()
+    assert math.isnan(one.item()) if math.isnan(primary) else one.item() == primary, one
+    assert two.item() == alternate
+    assert not math.isnan(two.item()) and one.item() != two.item()
+
+
+def test_poisoning_restores_the_mode_that_was_on(broken_ops):
+    """verify sets its own poison mode and then the one before it, which a process's
+    OPFORGE_POISON_OUTPUTS may have set: never off."""
+    before = poison_outputs()
+    try:
+        opforge.set_poison_outputs(2)
+        with poisoning(1):
+            assert poison_outputs() == 1
+            with poisoning(0):
+                assert poison_outputs() == 0
+            assert poison_outputs() == 1
+        assert poison_outputs() == 2
+        assert verify.verify_op("fixture::twice_skips_nan", device="cpu", seed=5, dtypes=["float32"]).results
+        assert poison_outputs() == 2
+    finally:
+        opforge.set_poison_outputs(before)
 
 
 def test_an_out_overload_that_returns_other_tensors_is_refused(broken_ops):
@@ -167,7 +225,7 @@ def test_an_out_overload_that_returns_other_tensors_is_refused(broken_ops):
 
     x = torch.randn(3, 4)
     with pytest.raises(RuntimeError) as err:
-        run_prefilled(opforge.find_op("fixture::correct"), Handle, [x], (2 * x,), (2 * x,))
+        out_results(opforge.find_op("fixture::correct"), Handle, [x], (2 * x,))
     assert str(err.value) == "the out= overload did not return its out tensors"
 
 
@@ -192,7 +250,7 @@ def test_catches_kernels_that_skip_their_last_row(broken_ops):
         ]
         assert "shape 1031x64" in {r.case for r in values}  # the device's own sizes
     message = failed_values(report, "fixture::cuda_isfinite_skips_last_row")["float32 shape 3x37"].message
-    assert message == HIDDEN.format(n=111) + "37 of 111 elements differ; first at [2, 0]: 0.0, expected 1.0"
+    assert message == ALTERNATE.format(n=111) + LAST_ROW
 
 
 def test_the_compile_check_never_meets_duck_sizing(broken_ops):

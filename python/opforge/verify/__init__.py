@@ -13,9 +13,9 @@ rules (dims declared ``multiple_of(k)`` get multiples of k); sizes that repeat a
 shapes are left out.
 Optional tensor inputs (``Tensor? name=None``) are given in every case, and the shape and empty
 cases are repeated with all of them left out (None).
-Each case runs the device kernel with its outputs poisoned beforehand (NaN, 123, true; where the
-reference holds the poison, again with other values in its outputs: Note [Poison that equals the
-reference] in :mod:`.poison`) and compares it with the CPU reference run on float64 copies of
+Each case runs the device kernel with its outputs poisoned beforehand (NaN, 0x7b bytes, true;
+where the reference holds the poison, again with the alternate poison: Note [Poison that equals
+the reference] in :mod:`.poison`) and compares it with the CPU reference run on float64 copies of
 the inputs where the op accepts float64, with the tolerances (:data:`TOLERANCES`) of the least
 precise dtype among the case's tensors, or the op's own for that dtype where it declares one
 (``.tolerance()``: its arithmetic is looser). A floating output that misses those still passes,
@@ -33,7 +33,7 @@ case draws fresh random data from a seed that the report prints. Each op also ge
 ``torch.library.opcheck``, a ``torch.compile(fullgraph=True, dynamic=True)`` no-recompile check
 over three sizes that its rules admit and torch's duck sizing does not recompile for (Note [Duck
 sizing] in :mod:`.sweep`; not applicable, with the reason, where no such sizes exist), an out=
-check (outputs the call leaves unwritten hold values other than its results), and a
+check (the out= overload's poisoned outputs against the op's results, as the values check), and a
 Meta-versus-real check of shape, dtype and strides (with and without its optional tensor
 inputs, if it has any). An op that names a backward op (Note
 [Backward ops]) also gets ``torch.autograd.gradcheck`` (check "gradcheck"): the gradients its

@@ -1,96 +1,104 @@
-"""Output elements a kernel never writes: verify's outputs hold poison before each kernel runs,
-and where the reference's value equals the poison, the case runs again with other values.
+"""Output elements a kernel never writes: verify's outputs hold the core's poison before each
+kernel runs, and where the reference's value equals that poison, the case runs again with the
+core's other poison.
 
 Note [Poison that equals the reference]
 ---------------------------------------
 While :func:`poisoning` is on, the core fills every output with poison before its kernel runs
-(NaN for floating dtypes, 123 for integers, true for bools: ``opforge::core::poison_value``), so
-an element the kernel leaves unwritten differs from the reference. Not where the reference holds
-the poison itself: a bool mask that is true almost everywhere, an index equal to 123, a NaN the
-reference propagates. There a missed element would pass. So wherever some output's reference
-equals its poison (:func:`hidden`), verify runs the case again through the op's out= overload,
-with poisoning off and each output filled beforehand with values that differ from the
-reference in every element (:func:`other_values`: the poison, and elsewhere 0 or false), and
-compares that run with the reference too. An op without an out= overload (one that writes its
-inputs, or has an optional or a data-dependent output) cannot be given its outputs: such a case
-passes with a message that counts the elements left unchecked.
+(step 5 of Note [The call protocol] in ``src/core/call.h``): one byte repeated over the output's
+memory, :func:`opforge._core.poison_byte` of its dtype and the mode. verify runs every check in
+mode 1 (NaN for floating dtypes, 0x7b in every byte of an integer, true for bools), so an
+element the kernel leaves unwritten differs from the reference. Not where the reference holds
+that value itself: a bool mask that is true almost everywhere, an index that equals the pattern,
+a NaN the reference propagates. There a missed element would pass. So wherever some output's
+reference equals its mode-1 poison (:func:`hidden`), verify runs the case again in mode 2 (0x5a
+in every byte of a floating or integer dtype: finite values; false for bools) and compares that
+run with the reference too. The two modes' values differ in every dtype, so an element left
+unwritten differs from the reference in one of the two runs, for every op: those that write
+their inputs and those with optional or data-dependent outputs (no out= overload) alike. The
+out= check compares the out= overload's results with the op's own by the same rule.
+
+Poisoning covers outputs only: nothing is written into an input before its kernel runs. An
+element of a mutated input (Note [Mutated inputs] in ``opforge/op.h``) that the kernel should
+write but does not keeps the value it held before the call; verify's comparison of the input's
+final value with the reference catches it wherever that value is not the right one (where it
+is, the element is right as it stands).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
-from .._core import set_poison_outputs
+from .._core import poison_byte, poison_outputs, set_poison_outputs
 from ..description import Op
 
-_poisoning = [False]  # what verify last set (the core's switch has no getter)
+#: The message of a case whose run in mode 2 fails where its run in mode 1 passed: "{n}" is the
+#: number of output elements whose reference holds the mode-1 poison, followed by the comparison's.
+ALTERNATE = "the reference holds the poison in {n} output elements; run again with the alternate poison: "
 
 
 @contextmanager
-def poisoning(enabled: bool) -> Iterator[None]:
-    """Turns the core's output poisoning on or off (:func:`opforge._core.set_poison_outputs`)
-    for the block, and back to what verify had set before it."""
-    before = _poisoning[0]
-    set_poison_outputs(enabled)
-    _poisoning[0] = enabled
+def poisoning(mode: int) -> Iterator[None]:
+    """Sets the core's poison mode (:func:`opforge._core.set_poison_outputs`: 0 none, 1 the
+    primary poison, 2 the alternate one) for the block, and back to the mode that was on before
+    it (the core's, so a process's ``OPFORGE_POISON_OUTPUTS`` stays as it was)."""
+    before = poison_outputs()
+    set_poison_outputs(mode)
     try:
         yield
     finally:
         set_poison_outputs(before)
-        _poisoning[0] = before
 
 
-def _poison(dtype: torch.dtype) -> float | bool | int:
-    """The value the core poisons an output of ``dtype`` with (``opforge::core::poison_value``)."""
-    return float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else 123)
+def poison_value(dtype: torch.dtype, mode: int) -> torch.Tensor:
+    """The value the core fills an output of ``dtype`` with in poison mode ``mode`` (1 or 2): a
+    0-dim CPU tensor of ``dtype`` whose every byte is :func:`opforge._core.poison_byte`.
+
+    Raises:
+        ValueError: opforge has no dtype of that name.
+    """
+    byte = poison_byte(str(dtype).removeprefix("torch."), mode)
+    size = torch.empty((), dtype=dtype).element_size()
+    return torch.full((size,), byte, dtype=torch.uint8).view(dtype)[0]
 
 
-def _equals_poison(like: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Where ``ref`` (any dtype, on any device) holds the poison of an output of ``like``'s dtype."""
-    r = ref.detach().cpu()
-    if like.is_floating_point():
-        return r.isnan() if r.is_floating_point() else torch.zeros(r.shape, dtype=torch.bool)
-    return r.double() == float(_poison(like.dtype))
+def _equals_poison(dtype: torch.dtype, ref: torch.Tensor) -> torch.Tensor:
+    """Where ``ref`` (any dtype, on any device) holds the mode-1 poison of an output of ``dtype``
+    (NaN equals NaN), as a bool tensor of ``ref``'s shape on the CPU."""
+    p = poison_value(dtype, 1)
+    common = torch.promote_types(ref.dtype, p.dtype)
+    r, p = ref.detach().cpu().to(common), p.to(common)
+    same = r == p
+    return same | (r.isnan() & p.isnan()) if common.is_floating_point else same
 
 
 def hidden(op: Op, out: tuple, ref: tuple) -> int:
     """How many elements of the op's outputs (the first ``len(op.outputs)`` of ``out`` and of
-    ``ref``: :func:`~opforge.verify.checks.results`) hold the poison in the reference, where a
-    kernel that did not write them would pass."""
+    ``ref``: :func:`~opforge.verify.checks.results`) hold the mode-1 poison in the reference,
+    where a kernel that did not write them would pass a run in mode 1."""
     n = 0
     for o, r in zip(out[: len(op.outputs)], ref[: len(op.outputs)]):
         if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and o.shape == r.shape:
-            n += int(_equals_poison(o, r).sum())
+            n += int(_equals_poison(o.dtype, r).sum())
     return n
 
 
-def other_values(like: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """A dense tensor of ``like``'s shape, dtype and device that differs from ``ref`` (of the same
-    shape) in every element: the poison, and 0 (false for bools) where ``ref`` holds the poison."""
-    out = torch.full(like.shape, _poison(like.dtype), dtype=like.dtype)
-    out[_equals_poison(like, ref)] = 0
-    return out.to(like.device)
-
-
-def run_prefilled(op: Op, handle, args: list, out: tuple, ref: tuple) -> tuple:
-    """The results of the out= overload of ``handle`` (the op's ``torch.ops`` packet) on ``args``
-    (which it writes, as :func:`~opforge.verify.checks.results` does), with poisoning off and
-    its outputs given as dense tensors of the shapes, dtypes and devices of ``out`` (an earlier
-    run's results) holding :func:`other_values` of ``ref``: its outputs, then the final values
-    of the mutated inputs.
-
-    Raises:
-        RuntimeError: the overload returned other tensors than the out tensors it was given.
-    """
-    buffers = [
-        None if t is None else other_values(t, r) for t, r in zip(out[: len(op.outputs)], ref[: len(op.outputs)])
-    ]
-    with poisoning(False):
-        returned = handle.out(*args, **{o.name: b for o, b in zip(op.outputs, buffers) if b is not None})
-    returned = returned if isinstance(returned, (tuple, list)) else (returned,)
-    if any(b is not None and r is not b for r, b in zip(returned, buffers)):
-        raise RuntimeError("the out= overload did not return its out tensors")
-    return tuple(buffers) + tuple(args[a.index] for a in op.mutated if args[a.index] is not None)
+def rerun_where_hidden(
+    op: Op, run: Callable[[], tuple], out: tuple, ref: tuple, compare: Callable[[tuple], tuple]
+) -> str:
+    """The run in mode 2 of Note [Poison that equals the reference]: where :func:`hidden` finds
+    elements of ``ref`` that hold the mode-1 poison (``out``: the results of the run in mode 1
+    that passed), ``run()`` again in mode 2 and ``compare`` its results with the reference
+    (:func:`~opforge.verify.compare.compare_outputs` with the reference bound: (ok, max error,
+    worst ratio, why)). Returns "" if nothing is hidden or the run in mode 2 passes, else
+    :data:`ALTERNATE` and the comparison's message."""
+    n = hidden(op, out, ref)
+    if not n:
+        return ""
+    with poisoning(2):
+        again = run()
+    ok, _, _, why = compare(again)
+    return "" if ok else ALTERNATE.format(n=n) + why
