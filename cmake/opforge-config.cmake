@@ -171,8 +171,8 @@ endfunction()
 # opforge_add_op_folder(<dir> [NAME <name>] [CUDA_ARCHITECTURES <archs>...])
 #
 # Builds the op library of an op folder, lib<name>.so (default: the folder's name): its op
-# files (*.cpp) and ahead-of-time CUDA sources (*.cu) are the SOURCES, its kernels/*.cu the
-# run-time KERNELS. The layout of examples/ops/<op>/ and of `opforge build <dir>`.
+# files (*.cpp) and ahead-of-time CUDA sources (*.cu) are the SOURCES, its kernels/*.cu and
+# kernels/*.py (with the folders of Python modules beside them) the run-time KERNELS. The layout of examples/ops/<op>/ and of `opforge build <dir>`.
 function(opforge_add_op_folder dir)
   cmake_parse_arguments(ARG "" "NAME" "CUDA_ARCHITECTURES" ${ARGN})
   get_filename_component(dir "${dir}" ABSOLUTE)
@@ -180,7 +180,15 @@ function(opforge_add_op_folder dir)
     get_filename_component(ARG_NAME "${dir}" NAME)
   endif()
   file(GLOB sources CONFIGURE_DEPENDS "${dir}/*.cpp" "${dir}/*.cu")
-  file(GLOB kernels CONFIGURE_DEPENDS "${dir}/kernels/*.cu")
+  # Run-time kernels: CUDA sources, Triton files, and folders of Python modules a Triton file imports.
+  file(GLOB entries CONFIGURE_DEPENDS LIST_DIRECTORIES true "${dir}/kernels/*")
+  set(kernels)
+  foreach(entry ${entries})
+    get_filename_component(entry_name "${entry}" NAME)
+    if(entry MATCHES "\\.(cu|py)$" OR (IS_DIRECTORY "${entry}" AND NOT entry_name STREQUAL "__pycache__"))
+      list(APPEND kernels "${entry}")
+    endif()
+  endforeach()
   if(NOT sources)
     message(FATAL_ERROR "opforge_add_op_folder(${dir}): no op files (*.cpp) or CUDA sources (*.cu) in it")
   endif()

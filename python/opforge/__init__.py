@@ -19,12 +19,21 @@ PyTorch names below are imported on first use, so ``import opforge.jax`` does no
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from pathlib import Path
 
 from . import _logging  # noqa: F401 -- torch's log filters, installed before torch logs
 from ._build import BuildError, build_library
 from ._core import OpforgeError, set_device_value_checks, set_poison_outputs
 from ._paths import build_dir, example_library
 from .description import Library, Op
+
+# Op libraries compile Triton kernels in a worker process of this interpreter (Note [Triton
+# kernels] in opforge/op_launch.h); a process that never imports opforge (the C++ runner) has
+# neither variable and uses the kernels its packages carry.
+os.environ.setdefault("OPFORGE_TRITON_PYTHON", sys.executable)
+os.environ.setdefault("OPFORGE_TRITON_WORKER", str(Path(__file__).resolve().parent / "_triton_worker.py"))
 
 #: Names of the PyTorch side, each from its module, imported when first used.
 _TORCH = {

@@ -59,9 +59,7 @@ Constant constant_of(const json& v) {
 }
 
 /// "the function _k of kernels/k.py of ns::op", the subject of every message about one kernel.
-std::string subject(const RuntimeKernel& rk) {
-  return rk.def->ns + "::" + rk.def->name + ": the Triton function " + rk.name + " of " + rk.file;
-}
+std::string subject(const RuntimeKernel& rk) { return "the Triton function " + rk.name + " of " + rk.file; }
 
 const char* kind_name(TritonLaunch::Value::Kind k) {
   switch (k) {

@@ -64,9 +64,7 @@ void check_cu(CUresult r, const std::string& what) {
   if (r != CUDA_SUCCESS) throw InternalError(driver_error(r, what.c_str()));
 }
 
-std::string subject(const RuntimeKernel& rk) {
-  return rk.def->ns + "::" + rk.def->name + ": the Triton function " + rk.name + " of " + rk.file;
-}
+std::string subject(const RuntimeKernel& rk) { return "the Triton function " + rk.name + " of " + rk.file; }
 
 // ---- what a compiled variant needs to be launched -------------------------------------------
 
