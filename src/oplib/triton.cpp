@@ -416,6 +416,27 @@ std::string Variant::request(const Function& fn) const {
          options + "}}";
 }
 
+uint64_t Variant::hash() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      h ^= static_cast<const unsigned char*>(data)[i];
+      h *= 1099511628211ull;
+    }
+  };
+  for (size_t p = 0; p < types.size(); ++p) {
+    mix(types[p].data(), types[p].size());
+    mix(&divisible[p], 1);
+    const Constant& c = constants[p];
+    mix(&c.kind, sizeof(c.kind));
+    mix(&c.i, sizeof(c.i));
+    mix(&c.f, sizeof(c.f));
+    mix(c.dtype.data(), c.dtype.size());
+  }
+  for (int32_t v : {num_warps, num_stages, num_ctas, maxnreg, config}) mix(&v, sizeof(v));
+  return h;
+}
+
 std::string Variant::key() const {
   std::string k;
   for (size_t p = 0; p < types.size(); ++p)

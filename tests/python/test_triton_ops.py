@@ -17,6 +17,7 @@ import torch
 
 import opforge
 from conftest import requires_cuda
+from opforge import verify
 
 pytest.importorskip("triton", reason="Triton is not installed in this Python")
 
@@ -174,3 +175,23 @@ def test_an_edited_kernel_runs_after_reload(library, kernel_file):
         kernel_file.write_text(text)
         opforge.reload()
     torch.testing.assert_close(torch.ops.tt.add(x, y), x + y)
+
+
+def test_an_op_without_a_reference_refuses_the_cpu_and_verifies_against_its_equivalent(library):
+    """Note [Equivalent-only ops]: no CPU kernel, a CPU call refused naming what the op lacks."""
+    op = opforge.find_op("tt::add_without_reference")
+    assert op.devices == ("cuda",)
+    x = torch.randn(8)
+    with pytest.raises(ValueError) as err:
+        torch.ops.tt.add_without_reference(x, x)
+    assert str(err.value) == (
+        "tt::add_without_reference has no CPU kernel: it declares no .reference() (its device kernels are checked "
+        "against its .equivalent() expression); call it with tensors on a device it has a kernel for"
+    )
+    report = verify.verify_op("tt::add_without_reference", device="cpu", seed=3)
+    values = [r for r in report.results if r.check == "values"]
+    assert values and all(r.status == "skip" for r in values)
+    if torch.cuda.is_available():
+        report = verify.verify_op("tt::add_without_reference", device="cuda", seed=3)
+        assert report.ok, [(r.check, r.case, r.message) for r in report.failures]
+        assert any(r.check == "values" and r.status == "pass" for r in report.results)
