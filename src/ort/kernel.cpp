@@ -274,7 +274,16 @@ Allocator* cuda_allocator(Api api, const KernelContext* context, int32_t device)
 }  // namespace
 
 Kernel::Kernel(const OpEntry& entry, Api api, const KernelInfo* info)
-    : entry_(entry), api_(api), params_(*entry.op, *std::make_unique<KernelInfoSource>(api, info)) {}
+    : entry_(entry), api_(api), params_(*entry.op, *std::make_unique<KernelInfoSource>(api, info)) {
+  // ONNX Runtime allocates an output once, at its final shape: a size the kernel writes is known too late.
+  std::string dynamic;
+  for (int32_t k = 0; k < entry.op->num_outputs; ++k)
+    if (entry.op->outputs[k].size_from >= 0) dynamic += std::string(dynamic.empty() ? "" : ", ") + entry.op->outputs[k].name;
+  if (!dynamic.empty())
+    throw InvalidArgument("opforge.ort: " + core::qualified_name(*entry.op) + ": the sizes of its outputs " + dynamic +
+                          " depend on the input values (opforge::size_of), and ONNX Runtime allocates outputs before "
+                          "the kernel runs");
+}
 
 void Kernel::compute(KernelContext* context) {
   const OpforgeOpSpec& op = *entry_.op;

@@ -303,3 +303,15 @@ def test_the_cpp_runner_names_a_missing_input(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.endswith("takes 1 inputs, got 0\n")
+
+
+def test_an_op_with_data_dependent_sizes_is_refused_by_name(rule_ops):
+    op = next(o for o in rule_ops.ops if o.name == "fixture::compact")
+    x = torch.randn(5)
+    model = _single_node_model(op, [x], [torch.zeros((), dtype=torch.int64), x])
+    with pytest.raises(Exception) as err:
+        session(model, [rule_ops])
+    assert (
+        "opforge.ort: fixture::compact: the sizes of its outputs kept depend on the input values (opforge::size_of), "
+        "and ONNX Runtime allocates outputs before the kernel runs"
+    ) in str(err.value)
