@@ -10,8 +10,8 @@
 // opforge::dim("x", -1) / 2, "s0 + 1"), and anything combined with an unknown dim is unknown.
 // A comparison that names differ on cannot be decided before the graph runs: it is taken to
 // hold, and the call checks it again with the real sizes (Note [The call protocol]); one that
-// numbers or equal names decide is decided, so a graph whose sizes contradict an op's rules fails
-// to load with the call's own message.
+// numbers or equal names decide is decided, so ONNX's shape inference of a graph whose sizes
+// contradict an op's rules fails with the call's own message.
 #pragma once
 
 #include <cstdint>

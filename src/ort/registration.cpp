@@ -31,8 +31,9 @@
 // the device. Input and output element types are left open (any type): the core checks every
 // call (dtype, shape, device, parameters, rules) and raises the call's message, which ONNX
 // Runtime reports as the node's failure. Output types and shapes for ONNX Runtime's own shape
-// inference come from the core too (InferOutputShapeFn: output_types.h), so a graph whose sizes
-// contradict an op's rules fails when the session is made.
+// inference come from the core too (InferOutputShapeFn: output_types.h); ONNX Runtime does not
+// report a failure of that function, so a graph whose sizes contradict an op's rules loads and
+// fails when it runs, with the call's message.
 #include <climits>
 #include <cstring>
 #include <deque>

@@ -162,17 +162,19 @@ def test_a_bad_input_fails_the_run_with_the_ops_message():
     ) in str(err.value)
 
 
-def test_a_graph_that_contradicts_an_ops_rules_fails_to_load_with_its_message():
+def test_onnx_shape_inference_of_a_graph_that_contradicts_an_ops_rules_gives_its_message():
     lib = library("bias_gelu")
-    op = lib.ops[0]
+    opforge.onnx.register_schemas([lib])
     x, bias = torch.randn(2, 8), torch.randn(4)
-    model = _single_node_model(op, [x, bias], [x])
-    for value, dims in ((model.graph.input[0], [2, 8]), (model.graph.input[1], [4])):
-        value.type.tensor_type.shape.ClearField("dim")
-        for d in dims:
-            value.type.tensor_type.shape.dim.add().dim_value = d
-    with pytest.raises(Exception, match=r"bias: expected shape \[x.size\(-1\)\] = \[8\], got \[4\]"):
-        session(model, [lib])
+    model = _single_node_model(lib.ops[0], [x, bias], [x])
+    model.graph.input[1].type.tensor_type.shape.dim[0].ClearField("dim_param")
+    model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 4
+    with pytest.raises(ValueError) as err:
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    assert str(err.value) == (
+        "examples::bias_gelu(Tensor x, Tensor bias) -> Tensor: invalid arguments\n"
+        "  bias: expected shape [x.size(-1)] = [8], got [4]"
+    )
 
 
 def test_an_attribute_of_another_type_is_refused_by_name():
@@ -315,3 +317,58 @@ def test_an_op_with_data_dependent_sizes_is_refused_by_name(rule_ops):
         "opforge.ort: fixture::compact: the sizes of its outputs kept depend on the input values (opforge::size_of), "
         "and ONNX Runtime allocates outputs before the kernel runs"
     ) in str(err.value)
+
+
+def _minilm():
+    sys.path.insert(0, str(ROOT / "examples" / "models"))
+    try:
+        import minilm
+    finally:
+        sys.path.pop(0)
+    try:
+        bert, tokenizer = minilm.load()
+    except Exception as e:  # noqa: BLE001 -- any way the weights are missing
+        pytest.skip(f"the all-MiniLM-L6-v2 weights are not available: {e}")
+    return minilm, bert, tokenizer
+
+
+def test_minilm_with_opforge_ops_runs_in_onnxruntime_like_the_unmodified_model():
+    import copy
+
+    from opforge.verify import verify_model
+
+    minilm, bert, tokenizer = _minilm()
+    for op in ("attention", "add_layer_norm", "bias_gelu"):
+        library(op)
+    reference = minilm.SentenceEmbedder(bert).eval()
+    model = copy.deepcopy(reference)
+    model.bert = minilm.OpforgeBert(model.bert)  # float32: the ops' CPU references
+    tokens = tokenizer(minilm.SENTENCES[:3], padding="max_length", max_length=16, return_tensors="pt")
+    inputs = [tokens["input_ids"], tokens["attention_mask"]]
+    (report,) = verify_model(model, inputs, device="cpu", reference=reference, runtime="onnxruntime", iters=1)
+    assert report.ok, report.outputs
+    assert report.outputs[0].cosine > 0.9999 and report.package.endswith(".onnx")
+
+
+def test_verify_model_refuses_an_unknown_runtime():
+    from opforge.verify import verify_model
+
+    with pytest.raises(ValueError, match="opforge.verify: runtime must be 'aoti' or 'onnxruntime', got 'tvm'"):
+        verify_model(Softshrink(), [torch.randn(2, 8)], device="cpu", runtime="tvm")
+
+
+def test_docs_blocks_run_as_written():
+    from readme_blocks import blocks
+
+    found = blocks((ROOT / "docs" / "onnx.md").read_text())
+    python = [b for b in found if b.lang == "python"]
+    sh = [b for b in found if b.lang == "sh"]
+    assert len(python) == 1 and len(sh) == 1
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), *sys.path]))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    ran = subprocess.run([sys.executable, "-c", python[0].text], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr
+    assert 'dim_param: "batch"' in ran.stdout
+    ran = subprocess.run(["bash", "-ec", sh[0].text], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split()[1:] == ["<f4", "[6,", "8]"]
