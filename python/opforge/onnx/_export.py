@@ -66,14 +66,63 @@ def translation(op: Op):
     return translate
 
 
+def written_translation(ops: dict[str, Op], translations: dict[str, object]):
+    """The translation of torch.export's functionalised call of an op that writes its inputs
+    (``auto_functionalized_v2(op, _x_base_index=i, _all_bases=[...], **other args)``, which returns
+    the op's results, then the new value of every base): the op's node, whose extra outputs are
+    the written inputs' new values (Note [The ONNX node of an op]), given back as the new values of
+    their bases; a base the op does not write is returned as it is.
+
+    Raises:
+        ValueError: an op that is not one of ``ops``, or a written argument that is a view of
+            another tensor (ONNX has no views to write through).
+    """
+
+    def translate(mutable_op, **kwargs):
+        name = mutable_op.name() if hasattr(mutable_op, "name") else str(mutable_op)
+        if name not in ops:
+            raise ValueError(f"opforge.onnx: {name} writes its inputs and is not an op of an opforge library loaded here")
+        op = ops[name]
+        bases = list(kwargs.pop("_all_bases", []))
+        kwargs.pop("_only_clone_these_bases", None)
+        args, written = {}, []
+        for a in op.args:
+            if not (isinstance(a, TensorArg) and a.mutated):
+                args[a.name] = kwargs.get(a.name)
+                continue
+            view = sorted(k for k in kwargs if k.startswith(f"_{a.name}_") and k != f"_{a.name}_base_index")
+            if view:
+                raise ValueError(
+                    f"opforge.onnx: {op.name} writes {a.name}, which is a view of another tensor here "
+                    f"({', '.join(view)}); ONNX has no views to write through: pass the tensor itself"
+                )
+            index = kwargs.get(f"_{a.name}_base_index")
+            args[a.name] = None if index is None else bases[index]
+            if index is not None:
+                written.append(index)
+        results = translations[name](**args)
+        results = list(results) if isinstance(results, (list, tuple)) else [results]
+        outputs, new_values = results[: len(op.outputs)], results[len(op.outputs) :]
+        for index, value in zip(written, new_values, strict=True):
+            bases[index] = value
+        return (*outputs, *bases)
+
+    translate.__name__ = "opforge_auto_functionalized"
+    return translate
+
+
 def translation_table(ops: list[Op]) -> dict:
     """``{torch.ops.<ns>.<op>.default: translation}`` for each of ``ops`` that torch has
-    registered (opforge.load_library), for ``torch.onnx.export(custom_translation_table=...)``."""
+    registered (opforge.load_library), and the translation of torch.export's functionalised calls
+    of those that write their inputs, for ``torch.onnx.export(custom_translation_table=...)``."""
     _schemas.register(ops)
-    table = {}
+    table, by_name, translations = {}, {}, {}
     for op in ops:
         ns, name = _schemas.domain_and_name(op)
         packet = getattr(getattr(torch.ops, ns), name, None)
         if packet is not None:
-            table[packet.default] = translation(op)
+            table[packet.default] = translations[op.name] = translation(op)
+            by_name[op.name] = op
+    if any(op.mutated for op in by_name.values()):
+        table[torch.ops.higher_order.auto_functionalized_v2] = written_translation(by_name, translations)
     return table
