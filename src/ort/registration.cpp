@@ -21,9 +21,10 @@
 // ONNX has no mutation: a value is written once, by its node. So a written input is an input
 // and an output: the kernel copies the input into the output and writes the output in place;
 // the input is never written. This is what torch.export's functionalised graph says of such a
-// call (auto_functionalized: the op's results, then the new value of each written input), and
-// the exporter maps those new values to the extra outputs, so a later read of `x` in the model
-// reads `x_out`.
+// call (auto_functionalized_v2: the op's results, then the new value of each written base), and
+// opforge.onnx's translation maps those new values to the extra outputs, so a later read of `x`
+// in the model reads `x_out` (torch 2.11's ONNX exporter does not reach that translation yet: it
+// takes the call's op argument for a graph node).
 //
 // Each op is registered for the CPU execution provider (the CPU reference) and, where it has a
 // CUDA kernel, for the CUDA execution provider: inputs and outputs in device memory, the kernel

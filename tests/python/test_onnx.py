@@ -231,6 +231,11 @@ class _Written(torch.nn.Module):
         return x * 1, residual * 1
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch 2.11's ONNX exporter takes the op argument of auto_functionalized_v2 for a graph node "
+    "(its _convert_fx_arg_to_onnx_arg tests hasattr(arg, 'name')) and fails before any translation runs",
+)
 def test_an_op_that_writes_its_inputs_exports_their_new_values_as_outputs():
     lib = library("fused_add_rms_norm")
     x, residual, weight = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)

@@ -79,7 +79,8 @@ def written_translation(ops: dict[str, Op], translations: dict[str, object]):
     """
 
     def translate(mutable_op, **kwargs):
-        name = mutable_op.name() if hasattr(mutable_op, "name") else str(mutable_op)
+        schema = getattr(mutable_op, "_schema", None)
+        name = schema.name if schema is not None else str(mutable_op)
         if name not in ops:
             raise ValueError(f"opforge.onnx: {name} writes its inputs and is not an op of an opforge library loaded here")
         op = ops[name]
