@@ -167,8 +167,8 @@ def test_onnx_shape_inference_of_a_graph_that_contradicts_an_ops_rules_gives_its
     opforge.onnx.register_schemas([lib])
     x, bias = torch.randn(2, 8), torch.randn(4)
     model = _single_node_model(lib.ops[0], [x, bias], [x])
-    model.graph.input[1].type.tensor_type.shape.dim[0].ClearField("dim_param")
-    model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 4
+    for value, dims in ((model.graph.input[0], ["b", 8]), (model.graph.input[1], [4])):
+        value.type.CopyFrom(onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, dims))
     with pytest.raises(ValueError) as err:
         onnx.shape_inference.infer_shapes(model, strict_mode=True)
     assert str(err.value) == (
