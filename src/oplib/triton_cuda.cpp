@@ -407,6 +407,24 @@ CUfunction sum_partials_function(int32_t dtype) {
   return f;
 }
 
+/// The copies TritonLaunch::copy asks for, ordered before the kernel on the call's stream.
+void copy_inputs(const RuntimeKernel& rk, const TritonLaunch& cfg, const OpforgeCallFrame* f) {
+  for (const TritonLaunch::Value& c : cfg.values) {
+    if (c.kind != TritonLaunch::Value::kCopy) continue;
+    int64_t n = 1, m = 1;
+    for (int32_t d = 0; d < c.tensor.ndim; ++d) n *= c.tensor.sizes[d];
+    for (int32_t d = 0; d < c.from.ndim; ++d) m *= c.from.sizes[d];
+    if (n != m || c.tensor.dtype != c.from.dtype)
+      throw InternalError(subject(rk) + ": TritonLaunch::copy between tensors of other sizes or dtypes");
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(static_cast<Dtype>(c.tensor.dtype));
+    if (bytes > 0)
+      check_cu(driver().copy_async(reinterpret_cast<CUdeviceptr>(c.tensor.data),
+                                   reinterpret_cast<CUdeviceptr>(c.from.data), bytes,
+                                   static_cast<CUstream>(f->ctx->stream)),
+               "cuMemcpyDtoDAsync");
+  }
+}
+
 // ---- autotune -------------------------------------------------------------------------------
 
 /// The tuning key of a call: the values of the arguments `key` names, then the tensors' dtypes.
@@ -523,6 +541,7 @@ int32_t tune(const RuntimeKernel& rk, KernelState& st, int device, const tr::Var
     std::vector<float> times;
     for (int run = 0; run < 11; ++run) {
       around(true);
+      copy_inputs(rk, cfg, f);  // a kernel computing in place starts from the input again
       check_cu(d.event_record(start, stream), "cuEventRecord");
       launch_variant(l, fn, variants[c], b, pointers, grid, *f->ctx);
       check_cu(d.event_record(stop, stream), "cuEventRecord");
@@ -639,6 +658,7 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
     }
     tr::apply_config(fn, chosen->second, v);
   }
+  copy_inputs(rk, *cfg, f);
   const int32_t config = v.config;
   Loaded& l = loaded_variant(rk, st, device, v, [&] {
     tr::Variant general = tr::specialise(fn, b, cfg->num_warps, cfg->num_stages, true);

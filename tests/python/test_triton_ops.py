@@ -130,6 +130,14 @@ def test_the_kernels_match_the_reference_on_cuda(library, dtype):
 
 
 @requires_cuda
+def test_a_kernel_computing_in_place_gets_a_copy_of_its_input(library):
+    x = torch.randn(1000, device="cuda")
+    before = x.clone()
+    torch.testing.assert_close(torch.ops.tt.double_through_a_copy(x), 2 * before)
+    torch.testing.assert_close(x, before)  # the input is not written
+
+
+@requires_cuda
 def test_autotune_picks_a_config_and_keeps_it(library):
     for n in (100, 100_000):
         x = torch.randn(n, device="cuda")
