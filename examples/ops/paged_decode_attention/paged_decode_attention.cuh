@@ -63,8 +63,9 @@ struct Params {
 /// ids of its pages, then the warps' rings, whose bytes the merge of the warps reuses.
 template <int kLanes, int kHeads>
 struct Layout {
-  static constexpr int kGroups = 32 / kLanes;                     // tokens per warp and step
-  static constexpr int kSteps = kHeads >= 8 ? 2 : 4;              // steps per stage (registers at 8 heads)
+  static constexpr int kGroups = 32 / kLanes;  // tokens per warp and step
+  // steps per stage: fewer where a lane holds many heads (8, or 4 at 32 lanes), to stay in registers
+  static constexpr int kSteps = kHeads >= 8 || (kHeads >= 4 && kLanes >= 32) ? 2 : 4;
   static constexpr int kStageTokens = kGroups * kSteps;           // tokens per warp and stage
   static constexpr int kRingVectors = kStages * kSteps * 2 * 32;  // 16-byte vectors per warp: K and V
   static constexpr int kPagesBytes = kMaxPages * 4;
