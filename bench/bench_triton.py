@@ -14,19 +14,22 @@ launched by Triton itself, against an NVRTC op, and against torch, in one proces
    it, and of Triton's own first launch with an empty Triton cache; each in a process of its own.
 4. Liger's RMSNorm and SwiGLU at [rows, hidden] = [16384, 4096] bf16, forward and backward,
    against the torch expression in eager and under ``torch.compile``, and a device-to-device copy
-   of the same bytes (the bandwidth ceiling). SwiGLU's backward is Liger's in-place kernel
-   (``examples::liger_swiglu_backward_``, which writes the gradients into a and b).
+   of the same bytes (the bandwidth ceiling). SwiGLU's backward runs Liger's kernel, which writes
+   the gradients over its a and b: ``examples::liger_swiglu_backward`` gives it copies of a and b
+   in its outputs (two copies more than Liger's own launch, which writes into the saved a and b,
+   shown too).
 
     python3 bench/bench_triton.py [--rows 16384] [--hidden 4096] [--json out.json]
 
 Bytes moved: RMSNorm reads x and writes y (backward: reads grad_y and x, writes grad_x); SwiGLU
-reads a and b and writes c (backward: reads grad_c, a and b, writes a and b). Times are medians of
+reads a and b and writes c (backward: reads grad_c, a and b, writes grad_a and grad_b). Times are medians of
 triton.testing.do_bench (CUDA events), inputs random.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import subprocess
 import sys
@@ -51,13 +54,12 @@ def liger_settings(cols: int) -> tuple[int, int]:
     return block, 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
 
 
-def liger_modules():
-    """Liger's kernel files as Python modules (the vendored folder on sys.path, as the worker has it)."""
-    sys.path.insert(0, str(KERNELS))
-    import rms_norm
-    import softmax
-
-    return rms_norm, softmax
+def liger_module(name: str):
+    """Liger's kernel file ``name``.py as a Python module (the vendored folder on sys.path, as the
+    worker has it)."""
+    if str(KERNELS) not in sys.path:
+        sys.path.insert(0, str(KERNELS))
+    return importlib.import_module(name)
 
 
 def triton_rms_norm(rms_norm, x, w, y, rstd, eps: float) -> None:
@@ -71,7 +73,7 @@ def triton_rms_norm(rms_norm, x, w, y, rstd, eps: float) -> None:
 
 def same_kernel(rows: int, hidden: int) -> list[dict]:
     """Part 1: each kernel's device time through opforge and through Triton's launch."""
-    rms_norm, softmax = liger_modules()
+    rms_norm, softmax = liger_module("rms_norm"), liger_module("softmax")
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     w = torch.rand(hidden, device="cuda", dtype=torch.bfloat16) + 0.5
     y, rstd = torch.empty_like(x), torch.empty(rows, 1, device="cuda")
@@ -112,7 +114,7 @@ def same_kernel(rows: int, hidden: int) -> list[dict]:
 
 def host_cost() -> list[dict]:
     """Part 2: host wall time per call of small inputs."""
-    rms_norm, _ = liger_modules()
+    rms_norm = liger_module("rms_norm")
     x, w = torch.randn(4, 64, device="cuda"), torch.rand(64, device="cuda") + 0.5
     y, rstd = torch.empty_like(x), torch.empty(4, 1, device="cuda")
     impls = [
@@ -234,6 +236,8 @@ def against_torch(rows: int, hidden: int) -> list[dict]:
         ],
     )
     a, b = torch.randn_like(x), torch.randn_like(x)
+    a_saved, b_saved = a.clone(), b.clone()  # Liger's launcher overwrites them with the gradients
+    liger_swiglu = liger_module("swiglu")
     swiglu = lambda a, b: F.silu(a) * b
     swiglu_compiled, swiglu_backward_compiled = torch.compile(swiglu), torch.compile(swiglu_backward)
     group(
@@ -250,11 +254,15 @@ def against_torch(rows: int, hidden: int) -> list[dict]:
         5 * size,
         [
             (
-                "opforge examples::liger_swiglu_backward_ (Liger's kernel, in place on a, b)",
-                lambda: ops.liger_swiglu_backward_(g, a, b, 1.0),
+                "opforge examples::liger_swiglu_backward (Liger's kernel on copies of a, b)",
+                lambda: ops.liger_swiglu_backward(g, a, b, 1.0),
             ),
             ("torch eager (the gradients' expression)", lambda: swiglu_backward(g, a, b)),
             ("torch.compile of the same", lambda: swiglu_backward_compiled(g, a, b)),
+            (
+                "Liger's swiglu_backward (kernel[grid], in place on a, b)",
+                lambda: liger_swiglu.swiglu_backward(a_saved, b_saved, g, 1.0),
+            ),
         ],
     )
     return out
@@ -275,11 +283,13 @@ def line(row: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=16384)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--json", default=None)
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--rows", type=int, default=16384, help="rows of parts 1 and 4 (default 16384)")
+    parser.add_argument("--hidden", type=int, default=4096, help="row width of parts 1 and 4 (default 4096)")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU: every part times kernels on the device")
     for name in ("liger", "rms_norm"):
         opforge.load_library(opforge.example_library(name))
     t0 = time.perf_counter()

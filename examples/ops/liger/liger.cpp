@@ -76,7 +76,7 @@ OPFORGE_OP(examples, liger_rms_norm)
     .output("rstd", opforge::like("x").with_dim(-1, 1).with_dtype(opforge::kFloat32))
     .require(opforge::dim("x", -1) <= 65536)
     .equivalent(
-        "(lambda r: (x * r * (offset + weight), r))(torch.rsqrt(x.square().mean(-1, keepdim=True) + eps).float())")
+        "(lambda r: (x * r * (offset + weight), r.float()))(torch.rsqrt(x.square().mean(-1, keepdim=True) + eps))")
     .backward("liger_rms_norm_backward")
     .reference(rms_norm_cpu)
     .triton_source("rms_norm.py", "_rms_norm_forward_kernel")
@@ -185,8 +185,8 @@ OPFORGE_OP(examples, liger_swiglu)
 
 // With v = a * gate_multiplier and s = sigmoid(v): grad_b = grad_c * v * s, and
 // grad_a = grad_c * (v * s * (1 - s) + s) * b * gate_multiplier.
-static void swiglu_gradients(const Tensor& grad_c, const Tensor& a, const Tensor& b, double gate_multiplier,
-                             const MutableTensor& grad_a, const MutableTensor& grad_b) {
+static void swiglu_backward_cpu(Tensor grad_c, Tensor a, Tensor b, double gate_multiplier, MutableTensor grad_a,
+                                MutableTensor grad_b) {
   opforge::visit_dtype<opforge::floating>(a.dtype(), [&]<class T>(opforge::type_tag<T>) {
     for (int64_t i = 0; i < a.numel(); ++i) {
       const double v = double(a.data<T>()[i]) * gate_multiplier, s = 1.0 / (1.0 + std::exp(-v));
@@ -197,14 +197,16 @@ static void swiglu_gradients(const Tensor& grad_c, const Tensor& a, const Tensor
   });
 }
 
-static void swiglu_backward_cpu(Tensor grad_c, Tensor a, Tensor b, double gate_multiplier, MutableTensor grad_a,
-                                MutableTensor grad_b) {
-  swiglu_gradients(grad_c, a, b, gate_multiplier, grad_a, grad_b);
+// Upstream's backward kernel reads a and b and writes their gradients over them: it gets grad_a
+// and grad_b, holding copies of a and b, as a_ptr and b_ptr, so the op writes none of its inputs.
+static opforge::TritonLaunch swiglu_backward_grid(Tensor grad_c, Tensor a, Tensor b, double, MutableTensor grad_a,
+                                                  MutableTensor grad_b) {
+  opforge::TritonLaunch cfg = liger_rows(rows_of(a), a.size(-1));
+  cfg.copy(a, grad_a).copy(b, grad_b).tensor("a_ptr", grad_a).tensor("b_ptr", grad_b).tensor("dc_ptr", grad_c);
+  cfg.set("stride", a.size(-1)).constant("n_cols", a.size(-1));
+  return cfg;
 }
 
-// The autograd formula of liger_swiglu. Upstream's backward kernel writes its results into a and b
-// (liger_swiglu_backward_ below); until opforge can give it outputs holding copies of a and b,
-// this op has only its CPU reference.
 OPFORGE_OP(examples, liger_swiglu_backward)
     .doc("liger_swiglu's gradients grad_a and grad_b")
     .input("grad_c", opforge::floating, opforge::min_rank(1))
@@ -213,29 +215,9 @@ OPFORGE_OP(examples, liger_swiglu_backward)
     .param<double>("gate_multiplier", 1.0)
     .output("grad_a", opforge::like("a"))
     .output("grad_b", opforge::like("b"))
-    .equivalent("torch.func.vjp(lambda a, b: torch.nn.functional.silu(a * gate_multiplier) * b, a, b)[1](grad_c)")
-    .reference(swiglu_backward_cpu);
-
-// Reads each element of a and b before it writes it, so writing in place is sound.
-static void swiglu_backward_inplace_cpu(Tensor grad_c, MutableTensor a, MutableTensor b, double gate_multiplier) {
-  swiglu_gradients(grad_c, a, b, gate_multiplier, a, b);
-}
-
-static opforge::TritonLaunch swiglu_backward_grid(Tensor grad_c, MutableTensor a, MutableTensor, double) {
-  opforge::TritonLaunch cfg = liger_rows(rows_of(a), a.size(-1));
-  cfg.tensor("dc_ptr", grad_c).set("stride", a.size(-1)).constant("n_cols", a.size(-1));
-  return cfg;
-}
-
-OPFORGE_OP(examples, liger_swiglu_backward_)
-    .doc("liger_swiglu's gradients written as upstream's kernel writes them: grad_a into a, grad_b into b")
-    .input("grad_c", opforge::floating, opforge::min_rank(1))
-    .input("a", opforge::same_dtype("grad_c"), opforge::same_shape("grad_c"), opforge::mutated)
-    .input("b", opforge::same_dtype("grad_c"), opforge::same_shape("grad_c"), opforge::mutated)
-    .param<double>("gate_multiplier", 1.0)
     .require(opforge::dim("a", -1) <= 65536)
     .equivalent("torch.func.vjp(lambda a, b: torch.nn.functional.silu(a * gate_multiplier) * b, a, b)[1](grad_c)")
-    .reference(swiglu_backward_inplace_cpu)
+    .reference(swiglu_backward_cpu)
     .triton_source("swiglu.py", "_swiglu_backward_kernel")
     .launch_grid(swiglu_backward_grid)
     .kernel_dtypes("grad_c", kLigerDtypes);
