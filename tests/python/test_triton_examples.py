@@ -139,10 +139,20 @@ def test_rstd_of_other_rows_is_refused(liger):
 
 
 def test_rows_wider_than_a_block_are_refused(liger):
+    """Liger's kernels hold a row in one block of at most 65536 columns."""
     x = torch.randn(1, 65537)
     with pytest.raises(ValueError) as err:
         ops.liger_softmax(x)
-    assert "expected x.size(-1) <= 65536, got 65537 <= 65536" in str(err.value)
+    assert str(err.value) == (
+        "examples::liger_softmax(Tensor x) -> Tensor: invalid arguments\n"
+        "  expected x.size(-1) <= 65536, got 65537 <= 65536"
+    )
+    with pytest.raises(ValueError) as err:
+        ops.liger_swiglu_backward(x, x, x)
+    assert str(err.value) == (
+        "examples::liger_swiglu_backward(Tensor grad_c, Tensor a, Tensor b, float gate_multiplier=1.0) -> "
+        "(Tensor, Tensor): invalid arguments\n  expected a.size(-1) <= 65536, got 65537 <= 65536"
+    )
 
 
 @requires_triton
