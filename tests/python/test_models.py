@@ -48,16 +48,9 @@ GRAPH_OPS = {
 }
 
 
-#: The models whose command line the README shows.
-README_MODELS = ("pipeline", "side_by_side", "llama_layer")
-
-
 def readme_argv(name: str, device: str) -> list[str]:
-    """The model's command line as the README gives it (``python examples/models/<name>.py
-    --device cpu``), its arguments for ``main``, on ``device`` (a model the README does not show
-    yet: ``--device`` alone)."""
-    if name not in README_MODELS:
-        return ["--device", device]
+    """The model's command line as the docs give it (``python examples/models/<name>.py
+    --device cpu``), its arguments for ``main``, on ``device``."""
     argv = shlex.split(command(f"python examples/models/{name}.py"))[2:]
     assert argv[:2] == ["--device", "cpu"], argv
     return ["--device", device, *argv[2:]]
