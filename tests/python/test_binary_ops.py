@@ -196,6 +196,30 @@ def test_a_file_that_is_no_binary_is_refused(library):
     )
 
 
+def test_verify_checks_each_binary_for_the_architectures_it_holds(library):
+    """opforge verify without a GPU: a binary's checks pass or fail where its file has code for the
+    architecture, and are skipped, naming what it holds, where it has none."""
+    from opforge.verify import verify_op
+
+    def checks(op: str) -> list[tuple[str, str, str]]:
+        report = verify_op(op, device="cpu", seed=0)
+        return [(r.repro["arch"], r.status, r.message) for r in report.results if r.check == "binary"]
+
+    rule = "(machine code runs on GPUs of its major version and at least its minor; PTX on its architecture and newer)"
+    assert checks("bin::cute_scale") == [
+        ("sm_90", "pass", ""),
+        (
+            "sm_80",
+            "skip",
+            "OpforgeError: bin::cute_scale: the prebuilt kernel kernel_cutlass_scale_kernel_ptrf32gmem_ptrf32gmem___0 "
+            f"of cute_scale.cubin: the file holds sm_90 code and no code that runs on sm_80 {rule}",
+        ),
+    ]
+    (sm90, sm80) = checks("bin::int_n")
+    assert sm90 == ("sm_90", "FAIL", f"OpforgeError: {refused('bin::int_n')}")
+    assert sm80[1] == "skip"
+
+
 def test_the_document_quotes_what_the_tests_build_and_print(library):
     """docs/prebuilt_kernels.md: its C++ block quotes the fixture (its lines appear there in order),
     its commands are the builds above, its message is the one precompile prints."""
