@@ -66,14 +66,14 @@ def compile_binaries(folder: Path, *defines: str) -> list[Path]:
     return outputs
 
 
-def cute_cubin(folder: Path) -> Path:
-    """The CuTe DSL cubin: compiled now where OPFORGE_CUTE_DSL_PYTHON names a Python with CuTe DSL,
-    else the one the fixture folder carries."""
+def write_cute_cubin(folder: Path) -> None:
+    """folder/cute_scale.cubin: compiled now where OPFORGE_CUTE_DSL_PYTHON names a Python with CuTe
+    DSL, else the one the fixture folder carries."""
     python = os.environ.get("OPFORGE_CUTE_DSL_PYTHON")
-    if not python:
-        return CUTE_CUBIN
-    subprocess.run([python, str(FIXTURES / "kernels" / "cute_scale.py"), str(folder)], check=True, timeout=600)
-    return folder / "cute_scale.cubin"
+    if python:
+        subprocess.run([python, str(FIXTURES / "kernels" / "cute_scale.py"), str(folder)], check=True, timeout=600)
+    else:
+        shutil.copy(CUTE_CUBIN, folder / "cute_scale.cubin")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def binaries(tmp_path_factory) -> Path:
     one, and puts it back)."""
     folder = tmp_path_factory.mktemp("binaries")
     compile_binaries(folder)
-    shutil.copy(cute_cubin(folder), folder / "cute_scale.cubin")
+    write_cute_cubin(folder)
     shutil.copy(SOURCE, folder / "binary_scale.cu")
     return folder
 
