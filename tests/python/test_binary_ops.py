@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import opforge
-from conftest import requires_cuda
+from conftest import DEVICES, requires_cuda
+from opforge import aoti
 from readme_blocks import ROOT, blocks
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -218,6 +219,31 @@ def test_verify_checks_each_binary_for_the_architectures_it_holds(library):
     (sm90, sm80) = checks("bin::int_n")
     assert sm90 == ("sm_90", "FAIL", f"OpforgeError: {refused('bin::int_n')}")
     assert sm80[1] == "skip"
+
+
+class Scales(torch.nn.Module):
+    """Three prebuilt kernels in a row: nvcc's cubin and PTX, then CuTe DSL's cubin."""
+
+    def forward(self, x):
+        return torch.ops.bin.cute_scale(torch.ops.bin.scale_ptx(torch.ops.bin.scale(x, 3.0), 0.5)) + 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_package_carries_the_binaries_to_the_cpp_runner(library, device, tmp_path):
+    """An AOTInductor package of prebuilt-kernel ops: the binaries travel in its kernel folder as
+    files, nothing is compiled for it, and the C++ runner (no Python) runs it for sizes the export
+    did not see, on the CPU (the references) and on a GPU (the binaries)."""
+    model = Scales()
+    n = torch.export.Dim("n", min=2, max=1 << 20)
+    program = torch.export.export(model, (torch.randn(300, device=device),), dynamic_shapes=({0: n},))
+    package = aoti.package(program, tmp_path / "package", archs=["sm_90"])
+    kernels = package.parent / "libbinary_ops.kernels"
+    for name in ("binary_scale.cubin", "binary_scale.ptx", "cute_scale.cubin"):
+        assert (kernels / name).is_file() and not (kernels / name).is_symlink()
+    assert not list(kernels.glob("cache/*.bin"))
+    for size in (5, 4099):
+        x = torch.randn(size, device=device)
+        torch.testing.assert_close(aoti.run(package, [x], device=device).outputs[0], model(x).cpu())
 
 
 def test_the_document_quotes_what_the_tests_build_and_print(library):
