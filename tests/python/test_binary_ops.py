@@ -149,10 +149,18 @@ def test_ptx_runs_on_newer_gpus_and_machine_code_on_its_own(library):
     )
 
 
-def test_a_parameter_of_another_size_is_refused(library):
-    assert refused("bin::int_n") == (
-        "bin::int_n: the prebuilt kernel scale_int_n of binary_scale.cubin has parameters of 8, 8, 4, 8 bytes (as "
-        f"its sm_90 code records them) but is passed {PASSED}; {NOTE}\n"
+@pytest.mark.parametrize(
+    ("op", "file", "code"),
+    [
+        ("int_n", "binary_scale.cubin", "sm_90 code"),
+        ("int_n_fatbin", "binary_scale.fatbin", "sm_90 code"),
+        ("int_n_ptx", "binary_scale.ptx", "PTX for sm_90"),
+    ],
+)
+def test_a_parameter_of_another_size_is_refused(library, op, file, code):
+    assert refused(f"bin::{op}") == (
+        f"bin::{op}: the prebuilt kernel scale_int_n of {file} has parameters of 8, 8, 4, 8 bytes (as its {code} "
+        f"records them) but is passed {PASSED}; {NOTE}\n"
         "  parameter 3 (launch value n): expected int64_t (8 bytes), found a parameter of 4 bytes"
     )
 
