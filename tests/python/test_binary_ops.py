@@ -254,6 +254,35 @@ def test_a_package_carries_the_binaries_to_the_cpp_runner(library, device, tmp_p
         torch.testing.assert_close(aoti.run(package, [x], device=device).outputs[0], model(x).cpu())
 
 
+def _jax_devices(platform: str) -> list:
+    """JAX's devices of `platform` ("cpu", "gpu"); none where JAX is missing or has none."""
+    try:
+        import jax
+    except ImportError:
+        return []
+    try:
+        return jax.devices(platform)
+    except RuntimeError:
+        return []
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_jax_runs_the_prebuilt_kernels(library, platform):
+    """The library under jax.jit through XLA's FFI: the references on the CPU, the binaries on a GPU."""
+    devices = _jax_devices(platform)
+    if not devices:
+        pytest.skip(f"needs jax with a {platform} device; none here")
+    import jax
+    import jax.numpy as jnp
+
+    import opforge.jax as ojax
+
+    ojax.load_library(library.path)
+    x = jax.device_put(jnp.linspace(-3.0, 3.0, 4099, dtype=jnp.float32), devices[0])
+    f = jax.jit(lambda x: ojax.ops.bin.cute_scale(ojax.ops.bin.scale_ptx(ojax.ops.bin.scale(x, 3.0), 0.5)))
+    assert jnp.allclose(f(x), 3.0 * x, rtol=1e-6)
+
+
 def test_the_document_quotes_what_the_tests_build_and_print(library):
     """docs/prebuilt_kernels.md: its C++ block quotes the fixture (its lines appear there in order),
     its commands are the builds above, its message is the one precompile prints."""
