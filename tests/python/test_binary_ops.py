@@ -30,6 +30,8 @@ SOURCE = FIXTURES / "kernels" / "binary_scale.cu"
 CUTE_CUBIN = FIXTURES / "kernels" / "cute_scale.cubin"
 NOTE = "see Note [Prebuilt kernels] in opforge/op_launch.h:"
 PASSED = "(float const*, float*, int64_t, double)"
+#: How a refusal of a binary without code for the GPU says where code runs.
+RULE = "(machine code runs on GPUs of its major version and at least its minor; PTX on its architecture and newer)"
 
 
 def nvcc() -> str | None:
@@ -83,6 +85,12 @@ def binaries(tmp_path_factory) -> Path:
     one, and puts it back)."""
     folder = tmp_path_factory.mktemp("binaries")
     compile_binaries(folder)
+    # Machine code for Ampere only, which runs on sm_80 to sm_89 and nowhere else.
+    subprocess.run(
+        [nvcc(), "--cubin", "-arch=sm_80", "-o", str(folder / "binary_scale_sm80.cubin"), str(SOURCE)],
+        check=True,
+        timeout=300,
+    )
     write_cute_cubin(folder)
     shutil.copy(SOURCE, folder / "binary_scale.cu")
     return folder
@@ -138,14 +146,18 @@ def test_the_symbol_names_a_kernel_per_dtype(library):
 def test_ptx_runs_on_newer_gpus_and_machine_code_on_its_own(library):
     assert opforge.precompile("bin::scale_ptx", {"x": torch.float32}, arch="sm_100") is True
     assert opforge.precompile("bin::scale_fatbin", {"x": torch.float32}, arch="sm_100") is True  # its PTX
-    rule = "(machine code runs on GPUs of its major version and at least its minor; PTX on its architecture and newer)"
     assert refused("bin::scale", arch="sm_80") == (
         "bin::scale: the prebuilt kernel scale_kernel of binary_scale.cubin: the file holds sm_90 code and no code "
-        f"that runs on sm_80 {rule}"
+        f"that runs on sm_80 {RULE}"
     )
     assert refused("bin::scale_ptx", arch="sm_80") == (
         "bin::scale_ptx: the prebuilt kernel scale_kernel of binary_scale.ptx: the file holds PTX for sm_90 and no "
-        f"code that runs on sm_80 {rule}"
+        f"code that runs on sm_80 {RULE}"
+    )
+    assert opforge.precompile("bin::sm80_only", {"x": torch.float32}, arch="sm_86") is True
+    assert refused("bin::sm80_only", arch="sm_90") == (
+        "bin::sm80_only: the prebuilt kernel scale_kernel of binary_scale_sm80.cubin: the file holds sm_80 code and "
+        f"no code that runs on sm_90 {RULE}"
     )
 
 
@@ -214,14 +226,13 @@ def test_verify_checks_each_binary_for_the_architectures_it_holds(library):
         report = verify_op(op, device="cpu", seed=0)
         return [(r.repro["arch"], r.status, r.message) for r in report.results if r.check == "binary"]
 
-    rule = "(machine code runs on GPUs of its major version and at least its minor; PTX on its architecture and newer)"
     assert checks("bin::cute_scale") == [
         ("sm_90", "pass", ""),
         (
             "sm_80",
             "skip",
             "OpforgeError: bin::cute_scale: the prebuilt kernel kernel_cutlass_scale_kernel_ptrf32gmem_ptrf32gmem___0 "
-            f"of cute_scale.cubin: the file holds sm_90 code and no code that runs on sm_80 {rule}",
+            f"of cute_scale.cubin: the file holds sm_90 code and no code that runs on sm_80 {RULE}",
         ),
     ]
     (sm90, sm80) = checks("bin::int_n")
@@ -332,6 +343,14 @@ def test_the_driver_refuses_what_the_binary_records(library):
         f"4, 8 bytes (as the driver reads them) but is passed {PASSED}; {NOTE}\n"
         "  parameter 3 (launch value n): expected int64_t (8 bytes), found a parameter of 4 bytes"
     ) in str(err.value)
+    major, minor = torch.cuda.get_device_capability()
+    if major != 8:
+        with pytest.raises(RuntimeError) as err:
+            torch.ops.bin.sm80_only(x)
+        assert (
+            "bin::sm80_only (cuda:0 kernel): the prebuilt kernel scale_kernel of binary_scale_sm80.cubin: the file "
+            f"holds sm_80 code and no code that runs on sm_{major}{minor} {RULE}"
+        ) in str(err.value)
     with pytest.raises(RuntimeError) as err:
         torch.ops.bin.no_symbol(x)
     assert (
