@@ -384,8 +384,8 @@ std::vector<std::string> tolerance_problems(const OpforgeOpSpec& op) {
   for (const OpforgeTolerance& t : tolerances(op)) {
     const bool known = t.dtype >= 0 && t.dtype < OPFORGE_NUM_DTYPES;
     const std::string name = known ? dtype_name(t.dtype) : "dtype " + std::to_string(t.dtype);
-    if (!is_floating(t.dtype))
-      problems.push_back(declared_at(op) + "tolerance for " + name + ": expected a floating dtype");
+    if (!is_floating(t.dtype) && !is_float8(t.dtype))
+      problems.push_back(declared_at(op) + "tolerance for " + name + ": expected a floating or float8 dtype");
     else if (seen[t.dtype]) problems.push_back(declared_at(op) + "tolerance for " + name + " declared twice");
     else seen[t.dtype] = true;
     for (const auto& [what, value] : {std::pair{"atol", t.atol}, std::pair{"rtol", t.rtol}})

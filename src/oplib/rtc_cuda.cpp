@@ -142,8 +142,10 @@ const std::string& cuda_include_dir() {
 }
 
 const char* cuda_type(int32_t dtype) {
-  static const char* const kTypes[] = {"float", "double", "__half",    "__nv_bfloat16", "signed char",
-                                       "short", "int",    "long long", "unsigned char", "bool"};
+  static const char* const kTypes[] = {"float",         "double",        "__half",       "__nv_bfloat16", "signed char",
+                                       "short",         "int",           "long long",    "unsigned char", "bool",
+                                       "__nv_fp8_e4m3", "__nv_fp8_e5m2", "__nv_fp8_e8m0"};
+  static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == OPFORGE_NUM_DTYPES, "a CUDA type per OpforgeDtype");
   return (dtype >= 0 && dtype < OPFORGE_NUM_DTYPES) ? kTypes[dtype] : "void";
 }
 
@@ -485,7 +487,8 @@ namespace opforge {
 
 TensorMap tensor_map(const Tensor& t, std::initializer_list<uint32_t> box, TensorMapSwizzle swizzle) {
   const detail::rtc::TensorMapLayout l = detail::rtc::tensor_map_layout(t, box.begin(), box.size(), swizzle);
-  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // int8, uint8, bool: copies move bits
+  // int8, uint8, bool and the float8 dtypes: copies move bytes (no float8 arithmetic on the way).
+  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   switch (t.dtype()) {
     case kFloat16:
       type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
