@@ -45,7 +45,7 @@ def _parameters(op: Op, *, out: bool) -> str:
     parts = ["self"]
     for a in op.args:
         if isinstance(a, TensorArg):
-            text = f"{a.name}: Tensor | None = None" if a.optional else f"{a.name}: Tensor"
+            text = f"{a.name}: Tensor" + (" | None" if a.optional else "") + (" = None" if a.default_none else "")
         else:
             annotation = _PARAM_TYPES[a.type]
             text = f"{a.name}: {annotation}" + (f" = {_default(a)}" if a.default is not REQUIRED else "")
