@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import median_ms, report
+from common import bandwidth_group, report
 
 import opforge
 
@@ -46,27 +46,8 @@ def main() -> int:
     dtype, T, H = torch.bfloat16, args.tokens, args.hidden
     rows = []
 
-    def copy_gbs(nbytes: int) -> float:
-        """Copy bandwidth for ``nbytes`` moved (half read, half written), GB/s."""
-        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        return nbytes / median_ms(lambda: dst.copy_(src)) / 1e6
-
     def group(name: str, nbytes: int, impls: list) -> None:
-        ceiling = copy_gbs(nbytes)
-        rows.append(
-            {
-                "group": name,
-                "impl": "device-to-device copy",
-                "ms": nbytes / ceiling / 1e6,
-                "GB/s": ceiling,
-                "vs_copy": 1.0,
-            }
-        )
-        for label, fn in impls:
-            ms = median_ms(fn)
-            gbs = nbytes / ms / 1e6
-            rows.append({"group": name, "impl": label, "ms": ms, "GB/s": gbs, "vs_copy": gbs / ceiling})
+        bandwidth_group(rows, name, nbytes, impls)
 
     def unchecked(fn):
         """``fn`` with the device value checks off (Note [Device value checks]): their cost is

@@ -23,6 +23,28 @@ def median_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
 
 
+def copy_gbs(nbytes: int) -> float:
+    """Device-to-device copy bandwidth for ``nbytes`` moved (half read, half written), GB/s: the
+    ceiling of an op that moves as many bytes."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return nbytes / median_ms(lambda: dst.copy_(src)) / 1e6
+
+
+def bandwidth_group(rows: list[dict], name: str, nbytes: int, impls: list[tuple[str, Callable[[], object]]]) -> None:
+    """Appends to ``rows`` a group ``name``: the copy of ``nbytes`` (:func:`copy_gbs`), then each
+    ``(label, fn)`` of ``impls`` timed (:func:`median_ms`) as moving ``nbytes``, with its ratio to
+    the copy (``vs_copy``)."""
+    ceiling = copy_gbs(nbytes)
+    rows.append(
+        {"group": name, "impl": "device-to-device copy", "ms": nbytes / ceiling / 1e6, "GB/s": ceiling, "vs_copy": 1.0}
+    )
+    for label, fn in impls:
+        ms = median_ms(fn)
+        gbs = nbytes / ms / 1e6
+        rows.append({"group": name, "impl": label, "ms": ms, "GB/s": gbs, "vs_copy": gbs / ceiling})
+
+
 def kernel_times(fn: Callable[[], object], repeats: int = 10, rows: int = 25) -> list[dict]:
     """GPU kernels ``fn`` launches, by name: count and device time (us) per call of ``fn``.
 

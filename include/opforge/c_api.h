@@ -50,6 +50,8 @@
  * OpforgePrecompileRequest::num_shapes, ndims and sizes; appended value:
  * OPFORGE_BACKEND_BINARY (a reader that does not know the value still launches and precompiles
  * such a kernel through its entries, as any run-time kernel).
+ * Version 8: the float8 dtypes OPFORGE_DTYPE_FLOAT8_E4M3FN .. OPFORGE_DTYPE_FLOAT8_E8M0FNU (an
+ * older adapter would name them "unknown" in a dtype set and could not pass such a tensor).
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -61,7 +63,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 7
+#define OPFORGE_ABI_VERSION 8
 
 /* Whether `record`, a struct of type `type` that starts with `struct_size`, carries `field`:
  * its struct_size reaches past the field's end. Readers test a field appended after the
@@ -81,7 +83,14 @@ typedef enum OpforgeDtype {
   OPFORGE_DTYPE_INT64 = 7,
   OPFORGE_DTYPE_UINT8 = 8,
   OPFORGE_DTYPE_BOOL = 9,
-  OPFORGE_NUM_DTYPES = 10
+  /* The 8-bit floating-point formats of torch's names (Micikevicius et al., "FP8 Formats for Deep
+   * Learning", 2022; the OCP MX specification for e8m0): e4m3fn (no infinities, NaN 0x7f/0xff),
+   * e5m2 (IEEE-like, with infinities), e8m0fnu (a power of two: exponent only, no sign, NaN 0xff).
+   * Since ABI 8. */
+  OPFORGE_DTYPE_FLOAT8_E4M3FN = 10,
+  OPFORGE_DTYPE_FLOAT8_E5M2 = 11,
+  OPFORGE_DTYPE_FLOAT8_E8M0FNU = 12,
+  OPFORGE_NUM_DTYPES = 13
 } OpforgeDtype;
 
 typedef enum OpforgeDeviceType { OPFORGE_DEVICE_CPU = 0, OPFORGE_DEVICE_CUDA = 1 } OpforgeDeviceType;

@@ -14,6 +14,7 @@
 #include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -272,11 +273,23 @@ void sum_partials(const A* partial, int64_t parts, int64_t cols, W* out, cudaStr
   sum_partials(partial, parts, cols, {out}, stream);
 }
 
-/// Like opforge::visit_dtype, but hands out CUDA's device types: __half for float16 and
-/// __nv_bfloat16 for bfloat16 (same storage as opforge::Half and opforge::BFloat16).
+namespace detail {
+/// CUDA's types for the dtypes without a builtin C++ type (cuda_fp16.h, cuda_bf16.h, cuda_fp8.h).
+struct DeviceTypes {
+  using Half = __half;
+  using BFloat16 = __nv_bfloat16;
+  using Float8_e4m3fn = __nv_fp8_e4m3;
+  using Float8_e5m2 = __nv_fp8_e5m2;
+  using Float8_e8m0fnu = __nv_fp8_e8m0;
+};
+}  // namespace detail
+
+/// Like opforge::visit_dtype, but hands out CUDA's device types: __half for float16,
+/// __nv_bfloat16 for bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2 and __nv_fp8_e8m0 for the float8
+/// dtypes (same storage as opforge::Half, opforge::BFloat16 and opforge::Float8_*).
 template <DtypeSet Allowed, class F>
 decltype(auto) visit_dtype(Dtype d, F&& f) {
-  return ::opforge::detail::visit_dtype_impl<Allowed, __half, __nv_bfloat16>(d, std::forward<F>(f));
+  return ::opforge::detail::visit_dtype_impl<Allowed, detail::DeviceTypes>(d, std::forward<F>(f));
 }
 
 // Device helpers shared with run-time kernels (opforge/kernel.cuh).

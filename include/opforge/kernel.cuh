@@ -27,6 +27,7 @@ typedef unsigned long long uintptr_t;
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>  // __nv_fp8_e4m3, __nv_fp8_e5m2, __nv_fp8_e8m0 (Note [Float8 dtypes] in opforge/dtype.h)
 
 namespace opforge::kernel {
 
@@ -62,17 +63,32 @@ __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_acc(float v) { return v; }
 __device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
+__device__ __forceinline__ float to_acc(__nv_fp8_e5m2 v) { return static_cast<float>(v); }
+__device__ __forceinline__ float to_acc(__nv_fp8_e8m0 v) { return static_cast<float>(v); }
 
-/// Rounds an accumulator value to the element type (round to nearest even).
+/// Rounds an accumulator value to the element type (round to nearest even). A float8 type
+/// saturates as CUDA's conversions do (__NV_SATFINITE: past the largest finite value, infinities
+/// too, it gives that value; NaN stays NaN), which opforge::Float8_*::saturated matches on the host.
 template <class T>
 __device__ __forceinline__ T from_acc(acc_t<T> v) {
   if constexpr (is_same<T, __half>::value) {
     return __float2half_rn(v);
   } else if constexpr (is_same<T, __nv_bfloat16>::value) {
     return __float2bfloat16_rn(v);
+  } else if constexpr (is_same<T, __nv_fp8_e4m3>::value || is_same<T, __nv_fp8_e5m2>::value) {
+    return T(v);
   } else {
     return v;
   }
+}
+
+/// The largest finite value of a float8 data type: 448 (e4m3) or 57344 (e5m2).
+template <class T>
+__host__ __device__ constexpr float float8_max() {
+  static_assert(is_same<T, __nv_fp8_e4m3>::value || is_same<T, __nv_fp8_e5m2>::value,
+                "opforge::kernel::float8_max: __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  return is_same<T, __nv_fp8_e4m3>::value ? 448.0f : 57344.0f;
 }
 
 /// N elements of T loaded or stored as one aligned access (16 bytes for N = 16 / sizeof(T)).
@@ -107,6 +123,24 @@ __device__ __forceinline__ A block_sum(A v) {
   v = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : A(0);
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+/// The largest `v` (float) over the thread block, NaN skipped as fmaxf skips it; every thread
+/// gets the result. Conditions as block_sum's (blockDim.x a multiple of 32, at most 1024, called
+/// by every thread of the block).
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (blockDim.x == 32) return v;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial[] may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -201,6 +235,33 @@ __device__ __forceinline__ uint4 pack(const acc_t<T> (&in)[16 / sizeof(T)]) {
     }
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/// Rounds N floats (N = 2, 4, 8 or 16) to the float8 type T (__nv_fp8_e4m3 or __nv_fp8_e5m2) as
+/// CUDA's conversions do (from_acc: nearest even, saturating to the largest finite value, NaN
+/// kept), two per instruction, and stores them at `p` as one N-byte access (`p` aligned to N
+/// bytes): what a kernel writing float8 from 16-byte vectors of its input needs.
+template <class T, int N>
+__device__ __forceinline__ void store_float8(T* p, const float (&v)[N]) {
+  static_assert(is_same<T, __nv_fp8_e4m3>::value || is_same<T, __nv_fp8_e5m2>::value,
+                "opforge::kernel::store_float8: __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  static_assert(N == 2 || N == 4 || N == 8 || N == 16, "opforge::kernel::store_float8: N = 2, 4, 8 or 16");
+  constexpr __nv_fp8_interpretation_t kind = is_same<T, __nv_fp8_e4m3>::value ? __NV_E4M3 : __NV_E5M2;
+  uint32_t w[N >= 4 ? N / 4 : 1] = {};
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {  // element 2i in the low byte, as memory holds it
+    const uint32_t pair = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, kind);
+    w[i / 2] |= pair << (16 * (i % 2));
+  }
+  if constexpr (N == 16) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<uint32_t*>(p) = w[0];
+  } else {
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(w[0]);
+  }
 }
 
 /// Loads the N elements of W at `p` into accumulator values of type A (a wider or equal type,

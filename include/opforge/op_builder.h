@@ -188,8 +188,9 @@ class OpBuilder {
   /// (|got - want| <= atol + rtol |want|), where the op's arithmetic is looser than the dtype's
   /// defaults (opforge.verify.TOLERANCES): the counterpart of toleranceOverride in torch's
   /// OpInfo tests. State the reason beside it (the rounding the kernels do, a published
-  /// criterion). `dtype` must be floating, atol and rtol finite and >= 0, each dtype declared
-  /// once; otherwise loading the library fails, naming the op.
+  /// criterion). `dtype` must be floating or float8 (whose results are otherwise compared bit for
+  /// bit: Note [Float8 dtypes] in opforge/dtype.h), atol and rtol finite and >= 0, each dtype
+  /// declared once; otherwise loading the library fails, naming the op.
   OpBuilder tolerance(Dtype dtype, double atol, double rtol) && {
     def_->tolerances.push_back({static_cast<int32_t>(dtype), atol, rtol});
     return std::move(*this);

@@ -55,7 +55,9 @@ class TensorArg:
         leading_dims: ``shape`` rules the last dims, after any number of leading ones.
         layout: "contiguous" (kernels get a dense, 16-byte aligned view), "strided" (any view),
             or "contiguous_last_dim" (rows of adjacent elements at 16-byte aligned strides).
-        optional: the caller may pass None (``Tensor? name=None``).
+        optional: the caller may pass None (``Tensor? name``).
+        default_none: an optional input that the caller may leave out (``Tensor? name=None``): only
+            arguments with defaults follow it; one before a required argument is passed, None or not.
         mutated: the kernel writes it in place (``Tensor(a!) name``; Note [Mutated inputs]).
         values: the values of an integer input that indexes something, or None.
         shape: per dim the rule's text ("*", "x.size(-1)", "multiple of 4"), or None.
@@ -74,6 +76,7 @@ class TensorArg:
     leading_dims: bool
     layout: str
     optional: bool
+    default_none: bool
     mutated: bool
     values: ValueDomain | None
     shape: tuple[str, ...] | None
@@ -324,6 +327,7 @@ def _arg(index: int, a: dict) -> Arg:
             leading_dims=a["leading_dims"],
             layout=a["layout"],
             optional=a["optional"],
+            default_none=a["default_none"],
             mutated=a["mutated"],
             values=ValueDomain(**a["values"]) if a["values"] is not None else None,
             shape=tuple(a["shape"]) if a["shape"] is not None else None,

@@ -45,7 +45,7 @@ def _parameters(op: Op, *, out: bool) -> str:
     parts = ["self"]
     for a in op.args:
         if isinstance(a, TensorArg):
-            text = f"{a.name}: Tensor | None = None" if a.optional else f"{a.name}: Tensor"
+            text = f"{a.name}: Tensor" + (" | None" if a.optional else "") + (" = None" if a.default_none else "")
         else:
             annotation = _PARAM_TYPES[a.type]
             text = f"{a.name}: {annotation}" + (f" = {_default(a)}" if a.default is not REQUIRED else "")
@@ -64,9 +64,25 @@ def _returns(op: Op) -> str:
     return types[0] if len(types) == 1 else "tuple[" + ", ".join(types) + "]"
 
 
+def _dtypes(op: Op) -> str:
+    """Each tensor input's dtype rule, as "x: float32 | float16; bias: the dtype of x" (dtypes
+    named as torch names them, float8_e4m3fn included)."""
+    rules = []
+    for a in op.tensors:
+        if a.same_dtype is None:
+            rule = " | ".join(a.dtypes)
+        else:
+            rule = f"the dtype of {a.same_dtype}" + "".join(f" | {d}" for d in a.dtype_alternatives)
+        rules.append(f"{a.name}: {rule}")
+    return "; ".join(rules)
+
+
 def _doc(op: Op, schema: str) -> str:
     text = (op.doc or op.name).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    return f'"""{text}\n\n        Schema: ``{schema}``. Declared at {Path(op.file).name}:{op.line}.\n        """'
+    return (
+        f'"""{text}\n\n        Schema: ``{schema}``. Declared at {Path(op.file).name}:{op.line}.\n'
+        f'        Dtypes: {_dtypes(op)}.\n        """'
+    )
 
 
 def _op_stub(op: Op) -> str:

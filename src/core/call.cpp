@@ -186,7 +186,8 @@ uint8_t poison_byte(int32_t dtype, int32_t mode) {
                         dtype == OPFORGE_DTYPE_FLOAT16 || dtype == OPFORGE_DTYPE_BFLOAT16;
   if (dtype == OPFORGE_DTYPE_BOOL) return mode == 2 ? 0x00 : 0x01;
   if (mode == 2) return 0x5a;
-  return floating ? 0xff : 0x7b;
+  if (dtype == OPFORGE_DTYPE_FLOAT8_E4M3FN || dtype == OPFORGE_DTYPE_FLOAT8_E5M2) return 0x7f;
+  return floating || dtype == OPFORGE_DTYPE_FLOAT8_E8M0FNU ? 0xff : 0x7b;
 }
 
 const OpforgeValue& default_value(const OpforgeOpSpec& op, int32_t arg) {

@@ -90,10 +90,11 @@ void call_kernel(const OpforgeOpSpec& op, const OpforgeKernel& kernel, const Opf
 
 /// Which poison outputs get before a kernel runs (step 5 of Note [The call protocol]): 0 none,
 /// 1 the primary pattern, 2 the alternate one. A byte repeated over the output's memory:
-///   primary:   0xff for floating types (NaN in float16, bfloat16, float32 and float64), 0x7b for
-///              integers (123 in 8 bits), 0x01 for bool (true);
-///   alternate: 0x5a for floating and integer types (finite: 1.5e16 in float32, 203.25 in
-///              float16), 0x00 for bool (false).
+///   primary:   0xff for floating types (NaN in float16, bfloat16, float32 and float64), 0x7f
+///              for float8_e4m3fn and float8_e5m2 and 0xff for float8_e8m0fnu (NaN in each), 0x7b
+///              for integers (123 in 8 bits), 0x01 for bool (true);
+///   alternate: 0x5a for floating, float8 and integer types (finite: 1.5e16 in float32, 203.25 in
+///              float16, 20 in float8_e4m3fn, 192 in float8_e5m2), 0x00 for bool (false).
 /// Two runs with different patterns catch an unwritten element whose correct value happens to
 /// equal one pattern. The mode starts from the environment variable OPFORGE_POISON_OUTPUTS
 /// (unset or 0: off).

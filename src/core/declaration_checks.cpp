@@ -201,13 +201,14 @@ void check_arguments(const OpforgeOpSpec& op, std::set<std::string>& seen, Probl
       p.add(ctx,
             "the first tensor input cannot be opforge::optional (it sets the outputs' device and the run-time "
             "kernels' {T})");
-    const bool has_default = tensor ? is_optional(a) : a.param.has_default != 0;
-    if (!after_default.empty() && !has_default)  // torch's schema parser asserts on such a schema
+    // An optional input takes a default only where every later argument has one (schema.h's
+    // has_schema_default), so a required argument can follow only a parameter's default.
+    const bool has_default = has_schema_default(op, i);
+    if (!after_default.empty() && !has_default && !is_optional(a))  // torch's parser asserts on such a schema
       p.add(ctx, "follows " + after_default + (tensor ? ", so it must be optional too" : ", so it needs a default") +
                      " (torch schemas put arguments with defaults last)");
-    if (has_default && after_default.empty())
-      after_default = (tensor ? "the opforge::optional input '" : "the param '") + std::string(a.name) +
-                      (tensor ? "'" : "' with a default");
+    if (has_default && after_default.empty() && !tensor)
+      after_default = "the param '" + std::string(a.name) + "' with a default";
     if (tensor) {
       first_tensor = false;
       check_tensor(op, i, ctx, p);
@@ -387,8 +388,8 @@ std::vector<std::string> tolerance_problems(const OpforgeOpSpec& op) {
   for (const OpforgeTolerance& t : tolerances(op)) {
     const bool known = t.dtype >= 0 && t.dtype < OPFORGE_NUM_DTYPES;
     const std::string name = known ? dtype_name(t.dtype) : "dtype " + std::to_string(t.dtype);
-    if (!is_floating(t.dtype))
-      problems.push_back(declared_at(op) + "tolerance for " + name + ": expected a floating dtype");
+    if (!is_floating(t.dtype) && !is_float8(t.dtype))
+      problems.push_back(declared_at(op) + "tolerance for " + name + ": expected a floating or float8 dtype");
     else if (seen[t.dtype]) problems.push_back(declared_at(op) + "tolerance for " + name + " declared twice");
     else seen[t.dtype] = true;
     for (const auto& [what, value] : {std::pair{"atol", t.atol}, std::pair{"rtol", t.rtol}})

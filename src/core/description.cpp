@@ -94,6 +94,7 @@ json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::m
     j["max_rank"] = t.max_rank;
     j["layout"] = layout_name(t.layout);
     j["optional"] = is_optional(a);
+    j["default_none"] = has_schema_default(op, i);
     j["mutated"] = is_mutated(a);
     json values = nullptr;
     if (t.has_values)

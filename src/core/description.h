@@ -37,9 +37,10 @@ namespace opforge::core {
 ///        "same_dtype": name | null, "dtype_alternatives": [dtype...] (with same_dtype),
 ///        "same_shape": name | null, "min_rank", "max_rank" (-1: no bound), "leading_dims": bool
 ///        ("shape" then rules the last dims), "layout": "contiguous" | "strided" | "contiguous_last_dim",
-///        "optional": bool, "mutated": bool, "values": null | {"low", "high" (text), "unique": bool,
-///        "sentinel": int | null} (Note [Value domains]), "shape": ["x.size(-1)", "*"...] | null,
-///        "multiple_of": [[dim, k]...], "follows": [[dim of the first input, dim]...]}
+///        "optional": bool, "default_none": bool (schema `=None`), "mutated": bool,
+///        "values": null | {"low", "high" (text), "unique": bool, "sentinel": int | null} (Note [Value domains]),
+///        "shape": ["x.size(-1)", "*"...] | null, "multiple_of": [[dim, k]...], "follows": [[dim of the first input,
+///        dim]...]}
 ///   param arg: {"name", "kind": "param", "type": "int" | "float" | "bool" | "str" | "int[]" |
 ///        "float[]", "default": typed value (absent: required), "min", "max" (absent: no
 ///        bound), "choices": [typed value...] | null, "compile_time": bool}

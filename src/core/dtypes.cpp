@@ -63,6 +63,11 @@ constexpr uint32_t kFloating = (1u << OPFORGE_DTYPE_FLOAT32) | (1u << OPFORGE_DT
 
 bool is_floating(int32_t dtype) { return dtype >= 0 && dtype < OPFORGE_NUM_DTYPES && ((kFloating >> dtype) & 1u); }
 
+bool is_float8(int32_t dtype) {
+  return dtype == OPFORGE_DTYPE_FLOAT8_E4M3FN || dtype == OPFORGE_DTYPE_FLOAT8_E5M2 ||
+         dtype == OPFORGE_DTYPE_FLOAT8_E8M0FNU;
+}
+
 uint32_t admitted_dtypes(const OpforgeOpSpec& op, int32_t arg) {
   const OpforgeTensorSpec& s = op.args[arg].tensor;
   if (s.dtype_like < 0) return s.dtypes;

@@ -25,8 +25,12 @@ std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, si
 std::vector<std::vector<int32_t>> dtype_combinations_on(const OpforgeOpSpec& op, int32_t device_type,
                                                         size_t limit = 256);
 
-/// Whether `dtype` (an OpforgeDtype) is a floating one: float32, float64, float16, bfloat16.
+/// Whether `dtype` (an OpforgeDtype) is a floating one: float32, float64, float16, bfloat16 (not the
+/// float8 dtypes, which autocast never casts to or from: Note [Float8 dtypes] in opforge/dtype.h).
 bool is_floating(int32_t dtype);
+
+/// Whether `dtype` (an OpforgeDtype) is a float8 one: float8_e4m3fn, float8_e5m2, float8_e8m0fnu.
+bool is_float8(int32_t dtype);
 
 /// The dtypes tensor argument `arg` of `op` takes in some call (bit 1u << OpforgeDtype each): its
 /// own set, or for a same_dtype input each dtype its rule (same_dtype_allowed) accepts beside a

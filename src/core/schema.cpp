@@ -122,7 +122,7 @@ void arguments(const OpforgeOpSpec& op, detail::StringBuilder& os, int32_t* alia
       os << "Tensor";
       if (is_mutated(a)) os << "(" << alias_set((*aliases)++) << "!)";
       if (is_optional(a)) os << "?";
-      os << " " << a.name << (is_optional(a) ? "=None" : "");
+      os << " " << a.name << (has_schema_default(op, i) ? "=None" : "");
       continue;
     }
     os << (is_size_param(op, i) ? "SymInt" : schema_type(a.kind)) << " " << a.name;
@@ -274,6 +274,17 @@ bool reads_param(const OpforgeExpr& e, int32_t i) {
   return false;
 }
 }  // namespace
+
+bool has_schema_default(const OpforgeOpSpec& op, int32_t i) {
+  const OpforgeArgSpec& a = op.args[i];
+  if (a.kind != OPFORGE_ARG_TENSOR) return a.param.has_default != 0;
+  if (!is_optional(a)) return false;
+  for (int32_t j = i + 1; j < op.num_args; ++j) {  // each later one optional or with a default
+    const OpforgeArgSpec& later = op.args[j];
+    if (later.kind == OPFORGE_ARG_TENSOR ? !is_optional(later) : later.param.has_default == 0) return false;
+  }
+  return true;
+}
 
 bool is_size_param(const OpforgeOpSpec& op, int32_t i) {
   const OpforgeArgSpec& a = op.args[i];

@@ -72,6 +72,13 @@ const char* autocast_name(int32_t policy);
 /// dynamic dim symbolic instead of specialising (recompiling) on each value.
 bool is_size_param(const OpforgeOpSpec& op, int32_t i);
 
+/// Whether argument `i` has a default in the schema: a parameter declared with one, or an
+/// opforge::optional tensor input (`=None`) that only arguments with defaults follow. An optional
+/// input before a required argument is `Tensor? key` with no default, as torch's schemas allow
+/// (vLLM's `rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size,
+/// ...)`): callers pass None for it.
+bool has_schema_default(const OpforgeOpSpec& op, int32_t i);
+
 /// Name of a schema type for an argument kind ("Tensor", "int", ...).
 const char* schema_type(int32_t kind);
 

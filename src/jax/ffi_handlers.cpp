@@ -73,6 +73,12 @@ DtypeOf dtype_of(ffi::DataType t) {
       return {OPFORGE_DTYPE_UINT8, "uint8"};
     case ffi::DataType::PRED:
       return {OPFORGE_DTYPE_BOOL, "bool"};
+    case ffi::DataType::F8E4M3FN:
+      return {OPFORGE_DTYPE_FLOAT8_E4M3FN, "float8_e4m3fn"};
+    case ffi::DataType::F8E5M2:
+      return {OPFORGE_DTYPE_FLOAT8_E5M2, "float8_e5m2"};
+    case ffi::DataType::F8E8M0FNU:
+      return {OPFORGE_DTYPE_FLOAT8_E8M0FNU, "float8_e8m0fnu"};
     case ffi::DataType::U16:
       return {-1, "uint16"};
     case ffi::DataType::U32:

@@ -25,8 +25,10 @@ void check_cuda(cudaError_t e, const std::string& what) {
 }
 
 const char* cuda_type(int32_t dtype) {
-  static const char* const kTypes[] = {"float", "double", "__half",    "__nv_bfloat16", "signed char",
-                                       "short", "int",    "long long", "unsigned char", "bool"};
+  static const char* const kTypes[] = {"float",         "double",        "__half",       "__nv_bfloat16", "signed char",
+                                       "short",         "int",           "long long",    "unsigned char", "bool",
+                                       "__nv_fp8_e4m3", "__nv_fp8_e5m2", "__nv_fp8_e8m0"};
+  static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == OPFORGE_NUM_DTYPES, "a CUDA type per OpforgeDtype");
   return (dtype >= 0 && dtype < OPFORGE_NUM_DTYPES) ? kTypes[dtype] : "void";
 }
 

@@ -330,7 +330,8 @@ namespace opforge {
 
 TensorMap tensor_map(const Tensor& t, std::initializer_list<uint32_t> box, TensorMapSwizzle swizzle) {
   const detail::rtc::TensorMapLayout l = detail::rtc::tensor_map_layout(t, box.begin(), box.size(), swizzle);
-  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // int8, uint8, bool: copies move bits
+  // int8, uint8, bool and the float8 dtypes: copies move bytes (no float8 arithmetic on the way).
+  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   switch (t.dtype()) {
     case kFloat16:
       type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;

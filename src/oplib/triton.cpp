@@ -338,7 +338,9 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
 }
 
 std::string type_name(int32_t dtype) {
-  static const char* const kTypes[] = {"*fp32", "*fp64", "*fp16", "*bf16", "*i8", "*i16", "*i32", "*i64", "*u8", "*u1"};
+  static const char* const kTypes[] = {"*fp32", "*fp64", "*fp16", "*bf16",    "*i8",    "*i16", "*i32",
+                                       "*i64",  "*u8",   "*u1",   "*fp8e4nv", "*fp8e5", "*u8"};
+  static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == OPFORGE_NUM_DTYPES, "a Triton type per OpforgeDtype");
   return dtype >= 0 && dtype < OPFORGE_NUM_DTYPES ? kTypes[dtype] : "*i8";
 }
 

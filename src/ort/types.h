@@ -21,8 +21,8 @@ struct TypeMap {
   const char* label;  ///< opforge's name where it has the type, ONNX's otherwise
 };
 
-/// Every ONNX element type ONNX Runtime passes custom ops: a new opforge dtype (float8) is one
-/// more row here and in python/opforge/onnx/_types.py.
+/// Every ONNX element type ONNX Runtime passes custom ops: a new opforge dtype is one more row
+/// here and in python/opforge/onnx/_types.py (float8_e8m0fnu has no ONNX Runtime type).
 inline constexpr TypeMap kTypes[] = {
     {kFloat, OPFORGE_DTYPE_FLOAT32, "float32"},
     {kDouble, OPFORGE_DTYPE_FLOAT64, "float64"},
@@ -40,9 +40,9 @@ inline constexpr TypeMap kTypes[] = {
     {kString, -1, "string"},
     {kComplex64, -1, "complex64"},
     {kComplex128, -1, "complex128"},
-    {kFloat8E4M3FN, -1, "float8e4m3fn"},
+    {kFloat8E4M3FN, OPFORGE_DTYPE_FLOAT8_E4M3FN, "float8_e4m3fn"},
     {kFloat8E4M3FNUZ, -1, "float8e4m3fnuz"},
-    {kFloat8E5M2, -1, "float8e5m2"},
+    {kFloat8E5M2, OPFORGE_DTYPE_FLOAT8_E5M2, "float8_e5m2"},
     {kFloat8E5M2FNUZ, -1, "float8e5m2fnuz"},
 };
 

@@ -7,7 +7,9 @@
 
 #include <optional>
 
+#include "../core/dtypes.h"
 #include "../core/schema.h"
+#include "types.h"
 
 namespace opforge::torch {
 namespace {
@@ -24,7 +26,11 @@ class AutocastKernel final : public c10::OperatorKernel {
       const c10::IValue& v = (*stack)[start + i];
       if (!v.isTensor()) return nullptr;
       const at::Tensor& t = v.toTensor();
-      return t.defined() && at::autocast::is_autocast_eligible(t, device_) ? &t : nullptr;
+      // The core's floating dtypes only: float8 is floating to torch, but never cast (Note [Float8 dtypes]).
+      return t.defined() && at::autocast::is_autocast_eligible(t, device_) &&
+                     core::is_floating(to_opforge(t.scalar_type()))
+                 ? &t
+                 : nullptr;
     };
     std::optional<at::ScalarType> target;
     switch (core::autocast_policy(op_)) {

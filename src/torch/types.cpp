@@ -29,14 +29,22 @@ int32_t to_opforge(at::ScalarType t) {
       return OPFORGE_DTYPE_UINT8;
     case at::kBool:
       return OPFORGE_DTYPE_BOOL;
+    case at::kFloat8_e4m3fn:
+      return OPFORGE_DTYPE_FLOAT8_E4M3FN;
+    case at::kFloat8_e5m2:
+      return OPFORGE_DTYPE_FLOAT8_E5M2;
+    case at::kFloat8_e8m0fnu:
+      return OPFORGE_DTYPE_FLOAT8_E8M0FNU;
     default:
       return -1;
   }
 }
 
 at::ScalarType to_torch(int32_t d) {
-  static const at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kChar,
-                                          at::kShort, at::kInt,    at::kLong, at::kByte,     at::kBool};
+  static const at::ScalarType kTypes[] = {
+      at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,      at::kChar,        at::kShort,         at::kInt,
+      at::kLong,  at::kByte,   at::kBool, at::kFloat8_e4m3fn, at::kFloat8_e5m2, at::kFloat8_e8m0fnu};
+  static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == OPFORGE_NUM_DTYPES, "a torch dtype per OpforgeDtype");
   TORCH_INTERNAL_ASSERT(d >= 0 && d < OPFORGE_NUM_DTYPES, "opforge: bad dtype code ", d);
   return kTypes[d];
 }
@@ -51,10 +59,6 @@ const char* torch_dtype_name(at::ScalarType t) {
       return "complex64";
     case at::kComplexDouble:
       return "complex128";
-    case at::kFloat8_e4m3fn:
-      return "float8_e4m3fn";
-    case at::kFloat8_e5m2:
-      return "float8_e5m2";
     case at::kFloat8_e4m3fnuz:
       return "float8_e4m3fnuz";
     case at::kFloat8_e5m2fnuz:

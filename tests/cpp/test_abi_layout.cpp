@@ -14,7 +14,15 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 7); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 8); }
+
+TEST(AbiLayout, DtypeCodes) {  // opforge's own numbering, stable across versions
+  EXPECT_EQ(OPFORGE_DTYPE_BOOL, 9);
+  EXPECT_EQ(OPFORGE_DTYPE_FLOAT8_E4M3FN, 10);
+  EXPECT_EQ(OPFORGE_DTYPE_FLOAT8_E5M2, 11);
+  EXPECT_EQ(OPFORGE_DTYPE_FLOAT8_E8M0FNU, 12);
+  EXPECT_EQ(OPFORGE_NUM_DTYPES, 13);  // a dtype set is a uint32_t of bits
+}
 
 TEST(AbiLayout, Tensor) {
   EXPECT_EQ(sizeof(OpforgeTensor), 40u);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <opforge/op.h>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -318,6 +319,18 @@ TEST(RunCall, PoisonBytes) {
   EXPECT_EQ(core::poison_byte(OPFORGE_DTYPE_BOOL, 1), 0x01);
   EXPECT_EQ(core::poison_byte(OPFORGE_DTYPE_FLOAT32, 2), 0x5a);  // finite
   EXPECT_EQ(core::poison_byte(OPFORGE_DTYPE_BOOL, 2), 0x00);
+  // float8: a NaN of each format first, then a finite value (Note [Float8 dtypes]).
+  EXPECT_EQ(core::poison_byte(OPFORGE_DTYPE_FLOAT8_E4M3FN, 1), 0x7f);
+  EXPECT_EQ(core::poison_byte(OPFORGE_DTYPE_FLOAT8_E5M2, 1), 0x7f);
+  EXPECT_EQ(core::poison_byte(OPFORGE_DTYPE_FLOAT8_E8M0FNU, 1), 0xff);
+  for (int32_t d : {OPFORGE_DTYPE_FLOAT8_E4M3FN, OPFORGE_DTYPE_FLOAT8_E5M2, OPFORGE_DTYPE_FLOAT8_E8M0FNU})
+    EXPECT_EQ(core::poison_byte(d, 2), 0x5a);
+  EXPECT_TRUE(std::isnan(float(opforge::Float8_e4m3fn::from_bits(core::poison_byte(OPFORGE_DTYPE_FLOAT8_E4M3FN, 1)))));
+  EXPECT_TRUE(std::isnan(float(opforge::Float8_e5m2::from_bits(core::poison_byte(OPFORGE_DTYPE_FLOAT8_E5M2, 1)))));
+  EXPECT_TRUE(
+      std::isnan(float(opforge::Float8_e8m0fnu::from_bits(core::poison_byte(OPFORGE_DTYPE_FLOAT8_E8M0FNU, 1)))));
+  EXPECT_EQ(float(opforge::Float8_e4m3fn::from_bits(0x5a)), 20.0f);
+  EXPECT_EQ(float(opforge::Float8_e5m2::from_bits(0x5a)), 192.0f);
 }
 
 }  // namespace run_call_tests

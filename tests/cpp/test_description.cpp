@@ -583,7 +583,7 @@ TEST(DataDependent, ASizeFromAZeroDimInt64Output) {
 
 void ref_3_2p(opforge::Tensor, opforge::Tensor, opforge::Tensor, double, double, opforge::MutableTensor) {}
 
-TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {
+TEST(Optional, ComesAfterTheFirstTensorAndMayPrecedeRequiredArguments) {
   auto errors = errors_of(opforge::detail::make_op("unit", "order", "f.cpp", 9)
                               .input("mask", opforge::optional)
                               .input("x", opforge::floating)
@@ -596,14 +596,11 @@ TEST(Optional, ComesAfterTheFirstTensorAndBeforeOnlyDefaults) {
   EXPECT_EQ(errors, (std::vector<std::string>{
                         "f.cpp:9: unit::order: input 'mask': the first tensor input cannot be opforge::optional "
                         "(it sets the outputs' device and the run-time kernels' {T})",
-                        "f.cpp:9: unit::order: input 'x': follows the opforge::optional input 'mask', so it must "
-                        "be optional too (torch schemas put arguments with defaults last)",
-                        "f.cpp:9: unit::order: param 'eps': follows the opforge::optional input 'mask', so it "
-                        "needs a default (torch schemas put arguments with defaults last)",
-                    }));
+                    }));  // mask and b have no default (`Tensor? b`): required arguments follow them
 }
 
 void ref_1_2p(opforge::Tensor, double, opforge::Tensor, int64_t, opforge::MutableTensor) {}
+void ref_1_1p_2(opforge::Tensor, double, opforge::Tensor, opforge::Tensor, opforge::MutableTensor) {}
 void ref_dims(opforge::Tensor, std::span<const int64_t>, opforge::MutableTensor) {}
 
 TEST(Description, AListDefaultMayBeAStdVector) {
@@ -633,6 +630,19 @@ TEST(Optional, ARequiredArgumentAfterADefaultedParamIsAnError) {
                         "optional too (torch schemas put arguments with defaults last)",
                         "f.cpp:9: unit::late: param 'n': follows the param 'a' with a default, so it needs a "
                         "default (torch schemas put arguments with defaults last)",
+                    }));
+  // An optional input after a default is refused where a required argument follows it, by that argument.
+  errors = errors_of(opforge::detail::make_op("unit", "late", "f.cpp", 9)
+                         .input("x", opforge::floating)
+                         .param<double>("a", 1.0)
+                         .input("o", opforge::optional)
+                         .input("w", opforge::floating)
+                         .output("y", opforge::like("x"))
+                         .reference(ref_1_1p_2)
+                         .release());
+  EXPECT_EQ(errors, (std::vector<std::string>{
+                        "f.cpp:9: unit::late: input 'w': follows the param 'a' with a default, so it must be "
+                        "optional too (torch schemas put arguments with defaults last)",
                     }));
 }
 

@@ -37,8 +37,8 @@ TEST(Description, DescribesArgumentsOutputsAndKernels) {
   EXPECT_EQ(op["args"][0], json::parse(R"({"name": "x", "type": "Tensor", "kind": "tensor",
       "dtypes": ["float16", "bfloat16"], "same_dtype": null, "dtype_alternatives": [], "same_shape": null,
       "min_rank": -1, "max_rank": -1, "leading_dims": false,
-      "layout": "contiguous_last_dim", "optional": false, "mutated": false, "values": null, "shape": null,
-      "multiple_of": [], "follows": []})"));
+      "layout": "contiguous_last_dim", "optional": false, "default_none": false, "mutated": false,
+      "values": null, "shape": null, "multiple_of": [], "follows": []})"));
   EXPECT_EQ(op["args"][1], json::parse(R"({"name": "alpha", "type": "float", "kind": "param", "default": 0.5,
       "min": 0.0, "choices": null, "compile_time": false})"));
   EXPECT_EQ(op["outputs"][0], json::parse(R"({"name": "y", "dtype": null, "dtype_like": "x", "like": "x",

@@ -133,7 +133,7 @@ TEST(Tolerance, BrokenDeclarationsAreListedAndGoodOnesKept) {
                     .release();
   ASSERT_TRUE(broken->finalize().empty());
   EXPECT_EQ(opforge::core::tolerance_problems(*broken->spec()),
-            (std::vector<std::string>{"f.cpp:13: ns::tol: tolerance for int32: expected a floating dtype",
+            (std::vector<std::string>{"f.cpp:13: ns::tol: tolerance for int32: expected a floating or float8 dtype",
                                       "f.cpp:13: ns::tol: tolerance for bfloat16: expected atol finite and >= 0, got "
                                       "-0.010000",
                                       "f.cpp:13: ns::tol: tolerance for bfloat16 declared twice",

@@ -79,6 +79,27 @@ TEST(Schema, OptionalTensorDefaultsToNone) {
   EXPECT_EQ(opforge::core::schema(*def->spec()), "masked(Tensor x, Tensor? mask=None) -> Tensor");
 }
 
+void rotary_ref(Tensor, MutableTensor, MutableTensor, int64_t, Tensor, bool, Tensor) {}
+
+TEST(Schema, AnOptionalTensorBeforeARequiredArgumentHasNoDefault) {
+  // vLLM's rotary_embedding: the key may be None, and head_size, cos_sin_cache follow it.
+  auto def = finalized(opforge::detail::make_op("ns", "rotary", "f.cpp", 1)
+                           .input("positions", opforge::kInt64)
+                           .input("query", opforge::floating, opforge::mutated)
+                           .input("key", opforge::same_dtype("query"), opforge::optional, opforge::mutated)
+                           .param<int64_t>("head_size")
+                           .input("cos_sin_cache", opforge::same_dtype("query"))
+                           .param<bool>("is_neox", true)
+                           .input("bias", opforge::same_dtype("query"), opforge::optional)
+                           .reference(rotary_ref)
+                           .release());
+  EXPECT_EQ(opforge::core::schema(*def->spec()),
+            "rotary(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, Tensor cos_sin_cache, "
+            "bool is_neox=True, Tensor? bias=None) -> ()");
+  EXPECT_FALSE(opforge::core::has_schema_default(*def->spec(), 2));
+  EXPECT_TRUE(opforge::core::has_schema_default(*def->spec(), 6));
+}
+
 void writes_two(MutableTensor, Tensor, MutableTensor, double) {}
 void writes_and_returns(Tensor, MutableTensor, MutableTensor, MutableTensor) {}
 

@@ -135,7 +135,19 @@ def _numpy_case(op, device: str = "cpu"):
     return cases[0] if cases else None
 
 
-@pytest.mark.parametrize("folder", EXAMPLES)
+#: Example folders whose every op takes a dtype numpy does not hold (float8 results).
+NOT_IN_NUMPY = {"fp8_quant"}
+
+
+@pytest.mark.parametrize(
+    "folder",
+    [
+        pytest.param(f, marks=pytest.mark.skip(reason="its ops write float8 tensors, which numpy does not hold"))
+        if f in NOT_IN_NUMPY
+        else f
+        for f in EXAMPLES
+    ],
+)
 def test_every_example_op_runs_in_onnxruntime_on_the_cpu_like_its_reference(folder):
     lib = library(folder)
     checked = 0

@@ -223,3 +223,49 @@ def test_dtensor_with_and_without(optional_ops):
     from test_distributed import run_in_processes
 
     run_in_processes(_dtensor_worker, str(optional_ops.path))
+
+
+MID_SCHEMA = "fixture::add_bias_mul(Tensor x, Tensor? bias, Tensor weight) -> Tensor"
+
+
+def test_an_optional_input_before_a_required_one_has_no_default():
+    """fixture::add_bias_mul: ``Tensor? bias`` before ``Tensor weight``, as torch's schemas allow
+    (vLLM's rotary_embedding takes ``Tensor(b!)? key`` before ``int head_size``): the caller passes
+    None, positionally or by name, in eager and compiled calls, and verify covers both."""
+    op = torch.ops.fixture.add_bias_mul
+    assert str(op.default._schema) == MID_SCHEMA
+    bias = opforge.find_op("fixture::add_bias_mul").arg("bias")
+    assert bias.optional and not bias.default_none
+    assert opforge.find_op("fixture::add_bias").arg("bias").default_none
+    x, b, w = torch.randn(3, 8), torch.randn(8), torch.randn(8)
+    torch.testing.assert_close(op(x, b, w), (x + b) * w)
+    torch.testing.assert_close(op(x, None, w), x * w)
+    torch.testing.assert_close(op(x, bias=None, weight=w), x * w)
+    compiled = torch.compile(lambda x, b, w: op(x, b, w), fullgraph=True)
+    torch.testing.assert_close(compiled(x, None, w), x * w)
+    report = verify.verify_op("fixture::add_bias_mul", device="cpu", seed=5)
+    assert report.ok, [(r.check, r.case, r.message) for r in report.failures]
+    assert any(r.case.endswith("without bias") for r in report.results)
+
+
+def test_stubs_give_an_optional_input_before_a_required_one_no_default(optional_ops, tmp_path):
+    from opforge.stubs import write_stubs
+
+    stub = next(p for p in write_stubs(optional_ops, tmp_path) if p.suffix == ".pyi").read_text()
+    assert "x: Tensor, bias: Tensor | None, weight: Tensor" in stub
+    assert "bias: Tensor | None = None" in stub  # add_bias's, last
+    compile(stub, "optional_ops.pyi", "exec")  # valid Python: no default before a required argument
+
+
+def test_jax_signature_gives_an_optional_input_before_a_required_one_no_default(optional_ops):
+    import inspect
+
+    pytest.importorskip("jax")
+    import opforge.jax as ojax
+
+    ojax.load_library(optional_ops.path)
+
+    empty = inspect.Parameter.empty
+    mid = inspect.signature(ojax.ops.fixture.add_bias_mul).parameters
+    assert [p.default for p in mid.values()] == [empty, empty, empty]
+    assert inspect.signature(ojax.ops.fixture.add_bias).parameters["bias"].default is None

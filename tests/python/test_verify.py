@@ -185,6 +185,9 @@ def test_an_op_without_an_out_overload_is_caught_where_the_reference_is_the_pois
         (torch.int32, 0x7B7B7B7B, 0x5A5A5A5A),
         (torch.int64, INT64_POISON[0], INT64_POISON[1]),
         (torch.bool, True, False),
+        (torch.float8_e4m3fn, math.nan, 20.0),  # 0x7f, 0x5a
+        (torch.float8_e5m2, math.nan, 192.0),  # 0x7f, 0x5a
+        (torch.float8_e8m0fnu, math.nan, 2.0 ** (0x5A - 127)),  # 0xff, 0x5a
     ],
 )
 def test_the_poison_of_each_dtype_is_the_cores_byte_repeated(dtype, primary, alternate):

@@ -11,12 +11,15 @@ namespace opforge {
 
 /// Name of an OpforgeDtype as torch prints it ("float32", "bfloat16", ...), or "unknown".
 inline const char* dtype_name(int32_t d) {
-  static const char* const kNames[] = {"float32", "float64", "float16", "bfloat16", "int8",
-                                       "int16",   "int32",   "int64",   "uint8",    "bool"};
+  static const char* const kNames[] = {"float32",       "float64",     "float16",       "bfloat16", "int8",
+                                       "int16",         "int32",       "int64",         "uint8",    "bool",
+                                       "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == OPFORGE_NUM_DTYPES, "a name per OpforgeDtype");
   return (d >= 0 && d < OPFORGE_NUM_DTYPES) ? kNames[d] : "unknown";
 }
 
-/// Size in bytes of one element of an OpforgeDtype (1 for codes opforge does not know).
+/// Size in bytes of one element of an OpforgeDtype (1 for the 8-bit ones, float8 included, and for
+/// codes opforge does not know).
 inline constexpr size_t dtype_size(int32_t d) {
   switch (d) {
     case OPFORGE_DTYPE_FLOAT64:

@@ -147,7 +147,7 @@ class JaxOp:
         parameters = []
         for a in op.args:
             default = inspect.Parameter.empty
-            if isinstance(a, TensorArg) and a.optional:
+            if isinstance(a, TensorArg) and a.default_none:
                 default = None
             elif isinstance(a, Param) and a.default is not REQUIRED:
                 default = a.default

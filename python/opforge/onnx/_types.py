@@ -1,5 +1,5 @@
 """Element types between ONNX (``onnx.TensorProto`` numbering, which ONNX Runtime uses as it is)
-and opforge's dtype names. One row per type: a new opforge dtype (float8) is one more row here
+and opforge's dtype names. One row per type: a new opforge dtype is one more row here
 and in ``src/ort/types.h``."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ ONNX_TYPES: dict[str, int] = {
     "float16": 10,
     "float64": 11,
     "bfloat16": 16,
+    "float8_e4m3fn": 17,
+    "float8_e5m2": 19,
 }
 
 #: ONNX element type -> opforge dtype name.
@@ -33,6 +35,8 @@ _TYPE_STRINGS: dict[int, str] = {
     10: "tensor(float16)",
     11: "tensor(double)",
     16: "tensor(bfloat16)",
+    17: "tensor(float8e4m3fn)",
+    19: "tensor(float8e5m2)",
 }
 
 

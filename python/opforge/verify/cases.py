@@ -13,6 +13,7 @@ import torch
 from .. import _core
 from .._torch import loaded_libraries
 from ..description import Op, Param, TensorArg
+from .compare import FLOAT8
 
 _FLOATING = ("float32", "float64", "float16", "bfloat16")
 
@@ -126,6 +127,16 @@ def floating_as(op: Op, case: DtypeCase, dtype: str, keep_fixed: bool = False) -
     return same if same in op.dtype_combinations else None
 
 
+def exact_float8(op: Op, case: DtypeCase) -> bool:
+    """Whether ``case`` has a result of a float8 dtype that is compared bit for bit (an output, or
+    a written input, of a float8 dtype the op declares no ``.tolerance()`` for): its reference then
+    runs in the case's own dtypes, where the reference defines each byte (a float64 reference
+    rounds differently), and so does the ``.equivalent()`` a CPU reference is checked against."""
+    dtypes = [o.dtype if o.dtype is not None else case.dtypes.get(o.dtype_like) for o in op.outputs]
+    dtypes += [case.dtypes.get(a.name) for a in op.mutated]
+    return any(d in FLOAT8 and d not in op.tolerances for d in dtypes)
+
+
 def param_sets(op: Op, rng: random.Random) -> list[dict[int, object]]:
     """Parameter values by argument index: the defaults, then each ranged numeric parameter at
     its bounds and at a random point inside, each unranged float parameter at a random point of
@@ -177,17 +188,28 @@ class NoCase(Exception):
     """A case that no input can make (distinct indices more than the range holds)."""
 
 
+def _float8_codes(dtype: torch.dtype) -> torch.Tensor:
+    """Every byte whose value in ``dtype`` (a float8 dtype) is finite, as uint8."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    return codes[codes.view(dtype).float().isfinite()]
+
+
 def random_tensor(
     shape: list[int], dtype: torch.dtype, gen: torch.Generator, domain: Domain | None = None
 ) -> torch.Tensor:
-    """Random values, never all zero: normal for floats, [1, 10) for integers; within ``domain``
-    for an integer input that declares one (a quarter of them the marker, if it has one;
-    distinct if it must be).
+    """Random values, never all zero: normal for floats, every finite value equally likely for
+    the float8 dtypes (their whole range: zeros, subnormals, the largest values; NaN comes in the
+    "nan/inf" case), [1, 10) for integers; within ``domain`` for an integer input that declares
+    one (a quarter of them the marker, if it has one; distinct if it must be).
 
     Raises:
         NoCase: ``domain`` cannot supply the values (an empty range, or more distinct values than
             it holds, with no marker to fill in).
     """
+    if str(dtype).removeprefix("torch.") in FLOAT8:
+        codes = _float8_codes(dtype)
+        picks = torch.randint(0, codes.numel(), shape, generator=gen)
+        return codes[picks].view(dtype)
     if dtype.is_floating_point:
         return (torch.randn(shape, generator=gen, dtype=torch.float64) * 2).to(dtype)
     if dtype == torch.bool:
@@ -248,9 +270,12 @@ def _view(t: torch.Tensor, how: str, gen: torch.Generator, draw) -> torch.Tensor
 
 
 def _special(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with NaN, infinities and large values in a few elements (a float8 tensor: NaN, the
+    infinities where the format has them, else NaN again, and its largest finite values)."""
     t = t.clone()
     flat = t.view(-1)
-    for k, v in enumerate((float("nan"), float("inf"), -float("inf"), 1e4, -1e4)):
+    big = torch.finfo(t.dtype).max if str(t.dtype).removeprefix("torch.") in FLOAT8 else 1e4
+    for k, v in enumerate((float("nan"), float("inf"), -float("inf"), big, -big)):
         if k < flat.numel():
             flat[k * 7 % flat.numel()] = v
     return t
@@ -515,7 +540,10 @@ def generate_cases(
     add("empty", 0, 37, params[0])
     if without:
         add(f"empty{without}", 0, 37, params[0], omit_optional=True)
-    floating = [a.index for a in op.tensors if dtypes[a.name] in _FLOATING]
+    # A written float8 tensor is a result buffer (a quantiser's): the special values go to an input.
+    floating = [
+        a.index for a in op.tensors if dtypes[a.name] in _FLOATING or (dtypes[a.name] in FLOAT8 and not a.mutated)
+    ]
     if floating:
         add("nan/inf", 3, 37, params[0], lambda arg, t, gen, draw: _special(t) if arg.index == floating[0] else t)
     return cases

@@ -21,13 +21,14 @@ from .cases import (
     Inputs,
     dtype_cases,
     dtype_of,
+    exact_float8,
     floating_as,
     generate_cases,
     op_handle,
     param_sets,
     without_optional,
 )
-from .compare import TOLERANCES, compare_outputs, equivalent_bound
+from .compare import FLOAT8, TOLERANCES, compare_outputs, equivalent_bound
 from .poison import poisoning, rerun_where_hidden
 from .report import CaseResult, Report
 from .sweep import compile_cases
@@ -159,7 +160,9 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
     :data:`~.cases.DEVICE_SHAPES`."""
     handle = op_handle(op.name)
     declared = op.tolerances.get(case.tolerance) if device != "cpu" else None
-    wide = floating_as(op, case, "float64", keep_fixed=True)
+    float8_declared = {d: t for d, t in op.tolerances.items() if d in FLOAT8} if device != "cpu" else None
+    exact = exact_float8(op, case)  # float8 results compared bit for bit: the reference in the case's dtypes
+    wide = None if exact else floating_as(op, case, "float64", keep_fixed=True)
     # FlashAttention's criterion measures both errors against float64: not against a reference
     # run in the case's own dtypes.
     bound_by_equivalent = device != "cpu" and wide is not None and bool(op.tolerance_vs_equivalent)
@@ -204,7 +207,8 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             if device == "cpu" or "cpu" not in op.devices:
                 # The equivalent in float64 on the CPU: the reference of an op without a C++ one.
                 # One namespace, so that lambdas and comprehensions in the expression see the arguments.
-                scope = {"torch": torch, **dict(zip(names, fresh(to(inputs.args, "cpu", dtype=torch.float64))))}
+                given = to(inputs.args, "cpu") if exact else to(inputs.args, "cpu", dtype=torch.float64)
+                scope = {"torch": torch, **dict(zip(names, fresh(given)))}
                 ref = eval(op.equivalent, scope)  # noqa: S307 -- the author's own expression
             else:
                 ref_args = as_dtypes(op, inputs.args, wide) if wide is not None else inputs.args
@@ -212,7 +216,7 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             passed: list[int] = []
             beyond = _equivalent_bound(op, inputs.args, device, passed) if bound_by_equivalent else None
             ok, result.max_abs_error, result.error_vs_tolerance, why = compare_outputs(
-                out, ref, case.tolerance, declared, beyond
+                out, ref, case.tolerance, declared, beyond, float8_declared
             )
             if ok:  # Note [Poison that equals the reference]
                 why = rerun_where_hidden(
@@ -220,7 +224,14 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
                     partial(results_on, op, handle, inputs.args, device),
                     out,
                     tuple(ref) if isinstance(ref, (tuple, list)) else (ref,),
-                    partial(compare_outputs, ref=ref, dtype=case.tolerance, tolerance=declared, beyond=beyond),
+                    partial(
+                        compare_outputs,
+                        ref=ref,
+                        dtype=case.tolerance,
+                        tolerance=declared,
+                        beyond=beyond,
+                        float8_tolerances=float8_declared,
+                    ),
                 )
                 ok = not why
             if ok and passed:
@@ -324,6 +335,7 @@ def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, ca
         )
         return
     args = to(base.args, device)
+    float8_args = any(isinstance(a, torch.Tensor) and str(a.dtype).removeprefix("torch.") in FLOAT8 for a in args)
 
     def record(check: str, fn: Callable[[], str | None], run_dtype: str = dtype) -> None:
         repro = base.repro()
@@ -343,7 +355,10 @@ def _check_structure_of(op: Op, case: DtypeCase, device: str, report: Report, ca
             )
 
     def opcheck():
-        results = torch.library.opcheck(handle.default, tuple(args))
+        # torch's test_schema compares each tensor before and after the call with torch.allclose,
+        # which has no float8 kernel: a case with float8 tensors runs opcheck's other tests.
+        utils = [u for u in torch.library._OPCHECK_DEFAULT_UTILS if u != "test_schema" or not float8_args]
+        results = torch.library.opcheck(handle.default, tuple(args), test_utils=tuple(utils))
         failed = {k: v for k, v in results.items() if v != "SUCCESS"}
         return f"opcheck: {failed}" if failed else None
 

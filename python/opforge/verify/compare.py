@@ -1,4 +1,4 @@
-"""Comparing outputs with a reference: tolerances by dtype, NaN and infinity rules."""
+"""Comparing outputs with a reference: tolerances by dtype, NaN and infinity rules; float8 bit for bit."""
 
 from __future__ import annotations
 
@@ -16,6 +16,39 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (2e-3, 2e-3),
     "bfloat16": (1.6e-2, 1.6e-2),
 }
+
+#: The float8 dtypes (Note [Float8 dtypes] in ``opforge/dtype.h``): a result of one of them is
+#: compared bit for bit (any NaN equals any NaN), unless the op declares a tolerance for it.
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _float8_compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, float, str]:
+    """:func:`compare`'s result for a float8 ``out`` against ``ref`` (taken to ``out``'s dtype by
+    torch's rounding if it has another): equal bytes, or NaN on both sides."""
+    o = out.detach().cpu().contiguous()
+    r = ref.detach().cpu().to(o.dtype).contiguous()
+    o_nan, r_nan = o.float().isnan(), r.float().isnan()
+    bad = (o.view(torch.uint8) != r.view(torch.uint8)) & ~(o_nan & r_nan)
+    diff = (o.double() - r.double()).abs().masked_fill(o_nan | r_nan, 0.0).nan_to_num(nan=0.0, posinf=math.inf)
+    max_err = diff.max().item()
+    if not bad.any():
+        return True, max_err, 0.0, ""
+    first = tuple(int(v) for v in bad.nonzero()[0].tolist())
+    got, want = o.view(torch.uint8)[first].item(), r.view(torch.uint8)[first].item()
+    return (
+        False,
+        max_err,
+        math.inf,
+        (
+            f"{int(bad.sum())} of {o.numel()} elements differ; first at {list(first)}: "
+            f"0x{got:02x} ({o[first].item()!r}), expected 0x{want:02x} ({r[first].item()!r}) "
+            f"in {_dtype_name(o.dtype)}, compared bit for bit"
+        ),
+    )
 
 
 def _differences(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -47,7 +80,7 @@ def equivalent_bound(equivalent: Callable[[], object], factor: float, passed: li
     results: list = []
 
     def beyond(k: int, o: torch.Tensor, r: torch.Tensor) -> tuple[bool, float, str]:
-        if not o.dtype.is_floating_point:
+        if not o.dtype.is_floating_point or _dtype_name(o.dtype) in FLOAT8:
             return False, math.inf, ""  # exact outputs stay exact
         if not results:
             try:
@@ -87,16 +120,29 @@ def equivalent_bound(equivalent: Callable[[], object], factor: float, passed: li
 
 
 def compare(
-    out: torch.Tensor, ref: torch.Tensor, dtype: str, tolerance: tuple[float, float] | None = None
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    dtype: str,
+    tolerance: tuple[float, float] | None = None,
+    float8_tolerances: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[bool, float, float, str]:
     """(ok, max abs error, worst error / tolerance, why) of ``out`` against ``ref`` with the
     tolerances of ``dtype`` (exact for dtypes not in :data:`TOLERANCES`), or ``tolerance``
     (atol, rtol) where given (an op's own, ``.tolerance()``), and never finer than those of
     ``out``'s own dtype (a float32 output of a float64 case); NaN must match NaN,
     infinities must match exactly. A reference value beyond the range of ``out``'s dtype is taken
-    as the infinity it rounds to (a float16 result of 1e8 is inf, as torch computes it)."""
+    as the infinity it rounds to (a float16 result of 1e8 is inf, as torch computes it). An
+    ``out`` of a float8 dtype (:data:`FLOAT8`) is compared bit for bit (NaN equal to NaN) unless
+    ``float8_tolerances`` (the op's own, by dtype name) gives its dtype (atol, rtol)."""
+    own = _dtype_name(out.dtype)
+    if own in FLOAT8 and own not in (float8_tolerances or {}):
+        if out.shape != ref.shape:
+            return False, math.inf, math.inf, f"shape {list(out.shape)}, expected {list(ref.shape)}"
+        return _float8_compare(out, ref) if out.numel() else (True, 0.0, 0.0, "")
+    if own in FLOAT8:
+        tolerance = float8_tolerances[own]
     atol, rtol = tolerance or (TOLERANCES[dtype] if dtype in TOLERANCES else (0.0, 0.0))
-    own = str(out.dtype).removeprefix("torch.")  # an output is held to no less than its own dtype's
+    # an output is held to no less than its own dtype's
     if own in TOLERANCES:
         atol, rtol = max(atol, TOLERANCES[own][0]), max(rtol, TOLERANCES[own][1])
     if out.shape != ref.shape:
@@ -122,13 +168,19 @@ def compare(
 
 
 def compare_outputs(
-    out, ref, dtype: str, tolerance: tuple[float, float] | None = None, beyond: Callable | None = None
+    out,
+    ref,
+    dtype: str,
+    tolerance: tuple[float, float] | None = None,
+    beyond: Callable | None = None,
+    float8_tolerances: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[bool, float, float, str]:
     """:func:`compare` over every output of an op (a tensor or a tuple of them; None, for an output
     that exists only with an optional input, matches None only); the first mismatch names its
     output index when there are several. ``beyond(k, out_k, ref_k) -> (ok, ratio, why)``, where
     given (:func:`equivalent_bound`), decides output k when it misses its tolerance with the
-    reference's shape; the worst ratio then counts its ratio."""
+    reference's shape; the worst ratio then counts its ratio. ``float8_tolerances`` as for
+    :func:`compare`."""
     outs = out if isinstance(out, (tuple, list)) else (out,)
     refs = ref if isinstance(ref, (tuple, list)) else (ref,)
     if len(outs) != len(refs):
@@ -140,7 +192,7 @@ def compare_outputs(
                 where = f"output {k}: " if len(outs) > 1 else ""
                 return False, math.inf, math.inf, where + ("None" if o is None else "a tensor") + ", expected the other"
             continue
-        ok, err, ratio, why = compare(o, r, dtype, tolerance)
+        ok, err, ratio, why = compare(o, r, dtype, tolerance, float8_tolerances)
         if not ok and beyond is not None and o.shape == r.shape:
             ok, ratio, more = beyond(k, o, r)
             why = f"{why}; {more}" if more else why
