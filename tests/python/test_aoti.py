@@ -287,6 +287,29 @@ def test_the_runner_runs_a_triton_package_from_its_cubins_alone(triton_ops, tmp_
     assert "(x_ptr: *fp32 (divisible by 16), y_ptr: *fp32 (divisible by 16)" in str(err.value)
 
 
+class MaskedAddModel(torch.nn.Module):
+    """tt::add of the positive elements of x: its inputs' size depends on data."""
+
+    def forward(self, x):
+        positive = x[x > 0]
+        return torch.ops.tt.add(positive, positive)
+
+
+def test_a_triton_call_whose_size_depends_on_data_is_named_when_packaged(triton_ops, tmp_path):
+    """No example size, so no variant to compile: the package warns, naming the op, and the
+    runner on the CPU still runs the reference."""
+    x = torch.randn(64)
+    program = torch.export.export(MaskedAddModel(), (x,))
+    with pytest.warns(UserWarning) as caught:
+        package = aoti.package(program, tmp_path / "pkg", archs=["sm_90"])
+    assert (
+        "opforge.aoti.package: a call of tt::add has an input whose size depends on data, so the package carries "
+        "no compiled variant of its Triton kernels for it: the C++ runner will fail on that call unless its cache "
+        "holds one"
+    ) in [str(w.message) for w in caught]
+    torch.testing.assert_close(aoti.run(package, [x]).outputs[0], 2 * x[x > 0])
+
+
 class ScaleModel(torch.nn.Module):
     """tt::scale, whose Triton kernel is autotuned on its size, then a standard op."""
 
