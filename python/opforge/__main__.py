@@ -101,7 +101,7 @@ def _new(args: argparse.Namespace) -> int:
             shape = None if args.shape is None else [int(d) for d in args.shape.split(",")]
         except ValueError:
             raise ValueError(f"--shape takes comma-separated sizes such as 64,512; got {args.shape!r}") from None
-        written = new_op(args.op, Path(args.dir), args.dtypes.split(","), shape)
+        written = new_op(args.op, Path(args.dir), args.dtypes.split(","), shape, triton=args.triton)
     except ValueError as e:
         return _fail("new", e)
     for path in written:
@@ -181,9 +181,9 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser(
         "new",
         help="start an op folder (description, CPU reference, run-time kernel, a verify test)",
-        description="Write <dir>/<name>/ for the op ns::name: an op file, kernels/<name>.cu and "
-        "test_<name>.py. It describes the identity y = x, which builds and passes opforge verify as "
-        "written; replace its math with the op's.",
+        description="Write <dir>/<name>/ for the op ns::name: an op file, kernels/<name>.cu (kernels/<name>.py "
+        "with --triton) and test_<name>.py. It describes the identity y = x, which builds and passes opforge "
+        "verify as written; replace its math with the op's.",
     )
     n.add_argument("op", help="the qualified op name, ns::name")
     n.add_argument("--dir", default=".", help="the folder to create it in (default: .)")
@@ -196,18 +196,30 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated sizes the model calls it with (opforge doctor prints them): the test also runs "
         "the op at that shape",
     )
+    n.add_argument(
+        "--triton",
+        action="store_true",
+        help="write the device kernel as a Triton kernel (kernels/<name>.py, launched by a grid function) "
+        "instead of CUDA C++",
+    )
     n.set_defaults(func=_new)
 
     b = sub.add_parser(
         "build",
         help="build an op folder, or op files, into an op library (lib<name>.so)",
         description="Build an op library with CMake and Ninja against the prebuilt op-library runtime; "
-        "prints the path of lib<name>.so. A folder's *.cpp and *.cu are its sources and its kernels/*.cu "
-        "its run-time kernels. Rebuilding after an edit compiles only what changed.",
+        "prints the path of lib<name>.so. A folder's *.cpp and *.cu are its sources, and its kernels/*.cu, "
+        "kernels/*.py (Triton) and the folders in kernels/ its run-time kernels. Rebuilding after an edit "
+        "compiles only what changed.",
     )
     b.add_argument("paths", nargs="+", help="one op folder, or op files (.cpp) and CUDA sources (.cu)")
     b.add_argument("--name", help="the library's name (default: the folder's name, or the first file's stem)")
-    b.add_argument("--kernels", nargs="*", default=(), help="run-time kernel sources (.cu) for op files")
+    b.add_argument(
+        "--kernels",
+        nargs="*",
+        default=(),
+        help="run-time kernel sources for op files: .cu files, Triton .py files and folders of modules they import",
+    )
     b.add_argument("--build-dir", default=None, help="where to build (default: under ~/.cache/opforge/build)")
     b.add_argument("--cuda-architectures", default="90", help="CMake CUDA architectures for .cu files (default 90)")
     b.add_argument("-v", "--verbose", action="store_true", help="print the build's output")

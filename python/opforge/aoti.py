@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, size_hint
 
 from . import _aoti_shims
 from ._adapter import runner_path
@@ -96,24 +97,47 @@ def custom_classes(program: torch.export.ExportedProgram) -> dict[str, Path]:
     return found
 
 
+def _example_shape(value: torch.Tensor) -> tuple[int, ...] | None:
+    """The sizes of a graph value (a fake tensor) in the program's example call: a dynamic dim
+    takes the example inputs' size (its symbol's hint); None where a size has no example (one
+    that depends on data)."""
+    try:
+        return tuple(size_hint(d) for d in value.shape)
+    except GuardOnDataDependentSymNode:  # an unbacked symbol: no example value
+        return None
+
+
 def _instantiations(program: torch.export.ExportedProgram):
-    """(op name, tensor dtypes, parameter values) of each call of an op with run-time kernels."""
+    """(op name, tensor dtypes, parameter values, tensor shapes) of each call of an op with
+    run-time kernels; the shapes (by input name, the example call's) only for an op with a Triton
+    kernel, whose variants depend on sizes (Note [Triton kernels]), else None."""
     seen = set()
     for name, lib, node in _opforge_nodes(program):
         spec = next(op for op in lib.ops if op.name == name)
         if not spec.runtime_kernels:
             continue
-        dtypes, params = {}, {}
+        triton = any(k.backend == "triton" for k in spec.runtime_kernels)
+        dtypes, params, shapes = {}, {}, {} if triton else None
         for i, arg in enumerate(node.target._schema.arguments):
             value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
             if isinstance(value, torch.fx.Node):
                 dtypes[arg.name] = value.meta["val"].dtype
+                if shapes is not None:
+                    shapes[arg.name] = _example_shape(value.meta["val"])
             elif value is not None or not isinstance(arg.type, torch.OptionalType):  # None: an absent tensor
                 params[arg.name] = value
-        key = (name, tuple(sorted(dtypes.items(), key=str)), tuple(sorted(params.items(), key=str)))
+        if shapes is not None and None in shapes.values():
+            warnings.warn(
+                f"opforge.aoti.package: a call of {name} has an input whose size depends on data, so the "
+                "package carries no compiled variant of its Triton kernels for it: the C++ runner will fail on "
+                "that call unless its cache holds one",
+                stacklevel=3,
+            )
+            shapes = None
+        key = (name, *(tuple(sorted(d.items(), key=str)) for d in (dtypes, params, shapes or {})))
         if key not in seen:
             seen.add(key)
-            yield name, dtypes, params
+            yield name, dtypes, params, shapes
 
 
 def _device_archs(program: torch.export.ExportedProgram) -> list[str]:
@@ -137,10 +161,20 @@ def package(
 ) -> Path:
     """AOTInductor-compile ``program`` into ``package_dir/model.pt2`` with its op libraries beside it.
 
-    Also copied: each library's run-time kernel folder (``lib<name>.kernels/``), with the
-    kernels the graph instantiates compiled ahead of time for ``archs`` into its ``cache/``, so
-    the deployed package compiles nothing on first inference on those GPUs (NVRTC remains the
-    fallback for others). The device is that of the program's example inputs.
+    Also copied: each library's run-time kernel folder (``lib<name>.kernels/``; its sources, which
+    the build folder links, as files), with the kernels the graph instantiates compiled ahead of
+    time for ``archs`` into its ``cache/``, so the deployed package compiles nothing on first
+    inference on those GPUs (NVRTC remains the fallback for others). The device is that of the
+    program's example inputs. A Triton kernel (Note [Triton kernels] in ``opforge/op_launch.h``)
+    is compiled for each call's shapes in the example inputs (dynamic dims take their example
+    sizes): the variant Triton specialises for them and the general variant that serves any
+    other sizes, with the function's description, so that the runner, which has no Python,
+    needs nothing else; Triton itself must be installed where the package is made. An autotuned
+    Triton kernel is carried with every config compiled, and with the tuning choice for the
+    call's tuning key where one is in the kernel cache (tuning needs a GPU: run the model there
+    once, at the shapes to ship, before packaging). To ship more shapes, precompile them into the
+    package's ``lib<name>.kernels/cache`` after this call (:func:`opforge.precompile` with
+    ``shapes`` and ``cache_dir``).
 
     With ``c_shims``, the model calls the opforge ops through C shims generated from their
     schemas (``aot_inductor.custom_ops_to_c_shims``; Note [AOTInductor C shims] in
@@ -164,7 +198,8 @@ def package(
         Path of ``model.pt2``.
 
     Raises:
-        OpforgeError: a run-time kernel fails to compile (the message holds NVRTC's log).
+        OpforgeError: a run-time kernel fails to compile (the message holds NVRTC's log, or
+            Triton's message with the op, the variant and the file).
     """
     package_dir = Path(package_dir)
     package_dir.mkdir(parents=True, exist_ok=True)
@@ -214,12 +249,15 @@ def package(
         if lib.kernel_dir is not None and lib.kernel_dir.is_dir():
             target = package_dir / lib.kernel_dir.name
             shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(lib.kernel_dir, target, symlinks=False, ignore=shutil.ignore_patterns("cache"))
+            # The kernel folder links its sources: the package gets their contents, less caches.
+            ignore = shutil.ignore_patterns("cache", "__pycache__")
+            shutil.copytree(lib.kernel_dir, target, symlinks=False, ignore=ignore)
     for arch in _device_archs(program) if archs is None else archs:
-        for name, dtypes, params in _instantiations(program):
+        for name, dtypes, params, shapes in _instantiations(program):
             lib = next(lib for lib in libraries.values() if name in lib.op_names)
+            cache = package_dir / lib.kernel_dir.name / "cache"
             with status(f"opforge: compiling {name}'s run-time kernels for {arch}"):
-                precompile(name, dtypes, params, arch=arch, cache_dir=package_dir / lib.kernel_dir.name / "cache")
+                precompile(name, dtypes, params, arch=arch, cache_dir=cache, shapes=shapes)
     if shims is not None:
         lines.add(f"shims {shims.path.name}")
     stale = _manifest_files(package_dir) - _manifest_files(package_dir, lines)
@@ -284,7 +322,9 @@ def run(
     """Run an AOTInductor package in the C++ runner, in a fresh process with no Python.
 
     The first run works on the inputs as given (its outputs and the inputs after it are
-    returned); warm-up and timed runs start from fresh copies of the original inputs.
+    returned); warm-up and timed runs start from fresh copies of the original inputs. As in a
+    deployment, the runner cannot compile Triton kernels (its environment has no
+    ``OPFORGE_TRITON_PYTHON``): it runs the variants the package carries.
 
     Args:
         package_path: ``model.pt2`` written by :func:`package`.
@@ -300,7 +340,8 @@ def run(
     Raises:
         OpforgeError: the runner is not built, or it failed (the message holds its stderr, e.g.
             the missing ops and libraries, an input whose dtype, device, strides or sizes the
-            package was not compiled for, or a flag value it refused such as ``iters=0``).
+            package was not compiled for, a Triton kernel variant the package does not carry, or
+            a flag value it refused such as ``iters=0``).
     """
     runner = runner_path()
     if not runner.exists():
@@ -324,7 +365,10 @@ def run(
             "--iters",
             str(iters),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        # As in a deployment, the runner has no Python to compile Triton kernels with: it runs the
+        # variants the package carries (Note [Triton kernels]).
+        env = {k: v for k, v in os.environ.items() if k not in ("OPFORGE_TRITON_PYTHON", "OPFORGE_TRITON_WORKER")}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode < 0:  # a signal: a library or package file the loader mapped is damaged, or a crash
             name = signal.Signals(-proc.returncode).name
             raise OpforgeError(

@@ -4,7 +4,10 @@ written, for the author to turn into their op.
 The folder (the layout ``opforge build <dir>`` and ``examples/ops/<op>/`` use)::
 
     <name>/<name>.cpp          the description, and a CPU reference to replace with the op's math
-    <name>/kernels/<name>.cu   its CUDA kernel, compiled at run time (NVRTC) for the GPU in use
+    <name>/kernels/<name>.cu   its CUDA kernel, compiled at run time (NVRTC) for the GPU in use;
+                               with ``--triton``, kernels/<name>.py: a Triton kernel, compiled
+                               by Triton on first use and launched from C++ by a grid function
+                               (Note [Triton kernels] in opforge/op_launch.h)
     <name>/test_<name>.py      builds the folder and runs opforge verify on it (pytest); with a
                                shape (``--shape``, as opforge doctor suggests it), also compares
                                the device kernel with the reference at that shape
@@ -31,7 +34,7 @@ DTYPES = {
     "bfloat16": "opforge::kBFloat16",
 }
 
-_OP_FILE = """\
+_OP_FILE_HEAD = """\
 // {ns}::{name}, made by `opforge new`: the identity y = x as a starting point. Replace the
 // reference's loop and the kernel's body with the op's math, its .doc() and .equivalent() with
 // what it computes, and run `pytest {folder}/test_{name}.py` after each edit.
@@ -45,16 +48,25 @@ static void {name}_cpu(opforge::Tensor x, opforge::MutableTensor y) {{
     for (int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = T(static_cast<double>(in[i]));
   }});
 }}
+"""
 
+_OP_DECLARATION = """
 OPFORGE_OP({ns}, {name})
     .doc("y = x (replace with what the op computes)")
     .input("x", {dtypes})
     .output("y", opforge::like("x"))
     .equivalent("x.clone()")  // the torch expression verify checks the reference against
     .reference({name}_cpu)
+"""
+
+_OP_FILE = (
+    _OP_FILE_HEAD
+    + _OP_DECLARATION
+    + """\
     .cuda_source("{name}.cu", "{name}<{{T}}>")  // kernels/{name}.cu, compiled at run time
     .launch(opforge::elementwise("y").bytes_per_thread(16));
 """
+)
 
 _KERNEL = """\
 // {ns}::{name}'s CUDA kernel, compiled at run time by opforge (NVRTC) for the GPU in use; an edit
@@ -71,6 +83,45 @@ __global__ void {name}(const T* __restrict__ x, T* __restrict__ y, int64_t n) {{
     y[i] = opforge::kernel::from_acc<T>(v);
   }}
 }}
+"""
+
+_TRITON_OP_FILE = (
+    _OP_FILE_HEAD
+    + """
+// The launch of kernels/{name}.py (Note [Triton kernels] in opforge/op_launch.h): its x_ptr and
+// y_ptr are the tensors x and y (by name); n_elements and BLOCK_SIZE are set here, and the grid is
+// cdiv(y.numel(), BLOCK_SIZE) programs.
+static opforge::TritonLaunch {name}_grid(opforge::Tensor, opforge::MutableTensor y) {{
+  opforge::TritonLaunch launch;
+  launch.grid[0] = y.numel();
+  launch.grid_per[0] = "BLOCK_SIZE";
+  launch.set("n_elements", y.numel()).constant("BLOCK_SIZE", 1024);
+  return launch;
+}}
+"""
+    + _OP_DECLARATION
+    + """\
+    .triton_source("{name}.py", "{name}_kernel")  // kernels/{name}.py, compiled by Triton at run time
+    .launch_grid({name}_grid);
+"""
+)
+
+_TRITON_KERNEL = """\
+\"\"\"{ns}::{name}'s Triton kernel: opforge has Triton compile it for the GPU in use on first use and
+launches it from C++ ({name}_grid in {name}.cpp gives the grid and the arguments); an edit is
+picked up on the next run (or opforge.reload()). Program p handles elements [p * BLOCK_SIZE,
+(p + 1) * BLOCK_SIZE).\"\"\"
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def {name}_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)  # 64-bit: past 2^31 elements
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(y_ptr + offsets, x, mask=mask)
 """
 
 _TEST = """\
@@ -133,10 +184,14 @@ def _identifier(part: str, what: str) -> str:
     return part
 
 
-def new_op(qualified: str, parent: Path, dtypes: list[str], shape: list[int] | None = None) -> list[Path]:
+def new_op(
+    qualified: str, parent: Path, dtypes: list[str], shape: list[int] | None = None, *, triton: bool = False
+) -> list[Path]:
     """Writes the op folder ``parent/<name>/`` for ``qualified`` ("ns::name") taking `dtypes`
     (names from :data:`DTYPES`); with `shape` (sizes, as ``opforge doctor`` found them), its test
-    also runs the op at that shape in the first dtype. Returns the files written.
+    also runs the op at that shape in the first dtype; with `triton`, its device kernel is a
+    Triton kernel (``kernels/<name>.py``) instead of CUDA C++. Returns the files written: the op
+    file, the kernel, the test.
 
     Raises:
         ValueError: `qualified` is not "ns::name" of identifiers (C++ keywords, reserved names and
@@ -166,8 +221,8 @@ def new_op(qualified: str, parent: Path, dtypes: list[str], shape: list[int] | N
         raise ValueError(f"{folder} already exists; pick another name or folder")
     values = {"ns": ns, "name": name, "folder": folder, "dtypes": " | ".join(DTYPES[d] for d in dtypes)}
     files = {
-        folder / f"{name}.cpp": _OP_FILE,
-        folder / "kernels" / f"{name}.cu": _KERNEL,
+        folder / f"{name}.cpp": _TRITON_OP_FILE if triton else _OP_FILE,
+        folder / "kernels" / f"{name}.{'py' if triton else 'cu'}": _TRITON_KERNEL if triton else _KERNEL,
         folder / f"test_{name}.py": _TEST + (_SHAPE_TEST if shape is not None else ""),
     }
     values.update(shape=tuple(shape or ()), dtype=dtypes[0])

@@ -694,8 +694,9 @@ int32_t triton_launch(const OpforgeCallFrame* frame, const void* user) {
 
 /// The precompile entry (OpforgePrecompileRequest): the description of the function, and, where
 /// the request gives a call's shapes, the variant Triton would compile for that call (pointers
-/// 16-byte aligned) and the general variant, for every autotune config, so that a package carries
-/// what its calls need (Note [Triton kernels], Variants).
+/// 16-byte aligned) and the general variant, for every autotune config, with the autotune choice
+/// for the call's tuning key where one was made, so that a package carries what its calls need
+/// (Note [Triton kernels], Variants and Autotune).
 int32_t triton_precompile(OpforgePrecompileRequest* request, const void* user) {
   OpforgeCallFrame errors{};
   errors.error = request->error;
@@ -762,6 +763,8 @@ int32_t triton_precompile(OpforgePrecompileRequest* request, const void* user) {
       return;
     }
     const tr::Bound b = tr::bind(rk, fn, tr::static_sources(rk, fn), &f, *cfg);
+    const std::string target = request->arch;
+    const int arch = std::stoi(target.substr(target.find('_') + 1));
     std::vector<tr::Variant> variants;
     for (bool general : {false, true}) {
       const tr::Variant v = tr::specialise(fn, b, cfg->num_warps, cfg->num_stages, general);
@@ -771,9 +774,11 @@ int32_t triton_precompile(OpforgePrecompileRequest* request, const void* user) {
         tr::apply_config(fn, c, configured);
         variants.push_back(configured);
       }
+      // The autotune choice for this call's tuning key, where a run on a GPU of `arch` made one
+      // (tuning needs a GPU): copied into write_dir, so that a package carries it.
+      if (fn.autotuned && !fn.configs.empty() && !general)
+        rtc::find_cached(choice_key(rk, arch, v, tuning_key(fn, b)), write_dir, true, probe);
     }
-    const std::string target = request->arch;
-    const int arch = std::stoi(target.substr(target.find('_') + 1));
     std::vector<tr::Variant> missing;
     for (const tr::Variant& v : variants)
       if (!rtc::find_cached(variant_key(rk, arch, v), write_dir, true, probe)) missing.push_back(v);

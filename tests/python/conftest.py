@@ -4,6 +4,7 @@ each test's random seed and the group of tests a run takes."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -195,6 +196,49 @@ def rule_ops(tmp_path_factory):
         [fixtures / "rule_ops.cpp"],
         kernels=[fixtures / "kernels" / "rule_kernels.cu"],
         build_dir=tmp_path_factory.mktemp("rules"),
+    )
+    return opforge.load_library(path)
+
+
+@pytest.fixture(scope="session")
+def triton_kernel_file(tmp_path_factory) -> Path:
+    """A copy of fixtures/kernels/triton_add.py, which the kernel folder of :func:`triton_ops`
+    links to: a test may edit it (and puts it back)."""
+    pytest.importorskip("triton", reason="Triton is not installed in this Python")
+    copy = tmp_path_factory.mktemp("triton-kernels") / "triton_add.py"
+    shutil.copy(Path(__file__).resolve().parent / "fixtures" / "kernels" / "triton_add.py", copy)
+    return copy
+
+
+@pytest.fixture(scope="session")
+def triton_ops(tmp_path_factory, triton_kernel_file):
+    """fixtures/triton_ops.cpp (ops whose kernels are Triton functions: tt::add, tt::softmax and
+    its backward op, an autotuned tt::scale), built and loaded once per session for the files
+    that use it; skipped where Triton is not installed."""
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    path = opforge.build_library(
+        "triton_ops",
+        [fixtures / "triton_ops.cpp"],
+        kernels=[triton_kernel_file],
+        build_dir=tmp_path_factory.mktemp("triton-build"),
+    )
+    return opforge.load_library(path)
+
+
+@pytest.fixture(scope="session")
+def triton_broken_ops(tmp_path_factory):
+    """fixtures/triton_broken_ops.cpp (a Triton kernel file with a syntax error, a kernel Triton
+    refuses to compile for float16), built and loaded once per session; skipped where Triton is
+    not installed."""
+    pytest.importorskip("triton", reason="Triton is not installed in this Python")
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    syntax_error = tmp_path_factory.mktemp("triton-syntax") / "triton_syntax_error.py"
+    shutil.copy(fixtures / "kernels" / "triton_syntax_error.py.txt", syntax_error)
+    path = opforge.build_library(
+        "triton_broken_ops",
+        [fixtures / "triton_broken_ops.cpp"],
+        kernels=[syntax_error, fixtures / "kernels" / "triton_broken.py"],
+        build_dir=tmp_path_factory.mktemp("triton-broken"),
     )
     return opforge.load_library(path)
 

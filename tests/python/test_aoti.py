@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import struct
 import subprocess
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 import opforge
-from conftest import DEVICES, requires_two_gpus, run_runner
+from conftest import DEVICES, requires_cuda, requires_two_gpus, run_runner
 from opforge import OpforgeError, aoti
 from opforge._adapter import runner_path
 
@@ -186,3 +189,151 @@ def test_an_output_the_model_returns_as_none_comes_back_as_none(tmp_path):
     outputs = aoti.run(package, [w]).outputs
     assert outputs[2] is None
     torch.testing.assert_close(outputs[:2], list(expected[:2]))
+
+
+class TritonModel(torch.nn.Module):
+    """tt::add, then tt::softmax (both Triton kernels), then a standard op."""
+
+    def forward(self, x, y):
+        return torch.ops.tt.softmax(torch.ops.tt.add(x, y)) * 2
+
+
+def cache_entry(path: Path) -> tuple[str, str, str | None, str | None]:
+    """(kind, function, target, variant) of a Triton entry of a kernel cache, read from the key it
+    is stored under (src/oplib/runtime_kernel.cpp's format: 8 magic bytes, then the key's length
+    and text; Triton's keys in src/oplib/triton_cuda.cpp): kind "inspect" (the function's
+    description) or "variant"; the target ("sm_90") and the variant's key text of a variant."""
+    data = path.read_bytes()
+    assert data[:8] == b"OPFGRTC1", path
+    (size,) = struct.unpack("<Q", data[8:16])
+    key = data[16 : 16 + size].decode()
+    kind = key.split("\n", 1)[0].removeprefix("opforge-triton-v1 ")
+    function = re.search(r"^function (\w+)$", key, re.M)[1]
+    variant = re.search(r"\ntarget (sm_\d+)\nvariant ([^\n]*)$", key)
+    return kind, function, variant[1] if variant else None, variant[2] if variant else None
+
+
+def _package_triton_model(device: str, folder: Path) -> tuple[TritonModel, Path]:
+    """TritonModel exported on ``device`` with x, y of [3, 100] and a dynamic batch, packaged."""
+    model = TritonModel()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    x, y = torch.randn(3, 100, device=device), torch.randn(3, 100, device=device)
+    program = torch.export.export(model, (x, y), dynamic_shapes=({0: batch}, {0: batch}))
+    return model, aoti.package(program, folder, archs=["sm_90"] if device == "cpu" else None)
+
+
+def test_a_package_carries_the_triton_kernels_of_its_calls(triton_ops, tmp_path):
+    """The kernel folder's .py files as files, and in its cache, for sm_90 (compiled here without
+    a GPU), each function's description and, for the example call's shapes (the dynamic batch at
+    its example size, 3), the variant Triton specialises and the general one. The C++ runner on
+    the CPU runs the references."""
+    model, package = _package_triton_model("cpu", tmp_path / "pkg")
+    kernels = package.parent / "libtriton_ops.kernels"
+    source = kernels / "triton_add.py"
+    assert source.is_file() and not source.is_symlink()
+    assert source.read_text() == (triton_ops.kernel_dir / "triton_add.py").read_text()
+    entries = [cache_entry(p) for p in (kernels / "cache").glob("*.bin")]
+    assert sorted((kind, function, target) for kind, function, target, _ in entries) == [
+        ("inspect", "add_kernel", None),
+        ("inspect", "softmax_kernel", None),
+        ("variant", "add_kernel", "sm_90"),
+        ("variant", "add_kernel", "sm_90"),
+        ("variant", "softmax_kernel", "sm_90"),
+        ("variant", "softmax_kernel", "sm_90"),
+    ]
+    # add_kernel(x_ptr, y_ptr, output_ptr, n_elements = 300, BLOCK_SIZE): aligned pointers, then every 64-bit
+    add = sorted(v.split(", warps")[0] for _, f, _, v in entries if f == "add_kernel" and v)
+    assert add == ["*fp32,*fp32,*fp32,i64,constexpr=1024", "*fp32:16,*fp32:16,*fp32:16,i32,constexpr=1024"]
+    x, y = torch.randn(5, 100), torch.randn(5, 100)
+    result = aoti.run(package, [x, y])
+    torch.testing.assert_close(result.outputs[0], model(x, y))
+    # Another shape to ship: precompiled into the package's cache, its variant joins the general one.
+    shapes = {"x": (16, 100), "y": (16, 100)}
+    assert not opforge.precompile(
+        "tt::add", {"x": torch.float32}, arch="sm_90", cache_dir=kernels / "cache", shapes=shapes
+    )
+    entries = [cache_entry(p) for p in (kernels / "cache").glob("*.bin")]
+    add = sorted(v.split(", warps")[0] for _, f, _, v in entries if f == "add_kernel" and v)
+    assert add[1:] == [
+        "*fp32:16,*fp32:16,*fp32:16,i32,constexpr=1024",
+        "*fp32:16,*fp32:16,*fp32:16,i32:16,constexpr=1024",
+    ]
+
+
+@requires_cuda
+def test_the_runner_runs_a_triton_package_from_its_cubins_alone(triton_ops, tmp_path, monkeypatch):
+    """On CUDA, the runner (no OPFORGE_TRITON_PYTHON: aoti.run leaves it out, so it compiles
+    nothing) with an empty kernel cache of its own runs the cubins the package carries: the
+    example call's variants, and the general ones for sizes Triton would specialise otherwise
+    (a batch of 16 makes sizes divisible by 16, a batch of 1 a row count of 1). Without the
+    variants, a call fails naming the op, the kernel and the specialisation."""
+    model, package = _package_triton_model("cuda", tmp_path / "pkg")
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "runner-cache"))  # empty: only the package's
+    for batch in (3, 16, 1):
+        x, y = torch.randn(batch, 100), torch.randn(batch, 100)
+        result = aoti.run(package, [x, y], device="cuda")
+        torch.testing.assert_close(result.outputs[0], model(x, y), atol=1e-5, rtol=1e-5)
+    assert not list((tmp_path / "runner-cache").rglob("*.bin"))
+    cache = package.parent / "libtriton_ops.kernels" / "cache"
+    for path in cache.glob("*.bin"):
+        if cache_entry(path)[0] == "variant":
+            path.unlink()
+    with pytest.raises(OpforgeError) as err:
+        aoti.run(package, [torch.randn(3, 100), torch.randn(3, 100)], device="cuda")
+    assert (
+        "tt::add: the Triton function add_kernel of triton_add.py: the kernel folder "
+        f"{package.parent / 'libtriton_ops.kernels'} carries no variant for sm_"
+    ) in str(err.value)
+    assert "(x_ptr: *fp32 (divisible by 16), y_ptr: *fp32 (divisible by 16)" in str(err.value)
+
+
+class MaskedAddModel(torch.nn.Module):
+    """tt::add of the positive elements of x: its inputs' size depends on data."""
+
+    def forward(self, x):
+        positive = x[x > 0]
+        return torch.ops.tt.add(positive, positive)
+
+
+def test_a_triton_call_whose_size_depends_on_data_is_named_when_packaged(triton_ops, tmp_path):
+    """No example size, so no variant to compile: the package warns, naming the op, and the
+    runner on the CPU still runs the reference."""
+    x = torch.randn(64)
+    program = torch.export.export(MaskedAddModel(), (x,))
+    with pytest.warns(UserWarning) as caught:
+        package = aoti.package(program, tmp_path / "pkg", archs=["sm_90"])
+    assert (
+        "opforge.aoti.package: a call of tt::add has an input whose size depends on data, so the package carries "
+        "no compiled variant of its Triton kernels for it: the C++ runner will fail on that call unless its cache "
+        "holds one"
+    ) in [str(w.message) for w in caught]
+    torch.testing.assert_close(aoti.run(package, [x]).outputs[0], 2 * x[x > 0])
+
+
+class ScaleModel(torch.nn.Module):
+    """tt::scale, whose Triton kernel is autotuned on its size, then a standard op."""
+
+    def forward(self, x):
+        return torch.ops.tt.scale(x, 3.0) + 1
+
+
+@requires_cuda
+def test_a_package_carries_the_autotune_choice_its_call_was_tuned_with(triton_ops, tmp_path, monkeypatch):
+    """A model run once on CUDA tunes tt::scale for its call (the choice kept in the kernel cache);
+    the package carries that choice, and the runner, which cannot tune, runs with it. A call of
+    another tuning key fails naming the op, the kernel and the key."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    model, x = ScaleModel(), torch.randn(3, 1000, device="cuda")
+    torch.testing.assert_close(model(x), 3 * x + 1)  # tunes for n = 3000
+    batch = torch.export.Dim("batch", min=1, max=64)
+    package = aoti.package(torch.export.export(model, (x,), dynamic_shapes=({0: batch},)), tmp_path / "pkg")
+    kernels = package.parent / "libtriton_ops.kernels"
+    assert [cache_entry(p)[:2] for p in (kernels / "cache").glob("*.bin")].count(("autotune", "scale_kernel")) == 1
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "runner-cache"))  # empty: only the package's
+    torch.testing.assert_close(aoti.run(package, [x.cpu()], device="cuda").outputs[0], 3 * x.cpu() + 1)
+    with pytest.raises(OpforgeError) as err:
+        aoti.run(package, [torch.randn(5, 1000)], device="cuda")
+    assert (
+        f"tt::scale: the Triton function scale_kernel of triton_add.py is autotuned, and the kernel folder {kernels} "
+        "carries no choice for the tuning key n=5000 "
+    ) in str(err.value)

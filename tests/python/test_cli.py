@@ -84,6 +84,38 @@ def test_build_verify_and_stubs(built, tmp_path):
     assert proc.stdout.strip() == "[3.0, 3.0]"
 
 
+def test_stubs_of_ops_whose_kernels_are_triton(triton_ops, tmp_path):
+    """An op library whose kernels are Triton functions (fixtures/triton_ops.cpp) gets the same
+    stubs: signatures from the description, and a module that is torch.ops.tt, whose CPU calls
+    run the reference."""
+    proc = opforge_cli("stubs", str(triton_ops.path), "-o", str(tmp_path / "typed"))
+    assert proc.returncode == 0, proc.stderr
+    tree = ast.parse((tmp_path / "typed" / "tt.pyi").read_text())
+    calls = {
+        n.name: ast.unparse(next(f for f in n.body if isinstance(f, ast.FunctionDef) and f.name == "__call__").args)
+        for n in tree.body
+        if isinstance(n, ast.ClassDef)
+    }
+    assert calls == {
+        "_add": "self, x: Tensor, y: Tensor",
+        "_softmax": "self, x: Tensor",
+        "_softmax_backward": "self, grad_y: Tensor, y: Tensor",
+        "_scale": "self, x: Tensor, alpha: float=2.0",
+        "_unbound": "self, x: Tensor",
+        "_add_without_reference": "self, x: Tensor, y: Tensor",
+        "_double_through_a_copy": "self, x: Tensor",
+    }
+    check = (
+        "import sys, torch, opforge; opforge.load_library(sys.argv[1]); sys.path.insert(0, sys.argv[2]); "
+        "import tt; assert tt.add is torch.ops.tt.add; print(tt.add(torch.ones(2), torch.ones(2)).tolist())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check, str(triton_ops.path), str(tmp_path / "typed")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[2.0, 2.0]"
+
+
 def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
     (tmp_path / "broken.cpp").write_text("#include <opforge/op.h>\nthis is not C++;\n")
     proc = opforge_cli("build", str(tmp_path / "broken.cpp"), "--build-dir", str(tmp_path / "build"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import opforge
-from conftest import requires_cuda
+from conftest import DEVICES, requires_cuda
 from opforge._timeline import HostOp, Timeline, profile_step, timeline_findings
 
 
@@ -98,6 +98,23 @@ def test_an_opforge_op_without_a_backward_op_is_named(rule_ops):
         ("missing_backward", "fixture::cycle_rows", ""),
         ("missing_cuda_kernel", "fixture::cycle_rows", ""),  # the fixture has a CPU reference only
     }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ops_whose_kernels_are_triton_are_complete_and_a_missing_backward_is_named(triton_ops, device):
+    """An op with a Triton kernel has a CUDA kernel and a fake kernel (its description says so);
+    tt::softmax's backward op is Triton too, tt::add has none. On CUDA the Triton kernels run
+    (launched from C++), and nothing falls back to the CPU."""
+
+    class Model(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.ops.tt.softmax(torch.ops.tt.add(x, y))
+
+    report = opforge.doctor(Model(), (torch.randn(3, 8, device=device), torch.randn(3, 8, device=device)))
+    assert {(f.kind, f.op, f.module) for f in report.findings if f.op and f.op.startswith("tt::")} == {
+        ("missing_backward", "tt::add", ""),
+    }
+    assert not [f for f in report.findings if f.kind == "cpu_fallback"], report.findings
 
 
 class Print(torch.nn.Module):

@@ -539,3 +539,37 @@ def test_grad_for_an_input_the_backward_op_does_not_produce_raises_when_traced()
     with pytest.raises(NotImplementedError) as from_torch:
         torch.ops.examples.attention(torch_q, torch_k, torch_v, 32, torch_mask, scale=0.3)[0].sum().backward()
     assert str(from_torch.value).splitlines()[0] == str(err.value)
+
+
+@pytest.fixture
+def tt(triton_ops):
+    """The ops of fixtures/triton_ops.cpp (Triton kernels) through JAX: opforge.jax.ops.tt."""
+    ojax.load_library(triton_ops.path)
+    return ojax.ops.tt
+
+
+@pytest.mark.parametrize("device", JAX_DEVICES)
+def test_ops_with_triton_kernels_under_jit_grad_and_vmap(tt, device, key):
+    """tt::add and tt::softmax, whose kernels are Triton functions launched from C++ on the stream
+    XLA gives (on the CPU: their references), under jax.jit, jax.grad through tt::softmax_backward
+    (a Triton kernel too) and jax.vmap, against the same math in jax.numpy."""
+    on = jax.devices("gpu" if device == "cuda" else "cpu")[0]
+    kx, ky, kc = jax.random.split(key, 3)
+    x, y = (jax.device_put(jax.random.normal(k, (6, 33), jnp.float32), on) for k in (kx, ky))
+    cot = jax.device_put(jax.random.normal(kc, (6, 33), jnp.float32), on)
+    tol = {"atol": 1e-6, "rtol": 1e-5}
+
+    def f(x, y):
+        return tt.softmax(tt.add(x, y))
+
+    def reference(x, y):
+        return jax.nn.softmax(x + y, axis=-1)
+
+    got = jax.jit(f)(x, y)
+    assert got.devices() == {on} and jnp.allclose(got, reference(x, y), **tol)
+    grads = jax.grad(lambda x: jnp.sum(tt.softmax(x) * cot))(x)
+    assert jnp.allclose(grads, jax.grad(lambda x: jnp.sum(jax.nn.softmax(x, axis=-1) * cot))(x), **tol)
+    assert "tt.softmax_backward" in str(jax.make_jaxpr(jax.grad(lambda x: jnp.sum(tt.softmax(x) * cot)))(x))
+    batched = x.reshape(2, 3, 33)
+    assert jnp.allclose(jax.vmap(tt.softmax)(batched), jax.nn.softmax(batched, axis=-1), **tol)
+    assert jnp.allclose(jax.jit(jax.vmap(f))(batched, y.reshape(2, 3, 33)), reference(x, y).reshape(2, 3, 33), **tol)

@@ -49,6 +49,30 @@ def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp
     assert broken.returncode != 0 and "scaffold_demo::twice" in broken.stdout, broken.stdout + broken.stderr
 
 
+def test_a_triton_folder_passes_verify_and_its_test_catches_a_kernel_triton_cannot_compile(tmp_path, capsys):
+    """``opforge new --triton``: the device kernel is a Triton kernel file launched by a grid
+    function; the folder builds and its test passes (on a machine without a GPU, verify compiles
+    the kernel with Triton for every case), and a kernel that no longer compiles fails it."""
+    pytest.importorskip("triton", reason="Triton is not installed in this Python")
+    argv = ["new", "scaffold_triton::copy", "--triton", "--dir", str(tmp_path), "--dtypes", "float32,bfloat16"]
+    assert main(argv) == 0
+    folder = tmp_path / "copy"
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        "copy.cpp",
+        "kernels/copy.py",
+        "test_copy.py",
+    ]
+    op_file = (folder / "copy.cpp").read_text()
+    assert '.triton_source("copy.py", "copy_kernel")' in op_file and ".launch_grid(copy_grid);" in op_file
+    assert "next: edit copy.cpp and kernels/copy.py" in capsys.readouterr().out
+    ok = run_generated_test(folder)
+    assert ok.returncode == 0 and "1 passed" in ok.stdout, ok.stdout + ok.stderr
+    kernel = folder / "kernels" / "copy.py"
+    kernel.write_text(kernel.read_text().replace("tl.store(y_ptr + offsets, x, mask=mask)", "tl.store(y_ptr, x)"))
+    broken = run_generated_test(folder)
+    assert broken.returncode != 0 and "scaffold_triton::copy" in broken.stdout, broken.stdout + broken.stderr
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

@@ -7,10 +7,12 @@ graphs work, and an edited kernel file runs after opforge.reload()."""
 
 from __future__ import annotations
 
-import shutil
+import os
+import subprocess
+import sys
 import threading
 import time
-from pathlib import Path
+import venv
 
 import pytest
 import torch
@@ -21,36 +23,14 @@ from opforge import verify
 
 pytest.importorskip("triton", reason="Triton is not installed in this Python")
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-
-KERNEL = FIXTURES / "kernels" / "triton_add.py"
-
-
-@pytest.fixture(scope="module")
-def kernel_file(tmp_path_factory) -> Path:
-    """A copy of the fixture's kernel file, which the library's kernel folder links to: a test
-    may edit it (and puts it back)."""
-    copy = tmp_path_factory.mktemp("kernels") / "triton_add.py"
-    shutil.copy(KERNEL, copy)
-    return copy
-
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory, kernel_file):
-    path = opforge.build_library(
-        "triton_ops", [FIXTURES / "triton_ops.cpp"], kernels=[kernel_file], build_dir=tmp_path_factory.mktemp("build")
-    )
-    return opforge.load_library(path)
-
-
-def test_the_description_names_the_triton_kernels(library):
-    kernels = {op.name: op.runtime_kernels for op in library.ops}
+def test_the_description_names_the_triton_kernels(triton_ops):
+    kernels = {op.name: op.runtime_kernels for op in triton_ops.ops}
     assert [(k.source, k.name, k.backend) for k in kernels["tt::add"]] == [("triton_add.py", "add_kernel", "triton")]
     assert [k.backend for k in kernels["tt::scale"]] == ["triton"]
 
 
-def test_the_cpu_runs_the_reference(library):
+def test_the_cpu_runs_the_reference(triton_ops):
     x, y = torch.randn(1000), torch.randn(1000)
     torch.testing.assert_close(torch.ops.tt.add(x, y), x + y)
     z = torch.randn(7, 33)
@@ -58,7 +38,7 @@ def test_the_cpu_runs_the_reference(library):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_precompile_builds_both_variants_without_a_gpu(library, tmp_path, arch):
+def test_precompile_builds_both_variants_without_a_gpu(triton_ops, tmp_path, arch):
     cache = tmp_path / "cache"
     shapes = {"x": (3000,), "y": (3000,)}
     assert not opforge.precompile("tt::add", {"x": torch.float16}, arch=arch, cache_dir=cache, shapes=shapes)
@@ -68,13 +48,13 @@ def test_precompile_builds_both_variants_without_a_gpu(library, tmp_path, arch):
     assert sorted(p.name for p in cache.iterdir()) == entries
 
 
-def test_an_autotuned_kernel_compiles_every_config(library, tmp_path):
+def test_an_autotuned_kernel_compiles_every_config(triton_ops, tmp_path):
     cache = tmp_path / "cache"
     assert not opforge.precompile("tt::scale", {"x": torch.float32}, cache_dir=cache, shapes={"x": (4096,)})
     assert len(list(cache.iterdir())) == 1 + 2 * 2  # the description; two configs, each specialised and general
 
 
-def test_a_parameter_without_a_value_is_named(library, tmp_path):
+def test_a_parameter_without_a_value_is_named(triton_ops, tmp_path):
     with pytest.raises(opforge.OpforgeError) as err:
         opforge.precompile("tt::unbound", {"x": torch.float32}, cache_dir=tmp_path, shapes={"x": (64,)})
     assert str(err.value) == (
@@ -84,7 +64,7 @@ def test_a_parameter_without_a_value_is_named(library, tmp_path):
     )
 
 
-def test_without_python_a_missing_kernel_is_named(library, tmp_path, monkeypatch):
+def test_without_python_a_missing_kernel_is_named(triton_ops, tmp_path, monkeypatch):
     monkeypatch.delenv("OPFORGE_TRITON_PYTHON")
     with pytest.raises(opforge.OpforgeError) as err:
         opforge.precompile("tt::add", {"x": torch.float32}, cache_dir=tmp_path, shapes={"x": (8,), "y": (8,)})
@@ -92,7 +72,7 @@ def test_without_python_a_missing_kernel_is_named(library, tmp_path, monkeypatch
     assert str(err.value).startswith("tt::add: the Triton function add_kernel of triton_add.py")
 
 
-def test_a_compile_holds_no_gil(library, tmp_path):
+def test_a_compile_holds_no_gil(triton_ops, tmp_path):
     """Other Python threads run while the worker compiles (ctypes releases the GIL, and the op
     library waits on a process, not on Python)."""
     ticks = 0
@@ -114,9 +94,72 @@ def test_a_compile_holds_no_gil(library, tmp_path):
     assert ticks > 50  # the compile takes seconds; a held GIL would allow a handful of ticks
 
 
+def test_a_syntax_error_names_the_file_and_line(triton_broken_ops, tmp_path):
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.precompile("ttbroken::syntax", {"x": torch.float32}, cache_dir=tmp_path, shapes={"x": (64,)})
+    assert str(err.value) == (
+        "ttbroken::syntax: the Triton function copy_kernel of triton_syntax_error.py: "
+        f"{triton_broken_ops.kernel_dir / 'triton_syntax_error.py'}:11: SyntaxError: unmatched ')'\n"
+        "    mask = tl.arange(0, BLOCK_SIZE) < n_elements)"
+    )
+
+
+def test_a_compile_failure_shows_triton_s_message_with_the_op_the_variant_and_the_file(triton_broken_ops, tmp_path):
+    shapes = {"x": (64,)}
+    assert not opforge.precompile("ttbroken::no_half", {"x": torch.float32}, cache_dir=tmp_path, shapes=shapes)
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.precompile("ttbroken::no_half", {"x": torch.float16}, cache_dir=tmp_path, shapes=shapes)
+    lines = str(err.value).splitlines()
+    assert lines[:2] == [
+        "ttbroken::no_half: the Triton function no_half_kernel of triton_broken.py: Triton failed to compile the "
+        "variant (x_ptr: *fp16 (divisible by 16), y_ptr: *fp16 (divisible by 16), n_elements: i32 (divisible by 16), "
+        "BLOCK_SIZE: constexpr = 1024; num_warps 4, num_stages 3) for sm_90:",
+        f"{triton_broken_ops.kernel_dir / 'triton_broken.py'}:10: CompileTimeAssertionFailure: "
+        "no_half_kernel takes no float16",
+    ]
+
+
+def test_without_triton_the_op_and_kernel_are_named_and_the_cpu_path_works(triton_ops, tmp_path):
+    """A Python without Triton as the worker's (OPFORGE_TRITON_PYTHON, in a process of its own): a
+    compile names the op and the kernel, CPU calls run the reference, and on a GPU a CUDA call
+    fails with the same message."""
+    venv.create(tmp_path / "venv", with_pip=False)  # no site-packages of this Python's: no Triton
+    python = tmp_path / "venv" / "bin" / "python"
+    assert subprocess.run([python, "-c", "import triton"], capture_output=True).returncode != 0
+    script = f"""
+import torch, opforge
+opforge.load_library({str(triton_ops.path)!r})
+x, y = torch.randn(100), torch.randn(100)
+torch.testing.assert_close(torch.ops.tt.add(x, y), x + y)
+try:
+    opforge.precompile("tt::add", {{"x": torch.float32}}, shapes={{"x": (100,), "y": (100,)}})
+except opforge.OpforgeError as e:
+    print(e)
+if torch.cuda.is_available():
+    try:
+        torch.ops.tt.add(x.cuda(), y.cuda())
+    except Exception as e:
+        print(str(e).splitlines()[0])
+torch.testing.assert_close(torch.ops.tt.softmax(x), torch.softmax(x, -1))
+print("the CPU ran")
+"""
+    env = {**os.environ, "OPFORGE_TRITON_PYTHON": str(python), "OPFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    message = (
+        f"tt::add: the Triton function add_kernel of triton_add.py: Triton is not installed in {python}: "
+        "No module named 'triton'"
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0] == message and lines[-1] == "the CPU ran"
+    assert len(lines) == (3 if torch.cuda.is_available() else 2), lines
+    if torch.cuda.is_available():  # the call's error, as the torch adapter raises it
+        assert message in lines[1]
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_the_kernels_match_the_reference_on_cuda(library, dtype):
+def test_the_kernels_match_the_reference_on_cuda(triton_ops, dtype):
     for n in (1, 16, 1000, 4097):  # an integer equal to 1, divisible by 16, neither
         x, y = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
         torch.testing.assert_close(torch.ops.tt.add(x, y), x + y)
@@ -130,7 +173,7 @@ def test_the_kernels_match_the_reference_on_cuda(library, dtype):
 
 
 @requires_cuda
-def test_a_kernel_computing_in_place_gets_a_copy_of_its_input(library):
+def test_a_kernel_computing_in_place_gets_a_copy_of_its_input(triton_ops):
     x = torch.randn(1000, device="cuda")
     before = x.clone()
     torch.testing.assert_close(torch.ops.tt.double_through_a_copy(x), 2 * before)
@@ -138,7 +181,7 @@ def test_a_kernel_computing_in_place_gets_a_copy_of_its_input(library):
 
 
 @requires_cuda
-def test_autotune_picks_a_config_and_keeps_it(library):
+def test_autotune_picks_a_config_and_keeps_it(triton_ops):
     for n in (100, 100_000):
         x = torch.randn(n, device="cuda")
         torch.testing.assert_close(torch.ops.tt.scale(x, 3.0), 3 * x)
@@ -146,7 +189,7 @@ def test_autotune_picks_a_config_and_keeps_it(library):
 
 
 @requires_cuda
-def test_compile_and_cuda_graphs(library):
+def test_compile_and_cuda_graphs(triton_ops):
     def f(x, y):
         return torch.ops.tt.softmax(torch.ops.tt.add(x, y)) * 2
 
@@ -171,21 +214,21 @@ def test_compile_and_cuda_graphs(library):
 
 
 @requires_cuda
-def test_an_edited_kernel_runs_after_reload(library, kernel_file):
+def test_an_edited_kernel_runs_after_reload(triton_ops, triton_kernel_file):
     x, y = torch.randn(100, device="cuda"), torch.randn(100, device="cuda")
     torch.testing.assert_close(torch.ops.tt.add(x, y), x + y)
-    text = kernel_file.read_text()
-    kernel_file.write_text(text.replace("output = x + y", "output = x + y + 1"))
+    text = triton_kernel_file.read_text()
+    triton_kernel_file.write_text(text.replace("output = x + y", "output = x + y + 1"))
     try:
         opforge.reload()
         torch.testing.assert_close(torch.ops.tt.add(x, y), x + y + 1)
     finally:
-        kernel_file.write_text(text)
+        triton_kernel_file.write_text(text)
         opforge.reload()
     torch.testing.assert_close(torch.ops.tt.add(x, y), x + y)
 
 
-def test_an_op_without_a_reference_refuses_the_cpu_and_verifies_against_its_equivalent(library):
+def test_an_op_without_a_reference_refuses_the_cpu_and_verifies_against_its_equivalent(triton_ops):
     """Note [Equivalent-only ops]: no CPU kernel, a CPU call refused naming what the op lacks."""
     op = opforge.find_op("tt::add_without_reference")
     assert op.devices == ("cuda",)

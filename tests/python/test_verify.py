@@ -383,6 +383,62 @@ def test_run_time_kernels_are_compiled_without_a_gpu(broken_ops):
     assert {r.case for r in ok.results if r.check == "nvrtc"} == {"sm_90", "sm_80"} and ok.ok
 
 
+def test_triton_kernels_are_compiled_for_every_case_without_a_gpu(triton_ops, triton_broken_ops):
+    """Check "triton": every call the value cases would make on a device, compiled by Triton for
+    sm_90 and sm_80; a kernel Triton refuses for float16 fails there (the first such call, with
+    Triton's message, the op, the variant and the file), one whose file does not parse in every
+    dtype, and the other dtypes pass."""
+    report = verify.verify_op("tt::add", device="cpu", seed=5, dtypes=["float32"])
+    compiled = [r for r in report.results if r.check == "triton"]
+    assert [(r.case.split(", ")[0], r.status) for r in compiled] == [("sm_90", "pass"), ("sm_80", "pass")]
+    assert report.ok and not [r for r in report.results if r.check == "nvrtc"]
+    broken = verify.verify_op("ttbroken::no_half", device="cpu", seed=5)
+    assert [(r.dtype, r.repro["arch"], r.status) for r in broken.results if r.check == "triton"] == [
+        ("float32", "sm_90", "pass"),
+        ("float32", "sm_80", "pass"),
+        ("float16", "sm_90", "FAIL"),
+        ("float16", "sm_80", "FAIL"),
+    ]
+    failed = broken.failures[0]
+    case = failed.repro["case"]
+    assert failed.message.startswith(
+        f"{case}: OpforgeError: ttbroken::no_half: the Triton function no_half_kernel of triton_broken.py: Triton "
+        "failed to compile the variant (x_ptr: *fp16 (divisible by 16), y_ptr: *fp16 (divisible by 16)"
+    )
+    assert "triton_broken.py:10: CompileTimeAssertionFailure: no_half_kernel takes no float16" in failed.message
+    assert failed.repro == {
+        "arch": "sm_90",
+        "case": case,
+        "dtypes": {"x": "float16"},
+        "params": {},
+        "shapes": failed.repro["shapes"],
+    } and list(failed.repro["shapes"]) == ["x"]
+    syntax = verify.verify_op("ttbroken::syntax", device="cpu", seed=5)
+    assert [(r.dtype, r.status) for r in syntax.results if r.check == "triton"] == [
+        ("float32", "FAIL"),
+        ("float32", "FAIL"),
+        ("float16", "FAIL"),
+        ("float16", "FAIL"),
+    ]
+    assert "triton_syntax_error.py:11: SyntaxError: unmatched ')'" in syntax.failures[0].message
+
+
+@requires_cuda
+def test_triton_kernels_are_compared_with_the_reference_on_cuda(triton_ops, triton_broken_ops):
+    """On CUDA the Triton kernels run and are compared with the CPU reference (values, opcheck,
+    compile, gradcheck through tt::softmax's Triton backward op; the autotuned tt::scale too), and
+    nothing is merely compiled; a kernel Triton refuses for float16 fails there with Triton's
+    message, and only there."""
+    for name in ("tt::add", "tt::softmax", "tt::softmax_backward", "tt::scale"):
+        report = verify.verify_op(name, device="cuda", seed=5)
+        assert report.ok, [(r.check, r.case, r.message) for r in report.failures]
+        assert any(r.check == "values" and r.status == "pass" for r in report.results), name
+        assert not [r for r in report.results if r.check in ("triton", "nvrtc")], name
+    broken = verify.verify_op("ttbroken::no_half", device="cuda", seed=5)
+    assert broken.failures and {r.dtype for r in broken.failures} == {"float16"}
+    assert any("no_half_kernel takes no float16" in r.message for r in broken.failures)
+
+
 def test_every_choice_and_unranged_float_is_verified():
     import opforge
 

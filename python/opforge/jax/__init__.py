@@ -14,8 +14,9 @@ raises the error a PyTorch call raises (the op, each bad argument, expected and 
 under ``jax.jit``, ``jax.vmap`` and ``jax.grad`` (through the op's backward op), and in
 ``jax.export`` (pass :func:`disabled_checks` to it; a process that deserializes the export loads
 the library first). The kernels run on the stream XLA gives, with scratch memory from XLA's
-allocator; run-time kernels compile with NVRTC on first use, as from PyTorch, and
-:func:`reload` re-reads edited kernel sources. This package imports no torch.
+allocator; run-time kernels compile on first use (NVRTC, or Triton in a worker process for a
+Triton kernel), as from PyTorch, and :func:`reload` re-reads edited kernel sources. This package
+imports no torch.
 """
 
 from __future__ import annotations

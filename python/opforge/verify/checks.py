@@ -1,6 +1,7 @@
 """The checks of one op: values against the CPU reference (or the description's torch
-equivalent), opcheck, torch.compile without recompiles, Meta against real, gradcheck, and NVRTC
-compilation of every run-time kernel instantiation on a machine without a GPU."""
+equivalent), opcheck, torch.compile without recompiles, Meta against real, gradcheck, and, on a
+machine without a GPU, compilation of every run-time kernel instantiation (NVRTC) and of every
+Triton kernel variant the cases would use (Triton, for a target it is given)."""
 
 from __future__ import annotations
 
@@ -465,6 +466,48 @@ def check_kernels_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report:
                 report.results.append(result)
 
 
+def check_triton_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report: Report) -> None:
+    """Without a GPU the Triton kernels never run, so compile them for each of
+    :data:`CHECK_ARCHS` (Triton compiles for a target it is given) for every call the value cases
+    of ``cases`` would make on a device from ``seed`` (the ``k``-th combination's from ``seed +
+    k``, as :func:`verify_op` runs them): each call's shapes and parameters, the variant Triton
+    specialises for them and the general one (Note [Triton kernels] in ``opforge/op_launch.h``).
+    One result per dtype combination, compile-time parameter values and target; the first call
+    that fails to compile fails it with Triton's message (the op, the variant, file and line) and
+    the call's case, and the calls after it are not tried."""
+    compile_time = {a.name for a in op.params if a.compile_time}
+    for k, case in enumerate(cases):
+        groups: dict[tuple, dict[str, tuple]] = {}  # compile-time values -> distinct calls
+        for inputs in generate_cases(op, case.dtypes, seed + k, device="cuda"):
+            given = {a.name: v for a, v in zip(op.args, inputs.args, strict=True) if v is not None}
+            tensors = {n: v for n, v in given.items() if isinstance(v, torch.Tensor)}
+            params = {n: v for n, v in given.items() if n not in tensors}
+            call = (
+                {n: t.dtype for n, t in tensors.items()},
+                params,
+                {n: tuple(t.shape) for n, t in tensors.items()},
+            )
+            values = tuple((n, repr(v)) for n, v in params.items() if n in compile_time)
+            groups.setdefault(values, {}).setdefault(repr(call), (inputs.label, call))
+        for values, calls in groups.items():
+            for arch in CHECK_ARCHS:
+                label = ", ".join([f"{n}={v}" for n, v in values] + [arch, f"{len(calls)} calls"])
+                result = CaseResult(op.name, "triton", case.label, label, "pass", repro={"arch": arch})
+                for case_label, (dtypes, params, shapes) in calls.values():
+                    try:
+                        precompile(op.name, dtypes, params, arch=arch, shapes=shapes)
+                    except Exception as e:  # noqa: BLE001 -- reported as a failed case
+                        result.status, result.message = "FAIL", f"{case_label}: {first_lines(e, 16)}"
+                        result.repro.update(
+                            case=case_label,
+                            dtypes={n: str(d).removeprefix("torch.") for n, d in dtypes.items()},
+                            params=params,
+                            shapes={n: list(s) for n, s in shapes.items()},
+                        )
+                        break
+                report.results.append(result)
+
+
 def verify_op(
     name: str,
     *,
@@ -505,6 +548,10 @@ def verify_op(
             check_values(op, case, device, seed + k, report)
         if device == "cpu" and op.runtime_kernels:
             compiled = [c for c in dtype_cases(op, None, "cuda") if only is None or c.primary in only]
-            check_kernels_compile(op, compiled, seed, report)
+            backends = {k.backend for k in op.runtime_kernels}
+            if "nvrtc" in backends:
+                check_kernels_compile(op, compiled, seed, report)
+            if "triton" in backends:
+                check_triton_compile(op, compiled, seed, report)
         check_structure(op, structure, device, seed, report)
     return report
