@@ -81,7 +81,7 @@ def test_a_host_op_without_fake_kernel_or_backward_and_a_model_compile_cannot_tr
     (error,) = [f for f in report.findings if f.kind == "compile_error"]
     assert error.message.startswith("torch.compile cannot trace the model")
     assert [f.cost_ms for f in report.findings] == sorted((f.cost_ms for f in report.findings), reverse=True)
-    assert json.loads(json.dumps(report.to_json()))["findings"][0]["kind"] == report.findings[0].kind
+    assert json.loads(json.dumps(report.to_dict()))["findings"][0]["kind"] == report.findings[0].kind
     report.print_table()
     assert "missing_fake_kernel" in capsys.readouterr().out
 
