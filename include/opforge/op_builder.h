@@ -44,6 +44,16 @@
 // opforge verify and ahead-of-time compiles of run-time kernels use only the combinations the
 // kernel takes; the reference keeps the others (float64 for gradcheck).
 //
+// Note [Equivalent-only ops]
+// ---------------------------
+// A kernel author who writes Triton (or any device kernel) tests against a torch expression, not a
+// C++ loop. An op may therefore declare no `.reference()`: only `.equivalent("torch expression")`
+// and device kernels. It then has no CPU kernel: a CPU call is refused before anything runs,
+// naming the op and what it lacks (never a silent fallback), and `opforge verify` compares the
+// device kernels with the expression evaluated in float64 on the CPU. Everything else (the
+// schema, checks, Meta kernel, autograd through a backward op, compile, export, AOTInductor on
+// the device) is as for any op; the C++ runner runs such an op on its device only.
+//
 // Note [Backward ops]
 // -------------------
 // `.backward("softshrink_backward")` names another op of the same library (declared like any other,
@@ -151,7 +161,8 @@ class OpBuilder {
 
   /// The same computation as a Python expression over torch and the argument names, e.g.
   /// "torch.nn.functional.softshrink(x, lambd)". Not used by kernels: `opforge verify` checks
-  /// the CPU reference against it (in float64) where no device kernel can be compared.
+  /// the CPU reference against it (in float64) where no device kernel can be compared, and an op
+  /// without a `.reference()` is verified against it (Note [Equivalent-only ops]).
   OpBuilder equivalent(std::string python_expression) && {
     def_->set_equivalent(std::move(python_expression));
     return std::move(*this);

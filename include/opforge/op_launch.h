@@ -54,9 +54,12 @@
 // from C++ through the CUDA driver, as Triton's own launcher would: no Python on the call path.
 //
 // Arguments. Each parameter of the function, in order, gets its value by name, from the first of:
-//   1. a name the grid function sets (TritonLaunch::set, constant, tensor, sum_into);
+//   1. a name the grid function sets (TritonLaunch::set, constant, tensor, sum_into; and
+//      TritonLaunch::copy gives an output a copy of an input before the kernel, for kernels that
+//      compute in place through one pointer);
 //   2. a tensor input or output of the op with the parameter's name, ignoring case and a `_ptr`
-//      suffix (`X_ptr` is input `x`): its data pointer (null for an optional input left out);
+//      suffix (`X_ptr` is input `x`): its data pointer (for an optional input left out, None,
+//      which Triton compiles in as a constant, as when a Python caller passes None);
 //   3. a parameter of the op of that name, ignoring case: its value; an opforge::compile_time
 //      parameter must meet a `tl.constexpr` one and any other a runtime one;
 //   4. the launch rule's values: opforge::rows gives `n_rows` and `n_cols`, opforge::elementwise

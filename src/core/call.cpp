@@ -320,6 +320,10 @@ bool run_call(const Call& c, CallHooks& hooks, Span<OpforgeTensor> outputs) {
   const std::string problems = c.out_overload ? check_out_call<int64_t>(op, c.info, c.given_outputs, plans)
                                               : check_call<int64_t>(op, c.info, plans);
   if (!problems.empty()) throw InvalidArgument(problems);
+  if (c.kernel == nullptr && c.device_type == OPFORGE_DEVICE_CPU)
+    throw InvalidArgument(qualified_name(op) +
+                          " has no CPU kernel: it declares no .reference() (its device kernels are checked against "
+                          "its .equivalent() expression); call it with tensors on a device it has a kernel for");
   if (c.kernel == nullptr)
     throw InvalidArgument(qualified_name(op) + " has no " + device_type_name(c.device_type) + " kernel");
   // 2. plan

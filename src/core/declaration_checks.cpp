@@ -85,7 +85,10 @@ void check_op_names(const OpforgeOpSpec& op, Problems& p) {
     p.add("",
           "namespace and op name must not start with \"__\": C++ reserves such names, and Python mangles them "
           "inside classes (torch.ops.ns.__op in a method is looked up as _Class__op)");
-  if (op.num_kernels < 1 || op.kernels[0].fn == nullptr) p.add("", "no CPU reference: add .reference(fn)");
+  // Without a C++ reference an op needs what verify compares its device kernels with instead: an
+  // .equivalent() torch expression (Note [Equivalent-only ops] in opforge/op_builder.h).
+  if ((op.num_kernels < 1 || op.kernels[0].fn == nullptr) && (op.num_kernels < 2 || equivalent(op) == nullptr))
+    p.add("", "no CPU reference: add .reference(fn), or an .equivalent() torch expression beside a device kernel");
   bool any_tensor = false;
   for (int32_t i = 0; i < op.num_args; ++i) any_tensor = any_tensor || op.args[i].kind == OPFORGE_ARG_TENSOR;
   if (!any_tensor) p.add("", "an op takes at least one tensor .input() (it sets the device outputs are allocated on)");

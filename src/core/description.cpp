@@ -218,6 +218,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   json devices = json::array(), kernels = json::array(), on = json::object();
   for (int32_t i = 0; i < op.num_kernels; ++i) {
     const OpforgeKernel& k = op.kernels[i];
+    if (k.fn == nullptr) continue;  // no C++ reference: the op does not run on the CPU
     const char* device = device_type_name(k.device_type);
     devices.push_back(device);
     if (!on.contains(device)) on[device] = combinations_json(dtype_combinations_on(op, k.device_type));

@@ -205,6 +205,7 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
   b.partial_into.resize(np);
   std::vector<uint8_t> given(np, 0);
   for (const TritonLaunch::Value& v : cfg.values) {
+    if (v.kind == TritonLaunch::Value::kCopy) continue;  // no parameter: the launcher copies first
     size_t p = 0;
     while (p < np && fn.params[p].name != v.name) ++p;
     if (p == np) throw InternalError(subject(rk) + " has no parameter '" + v.name + "', which the grid function sets");
@@ -247,6 +248,8 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
         b.constants[p].kind = Constant::kDtype, b.constants[p].dtype = type_name(static_cast<int32_t>(v.i)).substr(1);
         b.is_constant[p] = 1;
         break;
+      case TritonLaunch::Value::kCopy:
+        break;
     }
   }
   for (size_t p = 0; p < np; ++p) {
@@ -260,7 +263,12 @@ Bound bind(const RuntimeKernel& rk, const Function& fn, const std::vector<Source
                               "' is a tl.constexpr, but it names the tensor " +
                               (s.index < n ? rk.def->args[s.index].name : rk.def->outputs[s.index - n].name));
         const OpforgeTensor& t = s.index < n ? f->args[s.index].tensor : f->outputs[s.index - n];
-        b.values[p] = {Value::kPointer, t.ndim < 0 ? nullptr : t.data, t.ndim < 0 ? -1 : t.dtype, 0, 0};
+        if (t.ndim < 0) {  // an optional input left out: None, which Triton compiles in as a constant
+          b.constants[p] = Constant{};
+          b.is_constant[p] = 1;
+        } else {
+          b.values[p] = {Value::kPointer, t.data, t.dtype, 0, 0};
+        }
         break;
       }
       case Source::kOpParam: {
@@ -414,6 +422,27 @@ std::string Variant::request(const Function& fn) const {
   if (maxnreg > 0) options += ", \"maxnreg\": " + std::to_string(maxnreg);
   return "{\"signature\": {" + sig + "}, \"constexprs\": {" + consts + "}, \"attrs\": {" + attrs + "}, \"options\": {" +
          options + "}}";
+}
+
+uint64_t Variant::hash() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      h ^= static_cast<const unsigned char*>(data)[i];
+      h *= 1099511628211ull;
+    }
+  };
+  for (size_t p = 0; p < types.size(); ++p) {
+    mix(types[p].data(), types[p].size());
+    mix(&divisible[p], 1);
+    const Constant& c = constants[p];
+    mix(&c.kind, sizeof(c.kind));
+    mix(&c.i, sizeof(c.i));
+    mix(&c.f, sizeof(c.f));
+    mix(c.dtype.data(), c.dtype.size());
+  }
+  for (int32_t v : {num_warps, num_stages, num_ctas, maxnreg, config}) mix(&v, sizeof(v));
+  return h;
 }
 
 std::string Variant::key() const {

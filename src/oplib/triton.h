@@ -105,6 +105,12 @@ struct Variant {
   std::vector<Constant> constants;  ///< per parameter (types[i] == "constexpr")
   int32_t num_warps = 4, num_stages = 3, num_ctas = 1, maxnreg = 0;
   int32_t config = -1;  ///< the autotune config it compiles, or -1
+  bool operator==(const Variant& o) const {
+    return types == o.types && divisible == o.divisible && constants == o.constants && num_warps == o.num_warps &&
+           num_stages == o.num_stages && num_ctas == o.num_ctas && maxnreg == o.maxnreg && config == o.config;
+  }
+  /// A hash of every field (64-bit FNV-1a), for the per-call lookup of a loaded variant.
+  uint64_t hash() const;
   /// The request's "variants" entry (JSON).
   std::string request(const Function& fn) const;
   /// The variant's part of a cache key, and the text messages name it by.

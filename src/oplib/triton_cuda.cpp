@@ -132,7 +132,8 @@ struct KernelState {
   uint64_t generation = ~uint64_t{0};
   tr::Function fn;
   std::vector<tr::Source> sources;
-  std::map<std::string, std::unique_ptr<Loaded>> loaded;  // full key + device -> function
+  /// Loaded variants by device and Variant::hash (compared field by field: a hash is no proof).
+  std::map<std::pair<int, uint64_t>, std::vector<std::pair<tr::Variant, std::unique_ptr<Loaded>>>> loaded;
   std::map<std::string, int32_t> choices;                 // tuning key -> config
 };
 
@@ -243,24 +244,31 @@ std::optional<Compiled> find_or_compile(const RuntimeKernel& rk, const tr::Funct
 }
 
 int device_arch(int device) {
+  constexpr int kDevices = 64;  // asked on every launch: once per device
+  static std::atomic<int> arch[kDevices] = {};
+  if (device >= 0 && device < kDevices && arch[device].load(std::memory_order_relaxed) != 0)
+    return arch[device].load(std::memory_order_relaxed);
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (device >= 0 && device < kDevices) arch[device].store(major * 10 + minor, std::memory_order_relaxed);
   return major * 10 + minor;
 }
 
 /// The loaded variant `v` for the call's device: the exact one, else (in a process that cannot
 /// compile) the general one; throws naming the op, the kernel and the specialisation where
 /// neither is there.
+template <class General>
 Loaded& loaded_variant(const RuntimeKernel& rk, KernelState& st, int device, const tr::Variant& v,
-                       const tr::Variant& general) {
+                       General&& general_variant) {
+  auto& bucket = st.loaded[{device, v.hash()}];
+  for (auto& [known, l] : bucket)
+    if (known == v) return *l;
   const int arch = device_arch(device);
-  const std::string key = variant_key(rk, arch, v) + "\ndevice " + std::to_string(device);
-  auto it = st.loaded.find(key);
-  if (it != st.loaded.end()) return *it->second;
   std::optional<Compiled> c = find_or_compile(rk, st.fn, arch, v, rtc::user_cache_dir(), false);
   std::string described = v.describe(st.fn);
   if (!c) {
+    const tr::Variant general = general_variant();  // made only where the exact variant is missing
     c = find_or_compile(rk, st.fn, arch, general, rtc::user_cache_dir(), false);
     described = general.describe(st.fn) + " (the general variant, standing in for " + described + ")";
   }
@@ -279,7 +287,8 @@ Loaded& loaded_variant(const RuntimeKernel& rk, KernelState& st, int device, con
   if (l->c.shared > 48 * 1024)  // as Triton's loader: dynamic shared memory past 48 KiB is opted into once
     check_cu(driver().set_attribute(l->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l->c.shared),
              "cuFuncSetAttribute");
-  return *st.loaded.emplace(key, std::move(l)).first->second;
+  bucket.emplace_back(v, std::move(l));
+  return *bucket.back().second;
 }
 
 // ---- one launch -----------------------------------------------------------------------------
@@ -398,6 +407,24 @@ CUfunction sum_partials_function(int32_t dtype) {
   return f;
 }
 
+/// The copies TritonLaunch::copy asks for, ordered before the kernel on the call's stream.
+void copy_inputs(const RuntimeKernel& rk, const TritonLaunch& cfg, const OpforgeCallFrame* f) {
+  for (const TritonLaunch::Value& c : cfg.values) {
+    if (c.kind != TritonLaunch::Value::kCopy) continue;
+    int64_t n = 1, m = 1;
+    for (int32_t d = 0; d < c.tensor.ndim; ++d) n *= c.tensor.sizes[d];
+    for (int32_t d = 0; d < c.from.ndim; ++d) m *= c.from.sizes[d];
+    if (n != m || c.tensor.dtype != c.from.dtype)
+      throw InternalError(subject(rk) + ": TritonLaunch::copy between tensors of other sizes or dtypes");
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(static_cast<Dtype>(c.tensor.dtype));
+    if (bytes > 0)
+      check_cu(driver().copy_async(reinterpret_cast<CUdeviceptr>(c.tensor.data),
+                                   reinterpret_cast<CUdeviceptr>(c.from.data), bytes,
+                                   static_cast<CUstream>(f->ctx->stream)),
+               "cuMemcpyDtoDAsync");
+  }
+}
+
 // ---- autotune -------------------------------------------------------------------------------
 
 /// The tuning key of a call: the values of the arguments `key` names, then the tensors' dtypes.
@@ -508,12 +535,13 @@ int32_t tune(const RuntimeKernel& rk, KernelState& st, int device, const tr::Var
   int32_t best = -1;
   float best_ms = INFINITY;
   for (int32_t c = 0; c < static_cast<int32_t>(variants.size()); ++c) {
-    Loaded& l = loaded_variant(rk, st, device, variants[c], variants[c]);
+    Loaded& l = loaded_variant(rk, st, device, variants[c], [&] { return variants[c]; });
     int64_t grid[3];
     for (int k = 0; k < 3; ++k) grid[k] = grid_dim(rk, fn, variants[c], cfg.grid[k], cfg.grid_per[k]);
     std::vector<float> times;
     for (int run = 0; run < 11; ++run) {
       around(true);
+      copy_inputs(rk, cfg, f);  // a kernel computing in place starts from the input again
       check_cu(d.event_record(start, stream), "cuEventRecord");
       launch_variant(l, fn, variants[c], b, pointers, grid, *f->ctx);
       check_cu(d.event_record(stop, stream), "cuEventRecord");
@@ -585,7 +613,6 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   const tr::Function& fn = st.fn;
   const tr::Bound b = tr::bind(rk, fn, st.sources, f, *cfg);
   tr::Variant v = tr::specialise(fn, b, cfg->num_warps, cfg->num_stages, false);
-  tr::Variant general = tr::specialise(fn, b, cfg->num_warps, cfg->num_stages, true);
   std::vector<const void*> pointers(fn.params.size(), nullptr);
   std::vector<std::pair<size_t, void*>> partials;  // parameter, scratch
   for (size_t p = 0; p < fn.params.size(); ++p) {
@@ -630,9 +657,14 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
       chosen = st.choices.emplace(tuning, config).first;
     }
     tr::apply_config(fn, chosen->second, v);
-    tr::apply_config(fn, chosen->second, general);
   }
-  Loaded& l = loaded_variant(rk, st, device, v, general);
+  copy_inputs(rk, *cfg, f);
+  const int32_t config = v.config;
+  Loaded& l = loaded_variant(rk, st, device, v, [&] {
+    tr::Variant general = tr::specialise(fn, b, cfg->num_warps, cfg->num_stages, true);
+    if (config >= 0) tr::apply_config(fn, config, general);
+    return general;
+  });
   int64_t grid[3];
   for (int k = 0; k < 3; ++k) grid[k] = grid_dim(rk, fn, v, cfg->grid[k], cfg->grid_per[k]);
   launch_variant(l, fn, v, b, pointers, grid, *f->ctx);

@@ -81,7 +81,8 @@ TEST(DeclarationChecks, ALibrarysProblemsAreListedByOp) {
   EXPECT_EQ(opforge::core::library_declaration_problems(fake.lib),
             (std::vector<std::string>{
                 "a.cpp:1: unit::a: output 'y': like(): \"z\" names no tensor input (tensor inputs: x)",
-                "b.cpp:2: unit::b: no CPU reference: add .reference(fn)",
+                "b.cpp:2: unit::b: no CPU reference: add .reference(fn), or an .equivalent() torch expression beside a "
+                "device kernel",
                 "c.cpp:3: unit::a: declared twice (first at a.cpp:1)",
             }));
 }

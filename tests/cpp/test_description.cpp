@@ -198,7 +198,9 @@ TEST(Description, RejectsMissingReferenceDuplicateNamesAndFloatInShapeRule) {
   EXPECT_EQ(errors[0],
             "f.cpp:9: unit::many: output 'y': int_param(\"x\") names a tensor input: shape rules read int64_t "
             "parameters only (opforge::dim for a tensor's sizes)");
-  EXPECT_EQ(errors[1], "f.cpp:9: unit::many: no CPU reference: add .reference(fn)");
+  EXPECT_EQ(errors[1],
+            "f.cpp:9: unit::many: no CPU reference: add .reference(fn), or an .equivalent() torch expression beside a "
+            "device kernel");
   EXPECT_EQ(errors[2], "f.cpp:9: unit::many: param 'x': declared twice");
   void (*ref)(opforge::Tensor, double, opforge::MutableTensor) = [](opforge::Tensor, double, opforge::MutableTensor) {};
   auto wrong_kind = errors_of(opforge::detail::make_op("unit", "kind", "f.cpp", 10)
@@ -252,7 +254,9 @@ TEST(Description, RejectsOpWithoutTensorInput) {
                               .output("y", opforge::shape({opforge::int_param("n")}), opforge::kFloat32)
                               .release());
   ASSERT_EQ(errors.size(), 2u);
-  EXPECT_EQ(errors[0], "f.cpp:1: unit::notensor: no CPU reference: add .reference(fn)");
+  EXPECT_EQ(errors[0],
+            "f.cpp:1: unit::notensor: no CPU reference: add .reference(fn), or an .equivalent() torch expression "
+            "beside a device kernel");
   EXPECT_EQ(errors[1],
             "f.cpp:1: unit::notensor: an op takes at least one tensor .input() (it sets the device outputs are "
             "allocated on)");

@@ -58,8 +58,10 @@ def test_ruff(command):
 
 @pytest.fixture(scope="module")
 def clang_format() -> str:
-    """The clang-format on PATH, if it is version 14 (skips otherwise, saying why)."""
-    executable = shutil.which("clang-format")
+    """The clang-format requirements.txt pins (beside this Python), else the one on PATH, if it is
+    version 14 (skips otherwise, saying why)."""
+    beside = Path(sys.executable).parent / "clang-format"
+    executable = str(beside) if beside.exists() else shutil.which("clang-format")
     if executable is None:
         pytest.skip(f"clang-format is not on PATH (.clang-format's layout is clang-format {CLANG_FORMAT_MAJOR}'s)")
     major = clang_format_major(executable)

@@ -1,12 +1,13 @@
-"""Every code block of the README runs as written, or quotes a file that the tests build.
+"""Every code block of the README and of the docs/ pages it leads to runs as written, or quotes a
+file that the tests build.
 
 - ``cpp`` blocks whose first line names a repository file quote it: their lines appear there in
   order; the one that names a ``.cu`` file to build with is a whole op file, built and called.
 - ``text`` blocks are messages opforge prints; each is produced here and compared.
 - ``sh`` and ``python`` blocks run: the first block's commands (``make test`` is what
-  ``.ci/run`` runs; ``make demo`` runs here), the install block, the Python example, the JAX
+  ``.ci/run`` runs; ``make demo`` runs here), the quick start's commands and its Python, the JAX
   example and ``opforge verify`` in a virtual environment of their own that ``pip install .`` fills, with no
-  PYTHONPATH; the custom-class example in a fresh process of this environment; the example
+  PYTHONPATH; the Triton page's op file and kernel; the custom-class example in a fresh process of this environment; the example
   models' commands in test_models.py.
 """
 
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 import opforge
-from readme_blocks import ROOT, blocks, command
+from readme_blocks import ROOT, all_blocks, blocks, command
 
 KNOWN = {"sh", "cpp", "python", "text"}
 #: Variables the installed commands run without: nothing of the checkout on the import path.
@@ -32,13 +33,13 @@ _DROP = {"PYTHONPATH", "OPFORGE_BUILD_DIR", "VIRTUAL_ENV"}
 
 
 def _block(lang: str, starts: str):
-    found = [b for b in blocks() if b.lang == lang and b.lines and b.lines[0].startswith(starts)]
-    assert len(found) == 1, f"README.md: {len(found)} {lang} blocks start with {starts!r}"
+    found = [b for b in all_blocks() if b.lang == lang and b.text.startswith(starts)]
+    assert len(found) == 1, f"README.md and docs/: {len(found)} {lang} blocks start with {starts!r}"
     return found[0]
 
 
 def test_every_block_says_its_language():
-    untagged = [f"README.md:{b.line}: {b.lang or 'no language'}" for b in blocks() if b.lang not in KNOWN]
+    untagged = [f"{b.page}:{b.line}: {b.lang or 'no language'}" for b in all_blocks() if b.lang not in KNOWN]
     assert untagged == []
 
 
@@ -86,7 +87,7 @@ def test_quote_check_catches_an_edit():
 
 
 @pytest.mark.parametrize(
-    "block", [b for b in blocks() if b.lang == "cpp" and _quoted_file(b)], ids=lambda b: str(b.line)
+    "block", [b for b in all_blocks() if b.lang == "cpp" and _quoted_file(b)], ids=lambda b: f"{b.page}:{b.line}"
 )
 def test_cpp_quotes_match_their_files(block):
     source = [line.rstrip() for line in _quoted_file(block).read_text().splitlines()]
@@ -199,26 +200,52 @@ def _has(module: str) -> bool:
 
 
 @pytest.mark.skipif(not _has("scikit_build_core"), reason="needs scikit-build-core to build the wheel offline")
-def test_install_build_verify_and_package_from_an_empty_folder():
+def test_quick_start_from_install_to_the_cpp_runner(tmp_path):
     venv, env = _installed_env()
-    install = _block("sh", "pip install .")
-    folder = Path(install.lines[1].split("&& cd ", 1)[1])
-    shutil.rmtree(folder, ignore_errors=True)
-    built = _run(install.text, ROOT, env, "the install block")
-    so = Path(built.stdout.strip().splitlines()[-1])
-    assert so.name == "libmy_softshrink.so" and so.exists()
+    quick = _block("sh", "pip install .")
+    install, *steps = quick.lines
+    _run(install, ROOT, env, "pip install .")
+    ran = _run("\n".join(steps), tmp_path, env, "the quick start's commands")
+    folder = tmp_path / "my_op"
+    assert any(line.endswith("/libmy_op.so") for line in ran.stdout.splitlines()), ran.stdout
+    assert ran.stdout.strip().splitlines()[-1].endswith("all passed"), ran.stdout[-2000:]
 
     example = _block("python", "import torch, opforge")
-    _run(f"python - <<'README'\n{example.text}README\n", folder, env, "the Python example")
+    _run(f"python - <<'README'\n{example.text}README\n", folder, env, "the quick start's Python")
     assert (folder / "out" / "model" / "model.pt2").exists()
     where = _run("python -c 'import opforge; print(opforge.__file__)'", folder, env, "import opforge")
     assert where.stdout.strip().startswith(str(venv)), where.stdout  # the installed package, not the clone
 
     if _has("jax"):  # the JAX adapter, built by the installed opforge on first use
         from_jax = _block("python", "# From JAX")
-        ran = _run(f"python - <<'README'\n{from_jax.text}README\n", folder, env, "the JAX example")
+        ran = _run(f"python - <<'README'\n{from_jax.text}README\n", ROOT, env, "the JAX example")
         assert ran.stdout.strip().endswith(tuple("0123456789")), ran.stdout
 
-    verify = command("opforge verify ")
+    verify = command("opforge verify build/")
     out = _run(verify, ROOT, env, "opforge verify")
     assert "examples::softshrink" in out.stdout
+
+
+@pytest.mark.skipif(not _has("triton"), reason="needs triton to compile the Triton page's kernel")
+def test_the_triton_page_op_builds_runs_and_compiles_for_sm_90(tmp_path):
+    """docs/triton.md's kernel file and op file, as an op folder: built, called on the CPU (the
+    reference) and its kernel compiled for sm_90 without a GPU."""
+    kernel = _block("python", "import triton")
+    op_file = _block("cpp", "#include <opforge/op.h>\n\nvoid add_cpu")
+    (tmp_path / "add" / "kernels").mkdir(parents=True)
+    (tmp_path / "add" / "kernels" / "add.py").write_text(kernel.text)
+    (tmp_path / "add" / "add.cpp").write_text(op_file.text)
+    check = textwrap.dedent(
+        """
+        import sys, torch, opforge
+        opforge.load_library(opforge.build_library("my_add", folder=sys.argv[1], build_dir=sys.argv[2]))
+        x, y = torch.randn(1000), torch.randn(1000)
+        torch.testing.assert_close(torch.ops.my_ns.add(x, y), x + y)
+        shapes = {"x": (1000,), "y": (1000,)}
+        assert not opforge.precompile("my_ns::add", {"x": torch.float32}, cache_dir=sys.argv[3], shapes=shapes)
+        assert opforge.precompile("my_ns::add", {"x": torch.float32}, cache_dir=sys.argv[3], shapes=shapes)
+        """
+    )
+    argv = [str(tmp_path / "add"), str(tmp_path / "build"), str(tmp_path / "cache")]
+    proc = subprocess.run([sys.executable, "-c", check, *argv], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]

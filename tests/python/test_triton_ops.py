@@ -17,6 +17,7 @@ import torch
 
 import opforge
 from conftest import requires_cuda
+from opforge import verify
 
 pytest.importorskip("triton", reason="Triton is not installed in this Python")
 
@@ -129,6 +130,14 @@ def test_the_kernels_match_the_reference_on_cuda(library, dtype):
 
 
 @requires_cuda
+def test_a_kernel_computing_in_place_gets_a_copy_of_its_input(library):
+    x = torch.randn(1000, device="cuda")
+    before = x.clone()
+    torch.testing.assert_close(torch.ops.tt.double_through_a_copy(x), 2 * before)
+    torch.testing.assert_close(x, before)  # the input is not written
+
+
+@requires_cuda
 def test_autotune_picks_a_config_and_keeps_it(library):
     for n in (100, 100_000):
         x = torch.randn(n, device="cuda")
@@ -174,3 +183,23 @@ def test_an_edited_kernel_runs_after_reload(library, kernel_file):
         kernel_file.write_text(text)
         opforge.reload()
     torch.testing.assert_close(torch.ops.tt.add(x, y), x + y)
+
+
+def test_an_op_without_a_reference_refuses_the_cpu_and_verifies_against_its_equivalent(library):
+    """Note [Equivalent-only ops]: no CPU kernel, a CPU call refused naming what the op lacks."""
+    op = opforge.find_op("tt::add_without_reference")
+    assert op.devices == ("cuda",)
+    x = torch.randn(8)
+    with pytest.raises(ValueError) as err:
+        torch.ops.tt.add_without_reference(x, x)
+    assert str(err.value) == (
+        "tt::add_without_reference has no CPU kernel: it declares no .reference() (its device kernels are checked "
+        "against its .equivalent() expression); call it with tensors on a device it has a kernel for"
+    )
+    report = verify.verify_op("tt::add_without_reference", device="cpu", seed=3)
+    values = [r for r in report.results if r.check == "values"]
+    assert values and all(r.status == "skip" for r in values)
+    if torch.cuda.is_available():
+        report = verify.verify_op("tt::add_without_reference", device="cuda", seed=3)
+        assert report.ok, [(r.check, r.case, r.message) for r in report.failures]
+        assert any(r.check == "values" and r.status == "pass" for r in report.results)

@@ -107,12 +107,25 @@ struct LaunchConfig {
 struct TritonLaunch {
   /// One value for a parameter of the Triton function, by name.
   struct Value {
-    enum Kind : int32_t { kInt, kFloat, kBool, kConstInt, kConstFloat, kConstBool, kConstDtype, kTensor, kPartials };
+    enum Kind : int32_t {
+      kInt,
+      kFloat,
+      kBool,
+      kConstInt,
+      kConstFloat,
+      kConstBool,
+      kConstDtype,
+      kTensor,
+      kPartials,
+      kCopy
+    };
     const char* name = nullptr;
     Kind kind = kInt;
     int64_t i = 0;           // kInt, kConstInt, kConstBool, kBool; kConstDtype: the OpforgeDtype; kPartials: rows
     double f = 0;            // kFloat, kConstFloat
-    OpforgeTensor tensor{};  // kTensor: the tensor the pointer points to; kPartials: the output summed into
+    OpforgeTensor tensor{};  // kTensor: the tensor the pointer points to; kPartials: the output summed into;
+                             // kCopy: the output copied into
+    OpforgeTensor from{};    // kCopy: the input copied from
   };
   /// Programs in x, y and z (Triton's grid). Where `grid_per[d]` names a tl.constexpr parameter,
   /// dim d is grid[d] divided by that parameter's value, rounded up (the value an autotune config
@@ -176,6 +189,18 @@ struct TritonLaunch {
   /// call's allocator, of rows x out.numel() float32 values, row-major.
   TritonLaunch& sum_into(const char* name, const Tensor& out, int64_t rows) {
     return bind(name, Value::kPartials, out, rows);
+  }
+  /// Before the kernel, `out` (an output) gets a copy of `from` (an input of the same shape and
+  /// dtype): for a kernel that computes in place through one pointer (Liger's SwiGLU backward reads
+  /// a and b and writes their gradients over them), bound to the output, so the op writes none of
+  /// its inputs. Both must be dense (outputs are; declare the input without opforge::strided).
+  TritonLaunch& copy(const Tensor& from, const Tensor& out) {
+    Value v;
+    v.kind = Value::kCopy;
+    v.tensor = out.c_tensor();
+    v.from = from.c_tensor();
+    values.push_back(v);
+    return *this;
   }
 
  private:

@@ -164,6 +164,18 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
     # run in the case's own dtypes.
     bound_by_equivalent = device != "cpu" and wide is not None and bool(op.tolerance_vs_equivalent)
     names = [a.name for a in op.args]
+    if device not in op.devices:  # an op without a .reference() has no CPU kernel (Note [Equivalent-only ops])
+        report.results.append(
+            CaseResult(
+                op.name,
+                "values",
+                case.label,
+                "all",
+                "skip",
+                message=f"no {device} kernel (its device kernels are verified against .equivalent() on their device)",
+            )
+        )
+        return
     if device == "cpu" and not op.equivalent:
         report.results.append(
             CaseResult(
@@ -189,9 +201,10 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
         try:
             args = [keep_layout(a, device) for a in fresh(inputs.args)]  # kept: unwritten() reads them
             out = results(op, handle, args)
-            if device == "cpu":
+            if device == "cpu" or "cpu" not in op.devices:
+                # The equivalent in float64 on the CPU: the reference of an op without a C++ one.
                 # One namespace, so that lambdas and comprehensions in the expression see the arguments.
-                scope = {"torch": torch, **dict(zip(names, fresh(to(inputs.args, dtype=torch.float64))))}
+                scope = {"torch": torch, **dict(zip(names, fresh(to(inputs.args, "cpu", dtype=torch.float64))))}
                 ref = eval(op.equivalent, scope)  # noqa: S307 -- the author's own expression
             else:
                 ref_args = as_dtypes(op, inputs.args, wide) if wide is not None else inputs.args
@@ -237,7 +250,10 @@ def _equivalent_bound(op: Op, args: list, device: str, passed: list[int]) -> Cal
 def check_structure(op: Op, case: DtypeCase, device: str, seed: int, report: Report) -> None:
     """opcheck, compile without recompiles over the sizes of :func:`~.sweep.compile_cases`, Meta
     against real, the out= overload and gradcheck, in one dtype combination; for an op with
-    optional tensor inputs, once with them and once without."""
+    optional tensor inputs, once with them and once without. Not on a device the op has no
+    kernel for (an op without a .reference() has no CPU kernel)."""
+    if device not in op.devices:
+        return
     cases = generate_cases(op, case.dtypes, seed)
     for suffix in dict.fromkeys(["", without_optional(op)]):
         _check_structure_of(op, case, device, report, cases, suffix)

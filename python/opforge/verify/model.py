@@ -70,11 +70,17 @@ def verify_model(
     rtol: float = 1e-4,
     min_cosine: float = 0.9999,
     iters: int = 10,
+    runtime: str = "aoti",
 ) -> list[ModelReport]:
     """Export ``model`` on ``device``, AOTInductor-compile it with its op libraries, run the package
     in the C++ runner, and compare each output with ``reference`` (default: ``model`` itself) run in
     eager on the CPU, where opforge ops run their CPU references; an input the reference writes in
     place (a KV cache) is compared too, after the run, with what the package left in it.
+
+    With ``runtime="onnxruntime"`` the model is exported to ONNX instead (:func:`opforge.onnx.export`)
+    and run by ONNX Runtime with the op libraries loaded into torch (the CUDA execution provider for
+    ``device="cuda"``, which the installed onnxruntime must have); ``package`` is then the
+    ``.onnx`` file, and only outputs are compared (ONNX has no inputs written in place).
 
     Args:
         model: the module (moved to ``device`` for export, then back to the CPU for reference).
@@ -89,13 +95,24 @@ def verify_model(
             compared as directions (embeddings), if the cosine of the flattened tensors is at least
             ``min_cosine`` and the max abs error at most 10 * atol.
         iters: timed runs in the runner.
+        runtime: ``"aoti"`` (the C++ runner) or ``"onnxruntime"``.
 
     Returns:
         One :class:`ModelReport` per input set.
+
+    Raises:
+        ValueError: an unknown ``runtime``, or ``"onnxruntime"`` on CUDA without its CUDA
+            execution provider.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.eval()
     package_dir = Path(package_dir or tempfile.mkdtemp(prefix="opforge-verify-"))
+    if runtime not in ("aoti", "onnxruntime"):
+        raise ValueError(f"opforge.verify: runtime must be 'aoti' or 'onnxruntime', got {runtime!r}")
+    if runtime == "onnxruntime":
+        return _verify_onnxruntime(
+            model, example_inputs, device, dynamic_shapes, check_inputs, reference, package_dir, (atol, rtol, min_cosine), iters
+        )
     with torch.no_grad(), status(f"opforge: exporting {type(model).__name__} (torch.export)"):
         program = torch.export.export(
             model.to(device), tuple(t.to(device) for t in example_inputs), dynamic_shapes=dynamic_shapes
@@ -119,4 +136,54 @@ def verify_model(
             if not torch.equal(before, want) or not torch.equal(before, got):
                 outs.append(_compare(k, got, want, atol, rtol, min_cosine, "input"))
         reports.append(ModelReport(run.device, outs, run.latency_ms, str(package)))
+    return reports
+
+
+def _verify_onnxruntime(
+    model, example_inputs, device, dynamic_shapes, check_inputs, reference, package_dir, tolerances, iters
+) -> list[ModelReport]:
+    """:func:`verify_model` with ``runtime="onnxruntime"``."""
+    import statistics
+    import time
+
+    import onnxruntime
+
+    from .. import _torch
+    from .. import onnx as opforge_onnx
+
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda":
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            raise ValueError(
+                "opforge.verify: this onnxruntime has no CUDA execution provider "
+                f"(it has {', '.join(onnxruntime.get_available_providers())}); install onnxruntime-gpu"
+            )
+        providers.insert(0, "CUDAExecutionProvider")
+    path = package_dir / "model.onnx"
+    with torch.no_grad(), status(f"opforge: exporting {type(model).__name__} (torch.onnx)"):
+        program = opforge_onnx.export(
+            model.to(device), tuple(t.to(device) for t in example_inputs), dynamic_shapes=dynamic_shapes
+        )
+    program.save(str(path))
+    libraries = _torch.loaded_libraries()
+    session = onnxruntime.InferenceSession(str(path), opforge_onnx.session_options(libraries), providers=providers)
+    names = [i.name for i in session.get_inputs()]
+    reference = (reference or model).cpu().eval()
+    reports = []
+    for inputs in check_inputs or [example_inputs]:
+        with torch.inference_mode():
+            expected = reference(*[t.clone() for t in inputs])
+        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+        feed = {n: t.numpy() for n, t in zip(names, inputs, strict=True)}
+        got = session.run(None, feed)  # the compared run, which also warms up
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            session.run(None, feed)
+            times.append((time.perf_counter() - start) * 1e3)
+        latency = {"median": statistics.median(times), "min": min(times), "max": max(times)} if times else {}
+        outs = [_compare(k, torch.from_numpy(g), w, *tolerances, "output") for k, (g, w) in enumerate(zip(got, expected))]
+        if len(got) != len(expected):
+            outs.append(OutputResult(len(expected), [], math.inf, 0.0, "FAIL"))
+        reports.append(ModelReport(device, outs, latency, str(path)))
     return reports

@@ -1,0 +1,73 @@
+"""The ONNX Runtime adapter library (``libopforge_ort.so``, src/ort): where it is, and session
+options that register it with the op libraries it serves."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from .. import _paths
+from .._core import OpforgeError
+from ..description import Library
+
+_NAME = "libopforge_ort.so"
+#: The session configuration entry naming the op libraries the adapter serves (src/ort/registration.cpp).
+LIBRARIES_KEY = "opforge.op_libraries"
+
+
+def adapter_path() -> Path:
+    """``libopforge_ort.so``, the custom-op library ONNX Runtime loads.
+
+    Raises:
+        OpforgeError: it is not built (a checkout without ``make build``).
+    """
+    path = _paths.lib_dir() / _NAME
+    if not path.exists():
+        raise OpforgeError(f"opforge: the ONNX Runtime adapter {path} is not built; run `make build`")
+    return path
+
+
+@functools.cache
+def adapter() -> ctypes.CDLL:
+    """``libopforge_ort.so``, loaded into this process (for its output-types entry)."""
+    return ctypes.CDLL(str(adapter_path()))
+
+
+def library_paths(libraries: Iterable[str | Path | Library]) -> list[str]:
+    """The resolved paths of op libraries given as paths or :class:`~opforge.Library` objects.
+
+    Raises:
+        ValueError: none given, or a path with ``os.pathsep`` in it (the separator of the list).
+    """
+    paths = [str(Path(lib.path if isinstance(lib, Library) else lib).resolve()) for lib in libraries]
+    if not paths:
+        raise ValueError("opforge.onnx: session_options needs at least one op library")
+    for p in paths:
+        if os.pathsep in p:
+            raise ValueError(f"opforge.onnx: an op library path may not contain {os.pathsep!r}: {p}")
+    return paths
+
+
+def session_options(libraries: Iterable[str | Path | Library], options=None):
+    """``onnxruntime.SessionOptions`` (``options``, or new ones) with the opforge adapter
+    registered to serve every op of ``libraries`` (paths or loaded :class:`~opforge.Library`
+    objects): the CPU execution provider runs each op's CPU reference, the CUDA execution provider
+    (where the installed onnxruntime has it) its CUDA kernel on ONNX Runtime's stream. Every call
+    is checked by the core; a bad input fails the run with the op's message (the op, each bad
+    argument, expected and given)::
+
+        sess = onnxruntime.InferenceSession("model.onnx", opforge.onnx.session_options([lib]))
+
+    Raises:
+        ValueError: no op library given.
+        OpforgeError: the adapter is not built.
+    """
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions() if options is None else options
+    options.add_session_config_entry(LIBRARIES_KEY, os.pathsep.join(library_paths(libraries)))
+    options.register_custom_ops_library(str(adapter_path()))
+    return options
