@@ -114,3 +114,25 @@ def test_opforge_jax_without_jax_names_the_extra():
         "ImportError: opforge.jax needs jax, which this Python does not have (import of jax halted; None in "
         "sys.modules): pip install 'opforge[jax]'"
     )
+
+
+def test_opforge_onnx_without_onnx_or_onnxruntime_names_the_extra():
+    proc = without("onnx", "import opforge.onnx\n")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ImportError: opforge.onnx needs onnx, which this Python does not have (import of onnx halted; None in "
+        "sys.modules): pip install 'opforge[onnx]'"
+    )
+    script = """
+    import opforge.onnx
+    try:
+        opforge.onnx.session_options([])
+    except ImportError as e:
+        print(e)
+    """
+    proc = without("onnxruntime", script)
+    assert (proc.returncode, proc.stdout) == (
+        0,
+        "opforge.onnx.session_options needs onnxruntime, which this Python does not have (import of onnxruntime "
+        "halted; None in sys.modules): pip install 'opforge[onnx]'\n",
+    )
