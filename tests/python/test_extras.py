@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -107,22 +109,18 @@ def test_new_without_pytest_says_which_extra_brings_it(tmp_path):
     assert with_pytest.stdout.splitlines()[-1].startswith("next: edit scaled.cpp")
 
 
-def test_opforge_jax_without_jax_names_the_extra():
-    proc = without("jax", "import opforge.jax\n")
+@pytest.mark.parametrize("name", ["jax", "onnx"])
+def test_a_submodule_without_its_package_names_the_extra(name):
+    """opforge.jax without jax, opforge.onnx without onnx (each extra is named after its package)."""
+    proc = without(name, f"import opforge.{name}\n")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "ImportError: opforge.jax needs jax, which this Python does not have (import of jax halted; None in "
-        "sys.modules): pip install 'opforge[jax]'"
+        f"ImportError: opforge.{name} needs {name}, which this Python does not have (import of {name} halted; None in "
+        f"sys.modules): pip install 'opforge[{name}]'"
     )
 
 
-def test_opforge_onnx_without_onnx_or_onnxruntime_names_the_extra():
-    proc = without("onnx", "import opforge.onnx\n")
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "ImportError: opforge.onnx needs onnx, which this Python does not have (import of onnx halted; None in "
-        "sys.modules): pip install 'opforge[onnx]'"
-    )
+def test_onnx_session_options_without_onnxruntime_names_the_extra():
     script = """
     import opforge.onnx
     try:
