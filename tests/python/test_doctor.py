@@ -278,7 +278,7 @@ def demo_module():
 
 def test_the_demo_states_the_ratio_the_way_it_goes():
     comparison = demo_module().comparison
-    assert comparison(279.0, 1.0) == ("eager step: before 279.00 ms, after 1.00 ms: the fixed model is 279.0 x faster")
+    assert comparison(279.0, 1.0) == "eager step: before 279.00 ms, after 1.00 ms: the fixed model is 279.0 x faster"
     assert comparison(1.0, 1.25) == "eager step: before 1.00 ms, after 1.25 ms: the fixed model is 1.2 x slower"
     assert comparison(1.0, 1.02) == "eager step: before 1.00 ms, after 1.02 ms: the fixed model is about as fast"
     assert comparison(1.02, 1.0) == "eager step: before 1.02 ms, after 1.00 ms: the fixed model is about as fast"
