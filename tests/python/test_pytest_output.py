@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FAILING = '''
+FAILING = """
 import logging
 
 import torch
@@ -20,7 +20,7 @@ def test_fails_after_a_compile():
     torch.compile(lambda x: x * 2, backend="aot_eager", fullgraph=True)(torch.randn(4))
     logging.getLogger("user").warning("a warning the user logged")
     assert 1 == 2
-'''
+"""
 
 
 def pytest_on(path: Path, *options: str) -> str:
