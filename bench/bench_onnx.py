@@ -108,12 +108,17 @@ def main() -> int:
             print(f"  measured: {rows[-1]}", flush=True)
     base = rows[1]["latency_ms"]
     for r in rows:
-        r["group"] = f"all-MiniLM-L6-v2 {str(dtype).removeprefix('torch.')}, [{args.batch}, {args.seq}], ONNX Runtime {onnxruntime.__version__}, against float32 eager on the CPU"
+        r["group"] = (
+            f"all-MiniLM-L6-v2 {str(dtype).removeprefix('torch.')}, [{args.batch}, {args.seq}], "
+            f"ONNX Runtime {onnxruntime.__version__}, against float32 eager on the CPU"
+        )
         r["speedup_vs_without"] = base / r["latency_ms"]
     report(
         rows,
-        lambda r: f"{r['impl']:<52} cosine {r['cosine_min']:.6f}  max abs {r['max_abs_error']:.2e}  "
-        f"{r['latency_ms']:8.2f} ms  x{r['speedup_vs_without']:.2f}",
+        lambda r: (
+            f"{r['impl']:<52} cosine {r['cosine_min']:.6f}  max abs {r['max_abs_error']:.2e}  "
+            f"{r['latency_ms']:8.2f} ms  x{r['speedup_vs_without']:.2f}"
+        ),
         args.json,
     )
     return 0

@@ -105,7 +105,8 @@ void write_npy(const std::string& path, ort::ElementType type, const std::vector
   std::string dims;
   for (int64_t d : shape) dims += std::to_string(d) + ", ";
   if (shape.size() > 1) dims.resize(dims.size() - 2);
-  std::string header = std::string("{'descr': '") + npy_type(type).descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  std::string header =
+      std::string("{'descr': '") + npy_type(type).descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   header.append(64 - (10 + header.size() + 1) % 64, ' ');
   header += '\n';
   std::ofstream f(path, std::ios::binary);
@@ -123,7 +124,8 @@ struct Runtime {
 
   void check(ort::Status* s, const char* what) const {
     if (s == nullptr) return;
-    const std::string message = std::string(what) + ": " + api.call<const char*>(Slot::GetErrorMessage, static_cast<const ort::Status*>(s));
+    const std::string message =
+        std::string(what) + ": " + api.call<const char*>(Slot::GetErrorMessage, static_cast<const ort::Status*>(s));
     api.call<void>(Slot::ReleaseStatus, s);
     throw std::runtime_error(message);
   }
@@ -162,7 +164,8 @@ int run(const std::string& onnxruntime, const std::string& adapter, const std::v
   for (const std::string& l : op_libraries) libraries += (libraries.empty() ? "" : ":") + l;
   rt.check(rt.api.call<ort::Status*>(Slot::AddSessionConfigEntry, options, "opforge.op_libraries", libraries.c_str()),
            "AddSessionConfigEntry");
-  rt.check(rt.api.call<ort::Status*>(Slot::RegisterCustomOpsLibrary_V2, options, adapter.c_str()), "RegisterCustomOpsLibrary_V2");
+  rt.check(rt.api.call<ort::Status*>(Slot::RegisterCustomOpsLibrary_V2, options, adapter.c_str()),
+           "RegisterCustomOpsLibrary_V2");
   if (cuda) {
     // The CUDA execution provider with its default options (device 0).
     void* cuda_options = nullptr;
@@ -178,7 +181,8 @@ int run(const std::string& onnxruntime, const std::string& adapter, const std::v
            "CreateSession");
 
   ort::Allocator* allocator = nullptr;
-  rt.check(rt.api.call<ort::Status*>(Slot::GetAllocatorWithDefaultOptions, &allocator), "GetAllocatorWithDefaultOptions");
+  rt.check(rt.api.call<ort::Status*>(Slot::GetAllocatorWithDefaultOptions, &allocator),
+           "GetAllocatorWithDefaultOptions");
   auto names = [&](Slot count_slot, Slot name_slot) {
     size_t n = 0;
     rt.check(rt.api.call<ort::Status*>(count_slot, static_cast<const ort::Session*>(session), &n), "SessionGet*Count");
@@ -217,8 +221,8 @@ int run(const std::string& onnxruntime, const std::string& adapter, const std::v
   for (const auto& n : output_names) out_names.push_back(n.c_str());
   std::vector<ort::Value*> outputs(output_names.size(), nullptr);
   rt.check(rt.api.call<ort::Status*>(Slot::Run, session, static_cast<const ort::RunOptions*>(nullptr), in_names.data(),
-                                     const_cast<const ort::Value* const*>(values.data()), values.size(), out_names.data(),
-                                     out_names.size(), outputs.data()),
+                                     const_cast<const ort::Value* const*>(values.data()), values.size(),
+                                     out_names.data(), out_names.size(), outputs.data()),
            "Run");
   for (size_t k = 0; k < outputs.size(); ++k) {
     ort::ElementType type = ort::kUndefined;

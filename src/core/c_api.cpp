@@ -12,8 +12,8 @@
 
 #include "c_entry.h"
 #include "call.h"
-#include "device_checks.h"
 #include "check.h"
+#include "device_checks.h"
 #include "library.h"
 #include "opforge/detail/names.h"
 #include "precompile.h"

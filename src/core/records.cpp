@@ -49,7 +49,8 @@ bool has_runtime_source(const OpforgeKernel& k) {
 }
 
 const OpforgeKernel* device_kernel(const OpforgeOpSpec& op, int32_t device_type) {
-  if (device_type == OPFORGE_DEVICE_CPU) return op.num_kernels > 0 && op.kernels[0].fn != nullptr ? &op.kernels[0] : nullptr;
+  if (device_type == OPFORGE_DEVICE_CPU)
+    return op.num_kernels > 0 && op.kernels[0].fn != nullptr ? &op.kernels[0] : nullptr;
   for (int32_t k = 1; k < op.num_kernels; ++k)
     if (op.kernels[k].device_type == device_type) return &op.kernels[k];
   return nullptr;

@@ -134,7 +134,7 @@ struct KernelState {
   std::vector<tr::Source> sources;
   /// Loaded variants by device and Variant::hash (compared field by field: a hash is no proof).
   std::map<std::pair<int, uint64_t>, std::vector<std::pair<tr::Variant, std::unique_ptr<Loaded>>>> loaded;
-  std::map<std::string, int32_t> choices;                 // tuning key -> config
+  std::map<std::string, int32_t> choices;  // tuning key -> config
 };
 
 std::mutex g_states_mutex;
@@ -418,10 +418,10 @@ void copy_inputs(const RuntimeKernel& rk, const TritonLaunch& cfg, const Opforge
       throw InternalError(subject(rk) + ": TritonLaunch::copy between tensors of other sizes or dtypes");
     const size_t bytes = static_cast<size_t>(n) * dtype_size(static_cast<Dtype>(c.tensor.dtype));
     if (bytes > 0)
-      check_cu(driver().copy_async(reinterpret_cast<CUdeviceptr>(c.tensor.data),
-                                   reinterpret_cast<CUdeviceptr>(c.from.data), bytes,
-                                   static_cast<CUstream>(f->ctx->stream)),
-               "cuMemcpyDtoDAsync");
+      check_cu(
+          driver().copy_async(reinterpret_cast<CUdeviceptr>(c.tensor.data), reinterpret_cast<CUdeviceptr>(c.from.data),
+                              bytes, static_cast<CUstream>(f->ctx->stream)),
+          "cuMemcpyDtoDAsync");
   }
 }
 

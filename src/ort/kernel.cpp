@@ -42,8 +42,12 @@ class KernelInfoSource final : public AttributeSource {
     out.assign(text.data());
     return true;
   }
-  bool ints(const char* name, std::vector<int64_t>& out) override { return array(Slot::KernelInfoGetAttributeArray_int64, name, out); }
-  bool floats(const char* name, std::vector<float>& out) override { return array(Slot::KernelInfoGetAttributeArray_float, name, out); }
+  bool ints(const char* name, std::vector<int64_t>& out) override {
+    return array(Slot::KernelInfoGetAttributeArray_int64, name, out);
+  }
+  bool floats(const char* name, std::vector<float>& out) override {
+    return array(Slot::KernelInfoGetAttributeArray_float, name, out);
+  }
 
  private:
   bool ok(Status* s) const {
@@ -116,7 +120,8 @@ TypeAndShape type_and_shape(Api api, const Value* value) {
   ElementType t = kUndefined;
   size_t n = 0;
   Status* s = api.call<Status*>(Slot::GetTensorElementType, static_cast<const TensorTypeAndShapeInfo*>(info), &t);
-  if (s == nullptr) s = api.call<Status*>(Slot::GetDimensionsCount, static_cast<const TensorTypeAndShapeInfo*>(info), &n);
+  if (s == nullptr)
+    s = api.call<Status*>(Slot::GetDimensionsCount, static_cast<const TensorTypeAndShapeInfo*>(info), &n);
   r.dims.resize(n);
   if (s == nullptr)
     s = api.call<Status*>(Slot::GetDimensions, static_cast<const TensorTypeAndShapeInfo*>(info), r.dims.data(), n);
@@ -195,8 +200,9 @@ class Hooks final : public core::CallHooks {
   /// Output slot `index` of the node at `dims`, checked to have the element type of `dtype`.
   OpforgeTensor node_output(int32_t index, int32_t dtype, std::vector<int64_t> dims) {
     Value* value = nullptr;
-    check(api_, api_.call<Status*>(Slot::KernelContext_GetOutput, context_, static_cast<size_t>(index),
-                                   static_cast<const int64_t*>(dims.data()), dims.size(), &value),
+    check(api_,
+          api_.call<Status*>(Slot::KernelContext_GetOutput, context_, static_cast<size_t>(index),
+                             static_cast<const int64_t*>(dims.data()), dims.size(), &value),
           "KernelContext_GetOutput");
     if (value == nullptr)
       throw InternalError("opforge.ort: " + core::qualified_name(*entry_.op) + ": ONNX Runtime gave no output " +
@@ -221,8 +227,10 @@ class Hooks final : public core::CallHooks {
       return;
     }
     const Driver& d = Driver::get();
-    if (d.memset_d8_async == nullptr || d.memset_d8_async(reinterpret_cast<uintptr_t>(t.data), byte, bytes, stream_) != 0)
-      throw InternalError("opforge.ort: " + core::qualified_name(*entry_.op) + ": cuMemsetD8Async failed poisoning an output");
+    if (d.memset_d8_async == nullptr ||
+        d.memset_d8_async(reinterpret_cast<uintptr_t>(t.data), byte, bytes, stream_) != 0)
+      throw InternalError("opforge.ort: " + core::qualified_name(*entry_.op) +
+                          ": cuMemsetD8Async failed poisoning an output");
   }
   /// Copies `bytes` from `from` to `to`, on the node's stream for CUDA.
   void copy(void* to, const void* from, size_t bytes) {
@@ -234,7 +242,8 @@ class Hooks final : public core::CallHooks {
     const Driver& d = Driver::get();
     if (d.memcpy_async == nullptr ||
         d.memcpy_async(reinterpret_cast<uintptr_t>(to), reinterpret_cast<uintptr_t>(from), bytes, stream_) != 0)
-      throw InternalError("opforge.ort: " + core::qualified_name(*entry_.op) + ": cuMemcpyAsync failed copying a written input");
+      throw InternalError("opforge.ort: " + core::qualified_name(*entry_.op) +
+                          ": cuMemcpyAsync failed copying a written input");
   }
   OpforgeContext context() override {
     return {sizeof(OpforgeContext), entry_.device_type, device_index_, stream_, &Scratch::allocate, &scratch_};
@@ -262,10 +271,13 @@ int32_t device_of(Api api, const Value* value) {
 /// ONNX Runtime's allocator for CUDA device `device` in this run (released by Scratch).
 Allocator* cuda_allocator(Api api, const KernelContext* context, int32_t device) {
   MemoryInfo* info = nullptr;
-  check(api, api.call<Status*>(Slot::CreateMemoryInfo, "Cuda", kArenaAllocator, static_cast<int>(device), kMemDefault, &info),
-        "CreateMemoryInfo");
+  check(
+      api,
+      api.call<Status*>(Slot::CreateMemoryInfo, "Cuda", kArenaAllocator, static_cast<int>(device), kMemDefault, &info),
+      "CreateMemoryInfo");
   Allocator* allocator = nullptr;
-  Status* s = api.call<Status*>(Slot::KernelContext_GetAllocator, context, static_cast<const MemoryInfo*>(info), &allocator);
+  Status* s =
+      api.call<Status*>(Slot::KernelContext_GetAllocator, context, static_cast<const MemoryInfo*>(info), &allocator);
   api.call<void>(Slot::ReleaseMemoryInfo, info);
   check(api, s, "KernelContext_GetAllocator");
   return allocator;
@@ -278,7 +290,8 @@ Kernel::Kernel(const OpEntry& entry, Api api, const KernelInfo* info)
   // ONNX Runtime allocates an output once, at its final shape: a size the kernel writes is known too late.
   std::string dynamic;
   for (int32_t k = 0; k < entry.op->num_outputs; ++k)
-    if (entry.op->outputs[k].size_from >= 0) dynamic += std::string(dynamic.empty() ? "" : ", ") + entry.op->outputs[k].name;
+    if (entry.op->outputs[k].size_from >= 0)
+      dynamic += std::string(dynamic.empty() ? "" : ", ") + entry.op->outputs[k].name;
   if (!dynamic.empty())
     throw InvalidArgument("opforge.ort: " + core::qualified_name(*entry.op) + ": the sizes of its outputs " + dynamic +
                           " depend on the input values (opforge::size_of), and ONNX Runtime allocates outputs before "
@@ -303,7 +316,9 @@ void Kernel::compute(KernelContext* context) {
       continue;
     }
     args[i].value.kind = info[i].value.kind = OPFORGE_ARG_TENSOR;
-    check(api_, api_.call<Status*>(Slot::KernelContext_GetInput, static_cast<const KernelContext*>(context), input++, &values[i]),
+    check(api_,
+          api_.call<Status*>(Slot::KernelContext_GetInput, static_cast<const KernelContext*>(context), input++,
+                             &values[i]),
           "KernelContext_GetInput");
     if (values[i] != nullptr && device_type == OPFORGE_DEVICE_CUDA && device_index < 0)
       device_index = device_of(api_, values[i]);
@@ -329,7 +344,9 @@ void Kernel::compute(KernelContext* context) {
   void* stream = nullptr;
   Allocator* device = nullptr;
   if (device_type == OPFORGE_DEVICE_CUDA) {
-    check(api_, api_.call<Status*>(Slot::KernelContext_GetGPUComputeStream, static_cast<const KernelContext*>(context), &stream),
+    check(api_,
+          api_.call<Status*>(Slot::KernelContext_GetGPUComputeStream, static_cast<const KernelContext*>(context),
+                             &stream),
           "KernelContext_GetGPUComputeStream");
     device = cuda_allocator(api_, context, device_index < 0 ? 0 : device_index);
   }
@@ -344,8 +361,7 @@ void Kernel::compute(KernelContext* context) {
     const int32_t slot = written++;
     if (!info[i].defined || info[i].dtype < 0) continue;
     const OpforgeTensor in = args[i].tensor;
-    const OpforgeTensor out =
-        hooks.node_output(slot, in.dtype, std::vector<int64_t>(in.sizes, in.sizes + in.ndim));
+    const OpforgeTensor out = hooks.node_output(slot, in.dtype, std::vector<int64_t>(in.sizes, in.sizes + in.ndim));
     hooks.copy(out.data, in.data, byte_size(in));
     args[i].tensor.data = out.data;
   }

@@ -94,7 +94,14 @@ enum MemType : int32_t { kMemCpuInput = -2, kMemCpuOutput = -1, kMemDefault = 0 
 enum AllocatorType : int32_t { kDeviceAllocator = 0, kArenaAllocator = 1 };
 
 /// OrtOpAttrType (ReadOpAttr).
-enum AttrType : int32_t { kAttrUndefined = 0, kAttrInt = 1, kAttrInts = 2, kAttrFloat = 3, kAttrFloats = 4, kAttrString = 5 };
+enum AttrType : int32_t {
+  kAttrUndefined = 0,
+  kAttrInt = 1,
+  kAttrInts = 2,
+  kAttrFloat = 3,
+  kAttrFloats = 4,
+  kAttrString = 5
+};
 
 /// OrtLoggingLevel.
 enum LoggingLevel : int32_t { kLogVerbose = 0, kLogInfo = 1, kLogWarning = 2, kLogError = 3, kLogFatal = 4 };
@@ -102,73 +109,73 @@ enum LoggingLevel : int32_t { kLogVerbose = 0, kLogInfo = 1, kLogWarning = 2, kL
 /// Positions in the OrtApi table of the functions opforge calls (the comment: the API version
 /// that added each).
 enum class Slot : int32_t {
-  CreateStatus = 0,                      // 1
-  GetErrorCode = 1,                      // 1
-  GetErrorMessage = 2,                   // 1
-  CreateEnv = 3,                         // 1
-  CreateSession = 7,                     // 1
-  Run = 9,                               // 1
-  CreateSessionOptions = 10,             // 1
-  CreateCustomOpDomain = 26,             // 1
-  CustomOpDomain_Add = 27,               // 1
-  AddCustomOpDomain = 28,                // 1
-  SessionGetInputCount = 30,             // 1
-  SessionGetOutputCount = 31,            // 1
-  SessionGetInputTypeInfo = 33,          // 1
-  SessionGetInputName = 36,              // 1
-  SessionGetOutputName = 37,             // 1
-  CreateTensorWithDataAsOrtValue = 49,   // 1
-  GetTensorMutableData = 51,             // 1
-  CastTypeInfoToTensorInfo = 55,         // 1
-  CreateTensorTypeAndShapeInfo = 57,     // 1
-  SetTensorElementType = 58,             // 1
-  SetDimensions = 59,                    // 1
-  GetTensorElementType = 60,             // 1
-  GetDimensionsCount = 61,               // 1
-  GetDimensions = 62,                    // 1
-  GetSymbolicDimensions = 63,            // 1
-  GetTensorTypeAndShape = 65,            // 1
-  CreateMemoryInfo = 68,                 // 1
-  CreateCpuMemoryInfo = 69,              // 1
-  MemoryInfoGetId = 72,                  // 1
-  AllocatorAlloc = 75,                   // 1
-  AllocatorFree = 76,                    // 1
-  GetAllocatorWithDefaultOptions = 78,   // 1
-  KernelInfoGetAttribute_float = 85,     // 1
-  KernelInfoGetAttribute_int64 = 86,     // 1
-  KernelInfoGetAttribute_string = 87,    // 1
-  KernelContext_GetInputCount = 88,      // 1
-  KernelContext_GetOutputCount = 89,     // 1
-  KernelContext_GetInput = 90,           // 1
-  KernelContext_GetOutput = 91,          // 1
-  ReleaseEnv = 92,                       // 1
-  ReleaseStatus = 93,                    // 1
-  ReleaseMemoryInfo = 94,                // 1
-  ReleaseSession = 95,                   // 1
-  ReleaseValue = 96,                     // 1
-  ReleaseTypeInfo = 98,                  // 1
-  ReleaseTensorTypeAndShapeInfo = 99,    // 1
-  ReleaseSessionOptions = 100,           // 1
-  AddSessionConfigEntry = 130,           // 5
-  ReleaseAllocator = 132,                // 5
-  KernelInfoGetAttributeArray_float = 162,  // 8
-  KernelInfoGetAttributeArray_int64 = 163,  // 8
-  KernelContext_GetGPUComputeStream = 193,  // 10
-  GetTensorMemoryInfo = 194,             // 10
+  CreateStatus = 0,                                     // 1
+  GetErrorCode = 1,                                     // 1
+  GetErrorMessage = 2,                                  // 1
+  CreateEnv = 3,                                        // 1
+  CreateSession = 7,                                    // 1
+  Run = 9,                                              // 1
+  CreateSessionOptions = 10,                            // 1
+  CreateCustomOpDomain = 26,                            // 1
+  CustomOpDomain_Add = 27,                              // 1
+  AddCustomOpDomain = 28,                               // 1
+  SessionGetInputCount = 30,                            // 1
+  SessionGetOutputCount = 31,                           // 1
+  SessionGetInputTypeInfo = 33,                         // 1
+  SessionGetInputName = 36,                             // 1
+  SessionGetOutputName = 37,                            // 1
+  CreateTensorWithDataAsOrtValue = 49,                  // 1
+  GetTensorMutableData = 51,                            // 1
+  CastTypeInfoToTensorInfo = 55,                        // 1
+  CreateTensorTypeAndShapeInfo = 57,                    // 1
+  SetTensorElementType = 58,                            // 1
+  SetDimensions = 59,                                   // 1
+  GetTensorElementType = 60,                            // 1
+  GetDimensionsCount = 61,                              // 1
+  GetDimensions = 62,                                   // 1
+  GetSymbolicDimensions = 63,                           // 1
+  GetTensorTypeAndShape = 65,                           // 1
+  CreateMemoryInfo = 68,                                // 1
+  CreateCpuMemoryInfo = 69,                             // 1
+  MemoryInfoGetId = 72,                                 // 1
+  AllocatorAlloc = 75,                                  // 1
+  AllocatorFree = 76,                                   // 1
+  GetAllocatorWithDefaultOptions = 78,                  // 1
+  KernelInfoGetAttribute_float = 85,                    // 1
+  KernelInfoGetAttribute_int64 = 86,                    // 1
+  KernelInfoGetAttribute_string = 87,                   // 1
+  KernelContext_GetInputCount = 88,                     // 1
+  KernelContext_GetOutputCount = 89,                    // 1
+  KernelContext_GetInput = 90,                          // 1
+  KernelContext_GetOutput = 91,                         // 1
+  ReleaseEnv = 92,                                      // 1
+  ReleaseStatus = 93,                                   // 1
+  ReleaseMemoryInfo = 94,                               // 1
+  ReleaseSession = 95,                                  // 1
+  ReleaseValue = 96,                                    // 1
+  ReleaseTypeInfo = 98,                                 // 1
+  ReleaseTensorTypeAndShapeInfo = 99,                   // 1
+  ReleaseSessionOptions = 100,                          // 1
+  AddSessionConfigEntry = 130,                          // 5
+  ReleaseAllocator = 132,                               // 5
+  KernelInfoGetAttributeArray_float = 162,              // 8
+  KernelInfoGetAttributeArray_int64 = 163,              // 8
+  KernelContext_GetGPUComputeStream = 193,              // 10
+  GetTensorMemoryInfo = 194,                            // 10
   SessionOptionsAppendExecutionProvider_CUDA_V2 = 204,  // 11
-  CreateCUDAProviderOptions = 205,       // 11
-  ReleaseCUDAProviderOptions = 208,      // 11
-  RegisterCustomOpsLibrary_V2 = 228,     // 14
-  KernelInfo_GetInputCount = 230,        // 14
-  KernelInfo_GetOutputCount = 231,       // 14
-  GetSessionConfigEntry = 238,           // 14
-  KernelContext_GetAllocator = 253,      // 15
-  ShapeInferContext_GetInputCount = 267,       // 17
-  ShapeInferContext_GetInputTypeShape = 268,   // 17
-  ShapeInferContext_GetAttribute = 269,        // 17
-  ShapeInferContext_SetOutputTypeShape = 270,  // 17
-  SetSymbolicDimensions = 271,                 // 17
-  ReadOpAttr = 272,                            // 17
+  CreateCUDAProviderOptions = 205,                      // 11
+  ReleaseCUDAProviderOptions = 208,                     // 11
+  RegisterCustomOpsLibrary_V2 = 228,                    // 14
+  KernelInfo_GetInputCount = 230,                       // 14
+  KernelInfo_GetOutputCount = 231,                      // 14
+  GetSessionConfigEntry = 238,                          // 14
+  KernelContext_GetAllocator = 253,                     // 15
+  ShapeInferContext_GetInputCount = 267,                // 17
+  ShapeInferContext_GetInputTypeShape = 268,            // 17
+  ShapeInferContext_GetAttribute = 269,                 // 17
+  ShapeInferContext_SetOutputTypeShape = 270,           // 17
+  SetSymbolicDimensions = 271,                          // 17
+  ReadOpAttr = 272,                                     // 17
 };
 
 /// The OrtApi table as ONNX Runtime hands it out.

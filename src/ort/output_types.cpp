@@ -14,7 +14,8 @@
 
 namespace opforge::ort {
 
-std::vector<TensorType> output_types(const OpforgeOpSpec& op, const std::vector<TensorType>& inputs, const Params& params) {
+std::vector<TensorType> output_types(const OpforgeOpSpec& op, const std::vector<TensorType>& inputs,
+                                     const Params& params) {
   const int32_t n = op.num_args;
   std::vector<core::ArgInfo<Dim>> info(n);
   std::vector<const TensorType*> of_arg(n, nullptr);
@@ -49,7 +50,8 @@ std::vector<TensorType> output_types(const OpforgeOpSpec& op, const std::vector<
     t.dims = o.sizes;
   }
   for (int32_t i = 0; i < n; ++i)
-    if (core::is_mutated(op.args[i])) types.push_back(of_arg[i] != nullptr ? *of_arg[i] : TensorType{kUndefined, {}, false});
+    if (core::is_mutated(op.args[i]))
+      types.push_back(of_arg[i] != nullptr ? *of_arg[i] : TensorType{kUndefined, {}, false});
   return types;
 }
 
@@ -74,7 +76,9 @@ struct OrtDims {
 /// The type of input `index` (the context owns the info it returns).
 TensorType input_type(Api api, ShapeInferContext* ctx, size_t index) {
   TensorTypeAndShapeInfo* info = nullptr;
-  check(api, api.call<Status*>(Slot::ShapeInferContext_GetInputTypeShape, static_cast<const ShapeInferContext*>(ctx), index, &info),
+  check(api,
+        api.call<Status*>(Slot::ShapeInferContext_GetInputTypeShape, static_cast<const ShapeInferContext*>(ctx), index,
+                          &info),
         "ShapeInferContext_GetInputTypeShape");
   const auto* cinfo = static_cast<const TensorTypeAndShapeInfo*>(info);
   TensorType t;
@@ -100,8 +104,11 @@ void set_output_type(Api api, ShapeInferContext* ctx, size_t index, const Tensor
   check(api, api.call<Status*>(Slot::CreateTensorTypeAndShapeInfo, &info), "CreateTensorTypeAndShapeInfo");
   OrtDims dims(t.dims);
   Status* s = api.call<Status*>(Slot::SetTensorElementType, info, static_cast<ElementType>(t.element_type));
-  if (s == nullptr) s = api.call<Status*>(Slot::SetDimensions, info, static_cast<const int64_t*>(dims.values.data()), dims.values.size());
-  if (s == nullptr) s = api.call<Status*>(Slot::SetSymbolicDimensions, info, dims.name_ptrs.data(), dims.name_ptrs.size());
+  if (s == nullptr)
+    s = api.call<Status*>(Slot::SetDimensions, info, static_cast<const int64_t*>(dims.values.data()),
+                          dims.values.size());
+  if (s == nullptr)
+    s = api.call<Status*>(Slot::SetSymbolicDimensions, info, dims.name_ptrs.data(), dims.name_ptrs.size());
   if (s == nullptr)
     s = api.call<Status*>(Slot::ShapeInferContext_SetOutputTypeShape, static_cast<const ShapeInferContext*>(ctx), index,
                           static_cast<const TensorTypeAndShapeInfo*>(info));
@@ -153,7 +160,9 @@ std::string output_types_request(const char* text) {
     }
     t.element_type = i.value("type", 0);
     for (const json& d : i.value("shape", json::array()))
-      t.dims.push_back(d.is_number_integer() ? Dim(d.get<int64_t>()) : d.is_string() ? Dim::named(d.get<std::string>()) : Dim::unknown());
+      t.dims.push_back(d.is_number_integer() ? Dim(d.get<int64_t>())
+                       : d.is_string()       ? Dim::named(d.get<std::string>())
+                                             : Dim::unknown());
   }
   JsonSource source(request.value("attributes", json::object()));
   const Params params(*op, source);
@@ -164,7 +173,8 @@ std::string output_types_request(const char* text) {
       continue;
     }
     json shape = json::array();
-    for (const Dim& d : t.dims) shape.push_back(d.number() ? json(d.value) : d.kind == Dim::kName ? json(d.name) : json(nullptr));
+    for (const Dim& d : t.dims)
+      shape.push_back(d.number() ? json(d.value) : d.kind == Dim::kName ? json(d.name) : json(nullptr));
     outputs.push_back({{"type", t.element_type}, {"shape", shape}});
   }
   return json{{"outputs", outputs}}.dump();
@@ -174,7 +184,8 @@ std::string output_types_request(const char* text) {
 
 void infer_output_types(Api api, const OpforgeOpSpec& op, ShapeInferContext* ctx, AttributeSource& source) {
   size_t count = 0;
-  check(api, api.call<Status*>(Slot::ShapeInferContext_GetInputCount, static_cast<const ShapeInferContext*>(ctx), &count),
+  check(api,
+        api.call<Status*>(Slot::ShapeInferContext_GetInputCount, static_cast<const ShapeInferContext*>(ctx), &count),
         "ShapeInferContext_GetInputCount");
   std::vector<TensorType> inputs;
   for (size_t i = 0; i < count; ++i) inputs.push_back(input_type(api, ctx, i));

@@ -27,7 +27,8 @@ struct TensorType {
 /// in schema order) and `params`: the core checks the call (src/core/check.h) and evaluates the
 /// output rules. Throws InvalidArgument with the call's message where the types contradict the
 /// op's rules.
-std::vector<TensorType> output_types(const OpforgeOpSpec& op, const std::vector<TensorType>& inputs, const Params& params);
+std::vector<TensorType> output_types(const OpforgeOpSpec& op, const std::vector<TensorType>& inputs,
+                                     const Params& params);
 
 /// output_types for ONNX Runtime's shape-inference context: reads the inputs' types from `ctx`,
 /// the attributes through `source`, and sets the outputs' types. Throws as output_types.

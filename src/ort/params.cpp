@@ -35,7 +35,8 @@ bool has_other_type(AttributeSource& source, const char* name, int32_t kind) {
   std::vector<float> fs;
   const bool integer = kind == OPFORGE_ARG_INT || kind == OPFORGE_ARG_BOOL;
   return (!integer && source.int64(name, i)) || (kind != OPFORGE_ARG_FLOAT && source.float32(name, f)) ||
-         (kind != OPFORGE_ARG_STRING && source.string(name, s)) || (kind != OPFORGE_ARG_INT_LIST && source.ints(name, is)) ||
+         (kind != OPFORGE_ARG_STRING && source.string(name, s)) ||
+         (kind != OPFORGE_ARG_INT_LIST && source.ints(name, is)) ||
          (kind != OPFORGE_ARG_FLOAT_LIST && source.floats(name, fs));
 }
 

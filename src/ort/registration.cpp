@@ -10,7 +10,7 @@
 // opforge.onnx exports a call of `ns::op` as one node (python/opforge/onnx):
 //   domain, op_type:  "ns", "op" (opset 1 of the domain);
 //   inputs:           the tensor inputs in schema order; an optional input left out is an empty
-//                     input ("");
+//                     input (""), or no input at all where no given input follows it;
 //   attributes:       each parameter by its name: int and bool as INT (bool 0 or 1), float as
 //                     FLOAT (ONNX's attributes are float32, so a double parameter runs with its
 //                     float32 rounding: eps=1e-6 as 9.99999997e-07), str as STRING, int[] as
@@ -34,7 +34,12 @@
 // Runtime reports as the node's failure. Output types and shapes for ONNX Runtime's own shape
 // inference come from the core too (InferOutputShapeFn: output_types.h); ONNX Runtime does not
 // report a failure of that function, so a graph whose sizes contradict an op's rules loads and
-// fails when it runs, with the call's message.
+// fails when it runs, with the call's message. ONNX Runtime's shape-inference context has no type
+// for an empty input (its context dereferences it), so the function is given to ops whose
+// optional tensor inputs all follow their required ones, and opforge.onnx writes no empty input
+// after the last given one: a node then lists only the inputs it has. An op with an optional
+// tensor input before a required one gets no shape-inference function, so ONNX Runtime takes
+// its output types from its inputs (which it can only where the op has one input of open type).
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -114,7 +119,8 @@ class InferSource final : public AttributeSource {
   }
   const OpAttr* find(const char* name) const {
     const OpAttr* attr = nullptr;
-    Status* s = api_.call<Status*>(Slot::ShapeInferContext_GetAttribute, static_cast<const ShapeInferContext*>(ctx_), name, &attr);
+    Status* s = api_.call<Status*>(Slot::ShapeInferContext_GetAttribute, static_cast<const ShapeInferContext*>(ctx_),
+                                   name, &attr);
     if (s != nullptr) {
       release(s);
       return nullptr;
@@ -230,12 +236,15 @@ const OpEntry& entry_for(const OpforgeOpSpec& op, int32_t device_type) {
   c.GetVariadicOutputHomogeneity = one;
   c.CreateKernelV2 = create_kernel;
   c.KernelComputeV2 = compute;
-  // ONNX Runtime's shape-inference context cannot describe an optional input the node leaves
-  // out: an op with optional inputs keeps ONNX Runtime's own guess of its output types (those
-  // of its inputs), and its output shapes from the graph.
-  bool optional_inputs = false;
-  for (int32_t i = 0; i < op.num_args; ++i) optional_inputs = optional_inputs || core::is_optional(op.args[i]);
-  c.InferOutputShapeFn = optional_inputs ? nullptr : infer;
+  // Shape inference only where no required tensor input follows an optional one (Note [The
+  // ONNX node of an op]).
+  bool optional_seen = false, required_after_optional = false;
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR) continue;
+    if (core::is_optional(op.args[i])) optional_seen = true;
+    else required_after_optional = required_after_optional || optional_seen;
+  }
+  c.InferOutputShapeFn = required_after_optional ? nullptr : infer;
   c.GetStartVersion = start_version;
   c.GetEndVersion = end_version;
   return e;
@@ -244,7 +253,8 @@ const OpEntry& entry_for(const OpforgeOpSpec& op, int32_t device_type) {
 /// The op-library paths of the session's configuration entry kLibrariesKey.
 std::vector<std::string> library_paths(Api api, const SessionOptions* options) {
   size_t size = 0;
-  Status* s = api.call<Status*>(Slot::GetSessionConfigEntry, options, kLibrariesKey, static_cast<char*>(nullptr), &size);
+  Status* s =
+      api.call<Status*>(Slot::GetSessionConfigEntry, options, kLibrariesKey, static_cast<char*>(nullptr), &size);
   if (s != nullptr) {
     api.call<void>(Slot::ReleaseStatus, s);
     throw InvalidArgument(std::string("opforge.ort: the session options name no op libraries: set the session "
@@ -284,7 +294,8 @@ Status* register_ops(SessionOptions* options, Api api) {
         check(api, api.call<Status*>(Slot::CustomOpDomain_Add, domain, &entry_for(*op, OPFORGE_DEVICE_CPU).custom_op),
               "CustomOpDomain_Add");
         if (core::device_kernel(*op, OPFORGE_DEVICE_CUDA) != nullptr)
-          check(api, api.call<Status*>(Slot::CustomOpDomain_Add, domain, &entry_for(*op, OPFORGE_DEVICE_CUDA).custom_op),
+          check(api,
+                api.call<Status*>(Slot::CustomOpDomain_Add, domain, &entry_for(*op, OPFORGE_DEVICE_CUDA).custom_op),
                 "CustomOpDomain_Add");
       }
       check(api, api.call<Status*>(Slot::AddCustomOpDomain, options, domain), "AddCustomOpDomain");

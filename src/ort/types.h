@@ -24,16 +24,26 @@ struct TypeMap {
 /// Every ONNX element type ONNX Runtime passes custom ops: a new opforge dtype (float8) is one
 /// more row here and in python/opforge/onnx/_types.py.
 inline constexpr TypeMap kTypes[] = {
-    {kFloat, OPFORGE_DTYPE_FLOAT32, "float32"},  {kDouble, OPFORGE_DTYPE_FLOAT64, "float64"},
-    {kFloat16, OPFORGE_DTYPE_FLOAT16, "float16"}, {kBFloat16, OPFORGE_DTYPE_BFLOAT16, "bfloat16"},
-    {kInt8, OPFORGE_DTYPE_INT8, "int8"},          {kInt16, OPFORGE_DTYPE_INT16, "int16"},
-    {kInt32, OPFORGE_DTYPE_INT32, "int32"},       {kInt64, OPFORGE_DTYPE_INT64, "int64"},
-    {kUint8, OPFORGE_DTYPE_UINT8, "uint8"},       {kBool, OPFORGE_DTYPE_BOOL, "bool"},
-    {kUint16, -1, "uint16"},                      {kUint32, -1, "uint32"},
-    {kUint64, -1, "uint64"},                      {kString, -1, "string"},
-    {kComplex64, -1, "complex64"},                {kComplex128, -1, "complex128"},
-    {kFloat8E4M3FN, -1, "float8e4m3fn"},          {kFloat8E4M3FNUZ, -1, "float8e4m3fnuz"},
-    {kFloat8E5M2, -1, "float8e5m2"},              {kFloat8E5M2FNUZ, -1, "float8e5m2fnuz"},
+    {kFloat, OPFORGE_DTYPE_FLOAT32, "float32"},
+    {kDouble, OPFORGE_DTYPE_FLOAT64, "float64"},
+    {kFloat16, OPFORGE_DTYPE_FLOAT16, "float16"},
+    {kBFloat16, OPFORGE_DTYPE_BFLOAT16, "bfloat16"},
+    {kInt8, OPFORGE_DTYPE_INT8, "int8"},
+    {kInt16, OPFORGE_DTYPE_INT16, "int16"},
+    {kInt32, OPFORGE_DTYPE_INT32, "int32"},
+    {kInt64, OPFORGE_DTYPE_INT64, "int64"},
+    {kUint8, OPFORGE_DTYPE_UINT8, "uint8"},
+    {kBool, OPFORGE_DTYPE_BOOL, "bool"},
+    {kUint16, -1, "uint16"},
+    {kUint32, -1, "uint32"},
+    {kUint64, -1, "uint64"},
+    {kString, -1, "string"},
+    {kComplex64, -1, "complex64"},
+    {kComplex128, -1, "complex128"},
+    {kFloat8E4M3FN, -1, "float8e4m3fn"},
+    {kFloat8E4M3FNUZ, -1, "float8e4m3fnuz"},
+    {kFloat8E5M2, -1, "float8e5m2"},
+    {kFloat8E5M2FNUZ, -1, "float8e5m2fnuz"},
 };
 
 /// The row of ONNX element type `t` (an unknown one: {t, -1, "unknown"}).
@@ -54,7 +64,8 @@ inline ElementType element_type(int32_t d) {
 /// releases the status; a null status (success) passes.
 inline void check(const Api& api, Status* status, const char* what) {
   if (status == nullptr) return;
-  std::string message = std::string("opforge.ort: ") + what + ": " + api.call<const char*>(Slot::GetErrorMessage, static_cast<const Status*>(status));
+  std::string message = std::string("opforge.ort: ") + what + ": " +
+                        api.call<const char*>(Slot::GetErrorMessage, static_cast<const Status*>(status));
   api.call<void>(Slot::ReleaseStatus, status);
   throw InternalError(message);
 }

@@ -1,7 +1,9 @@
 """opforge ops in ONNX and ONNX Runtime (python/opforge/onnx, src/ort, examples/onnx_runner):
 export through torch.onnx, onnx.checker and ONNX's shape inference with symbolic dims, every
 example op run by ONNX Runtime on the CPU against torch's call of its CPU reference, the error
-messages of calls through ONNX Runtime, the MiniLM model, and the C++ runner."""
+messages of calls through ONNX Runtime, the MiniLM model, and the C++ runner; on a GPU with
+onnxruntime's CUDA execution provider, every example op's CUDA kernel through ONNX Runtime against
+torch's call of it, and MiniLM in float16."""
 
 from __future__ import annotations
 
@@ -29,6 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples" / "ops").iterdir() if p.is_dir())
 #: Element types numpy (and so onnxruntime's Python API) holds.
 NUMPY_DTYPES = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"}
+
+
+requires_ort_cuda = pytest.mark.skipif(
+    not (torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers()),
+    reason="needs a GPU and an onnxruntime with its CUDA execution provider",
+)
 
 
 def library(name: str) -> opforge.Library:
@@ -100,6 +108,8 @@ def _single_node_model(op, args, results) -> onnx.ModelProto:
         if r is not None
     ]
     node_outputs = [n if r is not None else "" for n, r in zip(out_names, results, strict=True)]
+    while names and not names[-1]:  # no empty input after the last given one (Note [The ONNX node of an op])
+        names.pop()
     node = onnx.helper.make_node(name, names, node_outputs, domain=domain, **attrs)
     graph = onnx.helper.make_graph([node], f"{domain}_{name}", inputs, outputs)
     return onnx.helper.make_model(
@@ -117,9 +127,10 @@ def _torch_results(op, args) -> list:
     return outs + [written[t.index] for t in op.mutated]
 
 
-def _numpy_case(op):
-    """A dtype combination of ``op`` numpy holds (float32 first), or None."""
-    cases = [c for c in dtype_cases(op) if set(c.dtypes.values()) <= NUMPY_DTYPES]
+def _numpy_case(op, device: str = "cpu"):
+    """A dtype combination of ``op`` that numpy holds and its kernel on ``device`` takes (float32
+    first), or None."""
+    cases = [c for c in dtype_cases(op, device=device) if set(c.dtypes.values()) <= NUMPY_DTYPES]
     cases.sort(key=lambda c: "float32" not in c.dtypes.values())
     return cases[0] if cases else None
 
@@ -141,9 +152,46 @@ def test_every_example_op_runs_in_onnxruntime_on_the_cpu_like_its_reference(fold
             present = [w for w in want if w is not None]
             assert len(got) == len(present), (op.name, inputs.label)
             for g, w in zip(got, present, strict=True):
-                torch.testing.assert_close(torch.from_numpy(np.asarray(g)), w, equal_nan=True, msg=f"{op.name} {inputs.label}")
+                torch.testing.assert_close(
+                    torch.from_numpy(np.asarray(g)), w, equal_nan=True, msg=f"{op.name} {inputs.label}"
+                )
             checked += 1
     assert checked > 0, f"no op of {folder} has a dtype combination numpy holds"
+
+
+@requires_ort_cuda
+@pytest.mark.parametrize("folder", EXAMPLES)
+def test_every_example_op_runs_in_onnxruntime_on_cuda_like_torchs_call(folder):
+    """The CUDA kernel through ONNX Runtime's CUDA execution provider (ORT's stream and
+    allocator) against the same kernel through torch: the same results, to the rounding of
+    atomics where a kernel sums with them."""
+    lib = library(folder)
+    checked = 0
+    for op in lib.ops:
+        case = _numpy_case(op, "cuda") if "cuda" in op.devices else None
+        if case is None:
+            continue
+        for inputs in generate_cases(op, case.dtypes, seed=0, only=lambda label: label.startswith("shape 3x")):
+            args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in inputs.args]
+            want = _torch_results(op, [a.cuda() if isinstance(a, torch.Tensor) else a for a in args])
+            sess = session(_single_node_model(op, args, want), [lib], ("CUDAExecutionProvider", "CPUExecutionProvider"))
+            feed = {a.name: v.numpy() for a, v in zip(op.args, args, strict=True) if isinstance(v, torch.Tensor)}
+            got = sess.run(None, feed)
+            present = [w.cpu() for w in want if w is not None]
+            assert len(got) == len(present), (op.name, inputs.label)
+            for g, w in zip(got, present, strict=True):
+                torch.testing.assert_close(
+                    torch.from_numpy(np.asarray(g)),
+                    w,
+                    equal_nan=True,
+                    atol=1e-3,
+                    rtol=1e-3,
+                    msg=f"{op.name} {inputs.label}",
+                )
+            checked += 1
+    if not any("cuda" in op.devices for op in lib.ops):
+        pytest.skip(f"no op of {folder} has a CUDA kernel")
+    assert checked > 0, f"no op of {folder} has a CUDA dtype combination numpy holds"
 
 
 def test_a_bad_input_fails_the_run_with_the_ops_message():
@@ -315,7 +363,7 @@ def test_the_cpp_runner_names_a_missing_input(tmp_path):
 def test_an_op_with_data_dependent_sizes_is_refused_by_name(rule_ops):
     op = next(o for o in rule_ops.ops if o.name == "fixture::compact")
     x = torch.randn(5)
-    model = _single_node_model(op, [x], [torch.zeros((), dtype=torch.int64), x])
+    model = _single_node_model(op, [x, 0.5], [torch.zeros((), dtype=torch.int64), x])
     with pytest.raises(Exception) as err:
         session(model, [rule_ops])
     assert (
@@ -355,6 +403,22 @@ def test_minilm_with_opforge_ops_runs_in_onnxruntime_like_the_unmodified_model()
     assert report.outputs[0].cosine > 0.9999 and report.package.endswith(".onnx")
 
 
+@requires_ort_cuda
+def test_minilm_in_float16_with_opforge_ops_runs_in_onnxruntime_on_cuda():
+    import copy
+
+    from opforge.verify import verify_model
+
+    minilm, bert, tokenizer = _minilm()
+    reference = minilm.SentenceEmbedder(bert).eval()
+    model = minilm.with_opforge_ops(copy.deepcopy(reference), torch.float16)
+    tokens = tokenizer(minilm.SENTENCES[:3], padding="max_length", max_length=16, return_tensors="pt")
+    inputs = [tokens["input_ids"], tokens["attention_mask"]]
+    (report,) = verify_model(model, inputs, device="cuda", reference=reference, runtime="onnxruntime", iters=1)
+    assert report.ok, report.outputs
+    assert report.outputs[0].cosine > 0.999 and report.package.endswith(".onnx")
+
+
 def test_verify_model_refuses_an_unknown_runtime():
     from opforge.verify import verify_model
 
@@ -371,7 +435,9 @@ def test_docs_blocks_run_as_written():
     assert len(python) == 1 and len(sh) == 1
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), *sys.path]))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    ran = subprocess.run([sys.executable, "-c", python[0].text], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    ran = subprocess.run(
+        [sys.executable, "-c", python[0].text], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert ran.returncode == 0, ran.stderr
     assert 'dim_param: "batch"' in ran.stdout
     ran = subprocess.run(["bash", "-ec", sh[0].text], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -6,15 +6,14 @@ file that the tests build.
 - ``text`` blocks are messages opforge prints; each is produced here and compared.
 - ``sh`` and ``python`` blocks run: the first block's commands (``make test`` is what
   ``.ci/run`` runs; ``make demo`` runs here), the quick start's commands and its Python, the JAX
-  example and ``opforge verify`` in a virtual environment of their own that ``pip install .`` fills, with no
-  PYTHONPATH; the Triton page's op file and kernel; the custom-class example in a fresh process of this environment; the example
-  models' commands in test_models.py.
+  example and ``opforge verify`` in a virtual environment of their own that ``pip install .``
+  fills, with no PYTHONPATH; the Triton page's op file and kernel; the custom-class example in a
+  fresh process of this environment; the example models' commands in test_models.py.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import site
 import subprocess
 import sys

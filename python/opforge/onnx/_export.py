@@ -55,6 +55,8 @@ def translation(op: Op):
     def translate(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         inputs = [bound.arguments.get(t.name) for t in op.tensors]
+        while inputs and inputs[-1] is None:  # no empty input after the last given one
+            inputs.pop()
         attributes = {
             p.name: _attribute(op, p, bound.arguments[p.name])
             for p in op.params
@@ -82,7 +84,9 @@ def written_translation(ops: dict[str, Op], translations: dict[str, object]):
         schema = getattr(mutable_op, "_schema", None)
         name = schema.name if schema is not None else str(mutable_op)
         if name not in ops:
-            raise ValueError(f"opforge.onnx: {name} writes its inputs and is not an op of an opforge library loaded here")
+            raise ValueError(
+                f"opforge.onnx: {name} writes its inputs and is not an op of an opforge library loaded here"
+            )
         op = ops[name]
         bases = list(kwargs.pop("_all_bases", []))
         kwargs.pop("_only_clone_these_bases", None)

@@ -66,7 +66,9 @@ def schema(op: Op) -> OpSchema:
     for o in op.outputs:
         type_str = type_string(o.dtype) if o.dtype is not None else _type_param(op.arg(o.dtype_like))
         optional = o.present_with is not None
-        outputs.append(OpSchema.FormalParameter(o.name, type_str, param_option=option.Optional if optional else option.Single))
+        outputs.append(
+            OpSchema.FormalParameter(o.name, type_str, param_option=option.Optional if optional else option.Single)
+        )
     for t in op.mutated:
         outputs.append(
             OpSchema.FormalParameter(

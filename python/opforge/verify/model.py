@@ -111,7 +111,15 @@ def verify_model(
         raise ValueError(f"opforge.verify: runtime must be 'aoti' or 'onnxruntime', got {runtime!r}")
     if runtime == "onnxruntime":
         return _verify_onnxruntime(
-            model, example_inputs, device, dynamic_shapes, check_inputs, reference, package_dir, (atol, rtol, min_cosine), iters
+            model,
+            example_inputs,
+            device,
+            dynamic_shapes,
+            check_inputs,
+            reference,
+            package_dir,
+            (atol, rtol, min_cosine),
+            iters,
         )
     with torch.no_grad(), status(f"opforge: exporting {type(model).__name__} (torch.export)"):
         program = torch.export.export(
@@ -182,7 +190,9 @@ def _verify_onnxruntime(
             session.run(None, feed)
             times.append((time.perf_counter() - start) * 1e3)
         latency = {"median": statistics.median(times), "min": min(times), "max": max(times)} if times else {}
-        outs = [_compare(k, torch.from_numpy(g), w, *tolerances, "output") for k, (g, w) in enumerate(zip(got, expected))]
+        outs = [
+            _compare(k, torch.from_numpy(g), w, *tolerances, "output") for k, (g, w) in enumerate(zip(got, expected))
+        ]
         if len(got) != len(expected):
             outs.append(OutputResult(len(expected), [], math.inf, 0.0, "FAIL"))
         reports.append(ModelReport(device, outs, latency, str(path)))
