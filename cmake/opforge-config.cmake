@@ -17,8 +17,9 @@ endif()
 # opforge_add_library(<name> SOURCES <files>... [KERNELS <files>...] [CUDA_ARCHITECTURES <archs>...])
 #
 # Builds lib<name>.so from op files (.cpp) and ahead-of-time CUDA sources (.cu, compiled by
-# nvcc). KERNELS are run-time kernel sources (see Note [Run-time kernels] in opforge/op_launch.h): they
-# are not compiled here but linked into the library's kernel folder, lib<name>.kernels/ beside
+# nvcc). KERNELS are run-time kernel sources and prebuilt kernels (see Note [Run-time kernels] and
+# Note [Prebuilt kernels] in opforge/op_launch.h): they are not compiled here but linked into the
+# library's kernel folder, lib<name>.kernels/ beside
 # the .so, together with opforge/kernel.cuh and opforge/tma.cuh, so that editing the source and running again (or
 # calling opforge.reload()) is the whole redeploy. Symbols are hidden except the library's
 # entry point, so several op libraries coexist in one process.
@@ -46,9 +47,10 @@ if(NOT TARGET opforge_core AND EXISTS "${OPFORGE_ROOT}/lib/libopforge_core.so")
 endif()
 
 # The op-library runtime, linked into every op library: the declaration records and the
-# backend-neutral half of run-time kernels (opforge_oplib), and the CUDA half (NVRTC, driver
-# launch, and Triton kernels; opforge_oplib_cuda), whose parts the linker takes from the archive
-# only for a library that declares a .cuda_source() or .triton_source() kernel. Hidden visibility: each op library keeps its own registry.
+# backend-neutral half of run-time kernels (opforge_oplib), and the CUDA half (NVRTC, prebuilt
+# binaries, driver launch, and Triton kernels; opforge_oplib_cuda), whose parts the linker takes
+# from the archive only for a library that declares a .cuda_source(), .cuda_binary() or
+# .triton_source() kernel. Hidden visibility: each op library keeps its own registry.
 # An installed opforge ships the two archives, built once (lib/ beside this folder); a build
 # may name a folder holding them with -DOPFORGE_RUNTIME_DIR=<dir> (opforge.build_library passes
 # the opforge build's lib/); otherwise they are built from src/oplib in this build tree.
@@ -70,7 +72,8 @@ if(NOT TARGET opforge_oplib)
     endforeach()
     set_property(TARGET opforge_oplib_cuda APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart)
   else()
-    add_library(opforge_oplib STATIC "${OPFORGE_ROOT}/src/oplib/op_library.cpp" "${OPFORGE_ROOT}/src/oplib/runtime_kernel.cpp")
+    add_library(opforge_oplib STATIC "${OPFORGE_ROOT}/src/oplib/op_library.cpp" "${OPFORGE_ROOT}/src/oplib/runtime_kernel.cpp"
+      "${OPFORGE_ROOT}/src/oplib/kernel_image.cpp")
     # The partial sums of TritonLaunch::sum_into are a CUDA kernel compiled to PTX by nvcc and
     # embedded in the archive, loaded with the CUDA driver on first use.
     set(_sum_ptx "${CMAKE_BINARY_DIR}/generated/sum_partials.ptx")
@@ -84,7 +87,8 @@ if(NOT TARGET opforge_oplib)
       COMMAND "${CMAKE_COMMAND}" -DIN=${_sum_ptx} -DOUT=${_sum_cpp} -DSYMBOL=opforge_sum_partials_ptx
               -P "${OPFORGE_ROOT}/cmake/embed_text.cmake"
       DEPENDS "${_sum_ptx}" "${OPFORGE_ROOT}/cmake/embed_text.cmake")
-    add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp" "${OPFORGE_ROOT}/src/oplib/triton.cpp"
+    add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/cuda_launch.cpp" "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp"
+      "${OPFORGE_ROOT}/src/oplib/binary_cuda.cpp" "${OPFORGE_ROOT}/src/oplib/triton.cpp"
       "${OPFORGE_ROOT}/src/oplib/triton_cuda.cpp" "${_sum_cpp}")
     target_link_libraries(opforge_oplib_cuda PUBLIC CUDA::cudart)
     # nlohmann/json (vendored, header-only): the Triton worker's answers.
@@ -171,8 +175,9 @@ endfunction()
 # opforge_add_op_folder(<dir> [NAME <name>] [CUDA_ARCHITECTURES <archs>...])
 #
 # Builds the op library of an op folder, lib<name>.so (default: the folder's name): its op
-# files (*.cpp) and ahead-of-time CUDA sources (*.cu) are the SOURCES, its kernels/*.cu and
-# kernels/*.py (with the folders of Python modules beside them) the run-time KERNELS. The layout of examples/ops/<op>/ and of `opforge build <dir>`.
+# files (*.cpp) and ahead-of-time CUDA sources (*.cu) are the SOURCES, its kernels/*.cu,
+# kernels/*.py (with the folders of Python modules beside them) and the prebuilt kernels
+# kernels/*.cubin, *.fatbin and *.ptx the run-time KERNELS. The layout of examples/ops/<op>/ and of `opforge build <dir>`.
 function(opforge_add_op_folder dir)
   cmake_parse_arguments(ARG "" "NAME" "CUDA_ARCHITECTURES" ${ARGN})
   get_filename_component(dir "${dir}" ABSOLUTE)
@@ -180,12 +185,13 @@ function(opforge_add_op_folder dir)
     get_filename_component(ARG_NAME "${dir}" NAME)
   endif()
   file(GLOB sources CONFIGURE_DEPENDS "${dir}/*.cpp" "${dir}/*.cu")
-  # Run-time kernels: CUDA sources, Triton files, and folders of Python modules a Triton file imports.
+  # Run-time kernels: CUDA sources, Triton files, folders of Python modules a Triton file imports,
+  # and prebuilt kernels.
   file(GLOB entries CONFIGURE_DEPENDS LIST_DIRECTORIES true "${dir}/kernels/*")
   set(kernels)
   foreach(entry ${entries})
     get_filename_component(entry_name "${entry}" NAME)
-    if(entry MATCHES "\\.(cu|py)$" OR (IS_DIRECTORY "${entry}" AND NOT entry_name STREQUAL "__pycache__"))
+    if(entry MATCHES "\\.(cu|py|cubin|fatbin|ptx)$" OR (IS_DIRECTORY "${entry}" AND NOT entry_name STREQUAL "__pycache__"))
       list(APPEND kernels "${entry}")
     endif()
   endforeach()

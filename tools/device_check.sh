@@ -5,7 +5,7 @@
 # with steps from: build test verify sanitize demo bench (default: all), cpp (the C++ unit tests),
 # tests K/N (the build, then the K-th of N groups of the Python tests), pytest (the tests
 # named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_backward, bench_training,
-# bench_serving, bench_int8_linear, bench_jax, bench_aoti_shims, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
+# bench_serving, bench_triton, bench_int8_linear, bench_jax, bench_aoti_shims, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
 # racecheck, ncu (issue-slot, DRAM, occupancy and stall figures of the kernels of tools/ncu_kernels.py's group
 # $NCU_GROUP whose names match $NCU_KERNELS).
 #
@@ -71,6 +71,7 @@ while [ $# -gt 0 ]; do
     bench_training) run bench_training python3 bench/bench_training.py --json "$OUT/bench_training.json" ;;
     train_amp) run train_amp python3 examples/models/train_amp.py --device cuda --out "$OUT/train_amp" ;;
     bench_serving) run bench_serving python3 bench/bench_serving.py --json "$OUT/bench_serving.json" ;;
+    bench_triton) run bench_triton python3 bench/bench_triton.py --json "$OUT/bench_triton.json" ;;
     bench_int8_linear) run bench_int8_linear python3 bench/bench_int8_linear.py --json "$OUT/bench_int8_linear.json" ;;
     bench_jax) run bench_jax python3 bench/bench_jax.py --json "$OUT/bench_jax.json" ;;
     bench_aoti_shims) run bench_aoti_shims python3 bench/bench_aoti_shims.py --device cuda --json "$OUT/bench_aoti_shims.json" ;;

@@ -47,7 +47,9 @@
  * OpforgeOpSpec::num_tolerances, tolerances (OpforgeTolerance) and tolerance_vs_equivalent.
  * Version 7: OpforgeKernel::backend (OpforgeKernel, held in an array, grew: an older adapter
  * would take a Triton kernel's Python source for CUDA C++); appended:
- * OpforgePrecompileRequest::num_shapes, ndims and sizes.
+ * OpforgePrecompileRequest::num_shapes, ndims and sizes; appended value:
+ * OPFORGE_BACKEND_BINARY (a reader that does not know the value still launches and precompiles
+ * such a kernel through its entries, as any run-time kernel).
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -355,7 +357,9 @@ typedef int32_t (*OpforgePrecompileFn)(OpforgePrecompileRequest* request, const 
 typedef enum OpforgeKernelBackend {
   OPFORGE_BACKEND_NATIVE = 0, /* a function compiled with the library (the reference, .cuda()) */
   OPFORGE_BACKEND_NVRTC = 1,  /* CUDA C++ compiled at run time (.cuda_source()) */
-  OPFORGE_BACKEND_TRITON = 2  /* a Triton function compiled by the worker (.triton_source()) */
+  OPFORGE_BACKEND_TRITON = 2, /* a Triton function compiled by the worker (.triton_source()) */
+  OPFORGE_BACKEND_BINARY = 3  /* a prebuilt cubin, fatbin or PTX file (.cuda_binary()); an
+                               * appended value of ABI 7 */
 } OpforgeKernelBackend;
 
 typedef struct OpforgeKernel {

@@ -310,16 +310,17 @@ class OpBuilder {
     return std::move(*this);
   }
 
-  /// How the last `.cuda_source()` kernel is launched: opforge::elementwise("y") or
-  /// opforge::rows("x") (opforge/op_launch.h); see also launch_grid().
+  /// How the last `.cuda_source()`, `.cuda_binary()` or `.triton_source()` kernel is launched:
+  /// opforge::elementwise("y") or opforge::rows("x") (opforge/op_launch.h); see also launch_grid().
   OpBuilder launch(detail::LaunchRule rule) && {
     def_->set_launch(std::move(rule));
     return std::move(*this);
   }
 
-  /// The dtypes the last declared device kernel (.cuda() or .cuda_source()) takes for tensor
-  /// input `input`, where it covers fewer than the declaration admits (the CPU reference covers
-  /// them all): `.kernel_dtypes("q", opforge::half_precision)`. See Note [Kernel dtypes].
+  /// The dtypes the last declared device kernel (.cuda(), .cuda_source(), .cuda_binary() or
+  /// .triton_source()) takes for tensor input `input`, where it covers fewer than the
+  /// declaration admits (the CPU reference covers them all): `.kernel_dtypes("q",
+  /// opforge::half_precision)`. See Note [Kernel dtypes].
   OpBuilder kernel_dtypes(std::string input, DtypeSet dtypes) && {
     def_->set_kernel_dtypes(std::move(input), dtypes.bits);
     return std::move(*this);
@@ -335,8 +336,22 @@ class OpBuilder {
     return std::move(*this);
   }
 
-  /// An explicit grid for the last `.cuda_source()` or `.triton_source()` kernel: a grid
-  /// function takes the op's arguments like a kernel does. For a CUDA source it is
+  /// A prebuilt kernel (Note [Prebuilt kernels] in opforge/op_launch.h): `file` is a cubin, fatbin
+  /// or PTX file shipped in the library's kernel folder (which of them is read from its content;
+  /// the driver compiles PTX when it loads it), made by any compiler (nvcc -cubin, CuTe DSL,
+  /// TileLang), and `symbol` the kernel's name in it, with `{T}`, `{T_<tensor>}` and `{<param>}`
+  /// filled in per call as dtype names and values (`"scale_{T}"` is scale_float32 for a float32
+  /// input). It takes the arguments of a `.cuda_source()` kernel, in the same order; their sizes
+  /// are checked against the sizes the binary records, and their types against a C++-mangled
+  /// symbol's. Follow with `.launch(rule)` or `.launch_grid(fn)`:
+  /// `.cuda_binary("scale.cubin", "scale_kernel").launch(opforge::elementwise("y"))`.
+  OpBuilder cuda_binary(std::string file, std::string symbol) && {
+    def_->add_cuda_binary(std::move(file), std::move(symbol));
+    return std::move(*this);
+  }
+
+  /// An explicit grid for the last `.cuda_source()`, `.cuda_binary()` or `.triton_source()`
+  /// kernel: a grid function takes the op's arguments like a kernel does. For a CUDA kernel it is
   /// `opforge::LaunchConfig fn(args...)`, returning grid, block, dynamic shared memory, extra
   /// int64 kernel arguments (passed after the tensor pointers) and tensor maps
   /// (opforge/op_cuda.h); for a Triton kernel `opforge::TritonLaunch fn(args...)`, returning the
@@ -346,9 +361,9 @@ class OpBuilder {
     constexpr bool cuda = std::is_same_v<F, detail::LaunchConfig(detail::KernelType<Sig>...)>;
     constexpr bool triton = std::is_same_v<F, detail::TritonLaunch(detail::KernelType<Sig>...)>;
     static_assert(cuda || triton,
-                  "opforge: a grid function must be `opforge::LaunchConfig fn(args...)` (a .cuda_source() kernel) "
-                  "or `opforge::TritonLaunch fn(args...)` (a .triton_source() kernel) taking the declared inputs, "
-                  "parameters and outputs in declaration order");
+                  "opforge: a grid function must be `opforge::LaunchConfig fn(args...)` (a .cuda_source() or "
+                  ".cuda_binary() kernel) or `opforge::TritonLaunch fn(args...)` (a .triton_source() kernel) taking "
+                  "the declared inputs, parameters and outputs in declaration order");
     detail::LaunchRule r;
     r.kind = detail::LaunchRule::kGrid;
     if constexpr (cuda) {

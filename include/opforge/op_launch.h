@@ -1,5 +1,5 @@
 // opforge/op_launch.h -- how a run-time kernel is launched: the launch rules that follow
-// `.cuda_source()` and `.triton_source()` (part of opforge/op.h).
+// `.cuda_source()`, `.cuda_binary()` and `.triton_source()` (part of opforge/op.h).
 //
 //   .cuda_source("softshrink.cu", "softshrink<{T}>").launch(opforge::elementwise("y").bytes_per_thread(16))
 //   .cuda_source("rms_norm.cu", "rms_norm<{T}, {T_weight}>").launch(opforge::rows("x"))
@@ -101,6 +101,40 @@
 //
 // Edit and redeploy: the next process, or this one after opforge.reload(), hashes the kernel
 // folder again and compiles what changed.
+//
+// Note [Prebuilt kernels]
+// -----------------------
+// `.cuda_binary("scale.cubin", "scale_kernel").launch(opforge::elementwise("y"))` names a kernel
+// that another compiler built: a cubin (`nvcc -cubin`, CuTe DSL's CUTE_DSL_KEEP=cubin, TileLang,
+// cuTile), a fatbin (`nvcc -fatbin`) or PTX (`nvcc -ptx`; the driver compiles it for the GPU when
+// it loads it), shipped in the library's kernel folder like a .cu source (an op folder's
+// kernels/*.cubin, *.fatbin and *.ptx). Which of the three a file is, is read from its content.
+// `scale_kernel` is the kernel's symbol as the file has it (extern "C" names are plain, C++ names
+// mangled); `{T}`, `{T_<tensor>}` and `{<param>}` in it become the dtype's name and the
+// compile-time parameter's value ("scale_{T}" is scale_bfloat16 for a bfloat16 input), so one file
+// may hold a kernel per dtype.
+//
+// The kernel takes what a `.cuda_source()` kernel takes, in the same order (Note [Run-time
+// kernels]): the tensors' pointers, the launch rule's int64 values, a grid function's tensor maps,
+// then the other parameters; launch rules and grid functions (opforge::LaunchConfig) are the same.
+// A binary has no types to check, so its parameters are checked by size, wherever it records them:
+// 8 bytes for a pointer, an int64 and a double, 1 for a bool, 128 for a tensor map. A cubin records
+// each kernel's parameter sizes (its .nv.info section; src/oplib/kernel_image.h says how it is
+// read), PTX declares them (`.param .u64 ...`), and a fatbin holds cubins and PTX, compressed or
+// not. Without a GPU (opforge.precompile, packaging, opforge verify) opforge checks the code that
+// runs on the requested architecture, where it can read it: that code exists, has the symbol, and
+// its parameters have the sizes opforge passes. On the GPU the driver's own reading
+// (cuFuncGetParamInfo, CUDA 12.4 and later) is checked when the kernel is first loaded, which
+// covers compressed fatbins too. A C++-mangled symbol also carries its parameters' types, which
+// are checked as a `.cuda_source()` kernel's are. A mismatch is an error naming the op, the file,
+// the symbol and each parameter. Sizes alone cannot tell a float* from a __half*, nor an int64_t
+// from a double: declare with `.kernel_dtypes()` the dtypes an extern "C" kernel was built for.
+//
+// Nothing is compiled: opforge.precompile checks and reports a cache hit, and packages carry the
+// file with the kernel folder. The machine code in a binary runs on GPUs of its major version and
+// at least its minor (sm_80 code on sm_80, sm_86 and sm_89), PTX on its architecture and newer if the driver
+// knows its ISA version; a binary without code for the GPU in use is refused naming what it holds.
+// An edited or replaced file is read by the next process, or by this one after opforge.reload().
 #pragma once
 
 #include <cstdint>

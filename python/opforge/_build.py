@@ -146,11 +146,13 @@ def build_library(
         name: the library's name (an identifier); the file is ``lib<name>.so``.
         sources: op files (``.cpp``) and ahead-of-time CUDA sources (``.cu``).
         kernels: run-time kernel sources (``.cu`` files named by ``.cuda_source()``, ``.py``
-            files named by ``.triton_source()``, and folders of Python modules those import),
-            linked into the library's kernel folder ``lib<name>.kernels/``; not compiled here.
+            files named by ``.triton_source()``, and folders of Python modules those import) and
+            prebuilt kernels (``.cubin``, ``.fatbin`` and ``.ptx`` files named by
+            ``.cuda_binary()``), linked into the library's kernel folder ``lib<name>.kernels/``;
+            not compiled here.
         folder: an op folder instead of ``sources`` and ``kernels``: its ``*.cpp`` and ``*.cu``
-            are the sources, its ``kernels/*.cu``, ``kernels/*.py`` and the folders in
-            ``kernels/`` the run-time kernels.
+            are the sources, its ``kernels/*.cu``, ``kernels/*.py``, ``kernels/*.cubin``,
+            ``*.fatbin``, ``*.ptx`` and the folders in ``kernels/`` the run-time kernels.
         build_dir: where to build; default ``~/.cache/opforge/build/<name>-<hash of the inputs>``
             (``$OPFORGE_CACHE_DIR`` replaces ``~/.cache/opforge``).
         cuda_architectures: CMake CUDA architectures for ``.cu`` files ("90": sm_90 code and

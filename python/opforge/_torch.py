@@ -162,6 +162,10 @@ def precompile(
             variant for these shapes is compiled, and the general one that serves any call. The
             call's checks apply to them.
 
+    A prebuilt kernel (``.cuda_binary()``) compiles nothing: its file is checked (code that runs on
+    ``arch``, the symbol, the parameters' sizes; Note [Prebuilt kernels] in
+    ``opforge/op_launch.h``) and counts as cached.
+
     Returns:
         True if every binary was already cached, False if one was compiled now.
 
@@ -170,7 +174,8 @@ def precompile(
             dtype or compile-time value the description does not allow (every problem on its
             own line).
         OpforgeError: NVRTC failed (the message holds its log with the source file and line),
-            or the kernel source cannot be read.
+            the kernel source cannot be read, or a prebuilt kernel's file does not hold what
+            the op passes its kernel.
     """
     find_op(op)  # loaded by this adapter
     names = {name: str(dtype).removeprefix("torch.") for name, dtype in dtypes.items()}

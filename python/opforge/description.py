@@ -136,9 +136,10 @@ class Output:
 
 @dataclass(frozen=True)
 class RuntimeKernel:
-    """A run-time kernel: its source file (in the library's kernel folder), its name (a CUDA name
-    template, or a Triton function's name) and how it is compiled: ``"nvrtc"`` (CUDA C++) or
-    ``"triton"`` (Note [Triton kernels] in ``opforge/op_launch.h``)."""
+    """A run-time kernel: its file (in the library's kernel folder), its name (a CUDA name
+    template, a Triton function's name, or a prebuilt kernel's symbol) and how it is made:
+    ``"nvrtc"`` (CUDA C++), ``"triton"`` (Note [Triton kernels] in ``opforge/op_launch.h``) or
+    ``"binary"`` (a prebuilt cubin, fatbin or PTX file: Note [Prebuilt kernels])."""
 
     source: str
     name: str

@@ -300,7 +300,7 @@ void check_runtime_kernels(const OpforgeOpSpec& op, Problems& p) {
     const OpforgeKernel& kernel = op.kernels[k];
     if (!has_runtime_source(kernel)) continue;
     const std::string file = kernel.source;
-    const std::string ctx = "cuda_source(\"" + file + "\"): ";
+    const std::string ctx = std::string(backend_step(kernel.backend)) + "(\"" + file + "\"): ";
     if (file.empty() || file[0] == '/' || file.find("..") != std::string::npos)
       p.add(ctx, "the file must be a relative path inside the library's kernel folder");
     check_kernel_name(op, kernel, ctx, p);

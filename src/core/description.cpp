@@ -223,9 +223,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
     devices.push_back(device);
     if (!on.contains(device)) on[device] = combinations_json(dtype_combinations_on(op, k.device_type));
     if (has_runtime_source(k))
-      kernels.push_back({{"source", k.source},
-                         {"name", k.name},
-                         {"backend", k.backend == OPFORGE_BACKEND_TRITON ? "triton" : "nvrtc"}});
+      kernels.push_back({{"source", k.source}, {"name", k.name}, {"backend", backend_name(k.backend)}});
   }
   j["devices"] = std::move(devices);
   j["dtype_combinations_on"] = std::move(on);

@@ -177,10 +177,15 @@ void resolve_launch_rules(OpDef& def, Resolver& r, const std::vector<OpforgeOutp
   const auto& outputs = def.outputs;
   if (def.launch_without_source) r.error("", ".launch() comes after the .cuda_source() it applies to");
   for (auto& rk : def.runtime_kernels) {
-    const std::string ctx = "cuda_source(\"" + rk->file + "\"): ";
+    const std::string ctx = std::string(backend_step(rk->backend)) + "(\"" + rk->file + "\"): ";
     const LaunchRule& rule = rk->rule;
     if (rule.kind == LaunchRule::kNone)
       r.error(ctx, "no launch rule: add .launch(opforge::elementwise(...)) or another");
+    const bool triton = rk->backend == RuntimeKernel::kTriton;
+    if (rule.kind == LaunchRule::kGrid && (triton ? rule.triton_grid_entry == nullptr : rule.grid_entry == nullptr))
+      r.error(ctx, triton ? "a Triton kernel's grid function returns opforge::TritonLaunch"
+                          : "a CUDA kernel's grid function returns opforge::LaunchConfig (opforge::TritonLaunch is a "
+                            ".triton_source() kernel's)");
     if (rule.kind == LaunchRule::kElementwise || rule.kind == LaunchRule::kRows) {
       rk->rule_tensor = -1;
       for (size_t o = 0; o < outs.size(); ++o)
@@ -456,6 +461,27 @@ void OpDef::add_kernel(const OpforgeKernel& kernel, bool reference) {
   } else {
     kernels.push_back(kernel);
   }
+}
+
+void OpDef::add_runtime_kernel(RuntimeKernel::Backend backend, std::string file, std::string name,
+                               OpforgeKernelFn launch, OpforgePrecompileFn precompile, void (*reload)()) {
+  auto rk = std::make_unique<RuntimeKernel>();
+  rk->def = this;
+  rk->backend = backend;
+  rk->file = std::move(file);
+  rk->name = std::move(name);
+  OpforgeKernel k{};
+  k.struct_size = sizeof(OpforgeKernel);
+  k.device_type = OPFORGE_DEVICE_CUDA;
+  k.fn = launch;
+  k.user = rk.get();
+  k.source = rk->file.c_str();
+  k.name = rk->name.c_str();
+  k.precompile = precompile;
+  k.backend = backend;
+  kernels.push_back(k);
+  runtime_kernels.push_back(std::move(rk));
+  registry().add_reload(reload);
 }
 
 void OpDef::set_kernel_dtypes(std::string input, uint32_t dtypes) {

@@ -1,6 +1,7 @@
-// Run-time kernels on CUDA: NVRTC compilation, module loading and launch through the driver
-// API. The backend-neutral half (cache, names, geometry, argument order) is runtime_kernel.cpp.
-// Linked into an op library only when it declares a .cuda_source() kernel.
+// Run-time kernels compiled by NVRTC: compilation, the kernel cache's entries and module loading.
+// The backend-neutral half (cache, names, geometry, argument order) is runtime_kernel.cpp; the
+// launch through the driver API is cuda_launch.cpp. Linked into an op library only when it
+// declares a .cuda_source() kernel.
 //
 // NVRTC is opened with dlopen and the driver API is reached through the CUDA runtime's
 // cudaGetDriverEntryPointByVersion, so an op library loads on machines without a GPU driver or
@@ -19,12 +20,15 @@
 #include <tuple>
 #include <vector>
 
-#include "opforge/detail/driver.h"
-#include "runtime_kernel.h"
+#include "cuda_launch.h"
 
 namespace opforge::detail {
 namespace {
 
+using cu::check_cu;
+using cu::check_cuda;
+using cu::cuda_type;
+using cu::driver;
 using rtc::env;
 
 // ---- NVRTC and the driver API ---------------------------------------------------------------
@@ -96,35 +100,6 @@ const Nvrtc& nvrtc() {
   return lib;
 }
 
-struct Driver {
-  decltype(&::cuModuleLoadData) module_load = driver_entry_point<decltype(&::cuModuleLoadData)>("cuModuleLoadData");
-  decltype(&::cuModuleGetFunction) get_function =
-      driver_entry_point<decltype(&::cuModuleGetFunction)>("cuModuleGetFunction");
-  decltype(&::cuLaunchKernel) launch = driver_entry_point<decltype(&::cuLaunchKernel)>("cuLaunchKernel");
-  decltype(&::cuFuncSetAttribute) set_attribute =
-      driver_entry_point<decltype(&::cuFuncSetAttribute)>("cuFuncSetAttribute");
-  decltype(&::cuCtxGetCurrent) get_current_context =
-      driver_entry_point<decltype(&::cuCtxGetCurrent)>("cuCtxGetCurrent");
-};
-
-const Driver& driver() {
-  static const Driver d;
-  if (!d.module_load || !d.get_function || !d.launch || !d.get_current_context)
-    throw InternalError("opforge: the CUDA driver API is not available (no GPU driver?)");
-  return d;
-}
-
-void check_cu(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) throw InternalError(driver_error(r, what));
-}
-
-/// check_cu for the CUDA runtime; the error is cleared, not left for an unrelated launch check.
-void check_cuda(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return;
-  cudaGetLastError();
-  throw InternalError(what + " failed: " + cudaGetErrorString(e));
-}
-
 /// The CUDA toolkit's include folder, for cuda_fp16.h and friends.
 const std::string& cuda_include_dir() {
   static const std::string dir = [] {
@@ -139,12 +114,6 @@ const std::string& cuda_include_dir() {
   if (dir.empty())
     throw InternalError("opforge: CUDA headers (cuda_fp16.h) not found; set CUDA_HOME to the CUDA toolkit");
   return dir;
-}
-
-const char* cuda_type(int32_t dtype) {
-  static const char* const kTypes[] = {"float", "double", "__half",    "__nv_bfloat16", "signed char",
-                                       "short", "int",    "long long", "unsigned char", "bool"};
-  return (dtype >= 0 && dtype < OPFORGE_NUM_DTYPES) ? kTypes[dtype] : "void";
 }
 
 // ---- compilation ----------------------------------------------------------------------------
@@ -221,25 +190,13 @@ std::string with_arch_features(const std::string& arch) {
 }
 
 /// The NVRTC target of run-time kernels launched on CUDA device `device`.
-std::string device_target(int device) {
-  int major = 0, minor = 0;
-  const std::string what = "opforge: querying the compute capability of CUDA device " + std::to_string(device);
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), what);
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), what);
-  return with_arch_features(target_for(major * 10 + minor));
-}
+std::string device_target(int device) { return with_arch_features(target_for(cu::compute_capability(device))); }
 
 /// Source, options and cache key of one instantiation, read fresh from the kernel folder.
 struct Job {
   std::string path, display_path, source, name, arch, key;
   std::vector<std::string> options;
 };
-
-/// How many int64 launch values precede the parameters: elementwise 1 (n), rows 2 (rows,
-/// cols), a grid function's as many as it returns (-1: known only once it has run).
-int32_t launch_values(const RuntimeKernel& rk) {
-  return rk.rule.kind == LaunchRule::kElementwise ? 1 : rk.rule.kind == LaunchRule::kRows ? 2 : -1;
-}
 
 /// `parameters`: what the instantiation is passed (rtc::parameters_text), part of the cache key,
 /// so a change of an output's dtype rule or of a parameter's type is never served an old binary.
@@ -292,11 +249,9 @@ void check_signature(const RuntimeKernel& rk, const std::string& name, const Bin
   const std::vector<std::string> problems =
       rtc::signature_problems(*declared, expected, launch_values_known, cuda_type);
   if (problems.empty()) return;
-  std::string message = "the run-time kernel " + name + " (" + rk.file + ") is declared (" + *declared +
-                        ") but is passed (" + rtc::parameters_text(expected, cuda_type, !launch_values_known) +
-                        "); see Note [Run-time kernels] in opforge/op_launch.h:";
-  for (const auto& p : problems) message += "\n  " + p;
-  throw InternalError(message);
+  throw InternalError(rtc::mismatch_message(
+      "the run-time kernel " + name + " (" + rk.file + ") is declared (" + *declared + ")", expected,
+      launch_values_known, cuda_type, "Note [Run-time kernels] in opforge/op_launch.h", problems));
 }
 
 // ---- loaded functions -----------------------------------------------------------------------
@@ -319,11 +274,11 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   if (it != functions().end()) return it->second;
   bool hit = false;
   const std::string parameters =
-      rtc::parameters_text(rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_values(rk)), cuda_type);
+      rtc::parameters_text(rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, rtc::rule_launch_values(rk)), cuda_type);
   const Binary b = binary_for(make_job(rk, name, device_target(device), parameters), rtc::user_cache_dir(), hit);
   check_signature(rk, name, b, rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_count, map_count), true);
   // Loaded into the device's primary context (current: the adapter's device guard and
-  // bind_primary_context made it so).
+  // cu::launch made it so).
   // Modules are never unloaded: after reload() work already queued may still use them.
   CUmodule module = nullptr;
   check_cu(driver().module_load(&module, b.image.data()), "cuModuleLoadData");
@@ -333,121 +288,25 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   return fn;
 }
 
-/// Makes `device`'s primary context current on this thread if no context is. The driver API
-/// (cuModuleLoadData, cuLaunchKernel) works in the current context, and a thread that has only
-/// made CUDA runtime calls may have none: torch's autograd engine runs backward ops on a device
-/// thread whose device guard skips cudaSetDevice when the index already matches
-/// (c10::cuda::SetDevice), so a backward op's first launch there failed with "invalid device
-/// context". cudaSetDevice binds the device's primary context, the one the runtime and torch
-/// use, at once (CUDA 12 and later).
-void bind_primary_context(int device) {
-  CUcontext current = nullptr;
-  check_cu(driver().get_current_context(&current), "cuCtxGetCurrent");
-  if (current != nullptr) return;
-  check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
-}
-
-// ---- the per-thread launch cache ------------------------------------------------------------
-
-/// Bumped by rtc_reload: launch-cache entries of an older generation are not used.
-std::atomic<uint64_t> g_generation{0};
-
-/// Dynamic shared memory a function may take without cuFuncSetAttribute.
-constexpr size_t kDefaultSharedBytes = 48 * 1024;
-
-/// One instantiation a thread has launched: the kernel, device and instantiation key
-/// (rtc::instantiation_key), the loaded function and its name, and the dynamic shared memory
-/// the function has been allowed (raised by launch when a launch needs more).
-struct CachedLaunch {
-  static constexpr int kMaxKey = 24;
-  const RuntimeKernel* rk = nullptr;
-  int device = -1;
-  uint64_t generation = 0;
-  int32_t size = 0;
-  int64_t key[kMaxKey] = {};
-  CUfunction fn = nullptr;
-  std::string name;
-  size_t shared_allowed = kDefaultSharedBytes;
-};
-
-/// The loaded function for this call. Each thread keeps the instantiations it launched (at most
-/// kEntries, then starts over), so that a launch of a known instantiation builds no name, takes
-/// no lock and allocates nothing; the first launch on a thread goes through function_for.
-CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg) {
-  constexpr size_t kEntries = 64;
-  thread_local std::vector<CachedLaunch> cache;
-  thread_local CachedLaunch probe;
-  const uint64_t generation = g_generation.load(std::memory_order_acquire);
-  probe.rk = &rk;
-  probe.device = f->ctx->device_index;
-  const bool keyed = rtc::instantiation_key(rk, f, probe.key, CachedLaunch::kMaxKey, probe.size);
-  if (keyed) {
-    for (CachedLaunch& e : cache)
-      if (e.rk == probe.rk && e.device == probe.device && e.generation == generation && e.size == probe.size &&
-          std::equal(e.key, e.key + e.size, probe.key))
-        return e;
-  }
-  const OpDef& def = *rk.def;
-  std::vector<int32_t> arg_dtypes(f->num_args, -1), out_dtypes(f->num_outputs);
-  std::vector<OpforgeValue> values(f->num_args);
-  for (int32_t i = 0; i < f->num_args; ++i) {
-    if (def.args[i].kind == OPFORGE_ARG_TENSOR) arg_dtypes[i] = f->args[i].tensor.dtype;
-    values[i] = f->args[i].value;
-  }
-  for (int32_t o = 0; o < f->num_outputs; ++o) out_dtypes[o] = f->outputs[o].dtype;
-  probe.name = rtc::instantiate(rk, arg_dtypes, out_dtypes, values.data(), cuda_type);
-  probe.fn = function_for(rk, probe.name, probe.device, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg.args.size()),
-                          static_cast<int32_t>(cfg.tensor_maps.size()));
-  probe.generation = generation;
-  probe.shared_allowed = kDefaultSharedBytes;
-  if (!keyed) return probe;
-  if (cache.size() == kEntries) cache.clear();
-  cache.push_back(probe);
-  return cache.back();
-}
-
-void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
-  const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
-  if (!cfg) return;
-  bind_primary_context(f->ctx->device_index);
-  CachedLaunch& target = cached_function(rk, f, *cfg);
-  rtc::KernelArguments args(rk, f, *cfg);
-  if (cfg->shared_bytes > target.shared_allowed && driver().set_attribute) {  // once per function and size
-    check_cu(driver().set_attribute(target.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    static_cast<int>(cfg->shared_bytes)),
-             "cuFuncSetAttribute");
-    target.shared_allowed = cfg->shared_bytes;
-  }
-  const CUresult r =
-      driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
-                      cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
-  if (r != CUDA_SUCCESS) check_cu(r, ("cuLaunchKernel(" + target.name + ")").c_str());
-}
-
 }  // namespace
 
 int32_t rtc_launch(const OpforgeCallFrame* frame, const void* user) {
-  return guarded(frame, [&] { launch(*static_cast<const RuntimeKernel*>(user), frame); });
+  return guarded(frame, [&] { cu::launch(*static_cast<const RuntimeKernel*>(user), frame, cuda_type, &function_for); });
 }
 
 int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user) {
-  OpforgeCallFrame errors{};
-  errors.error = request->error;
-  errors.error_capacity = request->error_capacity;
-  return guarded(&errors, [&] {
+  return rtc::guarded_request(request, [&] {
     const auto& rk = *static_cast<const RuntimeKernel*>(user);
-    const OpforgeOpSpec& spec = *rk.def->spec();
-    std::vector<int32_t> arg_dtypes(request->dtypes, request->dtypes + spec.num_args), out_dtypes;
-    for (int32_t o = 0; o < spec.num_outputs; ++o) out_dtypes.push_back(rtc::output_dtype(spec.outputs[o], arg_dtypes));
-    const std::string name = rtc::instantiate(rk, arg_dtypes, out_dtypes, request->values, cuda_type);
+    const rtc::Requested r = rtc::requested(rk, *request, cuda_type);
+    const std::string& name = r.name;
     std::lock_guard<std::mutex> lock(g_mutex);
     bool hit = false;
     const std::vector<rtc::KernelParameter> expected =
-        rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_values(rk));
+        rtc::kernel_parameters(rk, r.arg_dtypes, r.out_dtypes, rtc::rule_launch_values(rk));
     const Binary b = binary_for(make_job(rk, name, request->arch, rtc::parameters_text(expected, cuda_type)),
                                 request->cache_dir ? request->cache_dir : rtc::user_cache_dir(), hit,
                                 /*store_in_write_dir=*/true);
-    check_signature(rk, name, b, expected, launch_values(rk) >= 0);
+    check_signature(rk, name, b, expected, rtc::rule_launch_values(rk) >= 0);
     request->cache_hit = hit;
   });
 }
@@ -455,28 +314,14 @@ int32_t rtc_precompile(OpforgePrecompileRequest* request, const void* user) {
 // OpBuilder::cuda_source's step: here, so that only a library declaring a run-time kernel
 // takes this file (and the CUDA libraries it needs) from the archive.
 void OpDef::add_cuda_source(std::string source_file, std::string kernel_name) {
-  auto rk = std::make_unique<RuntimeKernel>();
-  rk->def = this;
-  rk->file = std::move(source_file);
-  rk->name = std::move(kernel_name);
-  OpforgeKernel k{};
-  k.struct_size = sizeof(OpforgeKernel);
-  k.device_type = OPFORGE_DEVICE_CUDA;
-  k.fn = &rtc_launch;
-  k.user = rk.get();
-  k.source = rk->file.c_str();
-  k.name = rk->name.c_str();
-  k.precompile = &rtc_precompile;
-  k.backend = OPFORGE_BACKEND_NVRTC;
-  kernels.push_back(k);
-  runtime_kernels.push_back(std::move(rk));
-  registry().add_reload(&rtc_reload);
+  add_runtime_kernel(RuntimeKernel::kNvrtc, std::move(source_file), std::move(kernel_name), &rtc_launch,
+                     &rtc_precompile, &rtc_reload);
 }
 
 void rtc_reload() {
   std::lock_guard<std::mutex> lock(g_mutex);
   functions().clear();
-  g_generation.fetch_add(1, std::memory_order_release);
+  cu::forget_launches();
 }
 
 }  // namespace opforge::detail

@@ -377,6 +377,20 @@ TensorMapLayout tensor_map_layout(const Tensor& t, const uint32_t* box, size_t b
   return l;
 }
 
+Requested requested(const RuntimeKernel& rk, const OpforgePrecompileRequest& request,
+                    const char* (*type_name)(int32_t dtype)) {
+  const OpforgeOpSpec& spec = *rk.def->spec();
+  Requested r;
+  r.arg_dtypes.assign(request.dtypes, request.dtypes + spec.num_args);
+  for (int32_t o = 0; o < spec.num_outputs; ++o) r.out_dtypes.push_back(output_dtype(spec.outputs[o], r.arg_dtypes));
+  r.name = instantiate(rk, r.arg_dtypes, r.out_dtypes, request.values, type_name);
+  return r;
+}
+
+int32_t rule_launch_values(const RuntimeKernel& rk) {
+  return rk.rule.kind == LaunchRule::kElementwise ? 1 : rk.rule.kind == LaunchRule::kRows ? 2 : -1;
+}
+
 std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
                                                const std::vector<int32_t>& out_dtypes, int32_t launch_values,
                                                int32_t tensor_maps) {
@@ -508,43 +522,103 @@ std::string parameters_text(const std::vector<KernelParameter>& params, const ch
   return text;
 }
 
+namespace {
+
+/// `expected` aligned to a kernel of `found` parameters. With the launch values unknown, the
+/// parameters between the pointers and the op's parameters stand for a grid function's int64
+/// args and then its tensor maps, as many as the kernel leaves room for: the trailing ones that
+/// `is_map(i)` says are tensor maps are maps, the rest args.
+template <class IsMap>
+std::vector<KernelParameter> aligned(const std::vector<KernelParameter>& expected, size_t found,
+                                     bool launch_values_known, IsMap is_map) {
+  std::vector<KernelParameter> want = expected;
+  if (launch_values_known || found <= want.size()) return want;
+  size_t pointers = 0;
+  while (pointers < want.size() && want[pointers].kind == KernelParameter::kPointer) ++pointers;
+  const size_t extra = found - want.size();
+  size_t args = extra;
+  while (args > 0 && is_map(pointers + args - 1)) --args;
+  for (size_t k = 0; k < extra; ++k)
+    want.insert(want.begin() + static_cast<std::ptrdiff_t>(pointers + k),
+                k < args ? KernelParameter{KernelParameter::kInt64, "launch value args[" + std::to_string(k) + "]"}
+                         : KernelParameter{KernelParameter::kTensorMap, "tensor map " + std::to_string(k - args)});
+  return want;
+}
+
+/// One line per parameter where a kernel of `found` parameters differs from `want`:
+/// `matches(i)` compares the kernel's parameter i with want[i], `found_text(i)` describes it
+/// ("int", "a parameter of 4 bytes"), `want_text(p)` what `p` needs, `hint(i)` is added to a mismatch's line.
+template <class Matches, class FoundText, class WantText, class Hint>
+std::vector<std::string> differences(const std::vector<KernelParameter>& want, size_t found, Matches matches,
+                                     FoundText found_text, WantText want_text, Hint hint) {
+  std::vector<std::string> problems;
+  for (size_t i = 0; i < std::max(want.size(), found); ++i) {
+    const std::string index = "parameter " + std::to_string(i + 1);
+    if (i >= found)
+      problems.push_back(index + " (" + want[i].what + "): expected " + want_text(want[i]) +
+                         ", the kernel has no such parameter");
+    else if (i >= want.size())
+      problems.push_back(index + ": the kernel declares " + found_text(i) + ", but opforge passes only " +
+                         std::to_string(want.size()) + " arguments");
+    else if (!matches(i))
+      problems.push_back(index + " (" + want[i].what + "): expected " + want_text(want[i]) + ", found " +
+                         found_text(i) + hint(i));
+  }
+  return problems;
+}
+
+}  // namespace
+
 std::vector<std::string> signature_problems(const std::string& declared, const std::vector<KernelParameter>& expected,
                                             bool launch_values_known, const char* (*type_name)(int32_t dtype)) {
   const std::vector<std::string> found = split_parameters(declared);
-  // Align `expected` to `found`: with the launch values unknown, the parameters between the
-  // pointers and the op's parameters stand for a grid function's int64 args and then its tensor
-  // maps, as many as `found` leaves room for: the trailing tensor maps among them are maps, the
-  // rest args.
-  std::vector<KernelParameter> want = expected;
-  if (!launch_values_known && found.size() > want.size()) {
-    size_t pointers = 0;
-    while (pointers < want.size() && want[pointers].kind == KernelParameter::kPointer) ++pointers;
-    const size_t extra = found.size() - want.size();
-    size_t args = extra;
-    while (args > 0 && found[pointers + args - 1] == kTensorMapType) --args;
-    for (size_t k = 0; k < extra; ++k)
-      want.insert(want.begin() + static_cast<std::ptrdiff_t>(pointers + k),
-                  k < args ? KernelParameter{KernelParameter::kInt64, "launch value args[" + std::to_string(k) + "]"}
-                           : KernelParameter{KernelParameter::kTensorMap, "tensor map " + std::to_string(k - args)});
+  const std::vector<KernelParameter> want =
+      aligned(expected, found.size(), launch_values_known, [&](size_t i) { return found[i] == kTensorMapType; });
+  return differences(
+      want, found.size(), [&](size_t i) { return matches(found[i], want[i], type_name); },
+      [&](size_t i) { return found[i]; }, [&](const KernelParameter& p) { return expected_type(p, type_name); },
+      [&](size_t i) {
+        return std::string(
+            mentions_tensor_map(found[i])
+                ? " (a tensor map is taken by value, `const __grid_constant__ opforge::kernel::TensorMap`, "
+                  "after the grid function's int64 args and before the op's parameters)"
+                : "");
+      });
+}
+
+uint32_t parameter_size(const KernelParameter& p) {
+  switch (p.kind) {
+    case KernelParameter::kBool:
+      return 1;
+    case KernelParameter::kTensorMap:
+      return 128;  // CUtensorMap
+    case KernelParameter::kPointer:
+    case KernelParameter::kInt64:
+    case KernelParameter::kDouble:
+      break;
   }
-  std::vector<std::string> problems;
-  for (size_t i = 0; i < std::max(want.size(), found.size()); ++i) {
-    const std::string index = "parameter " + std::to_string(i + 1);
-    if (i >= found.size())
-      problems.push_back(index + " (" + want[i].what + "): expected " + expected_type(want[i], type_name) +
-                         ", the kernel has no such parameter");
-    else if (i >= want.size())
-      problems.push_back(index + ": the kernel declares " + found[i] + ", but opforge passes only " +
-                         std::to_string(want.size()) + " arguments");
-    else if (!matches(found[i], want[i], type_name))
-      problems.push_back(
-          index + " (" + want[i].what + "): expected " + expected_type(want[i], type_name) + ", found " + found[i] +
-          (mentions_tensor_map(found[i])
-               ? " (a tensor map is taken by value, `const __grid_constant__ opforge::kernel::TensorMap`, "
-                 "after the grid function's int64 args and before the op's parameters)"
-               : ""));
-  }
-  return problems;
+  return 8;
+}
+
+std::vector<std::string> size_problems(const std::vector<uint32_t>& sizes, const std::vector<KernelParameter>& expected,
+                                       bool launch_values_known, const char* (*type_name)(int32_t dtype)) {
+  auto bytes = [](uint32_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); };
+  const std::vector<KernelParameter> want =
+      aligned(expected, sizes.size(), launch_values_known, [&](size_t i) { return sizes[i] == 128; });
+  return differences(
+      want, sizes.size(), [&](size_t i) { return sizes[i] == parameter_size(want[i]); },
+      [&](size_t i) { return "a parameter of " + bytes(sizes[i]); },
+      [&](const KernelParameter& p) { return expected_type(p, type_name) + " (" + bytes(parameter_size(p)) + ")"; },
+      [](size_t) { return std::string(); });
+}
+
+std::string mismatch_message(const std::string& kernel, const std::vector<KernelParameter>& expected,
+                             bool launch_values_known, const char* (*type_name)(int32_t dtype), const char* note,
+                             const std::vector<std::string>& problems) {
+  std::string message =
+      kernel + " but is passed (" + parameters_text(expected, type_name, !launch_values_known) + "); see " + note + ":";
+  for (const auto& p : problems) message += "\n  " + p;
+  return message;
 }
 
 std::optional<std::string> demangled_parameters(const std::string& lowered_name) {

@@ -1,7 +1,9 @@
 // The backend-neutral half of run-time kernels (Note [Run-time kernels] in opforge/op_launch.h): the
 // kernel folder, the on-disk binary cache, instantiation names, launch geometry and the order of
-// kernel arguments. A backend (rtc_cuda.cpp: NVRTC and the CUDA driver) compiles and launches;
-// everything here is shared by any backend and needs no GPU library.
+// kernel arguments and the check of a kernel's parameters. A backend (rtc_cuda.cpp: NVRTC;
+// binary_cuda.cpp: prebuilt binaries; cuda_launch.cpp: their launch through the CUDA driver)
+// compiles or loads and launches; everything here is shared by any backend and needs no GPU
+// library.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +70,28 @@ bool instantiation_key(const RuntimeKernel& rk, const OpforgeCallFrame* f, int64
 /// The dtype of output `o` for these argument dtypes.
 int32_t output_dtype(const OpforgeOutputSpec& o, const std::vector<int32_t>& arg_dtypes);
 
+// ---- ahead-of-time compiles (OpforgePrecompileRequest) --------------------------------------
+
+/// The instantiation a precompile request asks for: its tensor dtypes (`arg_dtypes` per argument
+/// as the request gives them, -1 for an absent optional input; `out_dtypes` by the outputs'
+/// rules) and its name (instantiate, with `type_name`).
+struct Requested {
+  std::vector<int32_t> arg_dtypes, out_dtypes;
+  std::string name;
+};
+Requested requested(const RuntimeKernel& rk, const OpforgePrecompileRequest& request,
+                    const char* (*type_name)(int32_t dtype));
+
+/// Runs `body`, a precompile entry's work, as detail::guarded runs a kernel: an exception
+/// becomes the entry's status, its message written into the request.
+template <class Body>
+int32_t guarded_request(OpforgePrecompileRequest* request, Body&& body) {
+  OpforgeCallFrame errors{};
+  errors.error = request->error;
+  errors.error_capacity = request->error_capacity;
+  return guarded(&errors, std::forward<Body>(body));
+}
+
 // ---- launch geometry and arguments ----------------------------------------------------------
 
 /// Grid, block, shared memory and the rule's int64 arguments of one call: elementwise over the
@@ -106,6 +130,10 @@ struct KernelParameter {
                           ///< one (null when left out)
 };
 
+/// How many int64 launch values precede the parameters: elementwise 1 (n), rows 2 (rows,
+/// cols), a grid function's as many as it returns (-1: known only once it has run).
+int32_t rule_launch_values(const RuntimeKernel& rk);
+
 /// The parameters a kernel instantiation takes, in order, for these dtypes: the tensors'
 /// pointers (inputs, then outputs), `launch_values` int64 values of the launch rule
 /// (elementwise: n; rows: rows, cols; a grid function: its args; -1 when unknown, i.e. a grid
@@ -131,6 +159,26 @@ std::string parameters_text(const std::vector<KernelParameter>& params, const ch
 /// and then of tensor maps may stand for a grid function's values and maps. Empty if they match.
 std::vector<std::string> signature_problems(const std::string& declared, const std::vector<KernelParameter>& expected,
                                             bool launch_values_known, const char* (*type_name)(int32_t dtype));
+
+/// The size in bytes of what KernelArguments passes for `p`: 8 for a pointer, an int64 and a
+/// double, 1 for a bool, 128 for a tensor map (CUtensorMap).
+uint32_t parameter_size(const KernelParameter& p);
+
+/// The differences between the parameter sizes a prebuilt kernel records (`sizes`, bytes, in
+/// order) and what opforge passes (`expected`), one line per parameter: "parameter 3 (launch
+/// value n): expected int64_t (8 bytes), found a parameter of 4 bytes". With
+/// `launch_values_known` false, any number of 8-byte and then 128-byte parameters may stand for
+/// a grid function's values and maps. Empty if they match. Sizes cannot tell a float* from a
+/// half*: a kernel whose name is C++-mangled is also checked by signature_problems.
+std::vector<std::string> size_problems(const std::vector<uint32_t>& sizes, const std::vector<KernelParameter>& expected,
+                                       bool launch_values_known, const char* (*type_name)(int32_t dtype));
+
+/// The error that refuses a kernel: "<kernel> but is passed (<parameters_text of expected>); see
+/// <note>:", then each of `problems` on a line of its own. `kernel` names the kernel and what it
+/// takes ("the run-time kernel f<float> (f.cu) is declared (float const*, int)").
+std::string mismatch_message(const std::string& kernel, const std::vector<KernelParameter>& expected,
+                             bool launch_values_known, const char* (*type_name)(int32_t dtype), const char* note,
+                             const std::vector<std::string>& problems);
 
 /// The parameter list of a lowered (Itanium-mangled) kernel name, demangled: for
 /// "_Z10softshrinkIfEvPKT_PS0_xd", "float const*, float*, long long, double". nullopt for a

@@ -338,6 +338,75 @@ TEST(KernelSignature, TensorMapsFollowAGridFunctionsValues) {
       (std::vector<std::string>{"parameter 6 (tensor map 1): expected " + map + ", found CUtensorMap_st" + by_value}));
 }
 
+TEST(KernelSignature, APrebuiltKernelsParametersAreCheckedBySize) {
+  auto def = pair_op(opforge::elementwise("y"));
+  const auto& rk = *def->runtime_kernels[0];
+  const auto params =
+      rtc::kernel_parameters(rk, {OPFORGE_DTYPE_FLOAT32, -1, -1, -1, -1, -1}, {OPFORGE_DTYPE_FLOAT32}, 1);
+  // x, w, y, the launch value n, then the parameters n, alpha and flag (k is compile-time).
+  EXPECT_TRUE(rtc::size_problems({8, 8, 8, 8, 8, 8, 1}, params, true, cuda_name).empty());
+  EXPECT_EQ(rtc::size_problems({8, 8, 8, 4, 8, 8}, params, true, cuda_name),
+            (std::vector<std::string>{
+                "parameter 4 (launch value n): expected int64_t (8 bytes), found a parameter of 4 bytes",
+                "parameter 7 (parameter flag): expected bool (1 byte), the kernel has no such parameter",
+            }));
+  EXPECT_EQ(rtc::size_problems({8, 8, 8, 8, 8, 8, 1, 16}, params, true, cuda_name),
+            (std::vector<std::string>{
+                "parameter 8: the kernel declares a parameter of 16 bytes, but opforge passes only 7 arguments"}));
+  // A grid function's values before it has run: 8-byte args, then 128-byte tensor maps.
+  const auto unknown =
+      rtc::kernel_parameters(rk, {OPFORGE_DTYPE_FLOAT32, -1, -1, -1, -1, -1}, {OPFORGE_DTYPE_FLOAT32}, -1);
+  EXPECT_TRUE(rtc::size_problems({8, 8, 8, 8, 8, 128, 128, 8, 8, 1}, unknown, false, cuda_name).empty());
+  EXPECT_EQ(rtc::size_problems({8, 8, 8, 8, 4, 128, 8, 8, 1}, unknown, false, cuda_name),
+            (std::vector<std::string>{
+                "parameter 5 (launch value args[1]): expected int64_t (8 bytes), found a parameter of 4 bytes"}));
+}
+
+void scale_cpu(Tensor, double, MutableTensor) {}
+opforge::LaunchConfig scale_cuda_grid(Tensor, double, MutableTensor) { return {}; }
+opforge::TritonLaunch scale_triton_grid(Tensor, double, MutableTensor) { return {}; }
+
+/// The declaration problems of ns::scale (x, alpha -> y) whose device kernel `kernel` adds.
+template <class Kernel>
+std::vector<std::string> scale_problems(Kernel kernel) {
+  auto b = opforge::detail::make_op("ns", "scale", "f.cpp", 3)
+               .input("x", opforge::floating)
+               .param<double>("alpha", 2.0)
+               .output("y", opforge::like("x"))
+               .reference(scale_cpu);
+  return opforge_test::declaration_problems(*kernel(std::move(b)).release());
+}
+
+TEST(PrebuiltKernel, ItsDeclarationIsCheckedLikeOtherRunTimeKernels) {
+  EXPECT_TRUE(scale_problems([](auto b) {
+                return std::move(b).cuda_binary("scale.cubin", "scale_{T}").launch(opforge::elementwise("y"));
+              }).empty());
+  EXPECT_TRUE(scale_problems([](auto b) {
+                return std::move(b).cuda_binary("scale.ptx", "scale").launch_grid(scale_cuda_grid);
+              }).empty());
+  EXPECT_EQ(scale_problems([](auto b) { return std::move(b).cuda_binary("../scale.cubin", "scale_{U}"); }),
+            (std::vector<std::string>{
+                "f.cpp:3: ns::scale: cuda_binary(\"../scale.cubin\"): no launch rule: add "
+                ".launch(opforge::elementwise(...)) or another",
+                "f.cpp:3: ns::scale: cuda_binary(\"../scale.cubin\"): the file must be a relative path inside the "
+                "library's kernel folder",
+                "f.cpp:3: ns::scale: cuda_binary(\"../scale.cubin\"): {U} names no parameter (use {T}, "
+                "{T_<tensor>} or {<compile_time param>})",
+            }));
+}
+
+TEST(PrebuiltKernel, AGridFunctionReturnsWhatItsBackendLaunches) {
+  EXPECT_EQ(scale_problems(
+                [](auto b) { return std::move(b).cuda_binary("scale.cubin", "scale").launch_grid(scale_triton_grid); }),
+            (std::vector<std::string>{
+                "f.cpp:3: ns::scale: cuda_binary(\"scale.cubin\"): a CUDA kernel's grid function returns "
+                "opforge::LaunchConfig (opforge::TritonLaunch is a .triton_source() kernel's)"}));
+  EXPECT_EQ(scale_problems(
+                [](auto b) { return std::move(b).triton_source("scale.py", "scale").launch_grid(scale_cuda_grid); }),
+            (std::vector<std::string>{"f.cpp:3: ns::scale: triton_source(\"scale.py\"): a Triton kernel's grid "
+                                      "function returns opforge::TritonLaunch"}));
+}
+
 /// tensor_map_layout's error for `t` with `box`, or "" if it takes them.
 std::string tensor_map_problem(const OpforgeTensor& t, std::vector<uint32_t> box,
                                opforge::TensorMapSwizzle swizzle = opforge::TensorMapSwizzle::k128B) {

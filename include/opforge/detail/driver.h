@@ -1,8 +1,8 @@
 // opforge/detail/driver.h -- CUDA driver API functions reached through the CUDA runtime
 // (cudaGetDriverEntryPointByVersion), so that nothing opforge builds links libcuda and a library
 // loads on a machine without a GPU driver, needing one only when a driver function first runs.
-// Used by the run-time kernels' launcher and opforge::tensor_map (src/oplib/rtc_cuda.cpp) and
-// by opforge::cuda::tiled_tensor_map (opforge/cuda.h).
+// Used by the run-time kernels' launcher (src/oplib/cuda_launch.h), opforge::tensor_map
+// (src/oplib/rtc_cuda.cpp) and opforge::cuda::tiled_tensor_map (opforge/cuda.h).
 #pragma once
 
 #include <cuda.h>
@@ -13,13 +13,13 @@
 
 namespace opforge::detail {
 
-/// The driver function `name` in its CUDA 12.0 form (`Fn`: its pointer type, e.g.
-/// decltype(&::cuLaunchKernel)), or nullptr where the driver has none.
+/// The driver function `name` in the form of CUDA `version` (12000: 12.0; `Fn`: its pointer type,
+/// e.g. decltype(&::cuLaunchKernel)), or nullptr where the driver has none.
 template <class Fn>
-Fn driver_entry_point(const char* name) {
+Fn driver_entry_point(const char* name, unsigned int version = 12000) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status{};
-  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status) != cudaSuccess ||
       status != cudaDriverEntryPointSuccess)
     return nullptr;
   return reinterpret_cast<Fn>(fn);

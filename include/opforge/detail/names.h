@@ -34,6 +34,21 @@ inline constexpr size_t dtype_size(int32_t d) {
   }
 }
 
+/// Name of an OpforgeKernelBackend as the description JSON gives it ("native", "nvrtc", "triton",
+/// "binary"), or "unknown".
+inline const char* backend_name(int32_t backend) {
+  static const char* const kNames[] = {"native", "nvrtc", "triton", "binary"};
+  return (backend >= 0 && backend <= OPFORGE_BACKEND_BINARY) ? kNames[backend] : "unknown";
+}
+
+/// The builder step that declares a run-time kernel of OpforgeKernelBackend `backend`
+/// ("cuda_source", "triton_source", "cuda_binary"), for messages about it.
+inline const char* backend_step(int32_t backend) {
+  return backend == OPFORGE_BACKEND_TRITON   ? "triton_source"
+         : backend == OPFORGE_BACKEND_BINARY ? "cuda_binary"
+                                             : "cuda_source";
+}
+
 namespace detail {
 
 /// The prefix of every declaration error, "file:line: ns::op: " (the form editors and compilers

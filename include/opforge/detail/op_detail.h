@@ -230,14 +230,15 @@ struct LaunchRule {
 
 struct OpDef;
 
-/// A CUDA kernel compiled at run time from a source file shipped beside the op library: CUDA C++
-/// (NVRTC) or a Triton function.
+/// A CUDA kernel loaded at run time from a file shipped beside the op library: CUDA C++ (NVRTC),
+/// a Triton function, or a prebuilt cubin, fatbin or PTX file.
 struct RuntimeKernel {
-  enum Backend { kNvrtc, kTriton };
+  enum Backend { kNvrtc = OPFORGE_BACKEND_NVRTC, kTriton = OPFORGE_BACKEND_TRITON, kBinary = OPFORGE_BACKEND_BINARY };
   const OpDef* def = nullptr;
   Backend backend = kNvrtc;
   std::string file;  // relative to the library's kernel folder
-  std::string name;  // NVRTC: a name template, e.g. "softshrink<{T}>"; Triton: the function's name
+  std::string name;  // NVRTC: a name template, e.g. "softshrink<{T}>"; Triton: the function's name;
+                     // binary: the kernel's symbol, e.g. "scale_{T}"
   LaunchRule rule;
   // Resolved by OpDef::finalize:
   int32_t rule_tensor = -1;  // argument index, or num_args + output index
@@ -296,9 +297,16 @@ struct OpDef {
   void set_sharding(int32_t sharding, std::vector<int32_t> dims);
   /// Sets the CPU reference (kernels[0]) or appends a device kernel.
   void add_kernel(const OpforgeKernel& kernel, bool reference);
+  /// Appends a run-time kernel of `backend` and its CUDA kernel record, launched by `launch`
+  /// and compiled ahead of time by `precompile`, and adds the backend's `reload` to the
+  /// library's; the backends' builder steps below call it.
+  void add_runtime_kernel(RuntimeKernel::Backend backend, std::string file, std::string name, OpforgeKernelFn launch,
+                          OpforgePrecompileFn precompile, void (*reload)());
   void add_cuda_source(std::string file, std::string name);
   /// OpBuilder::triton_source's step (src/oplib/triton.cpp).
   void add_triton_source(std::string file, std::string function);
+  /// OpBuilder::cuda_binary's step (src/oplib/binary_cuda.cpp).
+  void add_cuda_binary(std::string file, std::string symbol);
   void set_launch(LaunchRule rule);
   void set_kernel_dtypes(std::string input, uint32_t dtypes);
 

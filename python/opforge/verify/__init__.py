@@ -27,7 +27,8 @@ dims. On a machine without a GPU, the CPU reference is
 compared with the description's ``.equivalent()`` torch expression instead (a reference
 compared with itself proves nothing), and each run-time kernel instantiation the cases would use
 is compiled with NVRTC for sm_90 and sm_80 (check "nvrtc"), so a kernel source that does not
-compile fails there too, on either side of an architecture-specific path. Parameters: defaults,
+compile fails there too, on either side of an architecture-specific path (a prebuilt kernel's
+file is checked instead, check "binary": Note [Prebuilt kernels]). Parameters: defaults,
 the bounds of ranges and a point inside, a random value for unranged floats, every choice. Every
 case draws fresh random data from a seed that the report prints. Each op also gets
 ``torch.library.opcheck``, a ``torch.compile(fullgraph=True, dynamic=True)`` no-recompile check

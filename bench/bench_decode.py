@@ -1,0 +1,134 @@
+"""``examples::paged_decode_attention`` against what a user would run instead, in one process.
+
+One decode step (one query token per sequence, every sequence ``--context`` tokens long) over a
+paged KV cache of ``--block-size``-token blocks in shuffled order, at each batch of ``--batches``
+(default 64 and 1; context 4096, 32 query heads on 8 kv heads of head dim 128, bf16: issue 46's
+shape). In each group:
+
+- a device-to-device copy that moves as many bytes as the step must read (half read, half
+  written, as bench_serving.py's copies): the bandwidth ceiling;
+- ``examples::paged_decode_attention``, with the device value checks of block_tables and
+  seq_lens on (the default) and off (Note [Device value checks]);
+- SDPA over the gathered cache: the blocks gathered into dense keys and values
+  [batch, context, kv_heads, head_dim], then ``F.scaled_dot_product_attention(enable_gqa=True)``
+  on their head-split views, timed with the gather and without it (gathered beforehand: SDPA's
+  best case, a cache that is not paged);
+- the plain torch expression: the op's ``.equivalent()`` in eager.
+
+Bytes: the keys and values the step reads, 2 x batch x context x kv_heads x head_dim x the
+dtype's size (queries, block tables and outputs are under 0.1 % of it). GB/s is those bytes over
+the median time of triton.testing.do_bench (CUDA events, warm-up, L2 flushed before each run),
+inputs random; ``x copy`` is the copy's time over the implementation's (issue 46's targets for
+the op: >= 0.85 x at batch 64, >= 0.7 x at batch 1). ``--profile`` adds each implementation's
+kernels (count and device time per call).
+
+    python3 bench/bench_decode.py [--batches 64 1] [--context 4096] [--heads 32] [--kv-heads 8]
+                                  [--head-dim 128] [--block-size 16] [--dtype bfloat16|float16]
+                                  [--profile] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+from common import bandwidth_or_call_line, kernel_times, median_ms, print_kernel_times, report
+
+import opforge
+
+OP = "examples::paged_decode_attention"
+
+
+def decode_step(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype):
+    """[query, key_cache, value_cache, block_tables, seq_lens] on the GPU: ``batch`` sequences of
+    ``context`` tokens, each block of the caches owned by one sequence, in random order."""
+    pages = -(-context // block_size)
+    query = torch.randn(batch, heads, head_dim, device="cuda", dtype=dtype)
+    caches = [torch.randn(batch * pages, block_size, kv_heads, head_dim, device="cuda", dtype=dtype) for _ in range(2)]
+    tables = torch.randperm(batch * pages, device="cuda", dtype=torch.int32).view(batch, pages)
+    lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+    return [query, *caches, tables, lens]
+
+
+def gathered(key_cache, value_cache, block_tables, context: int):
+    """Keys and values as SDPA takes them: [batch, kv_heads, context, head_dim] views of dense
+    [batch, context, kv_heads, head_dim] copies of the sequences' blocks."""
+    return [c[block_tables.long()].flatten(1, 2)[:, :context].transpose(1, 2) for c in (key_cache, value_cache)]
+
+
+def sdpa(query, key, value):
+    """SDPA of the step's queries [batch, heads, head_dim] over gathered keys and values."""
+    return F.scaled_dot_product_attention(query[:, :, None], key, value, enable_gqa=True)[:, :, 0]
+
+
+def timed_group(batch: int, args, profiles: list) -> list[dict]:
+    """The rows of one batch size (see the module's docstring); appends each implementation's
+    kernels to ``profiles`` with ``args.profile``."""
+    dtype, op = getattr(torch, args.dtype), torch.ops.examples.paged_decode_attention
+    step = decode_step(batch, args.context, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype)
+    query, key_cache, value_cache, tables, _ = step
+    key, value = gathered(key_cache, value_cache, tables, args.context)
+    torch.testing.assert_close(op(*step), sdpa(query, key, value), atol=2e-2, rtol=2e-2)  # the same numbers
+    description = opforge.find_op(OP)
+    scope = {"torch": torch, **dict(zip([a.name for a in description.args], [*step, 0.0]))}
+    nbytes = 2 * key.numel() * key.element_size()
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+
+    def unchecked():
+        opforge.set_device_value_checks(False)
+        try:
+            op(*step)
+        finally:
+            opforge.set_device_value_checks(True)
+
+    impls = [
+        ("device-to-device copy", lambda: dst.copy_(src)),
+        ("opforge examples::paged_decode_attention", lambda: op(*step)),
+        ("opforge, device value checks off", unchecked),
+        ("gather + SDPA (enable_gqa)", lambda: sdpa(query, *gathered(key_cache, value_cache, tables, args.context))),
+        ("SDPA over a cache gathered beforehand", lambda: sdpa(query, key, value)),
+        ("torch expression (the op's .equivalent(), eager)", lambda: eval(description.equivalent, scope)),  # noqa: S307
+    ]
+    group = (
+        f"batch {batch} x context {args.context}, {args.heads} heads on {args.kv_heads} kv heads of "
+        f"{args.head_dim}, blocks of {args.block_size}, {args.dtype}: {nbytes / 2**20:.0f} MiB of keys and values"
+    )
+    rows, copy_ms = [], None
+    for label, fn in impls:
+        ms = median_ms(fn)
+        copy_ms = copy_ms or ms
+        rows.append({"group": group, "impl": label, "ms": ms, "GB/s": nbytes / ms / 1e6, "vs_copy": copy_ms / ms})
+        if args.profile and fn is not impls[0][1]:
+            profiles.append((f"{group}: {label}", kernel_times(fn)))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 1])
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--profile", action="store_true", help="also print each implementation's kernels")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    opforge.load_library(opforge.example_library("paged_decode_attention"))
+    rows, profiles = [], []
+    for batch in args.batches:
+        rows += timed_group(batch, args, profiles)
+        torch.cuda.empty_cache()
+    report(rows, bandwidth_or_call_line(52), args.json)
+    for title, table in profiles:
+        print()
+        print_kernel_times(title, table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+// paged_decode_attention: one decode step of attention over a paged KV cache (vLLM's
+// paged_attention, FlashInfer's batch decode), forward only. Each sequence has one query token
+// per head and attends to its first seq_lens[s] cached tokens:
+//   out[s, h] = softmax_t(query[s, h] . key[s, t, h / G] * scale) v[s, t, h / G],  t < seq_lens[s]
+// with G = heads / kv_heads query heads sharing each key/value head (grouped-query attention,
+// SDPA's enable_gqa: query head h reads kv head h / G). Token t of sequence s lives in the
+// caches written by examples::kv_cache_write, [blocks, block_size, kv_heads, head_dim]: row
+// t % block_size of block block_tables[s, t / block_size]. Every entry of block_tables is a block
+// index, used or not (pad with 0, as vLLM does). A sequence with no tokens, or whose every score
+// is -inf, gets zeros. The CUDA kernels (paged_decode_attention.cu) split long contexts over
+// several thread blocks and combine their partial softmax sums (flash-decoding).
+#include <opforge/op.h>
+
+#include <cmath>
+#include <vector>
+
+// CPU reference, in double: each (sequence, head)'s scores over its tokens, their log-sum-exp
+// relative to the maximum, then the weighted sum of the value rows.
+static void paged_decode_attention_cpu(opforge::Tensor query, opforge::Tensor key_cache, opforge::Tensor value_cache,
+                                       opforge::Tensor block_tables, opforge::Tensor seq_lens, double scale,
+                                       opforge::MutableTensor out) {
+  opforge::visit_dtype<opforge::floating>(query.dtype(), [&]<class T>(opforge::type_tag<T>) {
+    const int64_t heads = query.size(1), dim = query.size(2), block_size = key_cache.size(1),
+                  kv_heads = key_cache.size(2), group = heads / kv_heads;
+    const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(dim));
+    const auto row = [&](opforge::Tensor cache, int64_t seq, int64_t t, int64_t kv_head) {
+      const int64_t block = block_tables.data<int32_t>()[seq * block_tables.size(1) + t / block_size];
+      return cache.data<T>() + ((block * block_size + t % block_size) * kv_heads + kv_head) * dim;
+    };
+    std::vector<double> p;
+    for (int64_t seq = 0; seq < query.size(0); ++seq) {
+      const int64_t len = seq_lens.data<int32_t>()[seq];
+      p.resize(static_cast<size_t>(len));
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* q = query.data<T>() + seq * query.stride(0) + h * query.stride(1);
+        double mx = -HUGE_VAL, sum = 0;
+        bool nan = false;
+        for (int64_t t = 0; t < len; ++t) {
+          const T* k = row(key_cache, seq, t, h / group);
+          double dot = 0;
+          for (int64_t c = 0; c < dim; ++c) dot += double(q[c]) * double(k[c]);
+          p[t] = dot * s;
+          nan |= std::isnan(p[t]);
+          mx = std::max(mx, p[t]);
+        }
+        const bool none = !nan && std::isinf(mx) && mx < 0;  // no token, or every score -inf: zeros
+        for (int64_t t = 0; t < len; ++t) sum += p[t] = none ? 0.0 : std::exp(p[t] - mx);
+        T* o = out.data<T>() + (seq * heads + h) * dim;
+        for (int64_t c = 0; c < dim; ++c) {
+          double acc = 0;
+          for (int64_t t = 0; t < len; ++t) acc += p[t] * double(row(value_cache, seq, t, h / group)[c]);
+          o[c] = T(none ? 0.0 : acc / sum);
+        }
+      }
+    }
+  });
+}
+
+// paged_decode_attention.cu
+void paged_decode_attention_cuda(const opforge::Context& ctx, opforge::Tensor query, opforge::Tensor key_cache,
+                                 opforge::Tensor value_cache, opforge::Tensor block_tables, opforge::Tensor seq_lens,
+                                 double scale, opforge::MutableTensor out);
+
+OPFORGE_OP(examples, paged_decode_attention)
+    .doc("softmax(query . key * scale) value per sequence and head over its seq_lens tokens of a paged KV cache")
+    .input("query", opforge::floating, opforge::shape({opforge::any, opforge::any, opforge::multiple_of(8)}),
+           opforge::contiguous_last_dim)
+    .input("key_cache", opforge::same_dtype("query"),
+           opforge::shape({opforge::any, opforge::any, opforge::any, opforge::dim("query", 2)}))
+    .input("value_cache", opforge::same_dtype("query"), opforge::same_shape("key_cache"))
+    .input("block_tables", opforge::kInt32, opforge::shape({opforge::dim("query", 0), opforge::any}),
+           opforge::values_in(0, opforge::dim("key_cache", 0)))
+    .input("seq_lens", opforge::kInt32, opforge::shape({opforge::dim("query", 0)}),
+           opforge::values_in(0, opforge::dim("block_tables", 1) * opforge::dim("key_cache", 1) + 1))
+    .param<double>("scale", 0.0, opforge::at_least(0.0))  // 0: 1 / sqrt(head_dim)
+    .output("out", opforge::like("query"))
+    .require(opforge::dim("query", 1) % opforge::dim("key_cache", 2) == 0)  // grouped-query heads
+    .require(opforge::dim("query", 2) <= 256)                               // the kernels' head dims
+    .equivalent(
+        "(lambda t: (lambda ok, k, v: (lambda s: torch.einsum('skgt,stkd->skgd', torch.where((s == -torch.inf).all(-1, "
+        "True), 0.0, s.softmax(-1)), v.masked_fill(~ok[..., None, None], 0)).flatten(1, 2))(torch.einsum('skgd,stkd->sk"
+        "gt', query.unflatten(1, (key_cache.shape[2], -1)), k).masked_fill(~ok[:, None, None], -torch.inf) * (scale or "
+        "query.shape[2]**-0.5)))(t < seq_lens[:, None], *(c[block_tables[:, t//c.shape[1]].long(), t%c.shape[1]] for c "
+        "in (key_cache, value_cache))))(torch.arange(block_tables.shape[1]*key_cache.shape[1], device=query.device))")
+    .reference(paged_decode_attention_cpu)
+    .cuda(paged_decode_attention_cuda)
+    .kernel_dtypes("query", opforge::half_precision);

@@ -1,0 +1,135 @@
+// paged_decode_attention on CUDA, the host side: picks split_kernel's instantiation (16-bit
+// dtype, lanes per token row, query heads per block) and how many splits each context gets,
+// then launches split_kernel and, where a context has several splits, combine_kernel behind it
+// (Note [Paged decode on CUDA] in paged_decode_attention.cuh).
+//
+// Ahead-of-time CUDA rather than a run-time kernel: a split context needs float32 scratch memory
+// for its partial sums (opforge::Context::allocate) and a second launch that reduces them, and an
+// op's run-time kernel (.cuda_source, .triton_source) is one launch with no scratch memory.
+#include <opforge/cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "paged_decode_attention.cuh"
+
+namespace paged_decode {
+
+/// Blocks of split_kernel<T, kLanes, kHeads> resident on the current device at once (occupancy
+/// times multiprocessors), computed once per device, after letting the kernel take its dynamic
+/// shared memory (more than the default 48 KiB at some instantiations).
+template <class T, int kLanes, int kHeads>
+int64_t resident() {
+  static std::atomic<int> per_device[64] = {};
+  return opforge::cuda::detail::per_device(per_device, [](int) {
+    constexpr auto kernel = split_kernel<T, kLanes, kHeads>;
+    opforge::cuda::allow_dynamic_smem(kernel, Layout<kLanes, kHeads>::kBytes);
+    return static_cast<int>(opforge::cuda::resident_blocks(kernel, kThreads, Layout<kLanes, kHeads>::kBytes));
+  });
+}
+
+/// Pages per split for `items` (sequence, kv head, chunk) items whose block tables have
+/// `max_blocks` entries, with `resident` blocks fitting on the device at once. Contexts are
+/// split so that the grid fills the device in whole waves: of the splittings that keep at most
+/// kMaxPages pages (and 2^30 tokens) per split and at least 64 tokens per split (where there are
+/// several), the one whose blocks use the largest share of the resident slots over their waves,
+/// a split context (which costs a second launch and scratch memory) only where that gains more
+/// than 3 % (for 64 sequences of 4096 tokens on 8 kv heads on an H100, 512 blocks fill 512 of 528
+/// slots: one split each; for one sequence, 64 splits of 64 tokens).
+int64_t pages_per_split(int64_t items, int64_t max_blocks, int64_t block_size, int64_t resident) {
+  const int64_t most = std::min<int64_t>(kMaxPages, std::max<int64_t>(1, (int64_t{1} << 30) / block_size));
+  const int64_t fewest = std::max<int64_t>(1, (64 + block_size - 1) / block_size);
+  const int64_t min_splits = (max_blocks + most - 1) / most;
+  const int64_t max_splits = std::max(min_splits, std::min<int64_t>(kMaxSplits, (2 * resident + items - 1) / items));
+  int64_t best = (max_blocks + min_splits - 1) / min_splits;
+  double best_share = -1;
+  for (int64_t n = min_splits; n <= max_splits; ++n) {
+    const int64_t pages = (max_blocks + n - 1) / n, splits = (max_blocks + pages - 1) / pages;
+    if (splits > 1 && pages < fewest && n > min_splits) break;
+    const int64_t blocks = items * splits, waves = (blocks + resident - 1) / resident;
+    const double share = static_cast<double>(blocks) / static_cast<double>(waves * resident) - (splits > 1 ? 0.03 : 0);
+    if (share > best_share) {
+      best_share = share;
+      best = pages;
+    }
+  }
+  return best;
+}
+
+template <class T, int kLanes, int kHeads>
+void launch(const opforge::Context& ctx, Params p, int64_t seqs) {
+  const cudaStream_t stream = opforge::cuda::stream(ctx);
+  p.chunks = (p.group + kHeads - 1) / kHeads;
+  const int64_t items = seqs * p.kv_heads * p.chunks;
+  p.pages_per_split = pages_per_split(items, p.max_blocks, p.block_size, resident<T, kLanes, kHeads>());
+  p.splits = (p.max_blocks + p.pages_per_split - 1) / p.pages_per_split;
+  OPFORGE_CHECK(items * p.splits <= 0x7fffffff, "more than 2^31 - 1 thread blocks (", items, " sequences x kv heads ",
+                "x head chunks, ", p.splits, " splits each)");
+  if (p.splits > 1) {
+    const auto rows = static_cast<size_t>(seqs * p.heads * p.splits);
+    p.partial_out = static_cast<float*>(ctx.allocate(rows * (static_cast<size_t>(p.head_dim) + 1) * sizeof(float)));
+    p.partial_lse = p.partial_out + rows * static_cast<size_t>(p.head_dim);
+  }
+  split_kernel<T, kLanes, kHeads>
+      <<<static_cast<unsigned>(items * p.splits), kThreads, Layout<kLanes, kHeads>::kBytes, stream>>>(p);
+  opforge::cuda::check_launch("paged_decode_attention::split_kernel");
+  if (p.splits > 1)
+    opforge::cuda::launch_after<combine_kernel<T>>(dim3(static_cast<unsigned>(seqs * p.heads)), dim3(kThreads), 0,
+                                                   stream, "paged_decode_attention::combine_kernel", p);
+}
+
+/// launch<T, kLanes, kHeads> for kLanes the lanes per token row (head_dim / 8 rounded up to a
+/// power of two, at least 4) and kHeads the query heads per block (the group size rounded up to
+/// a power of two, at most 8: a larger group takes several blocks per kv head).
+template <class T>
+void dispatch(const opforge::Context& ctx, const Params& p, int64_t seqs) {
+  const int64_t vectors = p.head_dim / 8;
+  const int lanes = vectors <= 4 ? 4 : vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32;
+  const int heads = p.group <= 1 ? 1 : p.group <= 2 ? 2 : p.group <= 4 ? 4 : 8;
+  const auto with_lanes = [&]<int kHeads>() {
+    if (lanes == 4) launch<T, 4, kHeads>(ctx, p, seqs);
+    else if (lanes == 8) launch<T, 8, kHeads>(ctx, p, seqs);
+    else if (lanes == 16) launch<T, 16, kHeads>(ctx, p, seqs);
+    else launch<T, 32, kHeads>(ctx, p, seqs);
+  };
+  if (heads == 1) with_lanes.template operator()<1>();
+  else if (heads == 2) with_lanes.template operator()<2>();
+  else if (heads == 4) with_lanes.template operator()<4>();
+  else with_lanes.template operator()<8>();
+}
+
+}  // namespace paged_decode
+
+void paged_decode_attention_cuda(const opforge::Context& ctx, opforge::Tensor query, opforge::Tensor key_cache,
+                                 opforge::Tensor value_cache, opforge::Tensor block_tables, opforge::Tensor seq_lens,
+                                 double scale, opforge::MutableTensor out) {
+  namespace pd = paged_decode;
+  const int64_t seqs = query.size(0), heads = query.size(1), dim = query.size(2), kv_heads = key_cache.size(2);
+  const int64_t max_blocks = block_tables.size(1), block_size = key_cache.size(1);
+  if (seqs * heads * dim == 0) return;
+  if (max_blocks * block_size * kv_heads == 0) {  // no cached token: every output is zero
+    OPFORGE_CUDA_CHECK(
+        cudaMemsetAsync(out.raw_data(), 0, out.numel() * opforge::dtype_size(out.dtype()), opforge::cuda::stream(ctx)));
+    return;
+  }
+  const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(dim));
+  pd::Params p{};
+  p.query = query.raw_data();
+  p.key_cache = key_cache.raw_data();
+  p.value_cache = value_cache.raw_data();
+  p.block_tables = block_tables.data<int32_t>();
+  p.seq_lens = seq_lens.data<int32_t>();
+  p.out = out.raw_data();
+  p.query_seq_stride = query.stride(0);
+  p.query_head_stride = query.stride(1);
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.group = heads / kv_heads;
+  p.head_dim = dim;
+  p.block_size = block_size;
+  p.max_blocks = max_blocks;
+  p.scale_log2 = static_cast<float>(s * 1.4426950408889634);
+  opforge::cuda::visit_dtype<opforge::half_precision>(
+      query.dtype(), [&]<class T>(opforge::type_tag<T>) { pd::dispatch<T>(ctx, p, seqs); });
+}

@@ -1,0 +1,353 @@
+// The device code of paged_decode_attention on CUDA (the host side, which picks the kernels and
+// the split of the context, is paged_decode_attention.cu).
+//
+// Note [Paged decode on CUDA]
+// ---------------------------
+// Decode attention reads every cached key and value row of a sequence once and does little
+// arithmetic per byte (2 * G multiply-adds per element for G query heads per kv head), so the
+// kernels are built to keep the memory system busy:
+//   - split_kernel: one block of four warps per (sequence, kv head, split of the context, chunk of
+//     at most kHeads of its G query heads). The block reads its pages' block ids into shared
+//     memory, then each warp streams its own stages of tokens (warp w takes stages w, w + 4, ...)
+//     into a ring of kStages stages in shared memory with cp.async, kStages - 1 stages ahead of
+//     the one it computes: bytes in flight without registers to hold them. A stage is kSteps
+//     tokens per group of kLanes lanes; the lanes of a group split one token's head_dim into
+//     16-byte vectors (kLanes = head_dim / 8 rounded up to a power of two, at least 4), and each
+//     lane reads back only the vectors it copied, so no barrier orders the ring.
+//   - each lane holds its vector of the block's query heads, scaled by scale * log2(e), and the
+//     matching vector of each head's running output; a score is a lane's partial dot product
+//     summed over its group by shuffles. The online softmax (running maximum m and sum l per
+//     head, Milakov and Gimelshein 2018) is updated once per stage, in log2 units.
+//   - at the end the groups of a warp, then the warps of the block, merge their (m, l, output)
+//     triples; a block that covers the whole context writes the output, otherwise its output
+//     divided by l and its log-sum-exp m + log2(l) go to float32 scratch memory.
+//   - combine_kernel, launched behind split_kernel by programmatic dependent launch where there
+//     is more than one split: one block per (sequence, head) weighs its splits' outputs by
+//     2^(lse - max lse) (flash-decoding's reduction, Dao et al. 2023).
+// Special values follow the CPU reference: a NaN score makes the head's output NaN, a sequence
+// with no token or only -inf scores gets zeros.
+#pragma once
+
+#include <opforge/cuda.h>
+
+namespace paged_decode {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+/// Stages in each warp's ring: kStages - 1 in flight while one is computed.
+constexpr int kStages = 3;
+/// Pages (cache blocks) one split covers at most: their block ids sit in shared memory.
+constexpr int kMaxPages = 256;
+/// Splits of one context that pages_per_split considers at most (more only where a context has
+/// more than kMaxPages * kMaxSplits pages).
+constexpr int kMaxSplits = 1024;
+constexpr float kLog2e = 1.4426950408889634f;
+
+/// What both kernels read: pointers, sizes (elements) and the split of the contexts.
+struct Params {
+  const void* query;
+  const void* key_cache;
+  const void* value_cache;
+  const int32_t* block_tables;  // [seqs, max_blocks], dense
+  const int32_t* seq_lens;      // [seqs]
+  void* out;                    // [seqs, heads, head_dim], dense
+  float* partial_out;           // [seqs, heads, splits, head_dim]: each split's output / l
+  float* partial_lse;           // [seqs, heads, splits]: each split's m + log2(l), log2 units
+  int64_t query_seq_stride, query_head_stride;
+  int64_t heads, kv_heads, group, chunks, head_dim, block_size, max_blocks;
+  int64_t pages_per_split, splits;
+  float scale_log2;  // the scores' scale times log2(e)
+};
+
+/// The shape of split_kernel<T, kLanes, kHeads>'s work and its dynamic shared memory: the block
+/// ids of its pages, then the warps' rings, whose bytes the merge of the warps reuses.
+template <int kLanes, int kHeads>
+struct Layout {
+  static constexpr int kGroups = 32 / kLanes;  // tokens per warp and step
+  // steps per stage: fewer where a lane holds many heads (8, or 4 at 32 lanes), to stay in registers
+  static constexpr int kSteps = kHeads >= 8 || (kHeads >= 4 && kLanes >= 32) ? 2 : 4;
+  static constexpr int kStageTokens = kGroups * kSteps;           // tokens per warp and stage
+  static constexpr int kRingVectors = kStages * kSteps * 2 * 32;  // 16-byte vectors per warp: K and V
+  static constexpr int kPagesBytes = kMaxPages * 4;
+  static constexpr int kMergeFloats = kWarps * kHeads * (2 + kLanes * 8);
+  static constexpr int kRingBytes = kWarps * kRingVectors * 16;
+  static constexpr int kBytes = kPagesBytes + (kRingBytes > kMergeFloats * 4 ? kRingBytes : kMergeFloats * 4);
+};
+
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
+/// 2^x (PTX ex2.approx: 2^-inf = 0, NaN stays NaN).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// Copies 16 bytes from global to shared memory asynchronously (cp.async, sm_80), bypassing L1.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+  const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src) : "memory");
+#else
+  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+#endif
+}
+
+/// Closes this thread's group of cp.async copies (an empty group is a group).
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+/// Waits until at most kPending of this thread's groups are in flight; the copies of the groups
+/// before them are then visible to this thread.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
+}
+
+/// (m, l, acc) merged with (m2, l2, acc2): two softmax partial sums over disjoint tokens, each
+/// relative to its own maximum (-inf where it saw no finite score).
+template <int kN>
+__device__ __forceinline__ void merge(float& m, float& l, float (&acc)[kN], float m2, float l2,
+                                      const float (&acc2)[kN]) {
+  const float mx = fmaxf(m, m2);
+  const float a = m == neg_inf() ? 0.f : fast_exp2(m - mx), b = m2 == neg_inf() ? 0.f : fast_exp2(m2 - mx);
+  m = mx;
+  l = a * l + b * l2;
+#pragma unroll
+  for (int e = 0; e < kN; ++e) acc[e] = a * acc[e] + b * acc2[e];
+}
+
+/// One split of one (sequence, kv head, chunk of query heads): Note [Paged decode on CUDA].
+/// Grid: seqs * splits * kv_heads * chunks blocks (chunk fastest, so the blocks that read the
+/// same rows run together), kThreads threads, Layout::kBytes of dynamic shared memory.
+template <class T, int kLanes, int kHeads>
+__global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
+  using L = Layout<kLanes, kHeads>;
+  constexpr int kGroups = L::kGroups, kSteps = L::kSteps, kStageTokens = L::kStageTokens;
+  extern __shared__ __align__(16) unsigned char smem[];
+  int32_t* const pages = reinterpret_cast<int32_t*>(smem);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / kLanes, vec = lane % kLanes;
+  int64_t b = blockIdx.x;
+  const int64_t chunk = b % p.chunks;
+  b /= p.chunks;
+  const int64_t kv_head = b % p.kv_heads;
+  b /= p.kv_heads;
+  const int64_t split = b % p.splits, seq = b / p.splits;
+  const int64_t split_tokens = p.pages_per_split * p.block_size, first = split * split_tokens;
+  const int64_t left = static_cast<int64_t>(p.seq_lens[seq]) - first;
+  const int tokens = static_cast<int>(left < split_tokens ? left : split_tokens);  // <= 0: none here
+  const int64_t head0 = kv_head * p.group + chunk * kHeads;                        // the block's first query head
+  const int64_t heads_left = p.group - chunk * kHeads;
+  const int heads_here = heads_left < kHeads ? static_cast<int>(heads_left) : kHeads;
+  const int dim = static_cast<int>(p.head_dim);
+  T* const out = static_cast<T*>(p.out);
+  if (tokens <= 0) {
+    if (p.splits == 1)  // the whole context is empty: zeros (the combine kernel does it otherwise)
+      for (int i = threadIdx.x; i < heads_here * dim; i += kThreads)
+        out[(seq * p.heads + head0 + i / dim) * dim + i % dim] = opforge::kernel::from_acc<T>(0.f);
+    return;
+  }
+
+  const int block_size = static_cast<int>(p.block_size);
+  const int n_pages = (tokens + block_size - 1) / block_size;
+  const int32_t* const table = p.block_tables + seq * p.max_blocks + split * p.pages_per_split;
+  for (int i = threadIdx.x; i < n_pages; i += kThreads) pages[i] = table[i];
+
+  const bool active = vec < dim / 8;  // lanes past head_dim's vectors hold zeros
+  float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
+  const T* const query = static_cast<const T*>(p.query) + seq * p.query_seq_stride + vec * 8;
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) {
+    if (active && g < heads_here) {
+      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(query + (head0 + g) * p.query_head_stride), q[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] *= p.scale_log2;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] = 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+    m[g] = neg_inf();
+    l[g] = 0.f;
+  }
+  __syncthreads();  // the block ids
+
+  const T* const key_cache = static_cast<const T*>(p.key_cache) + kv_head * dim + vec * 8;
+  const T* const value_cache = static_cast<const T*>(p.value_cache) + kv_head * dim + vec * 8;
+  const int64_t row_stride = p.kv_heads * dim;  // elements from one cache row (slot) to the next
+  uint4* const ring = reinterpret_cast<uint4*>(smem + L::kPagesBytes) + warp * L::kRingVectors;
+  const int stages = (tokens + kStageTokens - 1) / kStageTokens;  // of the block, dealt to its warps in turn
+  const int my_stages = stages > warp ? (stages - warp + kWarps - 1) / kWarps : 0;
+  const auto token_of = [&](int i, int r) { return (i * kWarps + warp) * kStageTokens + r * kGroups + group; };
+  const auto issue = [&](int i) {  // the copies of this warp's stage i into its ring slot i % kStages
+    if (i < my_stages) {
+      uint4* const slot = ring + (i % kStages) * (kSteps * 2 * 32);
+#pragma unroll
+      for (int r = 0; r < kSteps; ++r) {
+        const int t = token_of(i, r);
+        if (active && t < tokens) {
+          const int64_t row = static_cast<int64_t>(pages[t / block_size]) * block_size + t % block_size;
+          cp_async_16(slot + (2 * r) * 32 + lane, key_cache + row * row_stride);
+          cp_async_16(slot + (2 * r + 1) * 32 + lane, value_cache + row * row_stride);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int i = 0; i < my_stages; ++i) {
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();  // stage i has landed
+    const uint4* const slot = ring + (i % kStages) * (kSteps * 2 * 32);
+    bool valid[kSteps];
+    float s[kSteps][kHeads];  // scores, then probabilities
+#pragma unroll
+    for (int r = 0; r < kSteps; ++r) {
+      valid[r] = token_of(i, r) < tokens;  // the same for every lane of a group
+      float k[8] = {};
+      if (active && valid[r]) opforge::kernel::unpack<T>(slot[(2 * r) * 32 + lane], k);
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], k[e], dot);
+        s[r][g] = dot;
+      }
+    }
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2)
+#pragma unroll
+      for (int r = 0; r < kSteps; ++r)
+#pragma unroll
+        for (int g = 0; g < kHeads; ++g) s[r][g] += __shfl_xor_sync(0xffffffffu, s[r][g], offset);
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int r = 0; r < kSteps; ++r)
+        if (valid[r]) mx = fmaxf(mx, s[r][g]);
+      const float alpha = m[g] == neg_inf() ? 0.f : fast_exp2(m[g] - mx);
+      m[g] = mx;
+      l[g] *= alpha;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+#pragma unroll
+      for (int r = 0; r < kSteps; ++r) {
+        s[r][g] = valid[r] && s[r][g] != neg_inf() ? fast_exp2(s[r][g] - mx) : 0.f;
+        l[g] += s[r][g];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kSteps; ++r) {
+      if (!(active && valid[r])) continue;
+      float v[8];
+      opforge::kernel::unpack<T>(slot[(2 * r + 1) * 32 + lane], v);
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(s[r][g], v[e], acc[g][e]);
+    }
+  }
+  cp_async_wait<0>();
+  opforge::cuda::allow_dependent_launch();  // the combine kernel may start; it waits for our writes
+
+  // The groups of the warp (lanes vec, vec + kLanes, ...), then the warps, through shared memory.
+#pragma unroll
+  for (int offset = kLanes; offset < 32; offset *= 2)
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      float other[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) other[e] = __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], offset), l2 = __shfl_xor_sync(0xffffffffu, l[g], offset);
+      merge(m[g], l[g], acc[g], m2, l2, other);
+    }
+  __syncthreads();  // every warp is done with its ring: the merge reuses it
+  float* const merged_m = reinterpret_cast<float*>(smem + L::kPagesBytes);  // [kWarps][kHeads]
+  float* const merged_l = merged_m + kWarps * kHeads;                       // [kWarps][kHeads]
+  float* const merged_acc = merged_l + kWarps * kHeads;                     // [kWarps][kHeads][kLanes * 8]
+  if (group == 0) {
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      if (lane == 0) {
+        merged_m[warp * kHeads + g] = m[g];
+        merged_l[warp * kHeads + g] = l[g];
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) merged_acc[((warp * kHeads + g) * kLanes + vec) * 8 + e] = acc[g][e];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < heads_here * dim; i += kThreads) {
+    const int g = i / dim, d = i % dim;
+    float mx = neg_inf();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, merged_m[w * kHeads + g]);
+    float sum = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = merged_m[w * kHeads + g], a = mw == neg_inf() ? 0.f : fast_exp2(mw - mx);
+      sum += a * merged_l[w * kHeads + g];
+      o += a * merged_acc[(w * kHeads + g) * kLanes * 8 + d];
+    }
+    const int64_t row = seq * p.heads + head0 + g;  // (sequence, query head)
+    if (p.splits == 1) {
+      out[row * dim + d] = opforge::kernel::from_acc<T>(sum == 0.f ? 0.f : o / sum);
+    } else {
+      p.partial_out[(row * p.splits + split) * dim + d] = sum == 0.f ? 0.f : o / sum;
+      if (d == 0) p.partial_lse[row * p.splits + split] = sum == 0.f ? neg_inf() : mx + __log2f(sum);
+    }
+  }
+}
+
+/// The maximum of `v` over the block (kThreads threads); every thread gets it.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[kWarps];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = partial[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) v = fmaxf(v, partial[w]);
+  return v;
+}
+
+/// out[s, h] from the splits of (s, h) that hold tokens: their outputs weighted by
+/// 2^(lse - max lse), over the weights' sum (zeros where that is 0: no token, or only -inf
+/// scores). Each thread recomputes the weights it needs (one ex2 per split and element), so any
+/// number of splits fits. Grid: seqs * heads blocks of kThreads threads, launched behind
+/// split_kernel.
+template <class T>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
+  const int64_t row = blockIdx.x, seq = row / p.heads;  // row: (sequence, query head)
+  const int64_t split_tokens = p.pages_per_split * p.block_size;
+  const int64_t n = (p.seq_lens[seq] + split_tokens - 1) / split_tokens;
+  const int dim = static_cast<int>(p.head_dim);
+  opforge::cuda::wait_for_prior_grid();  // split_kernel's partial sums
+  const float* const lse = p.partial_lse + row * p.splits;
+  float mx = neg_inf();
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) mx = fmaxf(mx, lse[i]);
+  mx = block_max(mx);
+  const auto weight = [&](int64_t i) { return lse[i] == neg_inf() ? 0.f : fast_exp2(lse[i] - mx); };
+  float total = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) total += weight(i);
+  total = opforge::kernel::block_sum(total);
+  const float* const part = p.partial_out + row * p.splits * dim;
+  for (int d = threadIdx.x; d < dim; d += kThreads) {
+    float o = 0.f;
+#pragma unroll 4
+    for (int64_t i = 0; i < n; ++i) o = fmaf(weight(i), part[i * dim + d], o);
+    static_cast<T*>(p.out)[row * dim + d] = opforge::kernel::from_acc<T>(total == 0.f ? 0.f : o / total);
+  }
+}
+
+}  // namespace paged_decode

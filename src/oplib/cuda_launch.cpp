@@ -1,0 +1,137 @@
+// The launch of run-time kernels through the CUDA driver (see cuda_launch.h).
+#include "cuda_launch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+
+namespace opforge::detail::cu {
+
+const Driver& driver() {
+  static const Driver d;
+  if (!d.module_load || !d.get_function || !d.launch || !d.get_current_context)
+    throw InternalError("opforge: the CUDA driver API is not available (no GPU driver?)");
+  return d;
+}
+
+void check_cu(CUresult r, const std::string& what) {
+  if (r != CUDA_SUCCESS) throw InternalError(driver_error(r, what.c_str()));
+}
+
+void check_cuda(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  throw InternalError(what + " failed: " + cudaGetErrorString(e));
+}
+
+const char* cuda_type(int32_t dtype) {
+  static const char* const kTypes[] = {"float", "double", "__half",    "__nv_bfloat16", "signed char",
+                                       "short", "int",    "long long", "unsigned char", "bool"};
+  return (dtype >= 0 && dtype < OPFORGE_NUM_DTYPES) ? kTypes[dtype] : "void";
+}
+
+int compute_capability(int device) {
+  int major = 0, minor = 0;
+  const std::string what = "opforge: querying the compute capability of CUDA device " + std::to_string(device);
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), what);
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), what);
+  return major * 10 + minor;
+}
+
+namespace {
+
+/// Makes `device`'s primary context current on this thread if no context is. The driver API
+/// (cuModuleLoadData, cuLaunchKernel) works in the current context, and a thread that has only
+/// made CUDA runtime calls may have none: torch's autograd engine runs backward ops on a device
+/// thread whose device guard skips cudaSetDevice when the index already matches
+/// (c10::cuda::SetDevice), so a backward op's first launch there failed with "invalid device
+/// context". cudaSetDevice binds the device's primary context, the one the runtime and torch
+/// use, at once (CUDA 12 and later).
+void bind_primary_context(int device) {
+  CUcontext current = nullptr;
+  check_cu(driver().get_current_context(&current), "cuCtxGetCurrent");
+  if (current != nullptr) return;
+  check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+}
+
+/// Bumped by forget_launches: launch-cache entries of an older generation are not used.
+std::atomic<uint64_t> g_generation{0};
+
+/// Dynamic shared memory a function may take without cuFuncSetAttribute.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+
+/// One instantiation a thread has launched: the kernel, device and instantiation key
+/// (rtc::instantiation_key), the loaded function and its name, and the dynamic shared memory
+/// the function has been allowed (raised by launch when a launch needs more).
+struct CachedLaunch {
+  static constexpr int kMaxKey = 24;
+  const RuntimeKernel* rk = nullptr;
+  int device = -1;
+  uint64_t generation = 0;
+  int32_t size = 0;
+  int64_t key[kMaxKey] = {};
+  CUfunction fn = nullptr;
+  std::string name;
+  size_t shared_allowed = kDefaultSharedBytes;
+};
+
+/// The loaded function for this call. Each thread keeps the instantiations it launched (at most
+/// kEntries, then starts over), so that a launch of a known instantiation builds no name, takes
+/// no lock and allocates nothing; the first launch on a thread goes through `load`.
+CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg,
+                              const char* (*type_name)(int32_t), Loader load) {
+  constexpr size_t kEntries = 64;
+  thread_local std::vector<CachedLaunch> cache;
+  thread_local CachedLaunch probe;
+  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  probe.rk = &rk;
+  probe.device = f->ctx->device_index;
+  const bool keyed = rtc::instantiation_key(rk, f, probe.key, CachedLaunch::kMaxKey, probe.size);
+  if (keyed) {
+    for (CachedLaunch& e : cache)
+      if (e.rk == probe.rk && e.device == probe.device && e.generation == generation && e.size == probe.size &&
+          std::equal(e.key, e.key + e.size, probe.key))
+        return e;
+  }
+  const OpDef& def = *rk.def;
+  std::vector<int32_t> arg_dtypes(f->num_args, -1), out_dtypes(f->num_outputs);
+  std::vector<OpforgeValue> values(f->num_args);
+  for (int32_t i = 0; i < f->num_args; ++i) {
+    if (def.args[i].kind == OPFORGE_ARG_TENSOR) arg_dtypes[i] = f->args[i].tensor.dtype;
+    values[i] = f->args[i].value;
+  }
+  for (int32_t o = 0; o < f->num_outputs; ++o) out_dtypes[o] = f->outputs[o].dtype;
+  probe.name = rtc::instantiate(rk, arg_dtypes, out_dtypes, values.data(), type_name);
+  probe.fn = load(rk, probe.name, probe.device, arg_dtypes, out_dtypes, static_cast<int32_t>(cfg.args.size()),
+                  static_cast<int32_t>(cfg.tensor_maps.size()));
+  probe.generation = generation;
+  probe.shared_allowed = kDefaultSharedBytes;
+  if (!keyed) return probe;
+  if (cache.size() == kEntries) cache.clear();
+  cache.push_back(probe);
+  return cache.back();
+}
+
+}  // namespace
+
+void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f, const char* (*type_name)(int32_t dtype), Loader load) {
+  const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
+  if (!cfg) return;
+  bind_primary_context(f->ctx->device_index);
+  CachedLaunch& target = cached_function(rk, f, *cfg, type_name, load);
+  rtc::KernelArguments args(rk, f, *cfg);
+  if (cfg->shared_bytes > target.shared_allowed && driver().set_attribute) {  // once per function and size
+    check_cu(driver().set_attribute(target.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(cfg->shared_bytes)),
+             "cuFuncSetAttribute");
+    target.shared_allowed = cfg->shared_bytes;
+  }
+  const CUresult r =
+      driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
+                      cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
+  if (r != CUDA_SUCCESS) check_cu(r, "cuLaunchKernel(" + target.name + ")");
+}
+
+void forget_launches() { g_generation.fetch_add(1, std::memory_order_release); }
+
+}  // namespace opforge::detail::cu
