@@ -3,6 +3,8 @@
 # set OPFORGE_PYTHON to use an interpreter that already has torch), then a CMake/Ninja build.
 SHELL := /bin/bash
 .DEFAULT_GOAL := demo
+# When make started: `make test` ends with its time.
+START := $(shell date +%s)
 
 PY := $(shell tools/bootstrap.sh)
 ifeq ($(PY),)
@@ -15,7 +17,8 @@ NINJA := $(shell [ -x "$(PYBIN)/ninja" ] && echo "$(PYBIN)/ninja" || command -v 
 BUILD ?= build
 export OPFORGE_BUILD_DIR := $(abspath $(BUILD))
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
-PYTEST_ARGS ?=
+# CI's log shows the slowest tests and why tests were skipped.
+PYTEST_ARGS ?= --durations=25 -rs
 
 # What the demo needs (the adapter, the runner and its op library) is built first, and alone by
 # `make demo`; `make build` builds every example and the C++ unit tests as well.
@@ -42,6 +45,7 @@ test-python: build
 	$(PY) -m pytest tests/python $(PYTEST_ARGS)
 
 test: test-cpp test-python
+	@echo "make test: passed in $$(( $$(date +%s) - $(START) )) s (environment, build, C++ and Python tests)"
 
 clean:
 	rm -rf $(BUILD) out

@@ -6,6 +6,9 @@
 #   ${OPFORGE_VENV_ROOT:-$HOME/.cache/opforge}/venv-<sha256[:16]>
 # Set OPFORGE_PYTHON to use an existing interpreter instead (the GPU machine's python3, which
 # already has torch); then nothing is installed.
+#
+# Creating it downloads and installs a few GB (torch among them): it says so on stderr, step by
+# step with each step's time, and on a terminal pip shows its own progress bars.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -n "${OPFORGE_PYTHON:-}" ]]; then
@@ -19,14 +22,29 @@ if [[ ! -f "$venv/.complete" ]]; then
   # first, then finds the environment complete.
   mkdir -p "$(dirname "$venv")"
   exec 9>"$venv.lock"
-  flock 9
+  if ! flock --nonblock 9; then
+    echo "opforge: waiting for another process creating the Python environment $venv" >&2
+    flock 9
+  fi
 fi
 if [[ ! -f "$venv/.complete" ]]; then
-  echo "opforge: creating the Python environment $venv (first run only)" >&2
+  # pip's progress bars on a terminal; its summary alone elsewhere (a log gets no bars).
+  quiet=(--quiet)
+  [[ -t 2 ]] && quiet=()
+  step() {  # step MESSAGE COMMAND...: says MESSAGE, runs COMMAND (its output on stderr), says how long it took
+    local message="$1" start=$SECONDS
+    shift
+    echo "opforge: $message" >&2
+    "$@" >&2
+    echo "opforge:   done in $((SECONDS - start)) s" >&2
+  }
+  echo "opforge: creating the Python environment $venv for requirements.txt (first run only;" \
+    "a few minutes: torch and the other packages are a few GB)" >&2
   rm -rf "$venv"
-  python3 -m venv "$venv" >&2
-  "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
-  "$venv/bin/python" -m pip install --quiet -r "$root/requirements.txt" >&2
+  step "creating the virtual environment" python3 -m venv "$venv"
+  step "upgrading pip" "$venv/bin/python" -m pip install "${quiet[@]}" --upgrade pip
+  step "installing $(grep -cvE '^\s*(#|$)' "$root/requirements.txt") packages of requirements.txt with their dependencies" \
+    "$venv/bin/python" -m pip install "${quiet[@]}" -r "$root/requirements.txt"
   touch "$venv/.complete"
 fi
 echo "$venv/bin/python"

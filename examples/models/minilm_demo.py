@@ -70,6 +70,8 @@ def main() -> int:
     parser.add_argument("--int8", action="store_true", help="int8 weights in every encoder linear layer")
     parser.add_argument("--min-cosine", type=float, default=None, help="default 0.9999, 0.999 with --int8")
     args = parser.parse_args()
+    if (problem := opforge.missing_device(args.device)) is not None:
+        parser.exit(2, f"{parser.prog}: {problem}\n")
     if args.min_cosine is None:
         args.min_cosine = 0.999 if args.int8 else 0.9999
     console = Console(width=max(100, Console().width))

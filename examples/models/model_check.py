@@ -166,6 +166,8 @@ def main(spec: ModelSpec, argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path("out/models") / spec.name, help="package folder")
     args = parser.parse_args(argv)
+    if (problem := opforge.missing_device(args.device)) is not None:
+        parser.exit(2, f"{parser.prog}: {problem}\n")
     load_example_ops(spec.ops)
     model = spec.make_model()
     reference = spec.make_model(plain=True)

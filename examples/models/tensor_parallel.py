@@ -53,6 +53,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if (problem := opforge.missing_device(args.device)) is not None:
+        parser.exit(2, f"{parser.prog}: {problem}\n")
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -11,17 +11,22 @@ float16 with ``torch.amp.GradScaler``, in eager mode and with the model under ``
 
     python examples/models/train_amp.py --device cuda [--epochs 30] [--out out/train_amp] [--no-compile]
 
-Writes ``<out>/loss.png`` (the loss curves of every run) and ``<out>/results.json``; exits 1
-unless, for each precision and mode, the opforge model's per-epoch training loss stays within
-``LOSS_TOLERANCE`` of the torch model's and its test accuracy within ``ACCURACY_TOLERANCE``.
+Says first what it will run, then prints a line as each run ends (on a terminal, a progress bar
+over the epochs runs meanwhile). Writes ``<out>/loss.png`` (the loss curves of every run) and
+``<out>/results.json``; exits 1 unless, for each precision and mode, the opforge model's per-epoch
+training loss stays within ``LOSS_TOLERANCE`` of the torch model's and its test accuracy within
+``ACCURACY_TOLERANCE``; exits 2 on a device this machine does not have (``--device cuda`` without a
+GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -124,11 +129,20 @@ class Run:
 
 
 def train(
-    use_opforge: bool, precision: str, compiled: bool, init: dict, data, device: str, epochs: int, batch: int
+    use_opforge: bool,
+    precision: str,
+    compiled: bool,
+    init: dict,
+    data,
+    device: str,
+    epochs: int,
+    batch: int,
+    on_epoch: Callable[[], None] = lambda: None,
 ) -> Run:
     """Trains a DigitsMLP from `init` under autocast(`precision`); float16 uses a GradScaler.
     Batches come in the same order for every run (a generator with a fixed seed); the last
-    partial batch of an epoch is dropped so compiled code sees one shape."""
+    partial batch of an epoch is dropped so compiled code sees one shape. `on_epoch` is called
+    after each epoch."""
     xtr, ytr, xte, yte = data
     model = DigitsMLP(Ops(use_opforge)).to(device)
     model.load_state_dict(init)
@@ -167,6 +181,7 @@ def train(
             total += loss.detach().float()
             count += 1
         run.losses.append(float(total) / count)
+        on_epoch()
     with torch.no_grad(), torch.autocast(device, dtype=dtype):
         run.accuracy = float((model(xte).argmax(-1) == yte).float().mean())
     run.ms_per_step = 1e3 * step_time / max(steps, 1)
@@ -219,6 +234,28 @@ def plot(runs: list[Run], path: Path) -> None:
     plt.close(fig)
 
 
+@contextlib.contextmanager
+def epochs_bar(total: int) -> Iterator[Callable[[str], Callable[[], None]]]:
+    """On a terminal (standard error), a progress bar over `total` epochs; yields a function that
+    names the run in progress and returns the callback that advances the bar by one epoch.
+    Elsewhere nothing is drawn."""
+    if not sys.stderr.isatty():
+        yield lambda name: lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("epochs", total=total)
+
+        def start(name: str) -> Callable[[], None]:
+            bar.update(task, description=name)
+            return lambda: bar.advance(task)
+
+        yield start
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -228,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="eager runs only")
     parser.add_argument("--out", type=Path, default=Path("out/train_amp"))
     args = parser.parse_args(argv)
+    if (problem := opforge.missing_device(args.device)) is not None:
+        parser.exit(2, f"{parser.prog}: {problem}\n")
     for lib in ("bias_gelu", "rms_norm", "softshrink"):
         opforge.load_library(opforge.example_library(lib))
     # torch 2.11 keys its AOTAutograd cache on whether autocast is enabled, not on its dtype
@@ -238,17 +277,25 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     init = DigitsMLP(Ops(True)).state_dict()
     data = load_digits(args.device)
+    modes = [False] if args.no_compile else [False, True]
+    plan = [(p, c, u) for p in args.precision for c in modes for u in (True, False)]
+    print(
+        f"{len(plan)} training runs of {args.epochs} epochs on {args.device} ({' and '.join(args.precision)}; "
+        f"{'eager' if args.no_compile else 'eager and compiled, a compiled run compiling first'}; "
+        "opforge and torch ops), a line as each ends:",
+        flush=True,
+    )
     runs = []
-    for precision in args.precision:
-        for compiled in [False] if args.no_compile else [False, True]:
-            for use_opforge in (True, False):
-                run = train(use_opforge, precision, compiled, init, data, args.device, args.epochs, args.batch)
-                print(
-                    f"{run.model:<8} {run.precision:<8} {run.mode:<8} loss {run.losses[0]:.3f} -> "
-                    f"{run.losses[-1]:.4f}, test accuracy {run.accuracy:.4f}, {run.ms_per_step:.2f} ms/step",
-                    flush=True,
-                )
-                runs.append(run)
+    with epochs_bar(len(plan) * args.epochs) as start:
+        for precision, compiled, use_opforge in plan:
+            name = f"{'opforge' if use_opforge else 'torch'} {precision} {'compiled' if compiled else 'eager'}"
+            run = train(use_opforge, precision, compiled, init, data, args.device, args.epochs, args.batch, start(name))
+            print(
+                f"{run.model:<8} {run.precision:<8} {run.mode:<8} loss {run.losses[0]:.3f} -> "
+                f"{run.losses[-1]:.4f}, test accuracy {run.accuracy:.4f}, {run.ms_per_step:.2f} ms/step",
+                flush=True,
+            )
+            runs.append(run)
     lines = compare(runs)
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)

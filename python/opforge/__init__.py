@@ -13,13 +13,18 @@ From JAX (:mod:`opforge.jax`, which imports no torch)::
 Op libraries are built with :func:`opforge.build_library` (or the CMake function
 ``opforge_add_library``); AOTInductor packages that carry their op libraries are written by
 :func:`opforge.aoti.package` and run by the C++ runner with :func:`opforge.aoti.run`. The
-PyTorch names below are imported on first use, so ``import opforge.jax`` does not import torch.
+PyTorch names below, and the submodules (``opforge.aoti``, ``opforge.verify``, ``opforge.jax``,
+...), are imported on first use, as torch's submodules are: ``import opforge`` imports no torch,
+so ``import opforge.jax`` does not either, and ``opforge.aoti.package`` works after a plain
+``import opforge``.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -46,15 +51,34 @@ _TORCH = {
     "loaded_libraries": "._torch",
     "precompile": "._torch",
     "reload": "._torch",
+    "missing_device": "._device",
 }
+
+
+def _version() -> str:
+    """This opforge's version: pyproject.toml's ``version``, from the installed package's metadata,
+    or in a checkout from the file itself."""
+    from . import _paths
+
+    if _paths.installed():
+        from importlib.metadata import version
+
+        return version("opforge")
+    text = (_paths.ROOT / "pyproject.toml").read_text()
+    return re.search(r'^version\s*=\s*"([^"]+)"', text, re.MULTILINE)[1]
 
 
 def __getattr__(name: str):
     if name in _TORCH:
         value = getattr(importlib.import_module(_TORCH[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'opforge' has no attribute {name!r}")
+    elif name == "__version__":
+        value = _version()
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # a submodule: opforge.aoti, opforge.jax, ...
+    else:
+        raise AttributeError(f"module 'opforge' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 __all__ = [
@@ -71,6 +95,7 @@ __all__ = [
     "find_op",
     "load_library",
     "loaded_libraries",
+    "missing_device",
     "plot_timelines",
     "precompile",
     "reload",

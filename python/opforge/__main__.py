@@ -7,9 +7,12 @@ failure); 2 a usage error (bad arguments, a missing file, a library that does no
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from opforge._extras import install
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -45,24 +48,61 @@ def _build(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _library(target: str) -> Path:
+    """The op library a target of ``opforge verify`` names: an op folder (built as ``opforge
+    build`` builds it: at once when it is up to date), a library file, or a library's name, which
+    ``opforge build`` built into its cache (``lib<name>.so`` under ``~/.cache/opforge/build``) or,
+    in a checkout, ``make build`` as an example op.
+
+    Raises:
+        FileNotFoundError: no library has that name.
+        ValueError: several have (the message lists them), or the folder is no op folder.
+        BuildError: building the folder failed.
+    """
+    import opforge
+    from opforge import _build, _paths
+
+    path = Path(target)
+    if path.is_dir():
+        return opforge.build_library(path.resolve().name, folder=path)
+    if path.suffix == ".so" or path.exists() or not target.isidentifier():
+        return path
+    found = _build.built_libraries(target)
+    if not _paths.installed() and (_paths.build_dir() / "lib" / f"lib{target}.so").exists():
+        found.append(_paths.build_dir() / "lib" / f"lib{target}.so")
+    if not found:
+        raise FileNotFoundError(
+            f"no op library named {target!r}: give its op folder, its lib{target}.so, or an op name ns::op "
+            f"(`opforge build <folder>` builds lib{target}.so from an op folder named {target})"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"{len(found)} op libraries are named {target!r}; give the op folder or the path of one:\n"
+            + "\n".join(f"  {p}" for p in found)
+        )
+    return found[0]
+
+
 def _verify(args: argparse.Namespace) -> int:
     import opforge
     from opforge import verify
 
+    if args.device is not None and (problem := opforge.missing_device(args.device)) is not None:
+        return _fail("verify", problem)
     names: list[str] = []
     try:
         for target in args.targets:
-            if target.endswith(".so") or Path(target).exists():
-                names += opforge.load_library(target).op_names
-            elif "::" in target:
+            if "::" in target:
                 names.append(target)
-            else:  # an example op's name, in a checkout
-                names += opforge.load_library(opforge.example_library(target)).op_names
+            else:
+                names += opforge.load_library(_library(target)).op_names
     except (ValueError, FileNotFoundError, opforge.OpforgeError) as e:
         return _fail("verify", e)
+    except opforge.BuildError as e:
+        return _fail("verify", e, EXIT_FAILED)
     report = None
     try:
-        for name in names:
+        for name in dict.fromkeys(names):  # an op named twice (its library and its name) is verified once
             try:
                 opforge.find_op(name)
             except ValueError as e:  # a qualified name whose library was not given
@@ -74,22 +114,51 @@ def _verify(args: argparse.Namespace) -> int:
         return _fail("verify", "no ops to verify")
     verify.print_report(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+#: ``opforge run --help`` before the runner is built (building it takes a minute; the runner's
+#: own --help, shown once it is built, describes every option).
+RUN_USAGE = """\
+usage: opforge run PACKAGE.pt2 --inputs IN.pt --output OUT.pt [--inputs-after AFTER.pt]
+                   [--device cpu|cuda[:N]] [--warmup N] [--iters N]
+
+Run an AOTInductor package written by opforge.aoti.package in the C++ runner (opforge-runner, no
+Python) and print one JSON line with its latency. The runner is built on the first `opforge run`
+with this torch (once, a minute or so); `opforge run --help` then describes every option."""
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``name VALUE`` or ``name=VALUE`` in ``args`` (the last one), or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.partition("=")[2]
+    return value
 
 
 def _run(rest: list[str]) -> int:
     import subprocess
 
     import opforge
-    from opforge import _adapter
+    from opforge import _adapter, _paths
 
+    device = _option(rest, "--device")
+    if device is not None and (problem := opforge.missing_device(device)) is not None:
+        return _fail("run", problem)
+    runner = _adapter.built_path(_adapter.RUNNER, build=False)
+    if not runner.exists() and not _paths.installed():
+        return _fail("run", f"the C++ runner {runner} is not built; run `make build` in the checkout")
+    if not runner.exists() and (not rest or "-h" in rest or "--help" in rest):  # usage builds nothing
+        print(RUN_USAGE, file=sys.stdout if rest else sys.stderr)
+        return EXIT_OK if rest else EXIT_USAGE
     try:
         runner = _adapter.runner_path()
     except (opforge.BuildError, opforge.OpforgeError) as e:
         return _fail("run", e, EXIT_FAILED)
-    if not runner.exists():
-        return _fail("run", f"the C++ runner {runner} is not built; run `make build` in the checkout")
     return subprocess.run([str(runner), *rest]).returncode
 
 
@@ -108,6 +177,8 @@ def _new(args: argparse.Namespace) -> int:
         print(path)
     folder = written[0].parent
     print(f"next: edit {written[0].name} and kernels/{written[1].name}, then `pytest {folder / written[2].name}`")
+    if importlib.util.find_spec("pytest") is None:
+        print(f"pytest is not installed in this Python: {install('test')}")
     return EXIT_OK
 
 
@@ -138,17 +209,19 @@ def _load_model(spec: str):
 
 def _doctor(args: argparse.Namespace) -> int:
     import opforge
-    from opforge._doctor import writable_file
+    from opforge._doctor import plot_file, writable_file
 
     try:
         if args.json:
             writable_file(args.json, "json report")
+        if args.plot:
+            plot_file(args.plot)
         model, inputs = _load_model(args.model)
         report = opforge.doctor(model, inputs, trace=args.trace, plot=args.plot)
     except (ValueError, TypeError, ImportError, OSError) as e:
         return _fail("doctor", str(e).removeprefix("opforge.doctor: "))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
     else:
         report.print_table()
     return EXIT_OK
@@ -171,11 +244,14 @@ def _stubs(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser (``opforge --help``)."""
+    import opforge
+
     top = argparse.ArgumentParser(
         prog="opforge",
         description="Build, verify and deploy operators described once in C++ (opforge/op.h).",
         epilog="Exit codes: 0 success, 1 the step failed, 2 bad arguments or input.",
     )
+    top.add_argument("--version", action="version", version=f"opforge {opforge.__version__}")
     sub = top.add_subparsers(dest="command", required=True, metavar="{new,build,verify,doctor,run,stubs}")
 
     n = sub.add_parser(
@@ -233,7 +309,12 @@ def parser() -> argparse.ArgumentParser:
         "opcheck, torch.compile without recompiles, Meta against real, and for "
         "an op with a backward op, torch.autograd.gradcheck.",
     )
-    v.add_argument("targets", nargs="+", help="op library (.so), qualified op name (ns::op), or example op name")
+    v.add_argument(
+        "targets",
+        nargs="+",
+        help="an op folder (built first), an op library (lib<name>.so, or its name <name>: the one `opforge build` "
+        "built, or in a checkout the example op's), or a qualified op name (ns::op) from a library also given",
+    )
     v.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     v.add_argument("--seed", type=int, default=None, help="seed of the run (printed; default random)")
     v.add_argument(
@@ -256,7 +337,11 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("model", help="file.py:FUNCTION or package.module:FUNCTION returning (model, inputs)")
     d.add_argument("--json", default=None, help="write the findings as JSON to this file instead of the table")
     d.add_argument("--trace", default=None, help="write the profiled step as a Chrome/Perfetto trace to this file")
-    d.add_argument("--plot", default=None, help="write the step's GPU timeline as a PNG to this file")
+    d.add_argument(
+        "--plot",
+        default=None,
+        help=f"write the step's GPU timeline as a PNG to this file (needs matplotlib: {install('doctor')})",
+    )
     d.set_defaults(func=_doctor)
 
     sub.add_parser(

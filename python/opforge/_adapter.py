@@ -5,13 +5,15 @@ links libtorch's C++ API, which changes between torch releases, while op librari
 framework and serve every torch the adapter supports. The first use under a given torch
 builds the adapter (and, when asked for, the runner) into
 ``~/.cache/opforge/adapter/torch-<version>-<key>/`` (``$OPFORGE_CACHE_DIR`` replaces
-``~/.cache/opforge``), keyed by the torch version, the torch and opforge installations and the
-Python interpreter; later uses find it there.
+``~/.cache/opforge``); later uses find it there. The key holds what the build depends on: torch's
+version, C++ ABI and installation, the interpreter (its real file: ``python``, ``python3`` and
+``python3.11`` of one environment share a build), this opforge and its sources.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -29,10 +31,16 @@ def _outputs(target: str) -> Path:
 @functools.cache
 def build_folder() -> Path:
     """The folder the adapter and runner for this Python's torch are built in (not created), keyed
-    by torch (version and installation), this opforge, the interpreter and the sources built."""
+    by torch (version, C++ ABI, installation), the interpreter's real file, this opforge and the
+    sources built."""
     import torch
 
-    key = cache_key(torch.__version__, str(Path(torch.__file__).parent), sys.executable)
+    key = cache_key(
+        torch.__version__,
+        f"cxx11abi={int(torch.compiled_with_cxx11_abi())}",
+        os.path.realpath(Path(torch.__file__).parent),
+        os.path.realpath(sys.executable),
+    )
     return cache_dir() / "adapter" / f"torch-{torch.__version__}-{key}"
 
 
@@ -59,15 +67,19 @@ def ensure_built(target: str = ADAPTER) -> Path:
     )
 
 
-def built_path(target: str) -> Path:
+def built_path(target: str, *, build: bool = True) -> Path:
     """The adapter (``target`` :data:`ADAPTER`, ``libopforge_torch.so``) or the C++ runner
     (:data:`RUNNER`, ``opforge-runner``): in a checkout, in its build folder; installed, built
-    for this torch on first use.
+    for this torch on first use, unless ``build`` is False (the path is then returned whether
+    or not it exists).
 
     Raises:
         BuildError: building it failed (installed opforge only).
     """
-    folder = ensure_built(target) if _paths.installed() else _paths.build_dir()
+    if not _paths.installed():
+        folder = _paths.build_dir()
+    else:
+        folder = ensure_built(target) if build else build_folder()
     return folder / _outputs(target)
 
 

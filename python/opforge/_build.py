@@ -113,7 +113,8 @@ def cmake_build(source: Path, folder: Path, target: str, output: Path, defines: 
                 ]
             )
         steps.append([cmake, "--build", str(folder), "--target", target])
-        with status(f"opforge: building {what} (once)"):
+        # Said at once, on any stream: a build of a minute that the user did not ask for.
+        with status(f"opforge: building {what} into {folder}: its first use here; once, a minute or so", after_s=0):
             for cmd in steps:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CLICOLOR_FORCE": "0"})
                 if proc.returncode != 0:
@@ -193,7 +194,7 @@ def build_library(
         body = f"opforge_add_library({name} SOURCES {listing})\n"
     if build_dir is None:
         key = hashlib.sha256("\n".join(map(str, inputs)).encode()).hexdigest()[:12]
-        build_dir = cache_dir() / "build" / f"{name}-{key}"
+        build_dir = cache_dir() / "build" / f"{name}-{key}"  # built_libraries finds it there
     build_dir = Path(build_dir).resolve()
     runtime = _paths.runtime_dir()
     # Every setting is in the generated file, so a change of any of them configures again.
@@ -210,6 +211,13 @@ def build_library(
     with _locked(build_dir, f"lib{name}.so"):
         _configure_and_build(name, build_dir, cmakelists, verbose)
     return build_dir / f"lib{name}.so"
+
+
+def built_libraries(name: str) -> list[Path]:
+    """The op libraries ``lib<name>.so`` that :func:`build_library` built into its default folders
+    (``<cache_dir>/build/<name>-<12 hex digits>/``, one per set of inputs), newest first."""
+    found = cache_dir().glob(f"build/{name}-{'[0-9a-f]' * 12}/lib{name}.so")
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def _configure_and_build(name: str, build_dir: Path, cmakelists: str, verbose: bool) -> None:

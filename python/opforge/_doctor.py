@@ -23,7 +23,8 @@ Findings (:class:`Finding`, ``kind``):
 - ``sync``: an operator that made the host wait for the GPU without such a copy (``.item()``,
   ``nonzero``, ``bool(tensor)``).
 - ``gpu_idle``: a span of the step in which the GPU ran nothing, with what the host ran in it:
-  an operator, or Python outside torch operators (NumPy, SciPy) between two of them.
+  an operator, or Python outside torch operators (NumPy, SciPy) between two of them (not a span
+  at the step's start or end, where the caller's and the profiler's Python runs).
 
 Cost: for a graph break, the time of one eager call of the model (each break costs a graph
 boundary on every call); for a recompile, the slowest compiled call after the first; for an op
@@ -38,6 +39,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import statistics
 import time
 import warnings
 from collections.abc import Sequence
@@ -48,6 +50,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._extras import require
 from ._timeline import (
     COPY_OPS,
     ModuleStack,
@@ -77,9 +80,15 @@ class Finding:
     suggestion: str | None = None
 
 
+#: Timed eager calls of the model whose median is a report's ``step_ms``.
+STEP_REPEATS = 3
+
+
 @dataclass
 class DoctorReport:
-    """Findings, most costly first; ``step_ms``: one eager call of the model (wall time);
+    """Findings, most costly first; ``step_ms``: the median wall time in milliseconds of
+    :data:`STEP_REPEATS` eager calls of the model after a warm-up call, the GPU synchronised
+    around each (the one step time to quote: the profiled step runs slower under the profiler);
     ``timeline``: the profiled step (:class:`opforge._timeline.Timeline`) and ``timeline_findings``
     the findings drawn on it, for :meth:`save_plot`."""
 
@@ -92,7 +101,9 @@ class DoctorReport:
         """Writes the step's GPU timeline as a PNG at `path` (see :func:`plot_timelines`); returns it."""
         return plot_timelines({title: self}, path)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
+        """The report as plain data for :func:`json.dumps`: ``{"step_ms": float, "findings":
+        [Finding's fields as a dict, ...]}``."""
         return {"step_ms": self.step_ms, "findings": [asdict(f) for f in self.findings]}
 
     def print_table(self) -> None:
@@ -101,12 +112,13 @@ class DoctorReport:
         from rich.table import Table
 
         n = len(self.findings)
-        table = Table(title=f"opforge doctor: {n} finding{'s' * (n != 1)}, one eager step {self.step_ms:.2f} ms")
+        step = f"eager step {self.step_ms:.2f} ms (median of {STEP_REPEATS})"
+        table = Table(title=f"opforge doctor: {n} finding{'s' * (n != 1)}, {step}")
         for column in ("kind", "cost ms", "module", "source"):
             table.add_column(column, overflow="fold")
         table.add_column("finding", overflow="fold", min_width=48)
         for f in self.findings:
-            module = "?" if f.module is None else f.module or "(the model)"
+            module = "(unknown)" if f.module is None else f.module or "(the model)"
             message = f.message + (f"\nnext: {f.suggestion}" if f.suggestion else "")
             table.add_row(f.kind, f"{f.cost_ms:.3f}", module, _short(f.source), message)
         Console(width=max(Console().width, 160)).print(table)  # a pipe or file gets 160 columns, not 80
@@ -116,14 +128,19 @@ def plot_timelines(reports: dict[str, DoctorReport], path: str | os.PathLike):
     """Writes the profiled steps of `reports` (title -> report) as one PNG at `path`, one panel
     under the other on a common millisecond axis: the host's operators (the culprits of copy and
     sync findings in red), the GPU's kernels (blue) and copies (orange), and its idle gaps shaded
-    and labelled with their source line. Returns the path. Needs matplotlib."""
+    and labelled with their source line. Returns the path.
+
+    Raises:
+        ImportError: matplotlib is not installed (the message names the extra that brings it).
+    """
+    require("matplotlib", "doctor", "opforge's timeline plot")
     return _plot([(title, r.timeline, r.timeline_findings) for title, r in reports.items()], path)
 
 
 def _short(source: str | None) -> str:
     """A source location for the table: relative to the working folder where it lies in it."""
     if source is None:
-        return "?"
+        return "(unknown)"
     path, _, line = source.rpartition(":")
     try:
         path = os.path.relpath(path)
@@ -285,10 +302,13 @@ def _fallback_findings(model, recorder: _OpRecorder) -> list[Finding]:
 def _timeline_findings(model, report: DoctorReport, recorder: _OpRecorder) -> list[Finding]:
     """Copies, synchronisations and GPU idle gaps of the profiled step; for a copy, and a gap in
     which the host ran Python between two of the model's operators, the ``opforge new`` command
-    from the sizes and dtype at its source."""
+    from the sizes and dtype at its source. A gap at the step's start or end is no finding: the
+    Python that ran in it is the caller's and the profiler's (the plot still shades it)."""
     sites = {(f"{w[0]}:{w[1]}", m): site for (_, w, m), site in recorder.sites.items() if w is not None}
     findings = []
     for f in report.timeline_findings:
+        if f.kind == "gpu_idle" and f.at_edge:
+            continue
         site = sites.get((f.source, f.module))
         host_layer = f.kind == "copy" or (f.kind == "gpu_idle" and f.op is None and not f.at_edge)
         suggestion = _suggestion(model, f.module, site.shape, site.dtype) if site and host_layer else None
@@ -434,6 +454,19 @@ def writable_file(path: str | os.PathLike, what: str, suffix: str | None = None)
     return path
 
 
+def plot_file(path: str | os.PathLike) -> Path:
+    """`path` checked as the PNG a plot is written to, before any work: a writable .png file, and
+    matplotlib installed.
+
+    Raises:
+        ValueError: `path` cannot be written or is not a .png (see :func:`writable_file`).
+        ImportError: matplotlib is not installed (the message names the extra that brings it).
+    """
+    path = writable_file(path, "plot", ".png")
+    require("matplotlib", "doctor", "opforge.doctor's plot")
+    return path
+
+
 def _lives_on_cuda(model: torch.nn.Module, inputs: Sequence[object]) -> bool:
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [t for t in pytree.tree_leaves(list(inputs)) if isinstance(t, torch.Tensor)]
@@ -449,7 +482,8 @@ def doctor(
     min_gap_us: float = 50.0,
 ) -> DoctorReport:
     """Runs `model(*inputs)` (`inputs` a tuple or list of positional arguments, or one tensor;
-    the model runs about nine times: eagerly twice, under a dispatch recorder, under
+    the model runs about eleven times: eagerly four times (a warm-up, then the timed calls of
+    ``step_ms``), under a dispatch recorder, under
     ``torch.profiler`` twice (a warm-up step, then the one reported), through
     ``torch._dynamo.explain`` and three times under ``torch.compile``) and returns its findings,
     most costly first (see the module docstring). GPU idle gaps shorter than `min_gap_us`
@@ -460,6 +494,8 @@ def doctor(
     Raises:
         TypeError: `model` is not an nn.Module, or `inputs` is neither a tensor nor a tuple/list.
         ValueError: `trace` or `plot` cannot be written (checked first), or `plot` is not a .png.
+        ImportError: `plot` is given and matplotlib is not installed (checked first; the message
+            names the extra that brings it).
     """
     if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):  # torch.compile(model): its model
         model = model._orig_mod
@@ -473,17 +509,22 @@ def doctor(
             f"got {type(inputs).__name__}"
         )
     trace = None if trace is None else writable_file(trace, "trace")
-    plot = None if plot is None else writable_file(plot, "plot", ".png")
+    plot = None if plot is None else plot_file(plot)
     by_source = _module_locator(model)
+    on_cuda = _lives_on_cuda(model, inputs)
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    times = []
     with torch.no_grad():
         model(*inputs)  # warm-up: lazy initialisation, run-time kernel compilation
-        t0 = time.perf_counter()
-        model(*inputs)
-        step_ms = 1e3 * (time.perf_counter() - t0)
-    report = DoctorReport(step_ms)
+        for _ in range(STEP_REPEATS):
+            sync()
+            t0 = time.perf_counter()
+            model(*inputs)
+            sync()
+            times.append(1e3 * (time.perf_counter() - t0))
+    report = DoctorReport(statistics.median(times))
     with ModuleStack(model) as modules, torch.no_grad(), _OpRecorder(modules) as recorder:
         model(*inputs)
-    on_cuda = _lives_on_cuda(model, inputs)
     with warnings.catch_warnings():  # the profiler's notes on clearing events
         warnings.simplefilter("ignore")
         report.timeline = profile_step(model, inputs, trace, cuda=on_cuda)
@@ -497,7 +538,7 @@ def doctor(
     if on_cuda:
         report.findings += _fallback_findings(model, recorder)
     report.findings += _timeline_findings(model, report, recorder)
-    report.findings += _graph_break_findings(model, inputs, step_ms, locate)
+    report.findings += _graph_break_findings(model, inputs, report.step_ms, locate)
     report.findings += _recompile_findings(model, inputs, locate)
     report.findings = sorted(_merged(report.findings), key=lambda f: -f.cost_ms)
     if plot is not None:

@@ -1,22 +1,53 @@
-"""Progress display for opforge's long steps (builds, export, AOTInductor packaging), with rich."""
+"""What opforge's long steps (builds, export, AOTInductor packaging) say while they run.
+
+Note [Long steps say what they do]: a step that can take more than a moment says so on standard
+error, whatever standard output is: on a terminal, its message with a spinner and the elapsed
+time (rich), gone when the step ends; elsewhere (a log, CI, a pipe, a notebook), its message as
+one line, printed once the step has run ``after_s`` seconds, so that a step with nothing to do
+(an op library already up to date) prints nothing. A step known to be long (building the adapter)
+passes ``after_s=0``. ``$OPFORGE_QUIET`` (any non-empty value) silences both.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
+
+#: Seconds a step runs before it is announced off a terminal (see the module docstring).
+ANNOUNCE_AFTER_S = 1.0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
-def status(message: str) -> Iterator[None]:
-    """Show ``message`` with a spinner and the elapsed time while the block runs.
+def status(message: str, *, after_s: float = ANNOUNCE_AFTER_S) -> Iterator[None]:
+    """Say ``message`` on standard error while the block runs (Note [Long steps say what they do]).
 
-    Shown on standard error when it is a terminal (and ``OPFORGE_QUIET`` is unset); elsewhere
-    (logs, CI, pytest) nothing is printed.
+    Args:
+        message: one line: what runs and, for a step a user did not ask for, why
+            ("opforge: building the PyTorch adapter for torch 2.11.0 (...)").
+        after_s: seconds the block runs before ``message`` is printed off a terminal (0: at once).
     """
-    if os.environ.get("OPFORGE_QUIET") or not sys.stderr.isatty():
+    if os.environ.get("OPFORGE_QUIET"):
         yield
+        return
+    if not sys.stderr.isatty():
+        if after_s <= 0:
+            _say(message)
+            yield
+            return
+        timer = threading.Timer(after_s, _say, (message,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
         return
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

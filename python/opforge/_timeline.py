@@ -396,7 +396,7 @@ def plot_timelines(steps: Sequence[tuple[str, Timeline, Sequence[TimelineFinding
         ax.set_ylim(0, 2)
         busy = tl.ms - sum(g1 - g0 for g0, g1 in tl.idle_gaps(0.0)) / 1e3
         gpu = f", GPU busy {busy:.2f} ms ({100 * busy / max(tl.ms, 1e-9):.0f}%)" if tl.cuda else ", GPU not profiled"
-        ax.set_title(f"{title}: one step {tl.ms:.2f} ms{gpu}", fontsize=10, loc="left")
+        ax.set_title(f"{title}: the profiled step {tl.ms:.2f} ms{gpu}", fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("ms since the step's start")
     axes[-1, 0].set_xlim(0, width)
     fig.tight_layout()

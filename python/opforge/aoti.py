@@ -43,12 +43,13 @@ MANIFEST = "opforge_ops.txt"
 @contextlib.contextmanager
 def _library_path(folder: Path | None) -> Iterator[None]:
     """LIBRARY_PATH with ``folder`` first while AOTInductor links the model (its C++ compiler
-    finds ``aot_inductor.custom_op_libs`` there)."""
+    finds ``aot_inductor.custom_op_libs`` there); absolute, as the compiler runs in a folder of
+    its own."""
     if folder is None:
         yield
         return
     old = os.environ.get("LIBRARY_PATH")
-    os.environ["LIBRARY_PATH"] = str(folder) + (os.pathsep + old if old else "")
+    os.environ["LIBRARY_PATH"] = str(folder.resolve()) + (os.pathsep + old if old else "")
     try:
         yield
     finally:

@@ -37,7 +37,8 @@ DTYPES = {
 _OP_FILE_HEAD = """\
 // {ns}::{name}, made by `opforge new`: the identity y = x as a starting point. Replace the
 // reference's loop and the kernel's body with the op's math, its .doc() and .equivalent() with
-// what it computes, and run `pytest {folder}/test_{name}.py` after each edit.
+// what it computes, and run `pytest {folder}/test_{name}.py` after each edit (pytest comes with
+// `pip install 'opforge[test]'`).
 #include <opforge/op.h>
 
 // CPU reference, in double: the ground truth opforge verify compares every device kernel with.

@@ -40,15 +40,20 @@ def model_library(pt2: Path) -> bytes:
 
 @pytest.fixture(scope="module", params=DEVICES)
 def shimmed(request, tmp_path_factory):
+    """(model, model.pt2, device): Block packaged with C shims into a folder named relative to the
+    working folder, as the README names it (the model's link finds the shim library there)."""
     device = request.param
     for op in ("bias_gelu", "softshrink", "rms_norm"):
         opforge.load_library(opforge.example_library(op))
     model = Block().to(device).eval()
     batch = torch.export.Dim("batch", min=1, max=4096)
     program = torch.export.export(model, (torch.randn(3, 24, device=device),), dynamic_shapes=({0: batch},))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
         warnings.filterwarnings("error", message="opforge: these ops keep")  # every op has its shim
-        return model, aoti.package(program, tmp_path_factory.mktemp(f"shims-{device}"), c_shims=True), device
+        patch.chdir(tmp_path_factory.mktemp(f"shims-{device}"))
+        package = aoti.package(program, Path("package"), c_shims=True)
+        assert package == Path("package") / "model.pt2"
+        return model, package.resolve(), device
 
 
 def test_the_model_calls_the_shims_and_the_runner_loads_them(shimmed):

@@ -192,3 +192,73 @@ def test_run_without_a_built_runner_says_how_to_build_it(tmp_path):
         f"opforge run: the C++ runner {tmp_path / 'bin' / 'opforge-runner'} is not built; "
         "run `make build` in the checkout\n"
     )
+
+
+def test_version_is_the_package_s():
+    import opforge
+
+    proc = opforge_cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"opforge {opforge.__version__}\n")
+
+
+#: ``opforge`` in a fresh process of an opforge made to look installed, where building the adapter
+#: or the runner fails the process.
+INSTALLED_CLI = """
+import sys
+import opforge
+from opforge import _adapter, _build, _paths
+from opforge.__main__ import main
+
+opforge.__version__ = "0"  # what an installed opforge reads from its metadata
+
+def refuse(*args, **kwargs):
+    raise AssertionError("opforge built something")
+
+_paths.installed = lambda: True
+_build.cmake_build = _adapter.cmake_build = refuse
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_run_s_usage_in_an_installed_opforge_builds_nothing(tmp_path):
+    from opforge.__main__ import RUN_USAGE
+
+    env = {**os.environ, "OPFORGE_QUIET": "1", "OPFORGE_CACHE_DIR": str(tmp_path)}
+    for args, code, out, err in [(["--help"], 0, RUN_USAGE + "\n", ""), ([], 2, "", RUN_USAGE + "\n")]:
+        proc = subprocess.run(
+            [sys.executable, "-c", INSTALLED_CLI, "run", *args], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert (proc.returncode, proc.stdout, proc.stderr) == (code, out, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def twice_folder(parent: Path) -> Path:
+    """An op folder named twice holding the op file OP."""
+    folder = parent / "twice"
+    folder.mkdir(parents=True)
+    (folder / "twice.cpp").write_text(textwrap.dedent(OP))
+    return folder
+
+
+def test_verify_takes_a_library_s_name_or_its_op_folder(tmp_path):
+    first = twice_folder(tmp_path / "first")
+    assert opforge_cli("build", str(first)).returncode == 0  # into the cache (OPFORGE_CACHE_DIR: the test's)
+    proc = opforge_cli("verify", "twice", str(first), "--device", "cpu", "--seed", "1")  # its op, verified once
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 op," in proc.stdout and "cli::twice" in proc.stdout
+
+    second = twice_folder(tmp_path / "second")
+    assert opforge_cli("build", str(second)).returncode == 0
+    proc = opforge_cli("verify", "twice")
+    assert proc.returncode == 2
+    built = sorted(Path(os.environ["OPFORGE_CACHE_DIR"]).glob("build/twice-*/libtwice.so"), key=os.path.getmtime)
+    assert proc.stderr == (
+        "opforge verify: 2 op libraries are named 'twice'; give the op folder or the path of one:\n"
+        f"  {built[1]}\n  {built[0]}\n"
+    )
+    proc = opforge_cli("verify", "thrice")
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "opforge verify: no op library named 'thrice': give its op folder, its libthrice.so, or an op name "
+        "ns::op (`opforge build <folder>` builds libthrice.so from an op folder named thrice)\n"
+    )

@@ -81,7 +81,7 @@ def test_a_host_op_without_fake_kernel_or_backward_and_a_model_compile_cannot_tr
     (error,) = [f for f in report.findings if f.kind == "compile_error"]
     assert error.message.startswith("torch.compile cannot trace the model")
     assert [f.cost_ms for f in report.findings] == sorted((f.cost_ms for f in report.findings), reverse=True)
-    assert json.loads(json.dumps(report.to_json()))["findings"][0]["kind"] == report.findings[0].kind
+    assert json.loads(json.dumps(report.to_dict()))["findings"][0]["kind"] == report.findings[0].kind
     report.print_table()
     assert "missing_fake_kernel" in capsys.readouterr().out
 
@@ -270,6 +270,37 @@ def test_python_at_the_step_s_start_is_a_gap_at_the_edge_not_a_layer_to_rewrite(
     assert "between the step's start or end and aten::linear at model.py:1" in gap.message
 
 
+def test_a_gap_at_the_step_s_edge_is_drawn_but_is_no_finding():
+    from types import SimpleNamespace
+
+    from opforge._doctor import DoctorReport, _timeline_findings
+
+    tl = synthetic([("aten::linear", 300, 320, [], 0.0)], [("k1", 320, 1000)])
+    report = DoctorReport(1.0, timeline=tl, timeline_findings=timeline_findings(tl, min_gap_us=100.0))
+    assert [f.at_edge for f in report.timeline_findings] == [True]  # shaded on the plot
+    assert _timeline_findings(torch.nn.Identity(), report, SimpleNamespace(sites={})) == []
+
+
+def demo_module():
+    """examples/models/doctor_demo.py as a module (its main() not run)."""
+    import importlib.util
+
+    from readme_blocks import ROOT
+
+    spec = importlib.util.spec_from_file_location("doctor_demo", ROOT / "examples" / "models" / "doctor_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demo_states_the_ratio_the_way_it_goes():
+    comparison = demo_module().comparison
+    assert comparison(279.0, 1.0) == "eager step: before 279.00 ms, after 1.00 ms: the fixed model is 279.0 x faster"
+    assert comparison(1.0, 1.25) == "eager step: before 1.00 ms, after 1.25 ms: the fixed model is 1.2 x slower"
+    assert comparison(1.0, 1.02) == "eager step: before 1.00 ms, after 1.02 ms: the fixed model is about as fast"
+    assert comparison(1.02, 1.0) == "eager step: before 1.02 ms, after 1.00 ms: the fixed model is about as fast"
+
+
 @requires_cuda
 def test_on_the_gpu_copies_syncs_gaps_and_a_cpu_fallback_are_found(tmp_path):
     model = Syncs().cuda()
@@ -332,6 +363,14 @@ def test_the_demo_finds_the_host_activation_and_the_break_and_the_fix_clears_the
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["problems"] == []
     assert (tmp_path / "timelines.png").exists() and (tmp_path / "before_trace.json").exists()
+    # One step time per model: the tables' medians are the ones compared and written.
+    import re
+
+    tables = re.findall(r"eager step ([\d.]+) ms \(median of 3\)", run.stdout)
+    assert tables == [f"{results['step_ms'][k]:.2f}" for k in ("before", "after")]
+    (line,) = [line for line in run.stdout.splitlines() if line.startswith("eager step: before")]
+    assert line == demo_module().comparison(results["step_ms"]["before"], results["step_ms"]["after"])
+    assert all(f["source"] is not None for f in results["findings"]["after"])
     if torch.cuda.is_available():
         assert results["device"] == "cuda" and results["speedup"] > 1.0
 

@@ -27,7 +27,11 @@ def test_short_eager_runs_match_torch_and_write_the_plot(tmp_path, capsys):
     for r in results["runs"]:
         assert r["losses"][-1] < r["losses"][0]  # it trains
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert capsys.readouterr().out.count("ok  ") == 2
+    out = capsys.readouterr().out
+    assert out.count("ok  ") == 2
+    assert out.splitlines()[0] == (  # said before the first run, whatever standard output is
+        "4 training runs of 3 epochs on cpu (bfloat16 and float16; eager; opforge and torch ops), a line as each ends:"
+    )
 
 
 def test_gradients_reach_every_parameter_under_autocast():

@@ -25,7 +25,9 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-import jax
+from .._extras import require
+
+jax = require("jax", "jax", "opforge.jax")
 
 #: The oldest jax opforge.jax runs on: jax.ffi (ffi_call with input_output_aliases and
 #: vmap_method), jax.export's DisabledSafetyCheck and jax.custom_batching.custom_vmap.

@@ -27,7 +27,7 @@ memory from its allocator), every argument checked with the message PyTorch give
 ``build/bin/opforge-onnx-runner`` runs the same model through ONNX Runtime's C API.
 
 This module needs ``onnx``; :func:`translation_table` and :func:`export` need ``onnxscript`` and
-torch, :func:`session_options` ``onnxruntime``.
+torch, :func:`session_options` ``onnxruntime``; ``pip install 'opforge[onnx]'`` brings the three.
 """
 
 from __future__ import annotations
@@ -36,9 +36,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .. import _core
+from .._extras import require
 from ..description import Library, Op
-from . import _schemas
-from ._runtime import adapter_path, session_options
+
+require("onnx", "onnx", "opforge.onnx")
+from . import _schemas  # noqa: E402
+from ._runtime import adapter_path, session_options  # noqa: E402
 
 __all__ = ["adapter_path", "export", "register_schemas", "session_options", "translation_table"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import _paths
 from .._core import OpforgeError
+from .._extras import require
 from ..description import Library
 
 _NAME = "libopforge_ort.so"
@@ -64,9 +65,9 @@ def session_options(libraries: Iterable[str | Path | Library], options=None):
     Raises:
         ValueError: no op library given.
         OpforgeError: the adapter is not built.
+        ImportError: onnxruntime is not installed (the message names the extra that brings it).
     """
-    import onnxruntime
-
+    onnxruntime = require("onnxruntime", "onnx", "opforge.onnx.session_options")
     options = onnxruntime.SessionOptions() if options is None else options
     options.add_session_config_entry(LIBRARIES_KEY, os.pathsep.join(library_paths(libraries)))
     options.register_custom_ops_library(str(adapter_path()))

@@ -66,7 +66,9 @@ class Report:
             + ", ".join(failed)
         )
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
+        """The report as plain data for :func:`json.dumps` (``opforge verify --json``): seed,
+        device, ok, the tolerances by dtype and every case's fields."""
         return {
             "seed": self.seed,
             "device": self.device,

@@ -1,0 +1,62 @@
+"""A device this machine does not have (``--device cuda`` without a GPU) is said in one line, before
+any work, with exit status 2: opforge.missing_device, and every command line that takes --device
+(the example models and ``opforge verify``/``opforge run``), each run in a fresh process that sees
+no GPU (``CUDA_VISIBLE_DEVICES=""``), so the tests run on a GPU machine as well."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import opforge
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def no_cuda() -> str:
+    """What opforge.missing_device("cuda") says in a process where torch finds no GPU."""
+    if torch.version.cuda is None:
+        return f"no CUDA device: this torch ({torch.__version__}) is built without CUDA"
+    return f"no CUDA device: torch {torch.__version__} finds no GPU (torch.cuda.is_available() is False)"
+
+
+def test_missing_device_says_what_is_missing(monkeypatch):
+    assert opforge.missing_device("cpu") is None and opforge.missing_device(torch.device("meta")) is None
+    problem = opforge.missing_device("nonsense")  # torch's own reason in the parentheses
+    assert problem.startswith("not a device: 'nonsense' (Expected one of cpu, cuda") and "\n" not in problem
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert opforge.missing_device("cuda") == opforge.missing_device("cuda:0") == no_cuda()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert opforge.missing_device("cuda") is None and opforge.missing_device("cuda:0") is None
+    assert opforge.missing_device("cuda:3") == "no CUDA device cuda:3: torch finds 1 GPU (cuda:0 to cuda:0)"
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert opforge.missing_device("cuda") == (f"no CUDA device: this torch ({torch.__version__}) is built without CUDA")
+
+
+#: (command line after the interpreter, what it prints before its message)
+COMMANDS = [
+    (["examples/models/train_amp.py", "--device", "cuda"], "train_amp.py"),
+    (["examples/models/doctor_demo.py", "--device", "cuda"], "doctor_demo.py"),
+    (["examples/models/minilm_demo.py", "--device", "cuda"], "minilm_demo.py"),
+    (["examples/models/tensor_parallel.py", "--device", "cuda"], "tensor_parallel.py"),
+    (["examples/models/pipeline.py", "--device", "cuda"], "pipeline.py"),
+    (["examples/models/side_by_side.py", "--device", "cuda"], "side_by_side.py"),
+    (["examples/models/llama_layer.py", "--device", "cuda"], "llama_layer.py"),
+    (["-m", "opforge", "verify", "softshrink", "--device", "cuda"], "opforge verify"),
+    (["-m", "opforge", "run", "model.pt2", "--inputs", "x.pt", "--output", "y.pt", "--device=cuda"], "opforge run"),
+]
+
+
+@pytest.mark.parametrize(("argv", "prog"), COMMANDS, ids=[prog for _, prog in COMMANDS])
+def test_a_command_without_the_gpu_it_asks_for_says_so_in_one_line_and_exits_2(argv, prog, tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OPFORGE_QUIET": "1"}
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert (proc.returncode, proc.stderr) == (2, f"{prog}: {no_cuda()}\n")
+    assert proc.stdout == ""
