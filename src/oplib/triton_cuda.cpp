@@ -119,6 +119,7 @@ struct Compiled {
 struct Loaded {
   Compiled c;
   CUfunction fn = nullptr;
+  tr::Variant variant;    ///< what `c` was compiled as: the call's variant, or the general one standing in
   std::string described;  ///< for messages
 };
 
@@ -267,10 +268,11 @@ Loaded& loaded_variant(const RuntimeKernel& rk, KernelState& st, int device, con
   const int arch = device_arch(device);
   std::optional<Compiled> c = find_or_compile(rk, st.fn, arch, v, rtc::user_cache_dir(), false);
   std::string described = v.describe(st.fn);
+  tr::Variant compiled_as = v;
   if (!c) {
-    const tr::Variant general = general_variant();  // made only where the exact variant is missing
-    c = find_or_compile(rk, st.fn, arch, general, rtc::user_cache_dir(), false);
-    described = general.describe(st.fn) + " (the general variant, standing in for " + described + ")";
+    compiled_as = general_variant();  // made only where the exact variant is missing
+    c = find_or_compile(rk, st.fn, arch, compiled_as, rtc::user_cache_dir(), false);
+    described = compiled_as.describe(st.fn) + " (the general variant, standing in for " + described + ")";
   }
   if (!c)
     throw InternalError(subject(rk) + ": the kernel folder " + kernel_dir() + " carries no variant for sm_" +
@@ -280,6 +282,7 @@ Loaded& loaded_variant(const RuntimeKernel& rk, KernelState& st, int device, con
                         "(opforge.aoti.package) or run it where Python with Triton is installed");
   auto l = std::make_unique<Loaded>();
   l->c = std::move(*c);
+  l->variant = std::move(compiled_as);
   l->described = described;
   CUmodule module = nullptr;  // never unloaded: work already queued may still use it after a reload
   check_cu(driver().module_load(&module, l->c.cubin.data()), "cuModuleLoadData (" + subject(rk) + ")");
@@ -342,7 +345,9 @@ struct Arguments {
   }
 };
 
-void launch_variant(const Loaded& l, const tr::Function& fn, const tr::Variant& v, const tr::Bound& b,
+/// Launches `l` with the call's arguments, laid out as the variant `l` was compiled as (the general
+/// variant standing in for the call's takes every integer, 64-bit, and the constant-1 ones).
+void launch_variant(const Loaded& l, const tr::Function& fn, const tr::Bound& b,
                     const std::vector<const void*>& pointers, const int64_t grid[3], const OpforgeContext& ctx) {
   void* scratch = nullptr;
   const int64_t programs = grid[0] * grid[1] * grid[2] * l.c.num_ctas;
@@ -354,7 +359,7 @@ void launch_variant(const Loaded& l, const tr::Function& fn, const tr::Variant& 
     const uintptr_t a = static_cast<uintptr_t>(l.c.global_scratch_align);
     scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch) + a - 1) / a * a);
   }
-  Arguments args(fn, v, b, l.c, pointers, scratch);
+  Arguments args(fn, l.variant, b, l.c, pointers, scratch);
   CUlaunchConfig cfg{};
   cfg.gridDimX = static_cast<unsigned>(grid[0] * l.c.num_ctas);
   cfg.gridDimY = static_cast<unsigned>(grid[1]);
@@ -543,7 +548,7 @@ int32_t tune(const RuntimeKernel& rk, KernelState& st, int device, const tr::Var
       around(true);
       copy_inputs(rk, cfg, f);  // a kernel computing in place starts from the input again
       check_cu(d.event_record(start, stream), "cuEventRecord");
-      launch_variant(l, fn, variants[c], b, pointers, grid, *f->ctx);
+      launch_variant(l, fn, b, pointers, grid, *f->ctx);
       check_cu(d.event_record(stop, stream), "cuEventRecord");
       around(false);
       check_cu(d.event_sync(stop), "cuEventSynchronize");
@@ -667,7 +672,7 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   });
   int64_t grid[3];
   for (int k = 0; k < 3; ++k) grid[k] = grid_dim(rk, fn, v, cfg->grid[k], cfg->grid_per[k]);
-  launch_variant(l, fn, v, b, pointers, grid, *f->ctx);
+  launch_variant(l, fn, b, pointers, grid, *f->ctx);
   for (auto& [p, scratch] : partials) {
     const OpforgeTensor& into = b.partial_into[p];
     int64_t cols = 1;

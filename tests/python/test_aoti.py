@@ -281,7 +281,7 @@ def test_the_runner_runs_a_triton_package_from_its_cubins_alone(triton_ops, tmp_
     with pytest.raises(OpforgeError) as err:
         aoti.run(package, [torch.randn(3, 100), torch.randn(3, 100)], device="cuda")
     assert (
-        "tt::add: the Triton function add_kernel of triton_add.py: the kernel folder "
+        "tt::add (cuda:0 kernel): the Triton function add_kernel of triton_add.py: the kernel folder "
         f"{package.parent / 'libtriton_ops.kernels'} carries no variant for sm_"
     ) in str(err.value)
     assert "(x_ptr: *fp32 (divisible by 16), y_ptr: *fp32 (divisible by 16)" in str(err.value)
@@ -334,6 +334,7 @@ def test_a_package_carries_the_autotune_choice_its_call_was_tuned_with(triton_op
     with pytest.raises(OpforgeError) as err:
         aoti.run(package, [torch.randn(5, 1000)], device="cuda")
     assert (
-        f"tt::scale: the Triton function scale_kernel of triton_add.py is autotuned, and the kernel folder {kernels} "
+        f"tt::scale (cuda:0 kernel): the Triton function scale_kernel of triton_add.py is autotuned, and the kernel "
+        f"folder {kernels} "
         "carries no choice for the tuning key n=5000 "
     ) in str(err.value)

@@ -549,7 +549,7 @@ def verify_op(
         if device == "cpu" and op.runtime_kernels:
             compiled = [c for c in dtype_cases(op, None, "cuda") if only is None or c.primary in only]
             backends = {k.backend for k in op.runtime_kernels}
-            if "nvrtc" in backends:
+            if backends & {"nvrtc", "binary"}:
                 check_kernels_compile(op, compiled, seed, report)
             if "triton" in backends:
                 check_triton_compile(op, compiled, seed, report)
