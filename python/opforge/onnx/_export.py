@@ -125,7 +125,7 @@ def translation_table(ops: list[Op]) -> dict:
     for op in ops:
         ns, name = _schemas.domain_and_name(op)
         packet = getattr(getattr(torch.ops, ns), name, None)
-        if packet is not None:
+        if packet is not None and _schemas.onnx_typed(op):
             table[packet.default] = translations[op.name] = translation(op)
             by_name[op.name] = op
     if any(op.mutated for op in by_name.values()):

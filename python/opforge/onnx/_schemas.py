@@ -155,11 +155,18 @@ def schema_of(op: Op) -> OpSchema:
     return _registered[op.name]
 
 
+def onnx_typed(op: Op) -> bool:
+    """Whether ONNX has an element type for each fixed output dtype of ``op`` (it has none for
+    float8_e8m0fnu): an op without gets no schema and no translation."""
+    return all(o.dtype is None or o.dtype in ONNX_TYPES for o in op.outputs)
+
+
 def register(ops: list[Op]) -> None:
-    """Registers the ONNX schema of each op of ``ops`` with ``onnx.defs`` (once per process)."""
+    """Registers the ONNX schema of each op of ``ops`` that :func:`onnx_typed` admits with
+    ``onnx.defs`` (once per process)."""
     with _lock:
         for op in ops:
-            if op.name in _registered:
+            if op.name in _registered or not onnx_typed(op):
                 continue
             s = schema(op)
             onnx.defs.register_schema(s)
