@@ -29,9 +29,9 @@ compared with itself proves nothing), and each run-time kernel instantiation the
 is compiled with NVRTC for sm_90 and sm_80 (check "nvrtc"), so a kernel source that does not
 compile fails there too, on either side of an architecture-specific path (a prebuilt kernel's
 file is checked instead, check "binary": Note [Prebuilt kernels]); a Triton kernel is compiled by
-Triton for the same targets for the shapes and parameters of every value case a device would run
-(check "triton": the variant Triton specialises for each call and the general one; Note [Triton
-kernels] in ``opforge/op_launch.h``). Parameters: defaults,
+Triton for the same targets for the shapes and parameters of value cases a device would run, a
+spread of them per instantiation (check "triton": the variant Triton specialises for each call and
+the general one; Note [Triton kernels] in ``opforge/op_launch.h``). Parameters: defaults,
 the bounds of ranges and a point inside, a random value for unranged floats, every choice. Every
 case draws fresh random data from a seed that the report prints. Each op also gets
 ``torch.library.opcheck``, a ``torch.compile(fullgraph=True, dynamic=True)`` no-recompile check

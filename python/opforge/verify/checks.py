@@ -466,15 +466,29 @@ def check_kernels_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report:
                 report.results.append(result)
 
 
+#: The calls per instantiation whose Triton variants the check "triton" compiles: each compile
+#: is a Triton compile of its own, and an instantiation's cases make tens of distinct calls.
+MAX_TRITON_CALLS = 4
+
+
+def _spread(items: list, k: int) -> list:
+    """At most ``k`` of ``items``, evenly spaced, the first and the last included."""
+    if len(items) <= k:
+        return items
+    return [items[i] for i in sorted({round(j * (len(items) - 1) / (k - 1)) for j in range(k)})]
+
+
 def check_triton_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report: Report) -> None:
     """Without a GPU the Triton kernels never run, so compile them for each of
-    :data:`CHECK_ARCHS` (Triton compiles for a target it is given) for every call the value cases
+    :data:`CHECK_ARCHS` (Triton compiles for a target it is given) for the calls the value cases
     of ``cases`` would make on a device from ``seed`` (the ``k``-th combination's from ``seed +
-    k``, as :func:`verify_op` runs them): each call's shapes and parameters, the variant Triton
-    specialises for them and the general one (Note [Triton kernels] in ``opforge/op_launch.h``).
-    One result per dtype combination, compile-time parameter values and target; the first call
-    that fails to compile fails it with Triton's message (the op, the variant, file and line) and
-    the call's case, and the calls after it are not tried."""
+    k``, as :func:`verify_op` runs them): of each instantiation's distinct calls, in case order,
+    :data:`MAX_TRITON_CALLS` spread from the first to the last, each call's shapes and
+    parameters, the variant Triton specialises for them and the general one (Note [Triton
+    kernels] in ``opforge/op_launch.h``). One result per dtype combination, compile-time
+    parameter values and target; the first call that fails to compile fails it with Triton's
+    message (the op, the variant, file and line) and the call's case, and the calls after it are
+    not tried."""
     compile_time = {a.name for a in op.params if a.compile_time}
     for k, case in enumerate(cases):
         groups: dict[tuple, dict[str, tuple]] = {}  # compile-time values -> distinct calls
@@ -490,10 +504,11 @@ def check_triton_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report: 
             values = tuple((n, repr(v)) for n, v in params.items() if n in compile_time)
             groups.setdefault(values, {}).setdefault(repr(call), (inputs.label, call))
         for values, calls in groups.items():
+            chosen = _spread(list(calls.values()), MAX_TRITON_CALLS)
             for arch in CHECK_ARCHS:
-                label = ", ".join([f"{n}={v}" for n, v in values] + [arch, f"{len(calls)} calls"])
+                label = ", ".join([f"{n}={v}" for n, v in values] + [arch, f"{len(chosen)} of {len(calls)} calls"])
                 result = CaseResult(op.name, "triton", case.label, label, "pass", repro={"arch": arch})
-                for case_label, (dtypes, params, shapes) in calls.values():
+                for case_label, (dtypes, params, shapes) in chosen:
                     try:
                         precompile(op.name, dtypes, params, arch=arch, shapes=shapes)
                     except Exception as e:  # noqa: BLE001 -- reported as a failed case
