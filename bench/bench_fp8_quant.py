@@ -19,7 +19,7 @@ import argparse
 import sys
 
 import torch
-from common import bandwidth_group, report
+from common import bandwidth_group, bandwidth_or_call_line, report
 
 import opforge
 
@@ -86,10 +86,7 @@ def main() -> int:
         ],
     )
 
-    def line(row: dict) -> str:
-        return f"{row['impl']:<58} {row['ms']:8.3f} ms {row['GB/s']:8.0f} GB/s  {row['vs_copy']:.3f} x copy"
-
-    report(rows, line, args.json)
+    report(rows, bandwidth_or_call_line(58), args.json)
     return 0
 
 
