@@ -65,9 +65,7 @@ def main() -> int:
     args = parser.parse_args()
     bert, tokenizer = minilm.load()
     reference = minilm.SentenceEmbedder(bert).eval()
-    sentences = (minilm.SENTENCES * (args.batch // len(minilm.SENTENCES) + 1))[: args.batch]
-    tokens = tokenizer(sentences, padding="max_length", max_length=args.seq, truncation=True, return_tensors="pt")
-    inputs = [tokens["input_ids"], tokens["attention_mask"]]
+    inputs = minilm.batch_inputs(tokenizer, args.batch, args.seq)
     with torch.inference_mode():
         expected = reference(*inputs)
 

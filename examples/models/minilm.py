@@ -52,6 +52,14 @@ def load(path: Path | None = None):
     return bert, AutoTokenizer.from_pretrained(str(path))
 
 
+def batch_inputs(tokenizer, batch: int, seq: int) -> list[torch.Tensor]:
+    """``input_ids`` and ``attention_mask``, int64 [batch, seq]: :data:`SENTENCES` repeated to
+    ``batch`` sentences, each padded or truncated to ``seq`` tokens."""
+    sentences = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
+    tokens = tokenizer(sentences, padding="max_length", max_length=seq, truncation=True, return_tensors="pt")
+    return [tokens["input_ids"], tokens["attention_mask"]]
+
+
 class SentenceEmbedder(torch.nn.Module):
     """BERT, mean pooling over the attention mask, L2 normalisation (sentence-transformers'
     Transformer -> Pooling(mean) -> Normalize for all-MiniLM-L6-v2).
