@@ -462,7 +462,7 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
   // already reported bad is skipped, whichever was declared first.
   uint8_t inline_done[kInline] = {};
   std::vector<uint8_t> heap_done(op.num_args > kInline ? op.num_args : 0, 0);
-  in_rule_order(op, op.num_args > kInline ? heap_done.data() : inline_done, check_one);
+  in_rule_order(op, kReadsDtype | kReadsSizes, op.num_args > kInline ? heap_done.data() : inline_done, check_one);
   // Note [Kernel dtypes] in opforge/op_builder.h: the kernel of the call's device may take fewer dtypes
   // than the declaration admits (meta, where a trace runs, has no kernel: not checked).
   bool restricted = false;  // (most ops: no device name is looked at on their calls)

@@ -241,10 +241,11 @@ void check_outputs(const OpforgeOpSpec& op, std::set<std::string>& seen, Problem
   }
 }
 
-/// Rules that read each other in a cycle (for_each_read: an input's rules read another's, whose
-/// rules read back), which no order of checks can satisfy and no generator can size: one line
-/// per cycle, "input 'a': its rules read each other in a cycle: a -> b -> a".
-void check_rule_cycles(const OpforgeOpSpec& op, Problems& p) {
+/// Rules that read each other's dtypes, or each other's sizes, in a cycle (for_each_read: an
+/// input's rules read another's, whose rules read back), which no order of checks can satisfy and
+/// no generator can size: one line per cycle, "input 'a': its rules read each other in a cycle: a
+/// -> b -> a".
+void check_rule_cycles(const OpforgeOpSpec& op, uint8_t reads, Problems& p) {
   enum : uint8_t { kNew, kOnPath, kDone };
   std::vector<uint8_t> state(op.num_args, kNew);
   std::vector<int32_t> path;
@@ -252,7 +253,7 @@ void check_rule_cycles(const OpforgeOpSpec& op, Problems& p) {
     state[i] = kOnPath;
     path.push_back(i);
     std::vector<bool> seen(op.num_args, false);  // for_each_read may name an input more than once
-    for_each_read(op.args[i], [&](int32_t j) {
+    for_each_read(op.args[i], reads, [&](int32_t j) {
       if (j < 0 || j >= op.num_args || seen[j]) return;
       seen[j] = true;
       if (state[j] == kNew) {
@@ -449,7 +450,8 @@ std::vector<std::string> op_declaration_problems(const OpforgeOpSpec& op) {
   check_op_names(op, p);
   check_arguments(op, seen, p);
   check_outputs(op, seen, p);
-  check_rule_cycles(op, p);
+  check_rule_cycles(op, kReadsDtype, p);
+  check_rule_cycles(op, kReadsSizes, p);
   check_runtime_kernels(op, p);
   check_kernel_dtypes(op, p);
   check_shard_dims(op, p);

@@ -40,7 +40,7 @@ void extend(const OpforgeOpSpec& op, const std::vector<int32_t>& order, size_t k
 std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, size_t limit) {
   std::vector<std::vector<int32_t>> out;
   std::vector<int32_t> current(op.num_args, -1);
-  extend(op, rule_order(op), 0, current, limit, out);
+  extend(op, rule_order(op, kReadsDtype), 0, current, limit, out);
   return out;
 }
 

@@ -44,10 +44,10 @@ bool mutates_inputs(const OpforgeOpSpec& op) {
   return false;
 }
 
-std::vector<int32_t> rule_order(const OpforgeOpSpec& op) {
+std::vector<int32_t> rule_order(const OpforgeOpSpec& op, uint8_t reads) {
   std::vector<uint8_t> done(static_cast<size_t>(op.num_args), 0);
   std::vector<int32_t> order;
-  in_rule_order(op, done.data(), [&](int32_t i) { order.push_back(i); });
+  in_rule_order(op, reads, done.data(), [&](int32_t i) { order.push_back(i); });
   return order;
 }
 

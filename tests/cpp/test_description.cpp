@@ -134,6 +134,7 @@ void ref1(opforge::Tensor, opforge::MutableTensor) {}
 void ref2(opforge::Tensor, opforge::Tensor, opforge::MutableTensor) {}
 void ref_p(opforge::Tensor, double, opforge::MutableTensor) {}
 void ref_s(opforge::Tensor, std::string_view, opforge::MutableTensor) {}
+void ref_3_2(opforge::Tensor, opforge::Tensor, opforge::Tensor, opforge::MutableTensor, opforge::MutableTensor);
 
 std::vector<std::string> errors_of(std::unique_ptr<opforge::detail::OpDef> def) { return declaration_problems(*def); }
 
@@ -154,6 +155,17 @@ TEST(Description, AcceptsRulesOverLaterInputsButNotACycle) {
                           .input("b", opforge::floating)
                           .output("y", opforge::like("a"))
                           .reference(ref2)
+                          .release()),
+            std::vector<std::string>{});
+  // Not a cycle (rotary_embedding's rules): a's values index c, whose dtype follows b, whose size
+  // follows a's; values are checked after every shape, and dtypes apart from sizes.
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "mixed", "f.cpp", 7)
+                          .input("a", opforge::kInt64, opforge::rank(1), opforge::values_in(0, opforge::dim("c", 0)))
+                          .input("b", opforge::floating, opforge::shape({opforge::dim("a", 0)}))
+                          .input("c", opforge::same_dtype("b"), opforge::rank(1))
+                          .output("y", opforge::like("b"))
+                          .output("z", opforge::like("c"))
+                          .reference(ref_3_2)
                           .release()),
             std::vector<std::string>{});
   // A broken fixture: a's rules read b's shape, whose rules read a's.
