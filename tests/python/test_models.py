@@ -188,9 +188,13 @@ def test_llama_decode_step_matches_plain_torch_in_eager():
     for _ in range(llama_layer.DECODE_STEPS):
         with torch.inference_mode():
             got, want = model(*mine), plain(*theirs)
-        tol = llama_layer.DECODE_TOLERANCE
-        torch.testing.assert_close(got[0].float(), want[0].float(), atol=tol, rtol=tol)
+        for g, w in [(got[0], want[0]), *zip(mine[2:4], theirs[2:4])]:  # the output, the caches as written
+            assert llama_layer.compare(g, w)[2], llama_layer.compare(g, w)
         assert torch.equal(got[1], want[1]) and torch.equal(got[1], mine[5] + 1)
-        for g, w in zip(mine[:4], theirs[:4]):  # x, residual and the caches, as written
-            torch.testing.assert_close(g.float(), w.float(), atol=tol, rtol=tol)
+        # x (normed) and residual, as written, carry the rounding of every step before in the
+        # residual stream, which grows by a hidden state each step: their cosine, and 4 x the tolerance.
+        for g, w in zip(mine[:2], theirs[:2]):
+            err, cos, _ = llama_layer.compare(g, w)
+            tol = 4 * llama_layer.DECODE_TOLERANCE
+            assert cos >= llama_layer.DECODE_MIN_COSINE and torch.allclose(g, w, atol=tol, rtol=tol), (err, cos)
         mine, theirs = llama_layer.next_inputs(mine, got), llama_layer.next_inputs(theirs, want)
