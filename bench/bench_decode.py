@@ -46,11 +46,11 @@ import opforge
 
 OP = "examples::paged_decode_attention"
 TUNING = "OPFORGE_PAGED_DECODE_TUNING"
-#: The launch variants --sweep times ("" is the op's default: combine=kernel,split_tokens=64).
+#: The launch variants --sweep times ("" is the op's default: combine=kernel,split_tokens=128).
 SWEEP = [
     "",
     "combine=kernel,split_tokens=32",
-    "combine=kernel,split_tokens=128",
+    "combine=kernel,split_tokens=64",
     "combine=kernel,split_tokens=256",
     "combine=last_block,split_tokens=32",
     "combine=last_block,split_tokens=64",

@@ -259,8 +259,8 @@ def kernels_launched(fn) -> set[str]:
 
 #: The CUDA launch variants the kernel tests run under (OPFORGE_PAGED_DECODE_TUNING, a tuning
 #: knob of the op's host code for benchmarks): the default (combine_kernel behind split_kernel,
-#: splits of at least 64 tokens), the combine in split_kernel's last block, and both with splits of
-#: one page or more (the most splits: more than one chunk of combine_row's kThreads splits).
+#: splits of at least 128 tokens), the combine in split_kernel's last block, and both with splits of
+#: one page or more (the most splits: more than combine_row has threads).
 TUNINGS = ["", "combine=last_block", "combine=last_block,split_tokens=16", "combine=kernel,split_tokens=16"]
 
 

@@ -26,7 +26,7 @@ namespace paged_decode {
 /// Throws opforge::InvalidArgument naming the variable for any other text.
 struct Tuning {
   bool last_block = false;
-  int64_t split_tokens = 64;
+  int64_t split_tokens = 128;
 };
 
 Tuning tuning() {
@@ -75,7 +75,7 @@ int64_t resident() {
 /// one whose blocks use the largest share of the resident slots over their waves, a split context
 /// (which costs a combine and scratch memory) only where that gains more than 3 % (for 64
 /// sequences of 4096 tokens on 8 kv heads on an H100, 512 blocks fill 512 of 528 slots: one split
-/// each; for one sequence, 64 splits of 64 tokens).
+/// each; for one sequence, 32 splits of 128 tokens).
 int64_t pages_per_split(int64_t items, int64_t max_blocks, int64_t block_size, int64_t resident, int64_t split_tokens) {
   const int64_t most = std::min<int64_t>(kMaxPages, std::max<int64_t>(1, (int64_t{1} << 30) / block_size));
   const int64_t fewest = std::max<int64_t>(1, (split_tokens + block_size - 1) / block_size);
