@@ -22,23 +22,41 @@ inputs random; ``x copy`` is the copy's time over the implementation's (issue 46
 the op: >= 0.85 x at batch 64, >= 0.7 x at batch 1). ``--profile`` adds each implementation's
 kernels (count and device time per call).
 
+``--sweep`` times the op's launch variants instead (OPFORGE_PAGED_DECODE_TUNING, read by the
+op's host code on every call: where split contexts are combined, the fewest tokens per split;
+paged_decode_attention.cu), each checked against SDPA first, with the device value checks on and
+off, beside the same copy.
+
     python3 bench/bench_decode.py [--batches 64 1] [--context 4096] [--heads 32] [--kv-heads 8]
                                   [--head-dim 128] [--block-size 16] [--dtype bfloat16|float16]
-                                  [--profile] [--json out.json]
+                                  [--profile] [--sweep] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
-from common import bandwidth_or_call_line, kernel_times, median_ms, print_kernel_times, report
+from common import bandwidth_or_call_line, kernel_times, median_ms, print_kernel_times, report, unchecked
 
 import opforge
 
 OP = "examples::paged_decode_attention"
+TUNING = "OPFORGE_PAGED_DECODE_TUNING"
+#: The launch variants --sweep times ("" is the op's default: combine=kernel,split_tokens=128).
+SWEEP = [
+    "",
+    "combine=kernel,split_tokens=32",
+    "combine=kernel,split_tokens=64",
+    "combine=kernel,split_tokens=256",
+    "combine=last_block,split_tokens=32",
+    "combine=last_block,split_tokens=64",
+    "combine=last_block,split_tokens=128",
+    "combine=last_block,split_tokens=256",
+]
 
 
 def decode_step(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype):
@@ -63,6 +81,23 @@ def sdpa(query, key, value):
     return F.scaled_dot_product_attention(query[:, :, None], key, value, enable_gqa=True)[:, :, 0]
 
 
+def tuned(fn, tuning: str):
+    """``fn`` run with OPFORGE_PAGED_DECODE_TUNING set to ``tuning`` (unset where empty)."""
+
+    def run():
+        saved = os.environ.pop(TUNING, None)
+        if tuning:
+            os.environ[TUNING] = tuning
+        try:
+            fn()
+        finally:
+            os.environ.pop(TUNING, None)
+            if saved is not None:
+                os.environ[TUNING] = saved
+
+    return run
+
+
 def timed_group(batch: int, args, profiles: list) -> list[dict]:
     """The rows of one batch size (see the module's docstring); appends each implementation's
     kernels to ``profiles`` with ``args.profile``."""
@@ -70,28 +105,35 @@ def timed_group(batch: int, args, profiles: list) -> list[dict]:
     step = decode_step(batch, args.context, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype)
     query, key_cache, value_cache, tables, _ = step
     key, value = gathered(key_cache, value_cache, tables, args.context)
-    torch.testing.assert_close(op(*step), sdpa(query, key, value), atol=2e-2, rtol=2e-2)  # the same numbers
+    expected = sdpa(query, key, value)
     description = opforge.find_op(OP)
     scope = {"torch": torch, **dict(zip([a.name for a in description.args], [*step, 0.0]))}
     nbytes = 2 * key.numel() * key.element_size()
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-
-    def unchecked():
-        opforge.set_device_value_checks(False)
-        try:
-            op(*step)
-        finally:
-            opforge.set_device_value_checks(True)
-
-    impls = [
-        ("device-to-device copy", lambda: dst.copy_(src)),
-        ("opforge examples::paged_decode_attention", lambda: op(*step)),
-        ("opforge, device value checks off", unchecked),
-        ("gather + SDPA (enable_gqa)", lambda: sdpa(query, *gathered(key_cache, value_cache, tables, args.context))),
-        ("SDPA over a cache gathered beforehand", lambda: sdpa(query, key, value)),
-        ("torch expression (the op's .equivalent(), eager)", lambda: eval(description.equivalent, scope)),  # noqa: S307
-    ]
+    impls = [("device-to-device copy", lambda: dst.copy_(src))]
+    if args.sweep:
+        for tuning in SWEEP:
+            label = f"opforge, {tuning or 'default'}"
+            out = []
+            tuned(lambda: out.append(op(*step)), tuning)()
+            torch.testing.assert_close(out[0], expected, atol=2e-2, rtol=2e-2)  # the same numbers
+            impls += [
+                (label, tuned(lambda: op(*step), tuning)),
+                (f"{label}, checks off", tuned(unchecked(lambda: op(*step)), tuning)),
+            ]
+    else:
+        torch.testing.assert_close(op(*step), expected, atol=2e-2, rtol=2e-2)  # the same numbers
+        impls += [
+            ("opforge examples::paged_decode_attention", lambda: op(*step)),
+            ("opforge, device value checks off", unchecked(lambda: op(*step))),
+            (
+                "gather + SDPA (enable_gqa)",
+                lambda: sdpa(query, *gathered(key_cache, value_cache, tables, args.context)),
+            ),
+            ("SDPA over a cache gathered beforehand", lambda: sdpa(query, key, value)),
+            ("torch expression (the op's .equivalent(), eager)", lambda: eval(description.equivalent, scope)),  # noqa: S307
+        ]
     group = (
         f"batch {batch} x context {args.context}, {args.heads} heads on {args.kv_heads} kv heads of "
         f"{args.head_dim}, blocks of {args.block_size}, {args.dtype}: {nbytes / 2**20:.0f} MiB of keys and values"
@@ -116,6 +158,7 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--profile", action="store_true", help="also print each implementation's kernels")
+    parser.add_argument("--sweep", action="store_true", help="time the op's launch variants instead")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("paged_decode_attention"))
@@ -123,7 +166,7 @@ def main() -> int:
     for batch in args.batches:
         rows += timed_group(batch, args, profiles)
         torch.cuda.empty_cache()
-    report(rows, bandwidth_or_call_line(52), args.json)
+    report(rows, bandwidth_or_call_line(64), args.json)
     for title, table in profiles:
         print()
         print_kernel_times(title, table)

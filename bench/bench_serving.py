@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import bandwidth_group, bandwidth_or_call_line, report
+from common import bandwidth_group, bandwidth_or_call_line, report, unchecked
 
 import opforge
 
@@ -48,19 +48,6 @@ def main() -> int:
 
     def group(name: str, nbytes: int, impls: list) -> None:
         bandwidth_group(rows, name, nbytes, impls)
-
-    def unchecked(fn):
-        """``fn`` with the device value checks off (Note [Device value checks]): their cost is
-        the difference to the same call with them on, the default."""
-
-        def run():
-            opforge.set_device_value_checks(False)
-            try:
-                fn()
-            finally:
-                opforge.set_device_value_checks(True)
-
-        return run
 
     def compiled(fn, *a):
         c = torch.compile(fn)

@@ -23,6 +23,21 @@ def median_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
 
 
+def unchecked(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` run with opforge's device value checks off (Note [Device value checks]): their cost
+    is the difference to the same call with them on, the default."""
+    import opforge  # imported here: benchmarks without opforge ops use this module too
+
+    def run():
+        opforge.set_device_value_checks(False)
+        try:
+            fn()
+        finally:
+            opforge.set_device_value_checks(True)
+
+    return run
+
+
 def copy_gbs(nbytes: int) -> float:
     """Device-to-device copy bandwidth for ``nbytes`` moved (half read, half written), GB/s: the
     ceiling of an op that moves as many bytes."""

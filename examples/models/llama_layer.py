@@ -11,21 +11,33 @@
       -> examples::silu_and_mul(h @ W_gate_up) @ W_down  the gated MLP
       -> [tokens, hidden]; residual and the caches hold what the layer wrote
 
-``python examples/models/llama_layer.py [--device cpu|cuda] [--out DIR]`` exports it with a dynamic
-token count, AOTInductor-compiles it, runs the package in the C++ runner for 5, 2 and 17 tokens,
-and compares the output and every input it writes (residual, both caches, and x, which holds the
-normed input) with the same layer in plain torch, float32, in eager on the CPU
-(``model_check.main``); exits 1 on a mismatch.
+The same layer's decode step (:class:`LlamaDecodeStep`: one new token per sequence of a batch)
+writes the new token's key and value with ``examples::kv_cache_write`` into the slot its block
+table gives and attends with ``examples::paged_decode_attention`` over the sequence's cached
+tokens and itself.
+
+``python examples/models/llama_layer.py [--device cpu|cuda] [--out DIR]`` exports the layer with a
+dynamic token count, AOTInductor-compiles it, runs the package in the C++ runner for 5, 2 and 17
+tokens, and compares the output and every input it writes (residual, both caches, and x, which
+holds the normed input) with the same layer in plain torch, float32, in eager on the CPU
+(``model_check.main``). Then it exports the decode step with a dynamic batch and runs a
+generation loop of DECODE_STEPS steps (:func:`check_decode`), each step one run of the package in
+the C++ runner, against the plain torch step run alongside. Exits 1 on a mismatch.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+import opforge
+from opforge import aoti
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_check  # noqa: E402
@@ -77,7 +89,10 @@ class LlamaLayer(torch.nn.Module):
             return out.to(x.dtype)
         return self.layer(torch.ops.examples, x, residual, positions, key_cache, value_cache, slot_mapping)
 
-    def layer(self, ops, x, residual, positions, key_cache, value_cache, slot_mapping):
+    def layer(self, ops, x, residual, positions, key_cache, value_cache, slot_mapping, attend=None):
+        """The layer's body; ``attend(q, k, v) -> [tokens, heads, head_dim]`` (q, k, v [tokens,
+        heads, head_dim], after the cache write) is its attention, by default causal over the
+        tokens themselves (prefill)."""
         tokens, hd = x.shape[0], HEADS * HEAD_DIM
         ops.fused_add_rms_norm(x, residual, self.input_norm, 1e-6)
         qkv = F.linear(x, self.w_qkv)
@@ -86,19 +101,73 @@ class LlamaLayer(torch.nn.Module):
         v = qkv[:, 2 * hd :].view(tokens, HEADS, HEAD_DIM)
         ops.rotary_embedding(positions, q, self.cos_sin_cache, k, True)
         ops.kv_cache_write(k, v, key_cache, value_cache, slot_mapping)
-        heads = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]  # [1, heads, tokens, head_dim] views
-        o, _ = ops.attention(*heads, HEAD_DIM, None, True, 0.0)
-        o = o.transpose(1, 2).reshape(tokens, hd)
-        h = F.linear(o, self.w_o)
+        o = (attend or (lambda *qkv: prefill_attention(ops, *qkv)))(q, k, v)
+        h = F.linear(o.reshape(tokens, hd), self.w_o)
         ops.fused_add_rms_norm(h, residual, self.post_norm, 1e-6)
         return F.linear(ops.silu_and_mul(F.linear(h, self.w_gate_up)), self.w_down)
 
 
-def make_model(plain: bool = False, seed: int = 0) -> LlamaLayer:
-    """The layer in eval mode, its weights drawn from ``seed`` (the same for either ``plain``)."""
+def prefill_attention(ops, q, k, v):
+    """Causal attention of ``tokens`` of one sequence over themselves: q, k, v [tokens, heads,
+    head_dim] -> [tokens, heads, head_dim] (``examples::attention`` on [1, heads, tokens,
+    head_dim] views)."""
+    heads = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]
+    o, _ = ops.attention(*heads, HEAD_DIM, None, True, 0.0)
+    return o[0].transpose(0, 1)
+
+
+class PlainOps(model_check.TorchOps):
+    """model_check.TorchOps and ``examples::paged_decode_attention`` in plain torch."""
+
+    @staticmethod
+    def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale=0.0):
+        """softmax(query . key * scale) value over each sequence's first seq_lens tokens (no GQA:
+        as many kv heads as query heads). query [seqs, heads, d] -> [seqs, heads, d]."""
+        block_size = key_cache.shape[1]
+        t = torch.arange(block_tables.shape[1] * block_size, device=query.device)
+        keys, values = (c[block_tables[:, t // block_size].long(), t % block_size] for c in (key_cache, value_cache))
+        scores = torch.einsum("shd,sthd->sht", query, keys) * (scale or query.shape[-1] ** -0.5)
+        scores = scores.masked_fill((t[None] >= seq_lens[:, None])[:, None], float("-inf"))
+        return torch.einsum("sht,sthd->shd", scores.softmax(-1), values)
+
+
+class LlamaDecodeStep(LlamaLayer):
+    """The layer's decode step: one new token for each of ``seqs`` sequences. Inputs: ``x``,
+    ``residual`` [seqs, hidden] (the new tokens), ``key_cache``, ``value_cache`` [blocks,
+    block_size, heads, head_dim], ``block_tables`` int32 [seqs, pages] (each sequence's cache
+    blocks), ``seq_lens`` int32 [seqs] (tokens cached before this step: the new token's position).
+    Writes the new tokens' keys and values at their positions, attends over every cached token of
+    the sequence (``examples::paged_decode_attention``), and returns ``(out [seqs, hidden],
+    seq_lens + 1)``; writes x, residual and the caches as the layer does. ``plain=True``: plain
+    torch in float32, as for the layer."""
+
+    def forward(self, x, residual, key_cache, value_cache, block_tables, seq_lens):
+        if self.plain:
+            work = [t.float() for t in (x, residual, key_cache, value_cache)]
+            out, lens = self.step(PlainOps, work[0], work[1], work[2], work[3], block_tables, seq_lens)
+            for t, w in zip((x, residual, key_cache, value_cache), work):
+                t.copy_(w)
+            return out.to(x.dtype), lens
+        return self.step(torch.ops.examples, x, residual, key_cache, value_cache, block_tables, seq_lens)
+
+    def step(self, ops, x, residual, key_cache, value_cache, block_tables, seq_lens):
+        positions = seq_lens.long()
+        page = block_tables.gather(1, (positions // BLOCK_SIZE)[:, None])[:, 0]
+        slots = page.long() * BLOCK_SIZE + positions % BLOCK_SIZE
+        lens = seq_lens + 1
+
+        def attend(q, k, v):
+            return ops.paged_decode_attention(q, key_cache, value_cache, block_tables, lens, 0.0)
+
+        return self.layer(ops, x, residual, positions, key_cache, value_cache, slots, attend), lens
+
+
+def make_model(plain: bool = False, seed: int = 0, kind: type[LlamaLayer] = LlamaLayer) -> LlamaLayer:
+    """The layer (or its decode step, ``kind``) in eval mode, its weights drawn from ``seed``
+    (the same for either ``plain`` and either kind)."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return LlamaLayer(plain=plain).eval()
+        return kind(plain=plain).eval()
 
 
 def example_inputs(tokens: int) -> list[torch.Tensor]:
@@ -129,9 +198,105 @@ SPEC = model_check.ModelSpec(
 )
 
 
+#: The decode loop: sequences of these many cached tokens (a prefill's keys and values: random
+#: here), each with DECODE_PAGES cache blocks, for DECODE_STEPS steps.
+DECODE_CONTEXTS, DECODE_PAGES, DECODE_STEPS = (9, 20, 33), 4, 4
+#: What each step's output and the caches after the loop must meet: torch.allclose with atol = rtol
+#: = DECODE_TOLERANCE, and a cosine similarity of at least DECODE_MIN_COSINE.
+DECODE_TOLERANCE, DECODE_MIN_COSINE = 3e-2, 0.999
+
+
+def decode_inputs(contexts: Sequence[int] = DECODE_CONTEXTS) -> list[torch.Tensor]:
+    """``[x, residual, key_cache, value_cache, block_tables, seq_lens]`` for the first decode step
+    of ``len(contexts)`` sequences, bf16 and int32 CPU tensors from a fixed seed: each sequence
+    owns DECODE_PAGES distinct cache blocks in random order (one spare block in the cache)."""
+    gen = torch.Generator().manual_seed(3000 + len(contexts))
+    seqs = len(contexts)
+    x, residual = (torch.randn(seqs, HIDDEN, generator=gen).to(DTYPE) for _ in range(2))
+    blocks = seqs * DECODE_PAGES + 1
+    caches = [torch.randn(blocks, BLOCK_SIZE, HEADS, HEAD_DIM, generator=gen).to(DTYPE) for _ in range(2)]
+    tables = torch.randperm(blocks, generator=gen)[: seqs * DECODE_PAGES].view(seqs, DECODE_PAGES).int()
+    return [x, residual, *caches, tables, torch.tensor(contexts, dtype=torch.int32)]
+
+
+def next_inputs(inputs: list[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The next step's inputs from a step's inputs (after it: residual and caches written) and
+    outputs: the step's output as the new tokens' hidden state, seq_lens one longer."""
+    x, residual, key_cache, value_cache, tables, _ = inputs
+    return [outputs[0], residual, key_cache, value_cache, tables, outputs[1]]
+
+
+def compare(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, bool]:
+    """(max abs error, cosine similarity, whether both meet DECODE_TOLERANCE and
+    DECODE_MIN_COSINE) of ``got`` against ``want``, in float64."""
+    g, w = got.double().flatten(), want.double().flatten()
+    cos = F.cosine_similarity(g, w, dim=0).item()
+    ok = torch.allclose(g, w, atol=DECODE_TOLERANCE, rtol=DECODE_TOLERANCE) and cos >= DECODE_MIN_COSINE
+    return (g - w).abs().max().item(), cos, ok
+
+
+def check_decode(device: str, out: Path, steps: int = DECODE_STEPS, log: Callable[[str], None] = print) -> dict:
+    """Exports :class:`LlamaDecodeStep` with a dynamic batch, AOTInductor-compiles it into ``out``
+    and runs a generation loop of ``steps`` steps: each step one run of the package in the C++
+    runner on ``device`` (``opforge.aoti.run``), its written caches and residual and its outputs
+    the next step's inputs (:func:`next_inputs`); the plain torch step (float32, eager, CPU) runs
+    the same loop on its own copies. Compares each step's output and seq_lens, and the caches
+    after the last step; logs one line each. Returns ``{"passed", "steps": [...], "caches":
+    [...]}`` (max abs error and cosine of each), also written to ``out/results.json``."""
+    model = make_model(kind=LlamaDecodeStep)
+    plain = make_model(plain=True, kind=LlamaDecodeStep)
+    batch = torch.export.Dim("seqs", min=2, max=64)
+    example = decode_inputs()
+    with torch.no_grad():
+        program = torch.export.export(
+            model.to(device),
+            tuple(t.to(device) for t in example),
+            dynamic_shapes=({0: batch}, {0: batch}, None, None, {0: batch}, {0: batch}),
+        )
+    package = aoti.package(program, out)
+    mine, theirs = decode_inputs(), decode_inputs()
+    passed, step_results = True, []
+    for step in range(steps):
+        run = aoti.run(package, mine, device=device, warmup=0, iters=1)
+        with torch.inference_mode():
+            want = plain(*theirs)
+        err, cos, ok = compare(run.outputs[0], want[0])
+        ok &= torch.equal(run.outputs[1], want[1])
+        passed &= ok
+        step_results.append(
+            {"step": step, "max_abs_error": err, "cosine": cos, "seq_lens": run.outputs[1].tolist(), "passed": ok}
+        )
+        log(
+            f"llama_layer decode on {run.device}, step {step}: output {list(run.outputs[0].shape)}: max abs error "
+            f"{err:.2e}, cosine {cos:.7f}, seq_lens {run.outputs[1].tolist()}: {'pass' if ok else 'FAIL'}"
+        )
+        mine, theirs = next_inputs(run.inputs_after, run.outputs), next_inputs(theirs, want)
+    cache_results = []
+    for name, got, want in zip(("key_cache", "value_cache"), mine[2:4], theirs[2:4]):
+        err, cos, ok = compare(got, want)
+        passed &= ok
+        cache_results.append({"name": name, "max_abs_error": err, "cosine": cos, "passed": ok})
+        log(
+            f"llama_layer decode, {name} after {steps} steps: max abs error {err:.2e}, cosine {cos:.7f}: "
+            f"{'pass' if ok else 'FAIL'}"
+        )
+    log(f"llama_layer decode: {'OK' if passed else 'FAILED'}: {steps} steps in opforge-runner against plain torch")
+    results = {"passed": passed, "device": device, "steps": step_results, "caches": cache_results}
+    (Path(out) / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Checks the layer in the C++ runner (see the module docstring); returns the exit status."""
-    return model_check.main(SPEC, argv)
+    """Checks the layer, then its decode loop, in the C++ runner (see the module docstring);
+    returns the exit status."""
+    code = model_check.main(SPEC, argv)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=Path("out/models") / SPEC.name)
+    args = parser.parse_args(argv)
+    opforge.load_library(opforge.example_library("paged_decode_attention"))
+    decoded = check_decode(args.device, args.out / "decode")
+    return code or (0 if decoded["passed"] else 1)
 
 
 if __name__ == "__main__":

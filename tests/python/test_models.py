@@ -1,7 +1,8 @@
 """The example models (examples/models/pipeline.py, side_by_side.py, llama_layer.py and liger_block.py) end to
 end: each
 ``main()`` exports the model with a dynamic batch dim, AOTInductor-compiles it, runs it in the
-C++ runner and compares it with the same weights in plain torch, in eager on the CPU. One
+C++ runner and compares it with the same weights in plain torch, in eager on the CPU; the
+decoder layer's ``main()`` also runs a generation loop of its decode step in the runner. One
 package per model and device (module-scoped): AOTInductor takes tens of seconds on a CPU."""
 
 from __future__ import annotations
@@ -155,3 +156,45 @@ def test_mismatch_exits_nonzero(monkeypatch, tmp_path, capsys):
     assert "batch 3: output 0 [3, 6, 32]: max abs error 5.00e-01, cosine 0.9000000: FAIL" in out
     assert "pipeline: FAILED" in out
     assert json.loads((tmp_path / "results.json").read_text())["passed"] is False
+
+
+def test_llama_decode_loop_in_the_runner_matches_plain_torch(main_run):
+    """llama_layer's ``main()`` runs DECODE_STEPS decode steps, each in the C++ runner, the caches
+    and hidden state carried from step to step, against plain torch: every step and the caches
+    after the last pass, and seq_lens grows by one a step."""
+    if main_run.name != "llama_layer":
+        pytest.skip("the decode loop is llama_layer's")
+    results = json.loads((main_run.package_dir / "decode" / "results.json").read_text())
+    assert results["passed"] is True and results["device"] == main_run.results["device"]
+    contexts, steps = llama_layer.DECODE_CONTEXTS, llama_layer.DECODE_STEPS
+    assert [s["seq_lens"] for s in results["steps"]] == [[c + k + 1 for c in contexts] for k in range(steps)]
+    for s in results["steps"]:
+        assert s["passed"] is True and s["cosine"] >= llama_layer.DECODE_MIN_COSINE, s
+        assert (
+            f"step {s['step']}: output [{len(contexts)}, {llama_layer.HIDDEN}]: max abs error "
+            f"{s['max_abs_error']:.2e}, cosine {s['cosine']:.7f}, seq_lens {s['seq_lens']}: pass"
+        ) in main_run.stdout
+    assert [(c["name"], c["passed"]) for c in results["caches"]] == [("key_cache", True), ("value_cache", True)]
+    assert f"llama_layer decode: OK: {steps} steps in opforge-runner against plain torch" in main_run.stdout
+
+
+def test_llama_decode_step_matches_plain_torch_in_eager():
+    """The decode step with opforge ops against plain torch, in eager, over DECODE_STEPS steps of
+    one loop: outputs, seq_lens and every input the step writes."""
+    llama_layer.model_check.load_example_ops((*llama_layer.SPEC.ops, "paged_decode_attention"))
+    model = llama_layer.make_model(kind=llama_layer.LlamaDecodeStep)
+    plain = llama_layer.make_model(plain=True, kind=llama_layer.LlamaDecodeStep)
+    mine, theirs = llama_layer.decode_inputs(), llama_layer.decode_inputs()
+    for _ in range(llama_layer.DECODE_STEPS):
+        with torch.inference_mode():
+            got, want = model(*mine), plain(*theirs)
+        for g, w in [(got[0], want[0]), *zip(mine[2:4], theirs[2:4])]:  # the output, the caches as written
+            assert llama_layer.compare(g, w)[2], llama_layer.compare(g, w)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[1], mine[5] + 1)
+        # x (normed) and residual, as written, carry the rounding of every step before in the
+        # residual stream, which grows by a hidden state each step: their cosine, and 4 x the tolerance.
+        for g, w in zip(mine[:2], theirs[:2]):
+            err, cos, _ = llama_layer.compare(g, w)
+            tol = 4 * llama_layer.DECODE_TOLERANCE
+            assert cos >= llama_layer.DECODE_MIN_COSINE and torch.allclose(g, w, atol=tol, rtol=tol), (err, cos)
+        mine, theirs = llama_layer.next_inputs(mine, got), llama_layer.next_inputs(theirs, want)

@@ -257,10 +257,27 @@ def kernels_launched(fn) -> set[str]:
     return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
+#: The CUDA launch variants the kernel tests run under (OPFORGE_PAGED_DECODE_TUNING, a tuning
+#: knob of the op's host code for benchmarks): the default (combine_kernel behind split_kernel,
+#: splits of at least 128 tokens), the combine in split_kernel's last block, and both with splits of
+#: one page or more (the most splits: more than combine_row has threads).
+TUNINGS = ["", "combine=last_block", "combine=last_block,split_tokens=16", "combine=kernel,split_tokens=16"]
+
+
+@pytest.fixture(params=TUNINGS, ids=lambda t: t or "default")
+def tuning(request, monkeypatch):
+    """Each CUDA launch variant of TUNINGS, set for the test."""
+    if request.param:
+        monkeypatch.setenv("OPFORGE_PAGED_DECODE_TUNING", request.param)
+    else:
+        monkeypatch.delenv("OPFORGE_PAGED_DECODE_TUNING", raising=False)
+    return request.param
+
+
 @requires_cuda
 @SWEEP
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_kernels_match_the_reference(group, head_dim, block_size, dtype):
+def test_cuda_kernels_match_the_reference(group, head_dim, block_size, dtype, tuning):
     args, scale = sweep_case(group, head_dim, block_size, dtype, "cuda")
     assert_close(torch.ops.examples.paged_decode_attention(*args, scale), reference(args, scale), dtype)
 
@@ -286,7 +303,7 @@ LONG_CASES = [
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", LONG_CASES, ids=lambda c: f"{len(c[0])}x{max(c[0])}-h{c[1]}-kv{c[2]}-d{c[3]}-b{c[4]}")
-def test_cuda_kernels_on_long_contexts_batch_1_and_64(case, dtype):
+def test_cuda_kernels_on_long_contexts_batch_1_and_64(case, dtype, tuning):
     """Against SDPA in float64 on the GPU (the reference's match on the CPU tests above; the
     CPU reference itself takes too long at these sizes)."""
     lens, heads, kv_heads, head_dim, block_size = case
@@ -295,18 +312,35 @@ def test_cuda_kernels_on_long_contexts_batch_1_and_64(case, dtype):
 
 
 @requires_cuda
-def test_a_long_context_alone_is_split_and_combined():
+@pytest.mark.parametrize("tuning", ["", "combine=last_block"], ids=["default", "last_block"], indirect=True)
+def test_a_long_context_alone_is_split_and_combined(tuning):
     """One sequence of 32768 tokens on 8 kv heads fills the device only when split: the combine
-    kernel runs behind the split kernel, and the result matches the reference."""
+    kernel runs behind the split kernel (by default), or split_kernel's last blocks combine
+    (combine=last_block: no second kernel), and the result matches the reference."""
     args = decode_inputs([32768], 32, 8, 128, 16, torch.float16, "cuda")
     out = []
     names = kernels_launched(lambda: out.append(torch.ops.examples.paged_decode_attention(*args)))
-    assert any("combine_kernel" in n for n in names) and any("split_kernel" in n for n in names), names
+    assert any("split_kernel" in n for n in names), names
+    assert any("combine_kernel" in n for n in names) == (tuning == ""), names
     assert_close(out[0], reference(args), torch.float16)
 
 
 @requires_cuda
-def test_cuda_empty_inputs_and_caches():
+@pytest.mark.parametrize("text", ["combine=fused", "split_tokens=0", "split_tokens=x", "combine=kernel,"])
+def test_cuda_refuses_a_bad_tuning(text, monkeypatch):
+    """OPFORGE_PAGED_DECODE_TUNING, the benchmarks' knob, is parsed whole or refused by name."""
+    monkeypatch.setenv("OPFORGE_PAGED_DECODE_TUNING", text)
+    args = decode_inputs([5], 4, 2, 64, 16, torch.float16, "cuda")
+    with pytest.raises(ValueError) as err:
+        torch.ops.examples.paged_decode_attention(*args)
+    assert str(err.value) == (
+        "examples::paged_decode_attention: OPFORGE_PAGED_DECODE_TUNING: expected comma-separated "
+        f"combine=last_block|kernel and split_tokens=<1..65536>, got '{text}'"
+    )
+
+
+@requires_cuda
+def test_cuda_empty_inputs_and_caches(tuning):
     """A batch of none; sequences with an empty block table (zeros); a cache of no blocks."""
     for lens, blocks in (([], 2), ([0, 0, 0], 2), ([0, 0], 0)):
         query = torch.randn(len(lens), 4, 64, dtype=torch.bfloat16, device="cuda")

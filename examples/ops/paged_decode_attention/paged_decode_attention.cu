@@ -1,7 +1,7 @@
 // paged_decode_attention on CUDA, the host side: picks split_kernel's instantiation (16-bit
-// dtype, lanes per token row, query heads per block) and how many splits each context gets,
-// then launches split_kernel and, where a context has several splits, combine_kernel behind it
-// (Note [Paged decode on CUDA] in paged_decode_attention.cuh).
+// dtype, lanes per token row, query heads per block), how many splits each context gets and
+// where split contexts are combined, then launches split_kernel and, where it does not combine,
+// combine_kernel behind it (Note [Paged decode on CUDA] in paged_decode_attention.cuh).
 //
 // Ahead-of-time CUDA rather than a run-time kernel: a split context needs float32 scratch memory
 // for its partial sums (opforge::Context::allocate) and a second launch that reduces them, and an
@@ -11,10 +11,48 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "paged_decode_attention.cuh"
 
 namespace paged_decode {
+
+/// The launch rule's free choices: where split contexts are combined (in split_kernel's last
+/// block of each item, or by combine_kernel) and the fewest tokens a split takes where a context
+/// has several. The defaults hold unless OPFORGE_PAGED_DECODE_TUNING, read on every call, says
+/// otherwise: a tuning knob for benchmarks (bench/bench_decode.py --sweep), not an interface,
+/// "combine=last_block|kernel" and "split_tokens=<1..65536>", comma-separated, either optional.
+/// Throws opforge::InvalidArgument naming the variable for any other text.
+struct Tuning {
+  bool last_block = false;
+  int64_t split_tokens = 128;
+};
+
+Tuning tuning() {
+  Tuning t;
+  const char* env = std::getenv("OPFORGE_PAGED_DECODE_TUNING");
+  if (env == nullptr || *env == 0) return t;
+  const std::string text = env;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string part = text.substr(start, end - start);
+    bool ok = true;
+    if (part == "combine=last_block" || part == "combine=kernel") {
+      t.last_block = part == "combine=last_block";
+    } else if (part.rfind("split_tokens=", 0) == 0 && part.size() > 13 && part.size() <= 18 &&
+               part.find_first_not_of("0123456789", 13) == std::string::npos) {
+      t.split_tokens = std::stoll(part.substr(13));
+      ok = t.split_tokens >= 1 && t.split_tokens <= 65536;
+    } else {
+      ok = false;
+    }
+    OPFORGE_CHECK(ok, "OPFORGE_PAGED_DECODE_TUNING: expected comma-separated ",
+                  "combine=last_block|kernel and split_tokens=<1..65536>, got '", text, "'");
+    start = end + 1;
+  }
+  return t;
+}
 
 /// Blocks of split_kernel<T, kLanes, kHeads> resident on the current device at once (occupancy
 /// times multiprocessors), computed once per device, after letting the kernel take its dynamic
@@ -30,16 +68,17 @@ int64_t resident() {
 }
 
 /// Pages per split for `items` (sequence, kv head, chunk) items whose block tables have
-/// `max_blocks` entries, with `resident` blocks fitting on the device at once. Contexts are
-/// split so that the grid fills the device in whole waves: of the splittings that keep at most
-/// kMaxPages pages (and 2^30 tokens) per split and at least 64 tokens per split (where there are
-/// several), the one whose blocks use the largest share of the resident slots over their waves,
-/// a split context (which costs a second launch and scratch memory) only where that gains more
-/// than 3 % (for 64 sequences of 4096 tokens on 8 kv heads on an H100, 512 blocks fill 512 of 528
-/// slots: one split each; for one sequence, 64 splits of 64 tokens).
-int64_t pages_per_split(int64_t items, int64_t max_blocks, int64_t block_size, int64_t resident) {
+/// `max_blocks` entries, with `resident` blocks fitting on the device at once (resident blocks
+/// per multiprocessor times the device's multiprocessors). Contexts are split so that the grid
+/// fills the device in whole waves: of the splittings that keep at most kMaxPages pages (and 2^30
+/// tokens) per split and at least `split_tokens` tokens per split (where there are several), the
+/// one whose blocks use the largest share of the resident slots over their waves, a split context
+/// (which costs a combine and scratch memory) only where that gains more than 3 % (for 64
+/// sequences of 4096 tokens on 8 kv heads on an H100, 512 blocks fill 512 of 528 slots: one split
+/// each; for one sequence, 32 splits of 128 tokens).
+int64_t pages_per_split(int64_t items, int64_t max_blocks, int64_t block_size, int64_t resident, int64_t split_tokens) {
   const int64_t most = std::min<int64_t>(kMaxPages, std::max<int64_t>(1, (int64_t{1} << 30) / block_size));
-  const int64_t fewest = std::max<int64_t>(1, (64 + block_size - 1) / block_size);
+  const int64_t fewest = std::max<int64_t>(1, (split_tokens + block_size - 1) / block_size);
   const int64_t min_splits = (max_blocks + most - 1) / most;
   const int64_t max_splits = std::max(min_splits, std::min<int64_t>(kMaxSplits, (2 * resident + items - 1) / items));
   int64_t best = (max_blocks + min_splits - 1) / min_splits;
@@ -58,23 +97,31 @@ int64_t pages_per_split(int64_t items, int64_t max_blocks, int64_t block_size, i
 }
 
 template <class T, int kLanes, int kHeads>
-void launch(const opforge::Context& ctx, Params p, int64_t seqs) {
+void launch(const opforge::Context& ctx, Params p, int64_t seqs, const Tuning& tune) {
   const cudaStream_t stream = opforge::cuda::stream(ctx);
   p.chunks = (p.group + kHeads - 1) / kHeads;
   const int64_t items = seqs * p.kv_heads * p.chunks;
-  p.pages_per_split = pages_per_split(items, p.max_blocks, p.block_size, resident<T, kLanes, kHeads>());
+  p.pages_per_split =
+      pages_per_split(items, p.max_blocks, p.block_size, resident<T, kLanes, kHeads>(), tune.split_tokens);
   p.splits = (p.max_blocks + p.pages_per_split - 1) / p.pages_per_split;
   OPFORGE_CHECK(items * p.splits <= 0x7fffffff, "more than 2^31 - 1 thread blocks (", items, " sequences x kv heads ",
                 "x head chunks, ", p.splits, " splits each)");
-  if (p.splits > 1) {
+  const bool last_block = p.splits > 1 && tune.last_block;
+  if (p.splits > 1) {  // scratch: partial outputs, their log-sum-exps, then the items' counters
     const auto rows = static_cast<size_t>(seqs * p.heads * p.splits);
-    p.partial_out = static_cast<float*>(ctx.allocate(rows * (static_cast<size_t>(p.head_dim) + 1) * sizeof(float)));
+    const size_t floats = rows * (static_cast<size_t>(p.head_dim) + 1);
+    const size_t counters = last_block ? static_cast<size_t>(items) * sizeof(unsigned) : 0;
+    p.partial_out = static_cast<float*>(ctx.allocate(floats * sizeof(float) + counters));
     p.partial_lse = p.partial_out + rows * static_cast<size_t>(p.head_dim);
+    if (last_block) {
+      p.counters = reinterpret_cast<unsigned*>(p.partial_out + floats);
+      OPFORGE_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, counters, stream));
+    }
   }
   split_kernel<T, kLanes, kHeads>
       <<<static_cast<unsigned>(items * p.splits), kThreads, Layout<kLanes, kHeads>::kBytes, stream>>>(p);
   opforge::cuda::check_launch("paged_decode_attention::split_kernel");
-  if (p.splits > 1)
+  if (p.splits > 1 && !last_block)
     opforge::cuda::launch_after<combine_kernel<T>>(dim3(static_cast<unsigned>(seqs * p.heads)), dim3(kThreads), 0,
                                                    stream, "paged_decode_attention::combine_kernel", p);
 }
@@ -83,15 +130,15 @@ void launch(const opforge::Context& ctx, Params p, int64_t seqs) {
 /// power of two, at least 4) and kHeads the query heads per block (the group size rounded up to
 /// a power of two, at most 8: a larger group takes several blocks per kv head).
 template <class T>
-void dispatch(const opforge::Context& ctx, const Params& p, int64_t seqs) {
+void dispatch(const opforge::Context& ctx, const Params& p, int64_t seqs, const Tuning& tune) {
   const int64_t vectors = p.head_dim / 8;
   const int lanes = vectors <= 4 ? 4 : vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32;
   const int heads = p.group <= 1 ? 1 : p.group <= 2 ? 2 : p.group <= 4 ? 4 : 8;
   const auto with_lanes = [&]<int kHeads>() {
-    if (lanes == 4) launch<T, 4, kHeads>(ctx, p, seqs);
-    else if (lanes == 8) launch<T, 8, kHeads>(ctx, p, seqs);
-    else if (lanes == 16) launch<T, 16, kHeads>(ctx, p, seqs);
-    else launch<T, 32, kHeads>(ctx, p, seqs);
+    if (lanes == 4) launch<T, 4, kHeads>(ctx, p, seqs, tune);
+    else if (lanes == 8) launch<T, 8, kHeads>(ctx, p, seqs, tune);
+    else if (lanes == 16) launch<T, 16, kHeads>(ctx, p, seqs, tune);
+    else launch<T, 32, kHeads>(ctx, p, seqs, tune);
   };
   if (heads == 1) with_lanes.template operator()<1>();
   else if (heads == 2) with_lanes.template operator()<2>();
@@ -130,6 +177,7 @@ void paged_decode_attention_cuda(const opforge::Context& ctx, opforge::Tensor qu
   p.block_size = block_size;
   p.max_blocks = max_blocks;
   p.scale_log2 = static_cast<float>(s * 1.4426950408889634);
+  const pd::Tuning tune = pd::tuning();
   opforge::cuda::visit_dtype<opforge::half_precision>(
-      query.dtype(), [&]<class T>(opforge::type_tag<T>) { pd::dispatch<T>(ctx, p, seqs); });
+      query.dtype(), [&]<class T>(opforge::type_tag<T>) { pd::dispatch<T>(ctx, p, seqs, tune); });
 }

@@ -21,9 +21,18 @@
 //   - at the end the groups of a warp, then the warps of the block, merge their (m, l, output)
 //     triples; a block that covers the whole context writes the output, otherwise its output
 //     divided by l and its log-sum-exp m + log2(l) go to float32 scratch memory.
-//   - combine_kernel, launched behind split_kernel by programmatic dependent launch where there
-//     is more than one split: one block per (sequence, head) weighs its splits' outputs by
-//     2^(lse - max lse) (flash-decoding's reduction, Dao et al. 2023).
+//   - the splits are combined (flash-decoding's reduction, Dao et al. 2023: each split's output
+//     weighed by 2^(lse - max lse)) by combine_row, in one of two places the launch rule picks:
+//       * combine_kernel, launched behind split_kernel by programmatic dependent launch: one block
+//         per (sequence, head);
+//       * or the last block of each (sequence, kv head, chunk) to finish, in split_kernel itself
+//         (the "last block" reduction of the CUDA programming guide's threadFenceReduction
+//         sample, as stream-K's fixup): every block of a split context writes its partial sums,
+//         fences them (__threadfence), then takes a ticket from its item's counter (zeroed on the
+//         stream before the launch); the block that draws the last ticket fences again, reads the
+//         other blocks' partial sums past L1 (__ldcg) and writes the output. No second launch.
+//   - the block ids of a split are loaded before its context length is known (every entry of
+//     block_tables is a block index), so the two loads overlap.
 // Special values follow the CPU reference: a NaN score makes the head's output NaN, a sequence
 // with no token or only -inf scores gets zeros.
 #pragma once
@@ -38,6 +47,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kStages = 3;
 /// Pages (cache blocks) one split covers at most: their block ids sit in shared memory.
 constexpr int kMaxPages = 256;
+static_assert(kMaxPages % kThreads == 0, "split_kernel loads kMaxPages / kThreads block ids per thread");
 /// Splits of one context that pages_per_split considers at most (more only where a context has
 /// more than kMaxPages * kMaxSplits pages).
 constexpr int kMaxSplits = 1024;
@@ -53,6 +63,7 @@ struct Params {
   void* out;                    // [seqs, heads, head_dim], dense
   float* partial_out;           // [seqs, heads, splits, head_dim]: each split's output / l
   float* partial_lse;           // [seqs, heads, splits]: each split's m + log2(l), log2 units
+  unsigned* counters;           // [seqs * kv_heads * chunks], zeroed: split_kernel combines; null: combine_kernel
   int64_t query_seq_stride, query_head_stride;
   int64_t heads, kv_heads, group, chunks, head_dim, block_size, max_blocks;
   int64_t pages_per_split, splits;
@@ -122,12 +133,65 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[kN], floa
   for (int e = 0; e < kN; ++e) acc[e] = a * acc[e] + b * acc2[e];
 }
 
+/// Floats of shared memory combine_row takes as scratch.
+constexpr int kCombineFloats = 6 * kThreads;
+
+/// out[row] (row: sequence * heads + query head) from the first `n` splits of the row, those
+/// that hold tokens: their outputs weighted by 2^(lse - max lse), over the weights' sum (zeros
+/// where that is 0: no token, or only -inf scores; NaN where a weight is). Called by every
+/// thread of a block of kThreads threads, after the splits' writes are visible; `scratch` is
+/// kCombineFloats floats of shared memory, free again when it returns. The threads form
+/// head_dim / 4 columns (a float4 of each split's output) by kThreads / columns groups; group k
+/// reads splits k, k + groups, ... and merges them as it goes (merge: a split is the partial sum
+/// (lse, 1, its output)), so no thread waits for a block-wide maximum before its loads; then the
+/// groups' sums are merged through shared memory.
+template <class T>
+__device__ void combine_row(const Params& p, int64_t row, int64_t n, float* scratch) {
+  const int dim = static_cast<int>(p.head_dim), cols = dim / 4, groups = kThreads / cols;
+  const int col = threadIdx.x % cols, grp = threadIdx.x / cols;  // grp >= groups: no column
+  float* const group_m = scratch;                 // [groups]
+  float* const group_l = scratch + kThreads;      // [groups]
+  float* const group_acc = scratch + 2 * kThreads;  // [groups][dim]
+  const float* const lse = p.partial_lse + row * p.splits;
+  const float4* const part = reinterpret_cast<const float4*>(p.partial_out + row * p.splits * dim) + col;
+  if (grp < groups) {
+    float m = neg_inf(), l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+    for (int64_t j = grp; j < n; j += groups) {
+      const float x = __ldcg(lse + j);
+      const float4 v = __ldcg(part + j * cols);
+      const float split_out[4] = {v.x, v.y, v.z, v.w};
+      merge(m, l, acc, x, 1.f, split_out);
+    }
+    if (col == 0) {
+      group_m[grp] = m;
+      group_l[grp] = l;
+    }
+    *reinterpret_cast<float4*>(group_acc + grp * dim + col * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  }
+  __syncthreads();  // the groups' partial sums
+  T* const out = static_cast<T*>(p.out) + row * dim;
+  for (int d = threadIdx.x; d < dim; d += kThreads) {
+    float mx = neg_inf();
+    for (int g = 0; g < groups; ++g) mx = fmaxf(mx, group_m[g]);
+    float sum = 0.f, o = 0.f;
+    for (int g = 0; g < groups; ++g) {
+      const float mg = group_m[g], a = mg == neg_inf() ? 0.f : fast_exp2(mg - mx);
+      sum += a * group_l[g];
+      o += a * group_acc[g * dim + d];
+    }
+    out[d] = opforge::kernel::from_acc<T>(sum == 0.f ? 0.f : o / sum);
+  }
+  __syncthreads();  // scratch is free again
+}
+
 /// One split of one (sequence, kv head, chunk of query heads): Note [Paged decode on CUDA].
 /// Grid: seqs * splits * kv_heads * chunks blocks (chunk fastest, so the blocks that read the
 /// same rows run together), kThreads threads, Layout::kBytes of dynamic shared memory.
 template <class T, int kLanes, int kHeads>
 __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
   using L = Layout<kLanes, kHeads>;
+  static_assert(L::kRingBytes >= kCombineFloats * 4, "combine_row's scratch reuses the rings");
   constexpr int kGroups = L::kGroups, kSteps = L::kSteps, kStageTokens = L::kStageTokens;
   extern __shared__ __align__(16) unsigned char smem[];
   int32_t* const pages = reinterpret_cast<int32_t*>(smem);
@@ -140,15 +204,29 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
   b /= p.kv_heads;
   const int64_t split = b % p.splits, seq = b / p.splits;
   const int64_t split_tokens = p.pages_per_split * p.block_size, first = split * split_tokens;
-  const int64_t left = static_cast<int64_t>(p.seq_lens[seq]) - first;
+  // The split's block ids, loaded while its context length is: every entry is a block index.
+  const int32_t* const table = p.block_tables + seq * p.max_blocks + split * p.pages_per_split;
+  const int64_t table_left = p.max_blocks - split * p.pages_per_split;
+  const int n_table = static_cast<int>(table_left < p.pages_per_split ? table_left : p.pages_per_split);
+  int32_t page_ids[kMaxPages / kThreads];
+#pragma unroll
+  for (int j = 0; j < kMaxPages / kThreads; ++j) {
+    const int i = j * kThreads + static_cast<int>(threadIdx.x);
+    page_ids[j] = i < n_table ? table[i] : 0;
+  }
+  const int64_t seq_len = p.seq_lens[seq], left = seq_len - first;
   const int tokens = static_cast<int>(left < split_tokens ? left : split_tokens);  // <= 0: none here
+  const int64_t used = (seq_len + split_tokens - 1) / split_tokens;                // splits holding tokens
+  const bool alone = p.splits == 1 || (p.counters != nullptr && used == 1);        // writes the output itself
   const int64_t head0 = kv_head * p.group + chunk * kHeads;                        // the block's first query head
   const int64_t heads_left = p.group - chunk * kHeads;
   const int heads_here = heads_left < kHeads ? static_cast<int>(heads_left) : kHeads;
   const int dim = static_cast<int>(p.head_dim);
   T* const out = static_cast<T*>(p.out);
   if (tokens <= 0) {
-    if (p.splits == 1)  // the whole context is empty: zeros (the combine kernel does it otherwise)
+    // The whole context is empty: zeros, from its only split or, where split_kernel combines,
+    // its first (combine_kernel writes them otherwise).
+    if (p.splits == 1 || (p.counters != nullptr && split == 0))
       for (int i = threadIdx.x; i < heads_here * dim; i += kThreads)
         out[(seq * p.heads + head0 + i / dim) * dim + i % dim] = opforge::kernel::from_acc<T>(0.f);
     return;
@@ -156,8 +234,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
 
   const int block_size = static_cast<int>(p.block_size);
   const int n_pages = (tokens + block_size - 1) / block_size;
-  const int32_t* const table = p.block_tables + seq * p.max_blocks + split * p.pages_per_split;
-  for (int i = threadIdx.x; i < n_pages; i += kThreads) pages[i] = table[i];
+#pragma unroll
+  for (int j = 0; j < kMaxPages / kThreads; ++j)
+    if (const int i = j * kThreads + static_cast<int>(threadIdx.x); i < n_pages) pages[i] = page_ids[j];
 
   const bool active = vec < dim / 8;  // lanes past head_dim's vectors hold zeros
   float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
@@ -299,55 +378,40 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
       o += a * merged_acc[(w * kHeads + g) * kLanes * 8 + d];
     }
     const int64_t row = seq * p.heads + head0 + g;  // (sequence, query head)
-    if (p.splits == 1) {
+    if (alone) {
       out[row * dim + d] = opforge::kernel::from_acc<T>(sum == 0.f ? 0.f : o / sum);
     } else {
       p.partial_out[(row * p.splits + split) * dim + d] = sum == 0.f ? 0.f : o / sum;
       if (d == 0) p.partial_lse[row * p.splits + split] = sum == 0.f ? neg_inf() : mx + __log2f(sum);
     }
   }
-}
+  if (alone || p.counters == nullptr) return;
 
-/// The maximum of `v` over the block (kThreads threads); every thread gets it.
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[kWarps];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  // The last block of the item to finish combines its splits (Note [Paged decode on CUDA]).
+  __shared__ bool last;
+  __threadfence();  // this block's partial sums, before its ticket
   __syncthreads();
-  v = partial[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) v = fmaxf(v, partial[w]);
-  return v;
+  if (threadIdx.x == 0) {
+    const int64_t item = (seq * p.kv_heads + kv_head) * p.chunks + chunk;
+    last = atomicAdd(p.counters + item, 1u) == static_cast<unsigned>(used - 1);
+  }
+  __syncthreads();  // also: every thread is done with merged_*, which combine_row's scratch reuses
+  if (!last) return;
+  __threadfence();  // the other blocks' partial sums, after their tickets
+  for (int g = 0; g < heads_here; ++g)
+    combine_row<T>(p, seq * p.heads + head0 + g, used, reinterpret_cast<float*>(smem + L::kPagesBytes));
 }
 
-/// out[s, h] from the splits of (s, h) that hold tokens: their outputs weighted by
-/// 2^(lse - max lse), over the weights' sum (zeros where that is 0: no token, or only -inf
-/// scores). Each thread recomputes the weights it needs (one ex2 per split and element), so any
-/// number of splits fits. Grid: seqs * heads blocks of kThreads threads, launched behind
-/// split_kernel.
+/// out[s, h] from its splits' partial sums (combine_row). Grid: seqs * heads blocks of kThreads
+/// threads, launched behind split_kernel by launch_after.
 template <class T>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
+  __shared__ __align__(16) float scratch[kCombineFloats];
   const int64_t row = blockIdx.x, seq = row / p.heads;  // row: (sequence, query head)
   const int64_t split_tokens = p.pages_per_split * p.block_size;
   const int64_t n = (p.seq_lens[seq] + split_tokens - 1) / split_tokens;
-  const int dim = static_cast<int>(p.head_dim);
   opforge::cuda::wait_for_prior_grid();  // split_kernel's partial sums
-  const float* const lse = p.partial_lse + row * p.splits;
-  float mx = neg_inf();
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) mx = fmaxf(mx, lse[i]);
-  mx = block_max(mx);
-  const auto weight = [&](int64_t i) { return lse[i] == neg_inf() ? 0.f : fast_exp2(lse[i] - mx); };
-  float total = 0.f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) total += weight(i);
-  total = opforge::kernel::block_sum(total);
-  const float* const part = p.partial_out + row * p.splits * dim;
-  for (int d = threadIdx.x; d < dim; d += kThreads) {
-    float o = 0.f;
-#pragma unroll 4
-    for (int64_t i = 0; i < n; ++i) o = fmaf(weight(i), part[i * dim + d], o);
-    static_cast<T*>(p.out)[row * dim + d] = opforge::kernel::from_acc<T>(total == 0.f ? 0.f : o / total);
-  }
+  combine_row<T>(p, row, n, scratch);
 }
 
 }  // namespace paged_decode
