@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 8); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 9); }
 
 TEST(AbiLayout, DtypeCodes) {  // opforge's own numbering, stable across versions
   EXPECT_EQ(OPFORGE_DTYPE_BOOL, 9);
@@ -105,6 +105,17 @@ TEST(AbiLayout, ArgSpec) {
   EXPECT_EQ(offsetof(OpforgeArgSpec, param), 144u);
 }
 
+TEST(AbiLayout, DtypeCase) {
+  EXPECT_EQ(sizeof(OpforgeDtypeCase), 40u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, arg), 8u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, param), 12u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, value), 16u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, dtypes), 24u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, dtype_like), 28u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, dtype_alternatives), 32u);
+}
+
 TEST(AbiLayout, Rule) {
   EXPECT_EQ(sizeof(OpforgeRule), 48u);
   EXPECT_EQ(offsetof(OpforgeRule, struct_size), 0u);
@@ -185,7 +196,7 @@ TEST(AbiLayout, Kernel) {
 }
 
 TEST(AbiLayout, OpSpec) {
-  EXPECT_EQ(sizeof(OpforgeOpSpec), 152u);
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 168u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
@@ -208,6 +219,8 @@ TEST(AbiLayout, OpSpec) {
   EXPECT_EQ(offsetof(OpforgeOpSpec, num_tolerances), 132u);  // in the tail padding of ABI 5's record
   EXPECT_EQ(offsetof(OpforgeOpSpec, tolerances), 136u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, tolerance_vs_equivalent), 144u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_dtype_cases), 152u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, dtype_cases), 160u);
 }
 
 TEST(AbiLayout, Tolerance) {
