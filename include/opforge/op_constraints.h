@@ -64,15 +64,18 @@
 //          opforge::when("kv_cache_dtype", "auto", opforge::same_dtype("key"))
 //              .when("fp8_e5m2", opforge::kFloat8_e5m2)
 //              .otherwise(opforge::kFloat8_e4m3fn), opforge::mutated)
-//   .param<std::string>("kv_cache_dtype", opforge::one_of({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}))
+//   .param<std::string>("kv_cache_dtype", opforge::one_of({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}),
+//                       opforge::compile_time)
 //
 // Each `when` names a value and its rule (a dtype, a dtype set or a same_dtype); `otherwise` is
 // the rule of every value no case names, so the rule is total. The parameter may come later in
 // the signature; a value must be one of its one_of choices when it has them (an int's in
 // decimal, a bool's true or false). A call is checked against the rule its parameter's value
-// selects ("key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is \"fp8\", got
-// bfloat16"), as eagerly so in torch's Meta kernel and JAX's abstract evaluation, where parameters
-// are constants; opforge verify draws for each value only the dtypes its rule admits.
+// selects ("key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got
+// bfloat16"), in torch's Meta kernel and JAX's abstract evaluation too, where parameters are
+// constants; opforge verify draws for each value only the dtypes its rule admits. A run-time
+// kernel takes a std::string parameter only as opforge::compile_time (each value its own
+// instantiation), which the rule's parameter then is.
 #pragma once
 
 #include <cstdint>

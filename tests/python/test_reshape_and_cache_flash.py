@@ -246,3 +246,19 @@ def test_a_rule_without_otherwise_does_not_compile(tmp_path):
     assert "opforge: opforge::when(...) needs .otherwise(rule): the dtype rule of the values no case names" in (
         proc.stderr
     )
+
+
+def test_jax_refuses_a_cache_of_the_other_rule_at_trace_time():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import opforge.jax as ojax
+
+    ojax.load_library(opforge.example_library("kv_cache_write"))
+    key = jnp.zeros((5, 2, 16), jnp.float32)
+    cache = jnp.zeros((4, 4, 2, 16), jnp.float32)
+    slots = jnp.array([0, 1, -1, 2, 3], jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+    scale = jnp.ones((), jnp.float32)
+    with pytest.raises(ValueError) as err:
+        ojax.ops.examples.reshape_and_cache_flash(key, key, cache, cache, slots, "fp8", scale, scale)
+    assert "\n  key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got float32" in str(err.value)
