@@ -444,7 +444,9 @@ def check_kernels_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report:
     sets = param_sets(op, random.Random(seed))
     choices = [list(dict.fromkeys(p[a.index] for p in sets)) for a in compile_time]
     for case in cases:
-        for combination in itertools.product(*choices):  # every combination, not one at a time
+        # A compile-time parameter whose value selects the case's dtype rule takes that value only.
+        mine = [[case.params[a.name]] if a.name in case.params else c for a, c in zip(compile_time, choices)]
+        for combination in itertools.product(*mine):  # every combination, not one at a time
             values = {**case.params, **{a.name: v for a, v in zip(compile_time, combination)}}
             tensors = {k: dtype_of(v) for k, v in case.dtypes.items()}
             for arch in CHECK_ARCHS:
