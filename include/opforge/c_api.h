@@ -55,7 +55,10 @@
  * Version 9: OpforgeTensorSpec::leading_like (OpforgeArgSpec grew; an older adapter would not
  * tie such an input's leading dims), OpforgeRule::when_arg and when_given (held in an array, it
  * grew; an older adapter would check a rule whose optional input is absent); rules and
- * same_dtype/same_shape may name any argument, declared before or after them.
+ * same_dtype/same_shape may name any argument, declared before or after them. Also dtype rules
+ * that follow a parameter's value (an older adapter would hold every call to the rule of the
+ * spec, which is then only the rule of the values no case names); appended:
+ * OpforgeOpSpec::num_dtype_cases and dtype_cases (OpforgeDtypeCase).
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -415,6 +418,23 @@ typedef struct OpforgeTolerance {
   double rtol;
 } OpforgeTolerance;
 
+/* A tensor input's dtype rule for the calls where parameter `param` has the value `value`
+ * (`opforge::when(param, value, rule)`, Note [Rules that follow a parameter] in
+ * opforge/op_constraints.h): in those calls the rule below replaces the dtype rule of the
+ * input's OpforgeTensorSpec (dtypes, dtype_like, dtype_alternatives, with the same meanings),
+ * which holds for the values no case of that input names. `value` is spelled as the parameter's
+ * choices are: a string as is, an int64 in decimal, a bool "true" or "false". `param` is a
+ * STRING, INT or BOOL parameter; at most one case per (arg, value). Since ABI 9. */
+typedef struct OpforgeDtypeCase {
+  size_t struct_size;
+  int32_t arg;   /* the tensor input the rule is of */
+  int32_t param; /* the parameter whose value selects the rule */
+  const char* value;
+  uint32_t dtypes;
+  int32_t dtype_like;
+  uint32_t dtype_alternatives;
+} OpforgeDtypeCase;
+
 typedef struct OpforgeOpSpec {
   size_t struct_size;
   const char* ns;
@@ -457,6 +477,10 @@ typedef struct OpforgeOpSpec {
    * the case's own dtypes, both against float64 (OpBuilder::tolerance_vs_equivalent); 0: not
    * declared. Since ABI 6. */
   double tolerance_vs_equivalent;
+  /* Dtype rules of inputs that follow a parameter's value, grouped by input in declaration
+   * order. Since ABI 9. */
+  int32_t num_dtype_cases;
+  const struct OpforgeDtypeCase* dtype_cases;
 } OpforgeOpSpec;
 
 /* One method of a custom class (Note [Custom classes] in opforge/op.h): calling it runs `op`, an

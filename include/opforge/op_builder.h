@@ -241,14 +241,18 @@ class OpBuilder {
   /// `opforge::kFloat16 | opforge::kBFloat16`), `same_dtype("x")` (`| kFloat32` for
   /// alternatives), `same_shape("x")`, `rank(n)`, `min_rank(n)`, `shape({...})`
   /// (`shape({opforge::leading_dims, ...})` for any number of leading dims), `strided`,
-  /// `contiguous_last_dim`, `optional`, `mutated`, `values_in(lo, hi)`.
+  /// `contiguous_last_dim`, `optional`, `mutated`, `values_in(lo, hi)`, and a dtype rule that
+  /// follows a parameter, `when(param, value, rule).otherwise(rule)`.
   template <class... C>
   auto input(std::string name, const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
+    static_assert(!(std::is_same_v<C, detail::DtypeWhen> || ...),
+                  "opforge: opforge::when(...) needs .otherwise(rule): the dtype rule of the values no case names");
     static_assert((detail::TensorConstraint<C> && ...),
                   "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::same_shape, opforge::rank, "
                   "opforge::min_rank, opforge::shape, opforge::strided, opforge::contiguous_last_dim, "
-                  "opforge::optional, opforge::mutated and opforge::values_in as constraints");
+                  "opforge::optional, opforge::mutated, opforge::values_in and opforge::when(...).otherwise(...) as "
+                  "constraints");
     using Slot = std::conditional_t<(std::is_same_v<C, detail::Mutated> || ...), detail::MutatedInput, Tensor>;
     detail::TensorDecl& t = def_->add_arg(std::move(name), OPFORGE_ARG_TENSOR).tensor;
     (detail::apply(t, constraints), ...);

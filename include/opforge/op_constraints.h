@@ -54,6 +54,28 @@
 // it cannot take and a wrong one is caught within it. The CPU kernel of a call checks them before
 // the reference runs: on the host the check is cheap, and an out-of-range index would read outside
 // the table. Device calls are not checked, as reading the values would cost a synchronisation.
+//
+// Note [Rules that follow a parameter]
+// ------------------------------------
+// An input's dtype may depend on the value of a string, int or bool parameter, as vLLM's cache
+// write stores its caches in the key's dtype under kv_cache_dtype "auto" and in float8 otherwise:
+//
+//   .input("key_cache",
+//          opforge::when("kv_cache_dtype", "auto", opforge::same_dtype("key"))
+//              .when("fp8_e5m2", opforge::kFloat8_e5m2)
+//              .otherwise(opforge::kFloat8_e4m3fn), opforge::mutated)
+//   .param<std::string>("kv_cache_dtype", opforge::one_of({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}),
+//                       opforge::compile_time)
+//
+// Each `when` names a value and its rule (a dtype, a dtype set or a same_dtype); `otherwise` is
+// the rule of every value no case names, so the rule is total. The parameter may come later in
+// the signature; a value must be one of its one_of choices when it has them (an int's in
+// decimal, a bool's true or false). A call is checked against the rule its parameter's value
+// selects ("key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got
+// bfloat16"), in torch's Meta kernel and JAX's abstract evaluation too, where parameters are
+// constants; opforge verify draws for each value only the dtypes its rule admits. A run-time
+// kernel takes a std::string parameter only as opforge::compile_time (each value its own
+// instantiation), which the rule's parameter then is.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +95,19 @@ namespace opforge {
 /// (or any dtype set) also accepts those dtypes whatever that input's, e.g. a norm weight kept in
 /// float32 beside 16-bit activations: `opforge::same_dtype("x") | opforge::kFloat32`.
 inline detail::SameDtype same_dtype(std::string tensor) { return {std::move(tensor)}; }
+/// The input's dtype rule follows the value of parameter `param` (a std::string, int64_t or bool
+/// one): `rule` (a dtype, a dtype set or a same_dtype) where it equals `value`; chain
+/// `.when(value, rule)` for other values and end with `.otherwise(rule)`, the rule of every value
+/// no case names. See Note [Rules that follow a parameter] above.
+template <class V, detail::DtypeRule R>
+detail::DtypeWhen when(std::string param, const V& value, const R& rule) {
+  detail::DtypeWhen w;
+  detail::DtypeCaseDecl& c = w.cases.emplace_back();
+  c.param = std::move(param);
+  c.value = detail::param_value_string(value);
+  detail::set_dtype_rule(c, rule);
+  return w;
+}
 /// The input's shape must equal that of tensor input `tensor` (any rank; declared before or after it).
 inline detail::SameShape same_shape(std::string tensor) { return {std::move(tensor)}; }
 /// The input has exactly `n` dims.

@@ -42,6 +42,23 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class ParamDtypeRule:
+    """A tensor input's dtype rule where a parameter has one value (``opforge::when(param,
+    value, rule)``; Note [Rules that follow a parameter] in ``include/opforge/op_constraints.h``).
+
+    Attributes:
+        param: the parameter's name; value: its value (str, int or bool).
+        dtypes, same_dtype, dtype_alternatives: the rule, as :class:`TensorArg`'s fields.
+    """
+
+    param: str
+    value: object
+    dtypes: tuple[str, ...]
+    same_dtype: str | None
+    dtype_alternatives: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TensorArg:
     """A tensor input.
 
@@ -52,6 +69,8 @@ class TensorArg:
             must have.
         dtype_alternatives: with ``same_dtype``, the dtypes also accepted whatever that input's
             (``same_dtype("x") | kFloat32``).
+        dtype_cases: the rules where a parameter has a value (:class:`ParamDtypeRule`); ``dtypes``,
+            ``same_dtype`` and ``dtype_alternatives`` are then the rule of every other value.
         min_rank, max_rank: rank bounds (-1: none).
         leading_dims: ``shape`` rules the last dims, after any number of leading ones.
         leading_dims_of: the input whose leading dims this one's equal
@@ -73,6 +92,7 @@ class TensorArg:
     dtypes: tuple[str, ...]
     same_dtype: str | None
     dtype_alternatives: tuple[str, ...]
+    dtype_cases: tuple[ParamDtypeRule, ...]
     same_shape: str | None
     min_rank: int
     max_rank: int
@@ -325,6 +345,12 @@ def _arg(index: int, a: dict) -> Arg:
             dtypes=tuple(a["dtypes"]),
             same_dtype=a["same_dtype"],
             dtype_alternatives=tuple(a["dtype_alternatives"]),
+            dtype_cases=tuple(
+                ParamDtypeRule(
+                    c["param"], c["value"], tuple(c["dtypes"]), c["same_dtype"], tuple(c["dtype_alternatives"])
+                )
+                for c in a["dtype_cases"]
+            ),
             same_shape=a["same_shape"],
             min_rank=a["min_rank"],
             max_rank=a["max_rank"],

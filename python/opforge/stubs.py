@@ -69,12 +69,22 @@ def _dtypes(op: Op) -> str:
     named as torch names them, float8_e4m3fn included)."""
     rules = []
     for a in op.tensors:
-        if a.same_dtype is None:
-            rule = " | ".join(a.dtypes)
-        else:
-            rule = f"the dtype of {a.same_dtype}" + "".join(f" | {d}" for d in a.dtype_alternatives)
+        rule = _dtype_rule(a.dtypes, a.same_dtype, a.dtype_alternatives)
+        if a.dtype_cases:  # a rule that follows a parameter: "a where p is 'v', else b"
+            cases = [
+                f"{_dtype_rule(c.dtypes, c.same_dtype, c.dtype_alternatives)} where {c.param} is {c.value!r}"
+                for c in a.dtype_cases
+            ]
+            rule = ", ".join(cases) + f", else {rule}"
         rules.append(f"{a.name}: {rule}")
     return "; ".join(rules)
+
+
+def _dtype_rule(dtypes: tuple[str, ...], same_dtype: str | None, alternatives: tuple[str, ...]) -> str:
+    """One dtype rule as stubs show it: "float32 | float16" or "the dtype of x | float32"."""
+    if same_dtype is None:
+        return " | ".join(dtypes)
+    return f"the dtype of {same_dtype}" + "".join(f" | {d}" for d in alternatives)
 
 
 def _doc(op: Op, schema: str) -> str:

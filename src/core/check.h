@@ -22,6 +22,7 @@
 #include "opforge/c_api.h"
 #include "opforge/detail/names.h"
 #include "opforge/detail/str.h"
+#include "param_rules.h"
 #include "records.h"
 #include "schema.h"
 #include "span.h"
@@ -256,22 +257,25 @@ inline std::string expected_dtype(const OpforgeTensorSpec& s, std::string_view l
 inline bool same_dtype_allowed(const OpforgeTensorSpec& s, int32_t model_dtype, int32_t dtype) {
   return (dtype == model_dtype && dtype_allowed(s, dtype)) || (dtype >= 0 && ((s.dtype_alternatives >> dtype) & 1u));
 }
-/// Why tensor argument `a` may not have `dtype` (labelled `label` in the message), or "" if it
-/// may: its own set, or its same_dtype rule against the model tensor's `model_dtype` (labelled
-/// `model_label`). "expected dtype bfloat16 (the dtype of x) or float32, got float16".
-inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeArgSpec& a, int32_t dtype,
-                                 std::string_view label, int32_t model_dtype, std::string_view model_label) {
-  const OpforgeTensorSpec& s = a.tensor;
-  if (s.dtype_like < 0) return dtype_allowed(s, dtype) ? std::string() : expected_dtype(s, label);
+/// Why a tensor argument whose dtype rule is `s` (its own, or the one a parameter's value selects:
+/// ruled_spec) may not have `dtype` (labelled `label` in the message), or "" if it may: its own
+/// set, or its same_dtype rule against the model tensor's `model_dtype` (labelled `model_label`).
+/// "expected dtype bfloat16 (the dtype of x) or float32, got float16"; `where` (" where
+/// kv_cache_dtype is 'fp8'") follows the expectation of a rule a parameter's value selected.
+inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeTensorSpec& s, int32_t dtype,
+                                 std::string_view label, int32_t model_dtype, std::string_view model_label,
+                                 std::string_view where = {}) {
+  const std::string got = std::string(where) + ", got " + std::string(label);
+  if (s.dtype_like < 0) return dtype_allowed(s, dtype) ? std::string() : "expected dtype " + dtype_set_string(s.dtypes) + got;
   if (same_dtype_allowed(s, model_dtype, dtype)) return {};
-  if (model_dtype == dtype) return expected_dtype(s, label);
+  if (model_dtype == dtype) return "expected dtype " + dtype_set_string(s.dtypes) + got;
   std::string want =
       "expected dtype " + std::string(model_label) + " (the dtype of " + op.args[s.dtype_like].name + ")";
   // The model tensor's own dtype is named once, not again among the alternatives.
   const auto others = model_dtype >= 0 ? s.dtype_alternatives & ~(decltype(s.dtype_alternatives){1} << model_dtype)
                                        : s.dtype_alternatives;
   if (others) want += " or " + dtype_set_string(others);
-  return want + ", got " + std::string(label);
+  return want + got;
 }
 /// The line for a dtype `label` of kernel `k`'s dtype_arg that `k` does not take (Note [Kernel
 /// dtypes] in opforge/op_builder.h), naming those it takes of the ones the argument admits: "q: expected
@@ -321,6 +325,19 @@ void rule_problems(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::
     out.push_back("expected " + rule_string(op, rule) + ", got " + IntOps<Int>::str(*lhs) + " " +
                   comparison_symbol(rule.op) + " " + IntOps<Int>::str(*rhs));
   }
+}
+
+/// The value of parameter argument `p` of a call (a symbolic int parameter at its value).
+template <class Int>
+OpforgeValue ruling_value(const ArgInfo<Int>& p) {
+  OpforgeValue v = p.value;
+  if (p.symbolic) v.i = IntOps<Int>::concrete(*p.symbolic);
+  return v;
+}
+/// The value of parameter `p` of a call as OpforgeDtypeCase::value spells it.
+template <class Int>
+std::string ruling_text(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, int32_t p) {
+  return param_value_text(op.args[p], ruling_value(args[p]));
 }
 
 /// Checks every argument -- tensors (dtype, device, rank, shape, leading dims) and parameters
@@ -378,9 +395,17 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
     }
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;
-    if (s.dtype_like < 0 || !(bad[s.dtype_like] & kBadDtype)) {  // same_dtype: judged against that tensor's
-      const ArgInfo<Int>& model = args[s.dtype_like < 0 ? i : s.dtype_like];
-      std::string w = dtype_problem(op, a, t.dtype, t.dtype_label, model.dtype, model.dtype_label);
+    // A dtype rule that follows a parameter: the one its value selects (parameters are constants
+    // while a framework traces; a symbolic int parameter is read at its value).
+    const int32_t ruling = ruling_param(op, i);
+    const OpforgeTensorSpec ruled = ruling < 0 ? OpforgeTensorSpec{} : ruled_spec(op, i, ruling_text(op, args, ruling));
+    const OpforgeTensorSpec& ds = ruling < 0 ? s : ruled;
+    if (ds.dtype_like < 0 || !(bad[ds.dtype_like] & kBadDtype)) {  // same_dtype: judged against that tensor's
+      const ArgInfo<Int>& model = args[ds.dtype_like < 0 ? i : ds.dtype_like];
+      std::string w = dtype_problem(op, ds, t.dtype, t.dtype_label, model.dtype, model.dtype_label);
+      if (!w.empty() && ruling >= 0)
+        w = dtype_problem(op, ds, t.dtype, t.dtype_label, model.dtype, model.dtype_label,
+                          " where " + param_value_phrase(op.args[ruling], ruling_value(args[ruling])));
       if (!w.empty()) why.push_back(std::move(w));
     }
     if (!why.empty()) bad[i] |= kBadDtype;

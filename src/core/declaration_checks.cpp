@@ -189,6 +189,49 @@ void check_param(const OpforgeArgSpec& a, const std::string& ctx, Problems& p) {
   }
 }
 
+/// Note [Rules that follow a parameter]: each case follows a string, int or bool parameter, names
+/// one of its values, and has a dtype rule of its own; an input's cases follow one parameter.
+void check_dtype_cases(const OpforgeOpSpec& op, Problems& p) {
+  const Span<const OpforgeDtypeCase> cases = dtype_cases(op);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const OpforgeDtypeCase& c = cases[k];
+    if (c.arg < 0 || c.arg >= op.num_args || c.param < 0 || c.param >= op.num_args) continue;  // reported at build
+    const OpforgeArgSpec& a = op.args[c.param];
+    const std::string ctx = "input '" + std::string(op.args[c.arg].name) + "': when(\"" + a.name + "\", \"" +
+                            c.value + "\"): ";
+    if (a.kind != OPFORGE_ARG_STRING && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL) {
+      p.add(ctx, std::string("a dtype rule follows a std::string, int64_t or bool parameter, and '") + a.name +
+                     "' is a " + declared_type(a.kind));
+      continue;
+    }
+    std::string choices;
+    for (int32_t i = 0; i < a.param.num_choices; ++i) choices += (i ? ", " : "") + std::string(a.param.choices[i]);
+    const std::string_view v = c.value;
+    const bool decimal = !v.empty() && v.find_first_not_of("-0123456789") == std::string_view::npos;
+    if ((a.kind == OPFORGE_ARG_BOOL && v != "true" && v != "false") || (a.kind == OPFORGE_ARG_INT && !decimal))
+      p.add(ctx, "\"" + std::string(v) + "\" is not a value of the " + declared_type(a.kind) + " parameter '" +
+                     a.name + "'");
+    else if (a.param.num_choices > 0 && !is_choice(a.param, c.value))
+      p.add(ctx, "\"" + std::string(c.value) + "\" is not one of the values of '" + a.name + "' (one_of: " +
+                     choices + ")");
+    for (size_t e = 0; e < k; ++e) {
+      if (cases[e].arg != c.arg) continue;
+      if (cases[e].param != c.param) {
+        p.add(ctx, "the input's dtype rule already follows '" + std::string(op.args[cases[e].param].name) +
+                       "'; one input's rule follows one parameter");
+        break;
+      }
+      if (std::string_view(cases[e].value) == c.value) {
+        p.add(ctx, "a second rule for this value");
+        break;
+      }
+    }
+    if (c.dtype_like >= c.arg)
+      p.add(ctx, "same_dtype(\"" + std::string(op.args[c.dtype_like].name) + "\") must name an earlier tensor input");
+    if (c.dtype_like < 0 && c.dtypes == 0) p.add(ctx, "the dtype set is empty");
+  }
+}
+
 void check_arguments(const OpforgeOpSpec& op, std::set<std::string>& seen, Problems& p) {
   std::string after_default;  // the first argument with a default: torch schemas put defaults last
   bool first_tensor = true;
@@ -449,6 +492,7 @@ std::vector<std::string> op_declaration_problems(const OpforgeOpSpec& op) {
   std::set<std::string> seen;  // argument and output names
   check_op_names(op, p);
   check_arguments(op, seen, p);
+  check_dtype_cases(op, p);
   check_outputs(op, seen, p);
   check_rule_cycles(op, kReadsDtype, p);
   check_rule_cycles(op, kReadsSizes, p);

@@ -10,6 +10,7 @@
 #include "classes.h"
 #include "dtypes.h"
 #include "opforge/detail/names.h"
+#include "param_rules.h"
 #include "records.h"
 #include "schema.h"
 #include "sharding.h"
@@ -73,21 +74,41 @@ const char* sharding_name(int32_t s) {
   }
 }
 
+/// The names of the dtypes in bit set `bits`.
+json dtype_names(uint32_t bits) {
+  json out = json::array();
+  for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d)
+    if ((bits >> d) & 1u) out.push_back(dtype_name(d));
+  return out;
+}
+
+/// Parameter `a`'s value spelled `text` (param_value_text) as a typed JSON value.
+json typed_value(const OpforgeArgSpec& a, const std::string& text) {
+  if (a.kind == OPFORGE_ARG_STRING) return text;
+  if (a.kind == OPFORGE_ARG_BOOL) return text == "true";
+  return param_value_from_text(a, text).i;
+}
+
 json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::map<int32_t, int32_t>>& follows) {
   const OpforgeArgSpec& a = op.args[i];
   json j = {{"name", a.name}, {"type", schema_type(a.kind)}};
   if (a.kind == OPFORGE_ARG_TENSOR) {
     const OpforgeTensorSpec& t = a.tensor;
-    json dtypes = json::array();
-    for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d)
-      if ((t.dtypes >> d) & 1u) dtypes.push_back(dtype_name(d));
     j["kind"] = "tensor";
-    j["dtypes"] = std::move(dtypes);
+    j["dtypes"] = dtype_names(t.dtypes);
     j["same_dtype"] = t.dtype_like >= 0 ? json(op.args[t.dtype_like].name) : json(nullptr);
-    json alternatives = json::array();
-    for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d)
-      if ((t.dtype_alternatives >> d) & 1u) alternatives.push_back(dtype_name(d));
-    j["dtype_alternatives"] = std::move(alternatives);
+    j["dtype_alternatives"] = dtype_names(t.dtype_alternatives);
+    json cases = json::array();  // Note [Rules that follow a parameter]
+    for (const OpforgeDtypeCase& c : dtype_cases(op)) {
+      if (c.arg != i) continue;
+      json when = {{"param", op.args[c.param].name},
+                   {"value", typed_value(op.args[c.param], c.value)},
+                   {"same_dtype", c.dtype_like >= 0 ? json(op.args[c.dtype_like].name) : json(nullptr)}};
+      when["dtypes"] = dtype_names(c.dtypes);
+      when["dtype_alternatives"] = dtype_names(c.dtype_alternatives);
+      cases.push_back(std::move(when));
+    }
+    j["dtype_cases"] = std::move(cases);
     j["leading_dims"] = t.leading_dims != 0;
     j["leading_dims_of"] = t.leading_dims && t.leading_like >= 0 ? json(op.args[t.leading_like].name) : json(nullptr);
     j["same_shape"] = t.shape_like >= 0 ? json(op.args[t.shape_like].name) : json(nullptr);
@@ -210,8 +231,10 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
     json combinations = json::array();
     for (const auto& c : cs) {
       json one = json::object();
-      for (int32_t i = 0; i < op.num_args; ++i)
+      for (int32_t i = 0; i < op.num_args; ++i) {
         if (c[i] >= 0) one[op.args[i].name] = dtype_name(c[i]);
+        if (c[i] <= -2) one[op.args[i].name] = typed_value(op.args[i], ruled_values(op, i)[ruled_value_index(c[i])]);
+      }
       combinations.push_back(std::move(one));
     }
     return combinations;

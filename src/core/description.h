@@ -30,11 +30,15 @@ namespace opforge::core {
 ///        (batchable_args in sharding.h), "rules": [{"text":
 ///        "a.size(0) <= b.size(1)", "op": "<="}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],
-///        "runtime_kernels": [{"source", "name"}], "dtype_combinations": [{tensor name: dtype}...]
+///        "runtime_kernels": [{"source", "name"}], "dtype_combinations": [{tensor name: dtype,
+///        name of a parameter a dtype rule follows: typed value}...]
 ///        (dtype_combinations in dtypes.h), "dtype_combinations_on": {device: [those its kernel
 ///        takes...]} (dtype_combinations_on, Note [Kernel dtypes])}
 ///   tensor arg: {"name", "kind": "tensor", "type": "Tensor", "dtypes": ["float32"...],
 ///        "same_dtype": name | null, "dtype_alternatives": [dtype...] (with same_dtype),
+///        "dtype_cases": [{"param", "value": typed value, "dtypes", "same_dtype",
+///        "dtype_alternatives"}...] (the rules where a parameter has a value; the fields above are
+///        then the rule of every other value: Note [Rules that follow a parameter]),
 ///        "same_shape": name | null, "min_rank", "max_rank" (-1: no bound), "leading_dims": bool
 ///        ("shape" then rules the last dims), "layout": "contiguous" | "strided" | "contiguous_last_dim",
 ///        "optional": bool, "default_none": bool (schema `=None`), "mutated": bool,

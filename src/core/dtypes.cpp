@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "check.h"
+#include "param_rules.h"
 #include "records.h"
 #include "schema.h"
 
@@ -11,7 +12,7 @@ namespace opforge::core {
 namespace {
 
 /// Extends `current` from the `k`th argument of `order` (rule_order: a same_dtype model comes
-/// before the inputs that name it).
+/// before the inputs that name it); a ruling parameter's value was chosen first (choose_values).
 void extend(const OpforgeOpSpec& op, const std::vector<int32_t>& order, size_t k, std::vector<int32_t>& current,
             size_t limit, std::vector<std::vector<int32_t>>& out) {
   if (out.size() >= limit) return;
@@ -22,11 +23,12 @@ void extend(const OpforgeOpSpec& op, const std::vector<int32_t>& order, size_t k
   const int32_t i = order[k];
   const OpforgeArgSpec& a = op.args[i];
   if (a.kind != OPFORGE_ARG_TENSOR) {
-    current[i] = -1;
     extend(op, order, k + 1, current, limit, out);
     return;
   }
-  const OpforgeTensorSpec& s = a.tensor;
+  const int32_t ruling = ruling_param(op, i);
+  const OpforgeTensorSpec s =
+      ruling < 0 ? a.tensor : ruled_spec(op, i, ruled_values(op, ruling)[ruled_value_index(current[ruling])]);
   for (int32_t d = 0; d < OPFORGE_NUM_DTYPES; ++d) {
     const bool ok = s.dtype_like < 0 ? dtype_allowed(s, d) : same_dtype_allowed(s, current[s.dtype_like], d);
     if (!ok) continue;
@@ -35,12 +37,27 @@ void extend(const OpforgeOpSpec& op, const std::vector<int32_t>& order, size_t k
   }
 }
 
+/// Chooses a value of each ruling parameter from `p` on (their values vary slowest), then the dtypes.
+void choose_values(const OpforgeOpSpec& op, int32_t p, std::vector<int32_t>& current, size_t limit,
+                   std::vector<std::vector<int32_t>>& out) {
+  while (p < op.num_args && (op.args[p].kind == OPFORGE_ARG_TENSOR || ruled_values(op, p).empty())) ++p;
+  if (p == op.num_args) {
+    extend(op, rule_order(op, kReadsDtype), 0, current, limit, out);
+    return;
+  }
+  const size_t n = ruled_values(op, p).size();
+  for (size_t k = 0; k < n; ++k) {
+    current[p] = -2 - static_cast<int32_t>(k);
+    choose_values(op, p + 1, current, limit, out);
+  }
+}
+
 }  // namespace
 
 std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, size_t limit) {
   std::vector<std::vector<int32_t>> out;
   std::vector<int32_t> current(op.num_args, -1);
-  extend(op, rule_order(op, kReadsDtype), 0, current, limit, out);
+  choose_values(op, 0, current, limit, out);
   return out;
 }
 
@@ -72,14 +89,20 @@ bool is_float8(int32_t dtype) {
 }
 
 uint32_t admitted_dtypes(const OpforgeOpSpec& op, int32_t arg) {
-  // Follows same_dtype from `arg` to the input that names none; a cycle (refused at load) admits none.
-  int32_t model = arg;
-  for (int32_t steps = 0; op.args[model].tensor.dtype_like >= 0; ++steps) {
-    if (steps == op.num_args) return 0;
+  const int32_t ruling = ruling_param(op, arg);
+  if (ruling < 0) return admitted_dtypes(op, arg, op.args[arg].tensor);
+  uint32_t out = 0;
+  for (const auto& v : ruled_values(op, ruling)) out |= admitted_dtypes(op, arg, ruled_spec(op, arg, v));
+  return out;
+}
+
+uint32_t admitted_dtypes(const OpforgeOpSpec& op, int32_t arg, const OpforgeTensorSpec& s) {
+  if (s.dtype_like < 0) return s.dtypes;
+  // Follows same_dtype to the input that names none; a cycle (refused at load) admits none.
+  for (int32_t model = s.dtype_like, steps = 0; op.args[model].tensor.dtype_like >= 0; ++steps) {
+    if (steps == op.num_args || model == arg) return 0;
     model = op.args[model].tensor.dtype_like;
   }
-  const OpforgeTensorSpec& s = op.args[arg].tensor;
-  if (s.dtype_like < 0) return s.dtypes;
   const uint32_t models = admitted_dtypes(op, s.dtype_like);
   uint32_t out = 0;
   for (int32_t m = 0; m < OPFORGE_NUM_DTYPES; ++m) {

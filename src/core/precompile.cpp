@@ -2,8 +2,10 @@
 #include "precompile.h"
 
 #include "check.h"
+#include "dtypes.h"
 #include "opforge/detail/names.h"
 #include "opforge/error.h"
+#include "param_rules.h"
 #include "records.h"
 #include "schema.h"
 #include "span.h"
@@ -32,13 +34,25 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
       if (a.param.compile_time) check_param(a, values[i], why);
       continue;
     }
-    const int32_t d = dtypes[i], like = a.tensor.dtype_like;
+    // A dtype rule that follows a compile-time parameter: the one its value selects. One that
+    // follows another parameter, which a request may leave out, admits what any of its rules does.
+    const int32_t ruling = ruling_param(op, i);
+    OpforgeTensorSpec s = a.tensor;
+    std::string where;
+    if (ruling >= 0 && op.args[ruling].param.compile_time) {
+      s = ruled_spec(op, i, param_value_text(op.args[ruling], values[ruling]));
+      where = " where " + param_value_phrase(op.args[ruling], values[ruling]);
+    } else if (ruling >= 0) {
+      s.dtypes = admitted_dtypes(op, i);
+      s.dtype_like = -1;
+    }
+    const int32_t d = dtypes[i], like = s.dtype_like;
     const size_t before = why.size();
     if (d < 0) {
       if (!is_optional(a)) why.push_back(std::string(a.name) + ": expected a dtype, got none");
     } else if (like < 0 || !(bad[like] || dtypes[like] < 0)) {  // not judged against a dtype already reported
       const int32_t model = like < 0 ? d : dtypes[like];
-      const std::string w = dtype_problem(op, a, d, dtype_name(d), model, dtype_name(model));
+      const std::string w = dtype_problem(op, s, d, dtype_name(d), model, dtype_name(model), where);
       if (!w.empty()) why.push_back(std::string(a.name) + ": " + w);
     }
     bad[i] = why.size() > before || d < 0;

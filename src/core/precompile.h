@@ -20,7 +20,8 @@ namespace opforge::core {
 /// The request is checked as a call would be first, so that nothing a call would refuse gets
 /// compiled: every required tensor has a dtype the description allows (same_dtype included)
 /// and the CUDA kernel takes (Note [Kernel dtypes]), and every compile-time parameter is in
-/// its range and choices. Throws opforge::InvalidArgument
+/// its range and choices. A dtype rule that follows a compile-time parameter is the one its value
+/// selects; one that follows another parameter admits what any of its rules admits. Throws opforge::InvalidArgument
 /// with every problem on its own line (invalid_arguments_message), opforge::InternalError for a
 /// kernel that fails to compile or whose source cannot be read ("ns::op: " and the kernel's
 /// message, NVRTC's log with the source file and line).

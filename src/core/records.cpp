@@ -24,6 +24,12 @@ const char* backward_name(const OpforgeOpSpec& op) {
 
 int32_t num_rules(const OpforgeOpSpec& op) { return OPFORGE_HAS_FIELD(OpforgeOpSpec, op, rules) ? op.num_rules : 0; }
 
+Span<const OpforgeDtypeCase> dtype_cases(const OpforgeOpSpec& op) {
+  if (!OPFORGE_HAS_FIELD(OpforgeOpSpec, op, dtype_cases) || op.dtype_cases == nullptr || op.num_dtype_cases <= 0)
+    return {};
+  return {op.dtype_cases, static_cast<size_t>(op.num_dtype_cases)};
+}
+
 int32_t autocast_policy(const OpforgeOpSpec& op) {
   return OPFORGE_HAS_FIELD(OpforgeOpSpec, op, autocast) ? op.autocast : OPFORGE_AUTOCAST_NONE;
 }

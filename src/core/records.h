@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "opforge/c_api.h"
+#include "span.h"
 
 namespace opforge::core {
 
@@ -27,6 +28,10 @@ const char* backward_name(const OpforgeOpSpec& op);
 
 /// The op's cross-argument rules (OpforgeOpSpec::rules), 0 for records without the field.
 int32_t num_rules(const OpforgeOpSpec& op);
+
+/// The op's dtype rules that follow a parameter (OpforgeOpSpec::dtype_cases), none for records
+/// without the field.
+Span<const OpforgeDtypeCase> dtype_cases(const OpforgeOpSpec& op);
 
 /// The op's autocast policy (OpforgeAutocast; NONE for records without the field).
 int32_t autocast_policy(const OpforgeOpSpec& op);

@@ -25,6 +25,7 @@ struct OpDef::Storage {
   std::vector<OpforgeArgSpec> args;
   std::vector<OpforgeOutputSpec> outputs;
   std::vector<OpforgeRule> rules;
+  std::vector<OpforgeDtypeCase> dtype_cases;
 };
 
 namespace {
@@ -67,6 +68,16 @@ class Resolver {
             "\"" + name + "\" is an opforge::optional input, which may be absent, so nothing " +
                 (gate_ != nullptr ? "but one output's rules (an output that exists when it is given) " : "else ") +
                 "may refer to it");
+      return -1;
+    }
+    return it->second;
+  }
+
+  /// Index of the parameter `name`, or -1 after recording an error.
+  int32_t param(const std::string& name, const std::string& context) {
+    auto it = index_.find(name);
+    if (it == index_.end() || def_.args[it->second].kind == OPFORGE_ARG_TENSOR) {
+      error(context, "\"" + name + "\" names no parameter (parameters: " + inputs_list(false) + ")");
       return -1;
     }
     return it->second;
@@ -306,6 +317,18 @@ std::vector<std::string> OpDef::finalize() {
         spec.tensor.values_low = exprs({t.values_low}, false, ctx + "values_in(): ")[0];
         spec.tensor.values_high = exprs({t.values_high}, false, ctx + "values_in(): ")[0];
       }
+      for (const DtypeCaseDecl& c : t.dtype_cases) {
+        const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+        OpforgeDtypeCase rec{};
+        rec.struct_size = sizeof(OpforgeDtypeCase);
+        rec.arg = static_cast<int32_t>(i);
+        rec.param = r.param(c.param, at);
+        rec.value = cstr(c.value);
+        rec.dtypes = c.dtypes.bits;
+        rec.dtype_like = c.dtype_like.empty() ? -1 : r.tensor(c.dtype_like, at + "same_dtype(): ");
+        rec.dtype_alternatives = c.dtype_alternatives.bits;
+        s.dtype_cases.push_back(rec);
+      }
     } else {
       const ParamDecl& p = a.param;
       spec.param.compile_time = p.compile_time;
@@ -426,6 +449,8 @@ std::vector<std::string> OpDef::finalize() {
   spec_.num_tolerances = static_cast<int32_t>(tolerances.size());
   spec_.tolerances = tolerances.data();
   spec_.tolerance_vs_equivalent = tolerance_vs_equivalent;
+  spec_.num_dtype_cases = static_cast<int32_t>(s.dtype_cases.size());
+  spec_.dtype_cases = s.dtype_cases.data();
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
   for (int32_t d : sharding_dims) {  // a bit per dim

@@ -106,6 +106,17 @@ TEST(AbiLayout, ArgSpec) {
   EXPECT_EQ(offsetof(OpforgeArgSpec, param), 152u);
 }
 
+TEST(AbiLayout, DtypeCase) {
+  EXPECT_EQ(sizeof(OpforgeDtypeCase), 40u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, arg), 8u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, param), 12u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, value), 16u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, dtypes), 24u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, dtype_like), 28u);
+  EXPECT_EQ(offsetof(OpforgeDtypeCase, dtype_alternatives), 32u);
+}
+
 TEST(AbiLayout, Rule) {
   EXPECT_EQ(sizeof(OpforgeRule), 56u);
   EXPECT_EQ(offsetof(OpforgeRule, struct_size), 0u);
@@ -188,7 +199,7 @@ TEST(AbiLayout, Kernel) {
 }
 
 TEST(AbiLayout, OpSpec) {
-  EXPECT_EQ(sizeof(OpforgeOpSpec), 152u);
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 168u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
@@ -211,6 +222,8 @@ TEST(AbiLayout, OpSpec) {
   EXPECT_EQ(offsetof(OpforgeOpSpec, num_tolerances), 132u);  // in the tail padding of ABI 5's record
   EXPECT_EQ(offsetof(OpforgeOpSpec, tolerances), 136u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, tolerance_vs_equivalent), 144u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_dtype_cases), 152u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, dtype_cases), 160u);
 }
 
 TEST(AbiLayout, Tolerance) {

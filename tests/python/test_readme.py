@@ -119,6 +119,18 @@ def test_the_error_message_block_is_what_opforge_says():
     assert f"ValueError: {err.value}\n" == block.text
 
 
+def test_the_float8_cache_block_runs_and_its_error_is_what_opforge_says():
+    exec(_block("python", "# A float8 KV cache written with vLLM's signature").text, {})  # noqa: S102
+    block = _block("text", "ValueError: examples::reshape_and_cache_flash")
+    key = torch.randn(3, 2, 8, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 4, 2, 8, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError) as err:
+        torch.ops.examples.reshape_and_cache_flash(
+            key, key, cache, cache.clone(), torch.tensor([5, -1, 0]), "auto", torch.tensor(0.5), torch.tensor(2.0)
+        )
+    assert f"ValueError: {err.value}\n" == block.text
+
+
 def test_the_custom_class_block_runs_in_a_fresh_process(tmp_path):
     block = _block("python", "# A module holding an IdentityConvClass")
     proc = subprocess.run([sys.executable, "-c", block.text], cwd=tmp_path, capture_output=True, text=True, timeout=900)

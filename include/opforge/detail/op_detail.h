@@ -31,6 +31,14 @@
 
 namespace opforge::detail {
 
+/// A dtype rule that holds where parameter `param` has `value` (opforge::when).
+struct DtypeCaseDecl {
+  std::string param, value;  // value: as the parameter's choices spell it
+  DtypeSet dtypes{0xffffffffu >> (32 - OPFORGE_NUM_DTYPES)};
+  std::string dtype_like;
+  DtypeSet dtype_alternatives;
+};
+
 /// Constraints of a tensor input, by name (resolved to indices by OpDef::finalize).
 struct TensorDecl {
   DtypeSet dtypes{0xffffffffu >> (32 - OPFORGE_NUM_DTYPES)};
@@ -47,6 +55,7 @@ struct TensorDecl {
   Expr values_low, values_high;
   bool values_unique = false, has_sentinel = false;
   int64_t sentinel = 0;
+  std::vector<DtypeCaseDecl> dtype_cases;  // opforge::when(...).otherwise(...)
 };
 
 using ParamDefault =
@@ -497,6 +506,62 @@ inline void apply(TensorDecl& t, const Values& v) {
   t.values_unique = v.unique;
   t.has_sentinel = v.has_sentinel;
   t.sentinel = v.sentinel;
+}
+
+/// Sets the dtype rule of `c` (opforge::when's rule): a dtype, a dtype set or a same_dtype.
+inline void set_dtype_rule(DtypeCaseDecl& c, DtypeSet s) { c.dtypes = s; }
+inline void set_dtype_rule(DtypeCaseDecl& c, Dtype d) { c.dtypes = DtypeSet(d); }
+inline void set_dtype_rule(DtypeCaseDecl& c, const SameDtype& r) {
+  c.dtype_like = r.tensor;
+  c.dtype_alternatives = r.alternatives;
+}
+template <class R>
+concept DtypeRule = requires(DtypeCaseDecl& c, const R& r) { ::opforge::detail::set_dtype_rule(c, r); };
+
+/// A parameter's value as its choices spell it: a string as is, an integer in decimal, a bool
+/// "true" or "false".
+template <class V>
+std::string param_value_string(const V& v) {
+  if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
+  else if constexpr (std::is_integral_v<V>) return std::to_string(static_cast<int64_t>(v));
+  else return std::string(v);
+}
+
+/// A complete dtype rule that follows a parameter: the cases, then the rule of every other value.
+struct DtypeByParam {
+  std::vector<DtypeCaseDecl> cases;
+  DtypeCaseDecl otherwise;
+};
+
+/// opforge::when(param, value, rule), chained `.when(value, rule)` for more values of the same
+/// parameter; `.otherwise(rule)` completes it.
+struct DtypeWhen {
+  std::vector<DtypeCaseDecl> cases;
+  template <class V, DtypeRule R>
+  DtypeWhen when(const V& value, const R& rule) const {
+    DtypeWhen w = *this;
+    DtypeCaseDecl& c = w.cases.emplace_back();
+    c.param = cases.front().param;
+    c.value = param_value_string(value);
+    set_dtype_rule(c, rule);
+    return w;
+  }
+  template <DtypeRule R>
+  DtypeByParam otherwise(const R& rule) const {
+    DtypeByParam b{cases, {}};
+    set_dtype_rule(b.otherwise, rule);
+    return b;
+  }
+};
+
+/// Refused by OpBuilder::input's static_assert (a rule without .otherwise()); declared so that
+/// the assertion is the only error.
+inline void apply(TensorDecl&, const DtypeWhen&) {}
+inline void apply(TensorDecl& t, const DtypeByParam& b) {
+  t.dtypes = b.otherwise.dtypes;
+  t.dtype_like = b.otherwise.dtype_like;
+  t.dtype_alternatives = b.otherwise.dtype_alternatives;
+  t.dtype_cases = b.cases;
 }
 
 inline void apply(ParamDecl& p, const ParamRange& r) {

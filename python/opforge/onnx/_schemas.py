@@ -48,7 +48,9 @@ def _type_param(arg: TensorArg) -> str:
 
 
 def _allowed(arg: TensorArg) -> list[str]:
-    dtypes = [d for d in ONNX_TYPES if d in arg.dtypes or d in arg.dtype_alternatives]
+    # Each rule's dtypes, those of the rules a parameter's value selects included.
+    rules = [(arg.dtypes, arg.dtype_alternatives), *((c.dtypes, c.dtype_alternatives) for c in arg.dtype_cases)]
+    dtypes = [d for d in ONNX_TYPES if any(d in own or d in alternatives for own, alternatives in rules)]
     return [type_string(d) for d in (dtypes or list(ONNX_TYPES))]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -61,12 +61,15 @@ class DtypeCase:
         tolerance: the least precise floating dtype among the inputs and outputs, whose
             tolerances the case is compared with (:data:`~opforge.verify.TOLERANCES`); the
             primary dtype if none is floating.
+        params: by name, the values of the parameters whose value selects a dtype rule (Note
+            [Rules that follow a parameter]): every case of this combination takes them.
     """
 
     dtypes: dict[str, str]
     primary: str
     label: str
     tolerance: str
+    params: dict[str, object] = field(default_factory=dict)
 
 
 def primary_input(op: Op) -> TensorArg:
@@ -90,11 +93,15 @@ def dtype_cases(op: Op, only: list[str] | None = None, device: str = "cpu") -> l
     combinations = op.dtype_combinations_on.get(device, op.dtype_combinations)
     varies = {a.name for a in op.tensors if len({c[a.name] for c in op.dtype_combinations}) > 1}
     out = []
-    for c in combinations:
+    tensors = {a.name for a in op.tensors}
+    for combination in combinations:
+        c = {k: v for k, v in combination.items() if k in tensors}
+        pinned = {k: v for k, v in combination.items() if k not in tensors}
         p = c[primary]
         if only is not None and p not in only:
             continue
         others = [f"{k}={v}" for k, v in c.items() if k != primary and v != p and k in varies]
+        others += [f"{k}={v}" for k, v in pinned.items()]
         # The dtypes that follow the case: a tensor of a fixed dtype (a float32 statistic beside
         # float64 inputs) does not loosen it; compare() holds each output to its own dtype too.
         outputs = [o.dtype if o.dtype is not None else c[o.dtype_like] for o in op.outputs]
@@ -102,7 +109,7 @@ def dtype_cases(op: Op, only: list[str] | None = None, device: str = "cpu") -> l
         following += [c[o.dtype_like] for o in op.outputs if o.dtype is None and o.dtype_like in varies]
         floating = [d for d in following if d in _FLOATING] or [d for d in [*c.values(), *outputs] if d in _FLOATING]
         tolerance = min(floating, key=_PRECISION_ORDER.index) if floating else p
-        out.append(DtypeCase(dict(c), p, p + (f" ({', '.join(others)})" if others else ""), tolerance))
+        out.append(DtypeCase(c, p, p + (f" ({', '.join(others)})" if others else ""), tolerance, pinned))
     if not out:
         takes = list(dict.fromkeys(c[primary] for c in combinations))
         raise ValueError(
@@ -124,7 +131,7 @@ def floating_as(op: Op, case: DtypeCase, dtype: str, keep_fixed: bool = False) -
     primary = primary_input(op).name
     if case.dtypes[primary] in _FLOATING and same[primary] != dtype:
         return None
-    return same if same in op.dtype_combinations else None
+    return same if {**same, **case.params} in op.dtype_combinations else None
 
 
 def exact_float8(op: Op, case: DtypeCase) -> bool:
@@ -135,6 +142,18 @@ def exact_float8(op: Op, case: DtypeCase) -> bool:
     dtypes = [o.dtype if o.dtype is not None else case.dtypes.get(o.dtype_like) for o in op.outputs]
     dtypes += [case.dtypes.get(a.name) for a in op.mutated]
     return any(d in FLOAT8 and d not in op.tolerances for d in dtypes)
+
+
+def pinned_sets(op: Op, sets: list[dict[int, object]], pinned: dict[str, object]) -> list[dict[int, object]]:
+    """``sets`` (:func:`param_sets`) with the parameters named in ``pinned`` set to its values,
+    each distinct set once: the sets of a dtype combination that a parameter's value selects."""
+    index = {a.name: a.index for a in op.params}
+    out: list[dict[int, object]] = []
+    for s in sets:
+        p = {**s, **{index[k]: v for k, v in pinned.items()}}
+        if p not in out:
+            out.append(p)
+    return out
 
 
 def param_sets(op: Op, rng: random.Random) -> list[dict[int, object]]:
@@ -407,15 +426,23 @@ class CaseBuilder:
     """Builds the cases of one op in one dtype combination (``dtypes`` by tensor input name: a
     :attr:`DtypeCase.dtypes`; CPU tensors), each from its own seed, drawn in turn from ``seed``
     (so a case keeps its seed whichever cases are built). ``params`` are the op's parameter sets
-    (:func:`param_sets`, drawn first from the same seed). Sizes satisfy the op's cross-argument
+    (:func:`param_sets`, drawn first from the same seed), with ``pinned`` (a
+    :attr:`DtypeCase.params`) in each. Sizes satisfy the op's cross-argument
     rules (:func:`example`), integer inputs with a value domain hold values inside it, and a
     backward op's inputs that are its forward op's results hold those results
     (:func:`forward_results`)."""
 
-    def __init__(self, op: Op, dtypes: dict[str, str], seed: int, max_elements: int = MAX_ELEMENTS["cpu"]):
+    def __init__(
+        self,
+        op: Op,
+        dtypes: dict[str, str],
+        seed: int,
+        max_elements: int = MAX_ELEMENTS["cpu"],
+        pinned: dict[str, object] | None = None,
+    ):
         self.op, self.dtypes, self.max_elements = op, dtypes, max_elements
         self.rng = random.Random(seed)
-        self.params = param_sets(op, self.rng)
+        self.params = pinned_sets(op, param_sets(op, self.rng), pinned or {})
         self.forward = _forward_of(op)
         self._shapes_seen: set = set()
 
@@ -499,7 +526,12 @@ def _viewed(index: int, how: str) -> Callable[..., torch.Tensor]:
 
 
 def generate_cases(
-    op: Op, dtypes: dict[str, str], seed: int, only: Callable[[str], bool] | None = None, device: str = "cpu"
+    op: Op,
+    dtypes: dict[str, str],
+    seed: int,
+    only: Callable[[str], bool] | None = None,
+    device: str = "cpu",
+    pinned: dict[str, object] | None = None,
 ) -> list[Inputs]:
     """Every input case for one op and dtype combination (``dtypes`` by tensor input name: a
     :attr:`DtypeCase.dtypes`; CPU tensors), built by a :class:`CaseBuilder` from ``seed``: the
@@ -511,9 +543,10 @@ def generate_cases(
     (every size, and empty), where they are None. An op with an input declared
     ``shape({leading_dims, ...})`` also gets cases with none and with three leading dims. With
     ``only``, just the cases whose label it accepts are built (each with the seed it has in the
-    full list)."""
+    full list). ``pinned``: the parameter values the dtype combination takes
+    (:attr:`DtypeCase.params`)."""
     on_cpu = device == "cpu"
-    builder = CaseBuilder(op, dtypes, seed, MAX_ELEMENTS["cpu" if on_cpu else "device"])
+    builder = CaseBuilder(op, dtypes, seed, MAX_ELEMENTS["cpu" if on_cpu else "device"], pinned)
     without = without_optional(op)
     params = builder.params
     cases: list[Inputs] = []

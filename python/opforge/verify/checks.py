@@ -192,7 +192,7 @@ def check_values(op: Op, case: DtypeCase, device: str, seed: int, report: Report
             )
         )
         return
-    for inputs in generate_cases(op, case.dtypes, seed, device=device):
+    for inputs in generate_cases(op, case.dtypes, seed, device=device, pinned=case.params):
         result = CaseResult(
             op.name,
             "values",
@@ -266,10 +266,10 @@ def check_structure(op: Op, case: DtypeCase, device: str, seed: int, report: Rep
     kernel for (an op without a .reference() has no CPU kernel)."""
     if device not in op.devices:
         return
-    cases = generate_cases(op, case.dtypes, seed)
+    cases = generate_cases(op, case.dtypes, seed, pinned=case.params)
     for suffix in dict.fromkeys(["", without_optional(op)]):
         _check_structure_of(op, case, device, report, cases, suffix)
-        builder = CaseBuilder(op, case.dtypes, seed)
+        builder = CaseBuilder(op, case.dtypes, seed, pinned=case.params)
         sweep = compile_cases(op, builder, builder.params[0], omit_optional=bool(suffix), suffix=suffix)
         check_compile(op, case, device, sweep, report)
 
@@ -312,7 +312,7 @@ def _gradcheck_dtype(op: Op, case: DtypeCase, device: str) -> tuple[torch.dtype,
     for dtype, settings in (("float64", {}), ("float32", FLOAT32_GRADCHECK)):
         combination = floating_as(op, case, dtype)
         if combination is not None:
-            on = device if combination in op.dtype_combinations_on.get(device, ()) else "cpu"
+            on = device if {**combination, **case.params} in op.dtype_combinations_on.get(device, ()) else "cpu"
             return getattr(torch, dtype), settings, on
     return None
 
@@ -444,8 +444,10 @@ def check_kernels_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report:
     sets = param_sets(op, random.Random(seed))
     choices = [list(dict.fromkeys(p[a.index] for p in sets)) for a in compile_time]
     for case in cases:
-        for combination in itertools.product(*choices):  # every combination, not one at a time
-            values = {a.name: v for a, v in zip(compile_time, combination)}
+        # A compile-time parameter whose value selects the case's dtype rule takes that value only.
+        mine = [[case.params[a.name]] if a.name in case.params else c for a, c in zip(compile_time, choices)]
+        for combination in itertools.product(*mine):  # every combination, not one at a time
+            values = {**case.params, **{a.name: v for a, v in zip(compile_time, combination)}}
             tensors = {k: dtype_of(v) for k, v in case.dtypes.items()}
             for arch in CHECK_ARCHS:
                 label = ", ".join([f"{k}={v}" for k, v in values.items()] + [arch])
@@ -492,7 +494,7 @@ def check_triton_compile(op: Op, cases: Sequence[DtypeCase], seed: int, report: 
     compile_time = {a.name for a in op.params if a.compile_time}
     for k, case in enumerate(cases):
         groups: dict[tuple, dict[str, tuple]] = {}  # compile-time values -> distinct calls
-        for inputs in generate_cases(op, case.dtypes, seed + k, device="cuda"):
+        for inputs in generate_cases(op, case.dtypes, seed + k, device="cuda", pinned=case.params):
             given = {a.name: v for a, v in zip(op.args, inputs.args, strict=True) if v is not None}
             tensors = {n: v for n, v in given.items() if isinstance(v, torch.Tensor)}
             params = {n: v for n, v in given.items() if n not in tensors}

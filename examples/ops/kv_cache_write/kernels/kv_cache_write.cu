@@ -1,14 +1,19 @@
-// kv_cache_write, compiled at run time: one block per token; its threads copy the token's
-// [heads, head_dim] key and value rows to the slot's rows of the caches in 16-byte vectors
-// (head_dim is a multiple of 8 elements, so rows are whole vectors). A token with a negative
-// slot writes nothing.
+// kv_cache_write and reshape_and_cache_flash, compiled at run time: one block per token; its
+// threads copy the token's [heads, head_dim] key and value rows to the slot's rows of the caches
+// in 16-byte vectors of the input (head_dim is a multiple of 8 elements, so rows are whole
+// vectors). A token with a negative slot writes nothing. A cache of the key's type C == T takes
+// the vectors as they are; a float8 cache takes each element as sat(float(x) / scale)
+// (opforge::kernel::store_float8: CUDA's saturating conversion, as vLLM's scaled_convert),
+// 16 / sizeof(T) bytes per store.
 #include <opforge/kernel.cuh>
 
-template <class T>
-__global__ void kv_cache_write(const T* __restrict__ key, const T* __restrict__ value, T* __restrict__ key_cache,
-                               T* __restrict__ value_cache, const int64_t* __restrict__ slot_mapping, int64_t tokens,
-                               int64_t heads, int64_t head_dim, int64_t key_token_stride, int64_t key_head_stride,
-                               int64_t value_token_stride, int64_t value_head_stride) {
+template <class T, class C>
+__device__ __forceinline__ void write_token(const T* __restrict__ key, const T* __restrict__ value,
+                                            C* __restrict__ key_cache, C* __restrict__ value_cache,
+                                            const int64_t* __restrict__ slot_mapping, const float* __restrict__ k_scale,
+                                            const float* __restrict__ v_scale, int64_t heads, int64_t head_dim,
+                                            int64_t key_token_stride, int64_t key_head_stride,
+                                            int64_t value_token_stride, int64_t value_head_stride) {
   constexpr int kWidth = 16 / sizeof(T);
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
@@ -16,13 +21,51 @@ __global__ void kv_cache_write(const T* __restrict__ key, const T* __restrict__ 
   const int64_t per_head = head_dim / kWidth, vectors = heads * per_head;
   const T* k = key + t * key_token_stride;
   const T* v = value + t * value_token_stride;
-  uint4* kc = reinterpret_cast<uint4*>(key_cache + slot * heads * head_dim);
-  uint4* vc = reinterpret_cast<uint4*>(value_cache + slot * heads * head_dim);
-  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    const int64_t h = i / per_head, e = (i % per_head) * kWidth;
-    const uint4 kv = *reinterpret_cast<const uint4*>(k + h * key_head_stride + e);
-    const uint4 vv = *reinterpret_cast<const uint4*>(v + h * value_head_stride + e);
-    kc[i] = kv;
-    vc[i] = vv;
+  C* kc = key_cache + slot * heads * head_dim;
+  C* vc = value_cache + slot * heads * head_dim;
+  if constexpr (opforge::kernel::is_same<T, C>::value) {
+    for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+      const int64_t h = i / per_head, e = (i % per_head) * kWidth;
+      const uint4 kv = *reinterpret_cast<const uint4*>(k + h * key_head_stride + e);
+      const uint4 vv = *reinterpret_cast<const uint4*>(v + h * value_head_stride + e);
+      reinterpret_cast<uint4*>(kc)[i] = kv;
+      reinterpret_cast<uint4*>(vc)[i] = vv;
+    }
+  } else {
+    const float ks = *k_scale, vs = *v_scale;
+    for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+      const int64_t h = i / per_head, e = (i % per_head) * kWidth;
+      float kf[kWidth], vf[kWidth];
+      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(k + h * key_head_stride + e), kf);
+      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(v + h * value_head_stride + e), vf);
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        kf[j] = kf[j] / ks;
+        vf[j] = vf[j] / vs;
+      }
+      opforge::kernel::store_float8<C, kWidth>(kc + i * kWidth, kf);
+      opforge::kernel::store_float8<C, kWidth>(vc + i * kWidth, vf);
+    }
   }
+}
+
+template <class T>
+__global__ void kv_cache_write(const T* __restrict__ key, const T* __restrict__ value, T* __restrict__ key_cache,
+                               T* __restrict__ value_cache, const int64_t* __restrict__ slot_mapping, int64_t tokens,
+                               int64_t heads, int64_t head_dim, int64_t key_token_stride, int64_t key_head_stride,
+                               int64_t value_token_stride, int64_t value_head_stride) {
+  write_token<T, T>(key, value, key_cache, value_cache, slot_mapping, nullptr, nullptr, heads, head_dim,
+                    key_token_stride, key_head_stride, value_token_stride, value_head_stride);
+}
+
+// vLLM's signature: the per-tensor scales after the slots (read only for a float8 cache).
+template <class T, class C>
+__global__ void reshape_and_cache_flash(const T* __restrict__ key, const T* __restrict__ value,
+                                        C* __restrict__ key_cache, C* __restrict__ value_cache,
+                                        const int64_t* __restrict__ slot_mapping, const float* __restrict__ k_scale,
+                                        const float* __restrict__ v_scale, int64_t tokens, int64_t heads,
+                                        int64_t head_dim, int64_t key_token_stride, int64_t key_head_stride,
+                                        int64_t value_token_stride, int64_t value_head_stride) {
+  write_token<T, C>(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, heads, head_dim,
+                    key_token_stride, key_head_stride, value_token_stride, value_head_stride);
 }

@@ -1,0 +1,82 @@
+"""The paged KV-cache write with vLLM's signature (examples::reshape_and_cache_flash) against the
+torch expression of its rule in eager and under ``torch.compile``, each compared with a
+device-to-device copy of the bytes it moves (the bandwidth ceiling), in one process.
+
+At [tokens, heads, head_dim] = [4096, 8, 128] bf16 keys and values by default, into caches of
+[blocks, 16, heads, head_dim] with a slot per token (a shuffled permutation of the cache's
+slots, as a serving batch of many sequences writes them): kv_cache_dtype "auto" (bf16 caches)
+and "fp8" (float8_e4m3fn caches, each element divided by its per-tensor scale, saturated).
+
+    python3 bench/bench_cache_write.py [--tokens 4096] [--heads 8] [--head-dim 128] [--json out.json]
+
+Bytes moved: key and value read (2 bytes an element), the caches' rows written (2 bytes an
+element under "auto", 1 under "fp8"), and the slots read (8 bytes a token). Times are medians
+of triton.testing.do_bench (CUDA events), inputs random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from common import bandwidth_group, bandwidth_or_call_line, report
+
+import opforge
+
+
+def write_torch(key, value, key_cache, value_cache, slots, kv_cache_dtype, k_scale, v_scale) -> None:
+    """vLLM's reshape_and_cache_flash in torch: each token's rows into its slot of the caches,
+    divided by the scale and saturated to the cache's float8 dtype unless kv_cache_dtype is
+    "auto" (every slot here is a real one: no padding)."""
+    for x, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+        rows = x
+        if kv_cache_dtype != "auto":
+            top = torch.finfo(cache.dtype).max
+            rows = (x.float() / scale).clamp(-top, top).to(cache.dtype)
+        cache.view(-1, *x.shape[1:]).index_copy_(0, slots, rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    opforge.load_library(opforge.example_library("kv_cache_write"))
+    T, H, D = args.tokens, args.heads, args.head_dim
+    block = 16
+    blocks = (T + block - 1) // block
+    rows = []
+    key = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * 10
+    value = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * 10
+    slots = torch.randperm(blocks * block, device="cuda")[:T]
+    k_scale, v_scale = torch.tensor(0.05, device="cuda"), torch.tensor(0.07, device="cuda")
+    compiled = torch.compile(write_torch)
+    for kv_cache_dtype, cache_dtype in (("auto", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        key_cache = torch.zeros(blocks, block, H, D, device="cuda", dtype=cache_dtype)
+        value_cache = torch.zeros_like(key_cache)
+        call = (key, value, key_cache, value_cache, slots, kv_cache_dtype, k_scale, v_scale)
+        compiled(*call)
+        nbytes = 2 * key.numel() * (key.element_size() + key_cache.element_size()) + T * 8
+        bandwidth_group(
+            rows,
+            f"reshape_and_cache_flash {kv_cache_dtype}: bf16 -> {str(cache_dtype).removeprefix('torch.')} "
+            f"[{T}, {H}, {D}]",
+            nbytes,
+            [
+                (
+                    "opforge examples::reshape_and_cache_flash",
+                    lambda call=call: torch.ops.examples.reshape_and_cache_flash(*call),
+                ),
+                ("torch eager", lambda call=call: write_torch(*call)),
+                ("torch.compile of the same", lambda call=call: compiled(*call)),
+            ],
+        )
+    report(rows, bandwidth_or_call_line(58), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
