@@ -32,14 +32,17 @@ namespace {
 /// that many are busy is let go afterwards.
 constexpr size_t kIdleWorkers = kParallelWorkers;
 
-/// The process's environment as one text, less opforge's own variables but the worker's command
-/// (OPFORGE_TRITON_*), which no compile reads (tests give each case a kernel cache of its own):
-/// a worker serves only the environment it was started in.
+/// The process's environment as one text, less the variables no compile reads and test runs
+/// change per test: opforge's own but the worker's command (OPFORGE_TRITON_*; tests give each
+/// case a kernel cache of its own), and pytest's PYTEST_CURRENT_TEST. A worker serves only the
+/// environment it was started in.
 std::string environment_text() {
   std::string text;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string_view entry(*e);
-    if (entry.starts_with("OPFORGE_") && !entry.starts_with("OPFORGE_TRITON_")) continue;
+    if ((entry.starts_with("OPFORGE_") && !entry.starts_with("OPFORGE_TRITON_")) ||
+        entry.starts_with("PYTEST_CURRENT_TEST="))
+      continue;
     text.append(entry).push_back('\0');
   }
   return text;
