@@ -52,6 +52,10 @@
  * such a kernel through its entries, as any run-time kernel).
  * Version 8: the float8 dtypes OPFORGE_DTYPE_FLOAT8_E4M3FN .. OPFORGE_DTYPE_FLOAT8_E8M0FNU (an
  * older adapter would name them "unknown" in a dtype set and could not pass such a tensor).
+ * Version 9: OpforgeTensorSpec::leading_like (OpforgeArgSpec grew; an older adapter would not
+ * tie such an input's leading dims), OpforgeRule::when_arg and when_given (held in an array, it
+ * grew; an older adapter would check a rule whose optional input is absent); rules and
+ * same_dtype/same_shape may name any argument, declared before or after them.
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -63,7 +67,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 8
+#define OPFORGE_ABI_VERSION 9
 
 /* Whether `record`, a struct of type `type` that starts with `struct_size`, carries `field`:
  * its struct_size reaches past the field's end. Readers test a field appended after the
@@ -192,16 +196,17 @@ typedef enum OpforgeLayout {
 typedef struct OpforgeTensorSpec {
   size_t struct_size;
   uint32_t dtypes;    /* bit (1u << OpforgeDtype) per allowed dtype */
-  int32_t dtype_like; /* index of an earlier tensor argument whose dtype this must equal, or -1 */
+  int32_t dtype_like; /* index of a tensor argument whose dtype this must equal, or -1 */
   int32_t min_rank;   /* -1: no lower bound */
   int32_t max_rank;   /* -1: no upper bound */
   int32_t num_dims;   /* > 0: exact rank and one expression per dim (num_nodes 0: any) */
   const OpforgeExpr* dims;
   int32_t layout;     /* OpforgeLayout */
-  int32_t shape_like; /* index of an earlier tensor argument whose shape this must equal, or -1 */
+  int32_t shape_like; /* index of a tensor argument whose shape this must equal, or -1 */
   /* 1: the caller may leave the tensor out (schema `Tensor? name=None`); it then arrives absent
    * (see OpforgeTensor) and its constraints are not checked. No other argument's constraint,
-   * shape rule, output rule or launch rule refers to an optional tensor, and the first tensor
+   * shape rule, output rule or launch rule refers to an optional tensor (a rule gated on its
+   * presence, OpforgeRule::when_arg, may), and the first tensor
    * argument is never optional. Since ABI 2. */
   int32_t optional;
   /* 1: the kernel writes this input in place (schema `Tensor(a!) name`): it reaches the kernel
@@ -225,6 +230,10 @@ typedef struct OpforgeTensorSpec {
    * `shape({opforge::leading_dims, ...})`): the rank is at least num_dims, within min_rank and
    * max_rank. 0: `dims` give the exact rank. Since ABI 5. */
   int32_t leading_dims;
+  /* With leading_dims: the index of the tensor argument whose leading dims (those before the
+   * dims its own shape({opforge::leading_dims, ...}) rules) this input's leading dims equal, in
+   * number and sizes (`shape({opforge::leading_dims_of("x"), ...})`), or -1. Since ABI 9. */
+  int32_t leading_like;
 } OpforgeTensorSpec;
 
 /* Default, range and choices of one parameter. */
@@ -255,6 +264,11 @@ typedef struct OpforgeRule {
   int32_t op;
   OpforgeExpr lhs;
   OpforgeExpr rhs;
+  /* -1: the rule holds for every call. Else an optional tensor argument whose presence decides
+   * whether the rule applies (opforge::when_given, opforge::unless_given): when_given 1, only to
+   * calls that give it; 0, only to calls that leave it out. Since ABI 9. */
+  int32_t when_arg;
+  int32_t when_given;
 } OpforgeRule;
 
 /* One output: its dtype and shape rule. Outputs are freshly allocated (or, through an `out=`

@@ -33,7 +33,8 @@ OpforgeStatus opforge_core_precompile(const char* request, char** out);
 /* Input shapes that satisfy an op's shape rules (opforge::core::example_shapes), with what a
  * generator needs besides (opforge::core::example_facts). Request: {"op": "ns::op", "lead": 3,
  * "last": 37, "leading": 1 (leading dims of a shape({leading_dims, ...}) input), "params":
- * {name: value}}. Response: {"shapes": {tensor name: [sizes...]},
+ * {name: value}, "omit_optional": false (rules judged for calls that leave the optional tensor
+ * inputs out)}. Response: {"shapes": {tensor name: [sizes...]},
  * "bounds": {name of an input with a value domain: [low, high]}, "rule_problems": [the
  * cross-argument rules these shapes break, as a call reports them]}. */
 OpforgeStatus opforge_core_example_shapes(const char* request, char** out);

@@ -16,8 +16,10 @@
 // time to check inputs and allocate outputs, with torch's SymInt in the Meta kernel (so
 // torch.compile and torch.export keep dynamic dims symbolic and never specialise on a batch size),
 // and through the core's C entry points for frameworks that trace shapes in Python (JAX). Names
-// refer to inputs and parameters declared before the rule; they are resolved when the library is
-// loaded, and a bad name is reported with the declaration's file and line.
+// refer to any input or parameter of the op, declared before or after the rule (an out-first op
+// rules its first argument by later ones); they are resolved when the library is loaded, and a bad
+// name, or rules that read each other in a cycle, is reported with the declaration's file and
+// line. A call checks each input after those its rules read.
 //
 // Note [Data-dependent sizes]
 // ---------------------------
@@ -62,11 +64,19 @@ class Expr {
   struct LeadingDimsTag {};
   /// The opforge::leading_dims marker.
   constexpr explicit Expr(LeadingDimsTag) : leading_dims_(true) {}
+  /// The opforge::leading_dims_of(tensor) marker: leading dims equal to those of `tensor`.
+  static Expr leading_dims_of(std::string tensor) {
+    Expr e(LeadingDimsTag{});
+    e.leading_of_ = std::move(tensor);
+    return e;
+  }
   Expr(int64_t v) : node_(make(OPFORGE_EXPR_CONST, "", v)) {}  // NOLINT: implicit by design
   Expr(int v) : Expr(static_cast<int64_t>(v)) {}               // NOLINT
 
   bool is_any() const { return node_ == nullptr && !leading_dims_; }
   bool is_leading_dims() const { return leading_dims_; }
+  /// The tensor whose leading dims a leading_dims_of marker names ("" for opforge::leading_dims).
+  const std::string& leading_of() const { return leading_of_; }
   const std::shared_ptr<const Node>& node() const { return node_; }
 
   static Expr leaf(OpforgeExprOp op, std::string name, int64_t value) {
@@ -100,6 +110,7 @@ class Expr {
   }
   std::shared_ptr<const Node> node_;
   bool leading_dims_ = false;
+  std::string leading_of_;
 };
 
 /// Dim `d` of tensor input `tensor` (negative `d` counts from the end).
@@ -114,6 +125,15 @@ inline const Expr any{};
 /// A rank bound (opforge::min_rank, opforge::rank_between) may bound the whole rank; without
 /// leading_dims a shape fixes the rank, and a rank constraint beside it is a declaration error.
 inline const Expr leading_dims{Expr::LeadingDimsTag{}};
+/// Leading dims equal to those of tensor input `tensor` (declared before or after), in number
+/// and sizes, where the last dims differ: vLLM's `silu_and_mul(out, input)` has out `[..., d]`
+/// and input `[..., 2d]`:
+///   .input("out", opforge::shape({opforge::leading_dims_of("input"), opforge::dim("input", -1) / 2}), ...)
+///   .input("input", opforge::shape({opforge::leading_dims, opforge::multiple_of(2)}))
+/// The leading dims of `tensor` are those before the dims its own shape({opforge::leading_dims,
+/// ...}) (or leading_dims_of) rules, which it must declare. Allowed only as the first entry of
+/// an input's shape({...}), like opforge::leading_dims.
+inline Expr leading_dims_of(std::string tensor) { return Expr::leading_dims_of(std::move(tensor)); }
 /// Any size that is a multiple of `k` (> 0), for kernels that load `k` elements at a time:
 /// `shape({opforge::any, opforge::multiple_of(8)})`. Allowed only as a whole dim of an input's
 /// shape({...}), like opforge::any; opforge verify generates sizes that satisfy it.
@@ -153,6 +173,10 @@ inline Expr operator%(const Expr& a, const Expr& b) { return Expr::binary(OPFORG
 struct Condition {
   OpforgeExprOp op;
   Expr lhs, rhs;
+  /// Set by opforge::when_given / opforge::unless_given: the optional input whose presence
+  /// decides whether the rule applies ("": every call), and which presence (true: given).
+  std::string input = {};
+  bool given = true;
 };
 inline Condition operator==(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_EQ, a, b}; }
 inline Condition operator!=(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_NE, a, b}; }
@@ -160,6 +184,37 @@ inline Condition operator<(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_
 inline Condition operator<=(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_LE, a, b}; }
 inline Condition operator>(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_GT, a, b}; }
 inline Condition operator>=(const Expr& a, const Expr& b) { return {OPFORGE_EXPR_GE, a, b}; }
+
+/// Rules that apply only to some calls, by whether an opforge::optional input is given: made by
+/// opforge::when_given and opforge::unless_given, extended by `.otherwise(rule)`.
+struct PresenceRules {
+  std::vector<Condition> rules;
+  /// Adds `rule` for the calls the first rule's presence does not cover.
+  PresenceRules otherwise(Condition rule) const {
+    PresenceRules p = *this;
+    rule.input = rules.front().input;
+    rule.given = !rules.front().given;
+    p.rules.push_back(std::move(rule));
+    return p;
+  }
+};
+/// `rule` holds for calls that give the opforge::optional input `input`, e.g. a state indexed
+/// by `conv_state_indices` when it is given and by batch otherwise:
+///   .require(opforge::when_given("conv_state_indices", opforge::dim("conv_state_indices", 0) == opforge::dim("x", 0))
+///                .otherwise(opforge::dim("conv_state", 0) == opforge::dim("x", 0)))
+/// The rule may read `input`'s dims (it is given whenever the rule is checked).
+inline PresenceRules when_given(std::string input, Condition rule) {
+  rule.input = std::move(input);
+  rule.given = true;
+  return PresenceRules{{std::move(rule)}};
+}
+/// `rule` holds for calls that leave the opforge::optional input `input` out:
+/// `opforge::unless_given("conv_state_indices", opforge::dim("conv_state", 0) == opforge::dim("x", 0))`.
+inline PresenceRules unless_given(std::string input, Condition rule) {
+  rule.input = std::move(input);
+  rule.given = false;
+  return PresenceRules{{std::move(rule)}};
+}
 
 /// A full shape: one expression per dim. As an input constraint it fixes the rank and each
 /// dim (`opforge::any` leaves a dim free); as an output rule it gives the output's shape.

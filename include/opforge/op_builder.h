@@ -183,6 +183,12 @@ class OpBuilder {
     def_->add_rule(std::move(rule));
     return std::move(*this);
   }
+  /// Rules by an opforge::optional input's presence (opforge::when_given, opforge::unless_given):
+  /// each is checked only on the calls its presence covers.
+  OpBuilder require(PresenceRules rules) && {
+    for (Condition& rule : rules.rules) def_->add_rule(std::move(rule));
+    return std::move(*this);
+  }
 
   /// The tolerance `opforge verify` compares this op's results in `dtype` with, against float64
   /// (|got - want| <= atol + rtol |want|), where the op's arithmetic is looser than the dtype's

@@ -69,11 +69,11 @@ namespace opforge {
 
 // ---- input constraints ----------------------------------------------------------------------
 
-/// The input's dtype must equal that of the earlier tensor input `tensor`; `| opforge::kFloat32`
+/// The input's dtype must equal that of tensor input `tensor` (declared before or after it); `| opforge::kFloat32`
 /// (or any dtype set) also accepts those dtypes whatever that input's, e.g. a norm weight kept in
 /// float32 beside 16-bit activations: `opforge::same_dtype("x") | opforge::kFloat32`.
 inline detail::SameDtype same_dtype(std::string tensor) { return {std::move(tensor)}; }
-/// The input's shape must equal that of the earlier tensor input `tensor` (any rank).
+/// The input's shape must equal that of tensor input `tensor` (any rank; declared before or after it).
 inline detail::SameShape same_shape(std::string tensor) { return {std::move(tensor)}; }
 /// The input has exactly `n` dims.
 inline detail::RankRange rank(int32_t n) { return {n, n}; }
@@ -93,11 +93,11 @@ inline constexpr detail::Strided strided{};
 inline constexpr detail::ContiguousLastDim contiguous_last_dim{};
 /// The caller may leave the input out: the schema says `Tensor? name=None`, and the kernel
 /// then gets an opforge::Tensor whose defined() is false (run-time kernels: a null pointer).
-/// The input's other constraints apply only when it is given. Nothing but output rules may refer
-/// to it (not another input's same_dtype/same_shape/shape rule, a launch rule or a `{T_name}`
-/// placeholder): an output whose rules read it (`like("key")`) exists only when it is given
-/// (schema `Tensor?`, None otherwise). The first tensor input cannot be optional, and every input
-/// and parameter declared after it needs a default (is optional, or has a default value).
+/// The input's other constraints apply only when it is given. Nothing but output rules and rules
+/// gated on its presence (opforge::when_given, opforge::unless_given) may refer to it (not another
+/// input's same_dtype/same_shape/shape rule, a launch rule or a `{T_name}` placeholder): an output whose rules read it
+/// (`like("key")`) exists only when it is given (schema `Tensor?`, None otherwise). The first tensor input cannot be
+/// optional, and every input and parameter declared after it needs a default (is optional, or has a default value).
 inline constexpr detail::Optional optional{};
 /// The elements of an integer input index something: each is in [low, high), expressions over
 /// dims and integer parameters, e.g. token positions into a table of `cos_sin_cache.size(0)` rows:

@@ -117,14 +117,19 @@ def precompile_request(
     return _request("precompile", request)["cache_hit"]
 
 
-def example_shapes(op: str, lead: int, last: int, params: dict[str, object], leading: int = 1) -> dict:
+def example_shapes(
+    op: str, lead: int, last: int, params: dict[str, object], leading: int = 1, omit_optional: bool = False
+) -> dict:
     """Input shapes that satisfy ``op``'s shape rules, from two free sizes
     (``opforge::core::example_shapes``: ``lead`` for first dims, ``last`` for last dims,
     multiples where a dim is declared ``multiple_of``, ``leading`` leading dims for an input
-    declared ``shape({leading_dims, ...})``), and the facts a generator needs besides:
+    declared ``shape({leading_dims, ...})``, those of x for one declared
+    ``shape({leading_dims_of("x"), ...})``), and the facts a generator needs besides:
     ``{"shapes": {tensor: sizes}, "bounds": {input with a value domain: [low, high]},
-    "rule_problems": [cross-argument rules these shapes break]}``."""
-    return _request("example_shapes", {"op": op, "lead": lead, "last": last, "leading": leading, "params": params})
+    "rule_problems": [cross-argument rules these shapes break, for calls that give the optional
+    tensor inputs, or with ``omit_optional`` leave them out]}``."""
+    request = {"op": op, "lead": lead, "last": last, "leading": leading, "params": params}
+    return _request("example_shapes", {**request, "omit_optional": omit_optional})
 
 
 def output_shapes(op: str, args: dict[str, object]) -> list[dict]:

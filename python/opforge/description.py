@@ -48,11 +48,14 @@ class TensorArg:
     Attributes:
         name, index: the argument's name and position in the schema.
         dtypes: allowed dtype names ("float32", "bfloat16", ...).
-        same_dtype, same_shape: the earlier input whose dtype or shape this one must have.
+        same_dtype, same_shape: the input (declared before or after) whose dtype or shape this one
+            must have.
         dtype_alternatives: with ``same_dtype``, the dtypes also accepted whatever that input's
             (``same_dtype("x") | kFloat32``).
         min_rank, max_rank: rank bounds (-1: none).
         leading_dims: ``shape`` rules the last dims, after any number of leading ones.
+        leading_dims_of: the input whose leading dims this one's equal
+            (``shape({leading_dims_of("x"), ...})``), or None.
         layout: "contiguous" (kernels get a dense, 16-byte aligned view), "strided" (any view),
             or "contiguous_last_dim" (rows of adjacent elements at 16-byte aligned strides).
         optional: the caller may pass None (``Tensor? name``).
@@ -74,6 +77,7 @@ class TensorArg:
     min_rank: int
     max_rank: int
     leading_dims: bool
+    leading_dims_of: str | None
     layout: str
     optional: bool
     default_none: bool
@@ -325,6 +329,7 @@ def _arg(index: int, a: dict) -> Arg:
             min_rank=a["min_rank"],
             max_rank=a["max_rank"],
             leading_dims=a["leading_dims"],
+            leading_dims_of=a["leading_dims_of"],
             layout=a["layout"],
             optional=a["optional"],
             default_none=a["default_none"],

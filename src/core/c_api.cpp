@@ -196,7 +196,7 @@ std::string example_shapes_request(const char* text) {
   if (!why.empty()) throw InvalidArgument(invalid_arguments_message(op, why));
   const auto shapes = example_shapes(op, request.value("lead", int64_t{3}), request.value("last", int64_t{37}),
                                      values.get(), request.value("leading", int32_t{1}));
-  const ExampleFacts facts = example_facts(op, shapes, values.get());
+  const ExampleFacts facts = example_facts(op, shapes, values.get(), request.value("omit_optional", false));
   json out = json::object(), bounds = json::object();
   for (int32_t i = 0; i < op.num_args; ++i) {
     if (op.args[i].kind == OPFORGE_ARG_TENSOR) out[op.args[i].name] = shapes[i];

@@ -301,12 +301,14 @@ bool reads_undefined(const OpforgeExpr& e, Span<const ArgInfo<Int>> args) {
 }
 
 /// Checks the op's cross-argument rules (`.require(...)`) and appends "expected <rule>, got
-/// <values>" for each that fails. A rule that reads a tensor left out, or one for which
+/// <values>" for each that fails. A rule gated on an optional input's presence the call does not
+/// have (opforge::when_given, opforge::unless_given), a rule that reads a tensor left out, or one for which
 /// `skip(expr)` says a side reads an argument already reported bad, is not checked.
 template <class Int, class Skip>
 void rule_problems(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vector<std::string>& out, Skip&& skip) {
   for (int32_t k = 0; k < num_rules(op); ++k) {
     const OpforgeRule& rule = op.rules[k];
+    if (rule.when_arg >= 0 && args[rule.when_arg].defined != (rule.when_given != 0)) continue;
     if (skip(rule.lhs) || skip(rule.rhs) || reads_undefined(rule.lhs, args) || reads_undefined(rule.rhs, args))
       continue;
     bool overflow = false;
@@ -321,8 +323,9 @@ void rule_problems(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::
   }
 }
 
-/// Checks every argument in declaration order -- tensors (dtype, device, rank, shape) and
-/// parameters (range, choices) -- then the op's cross-argument rules (`.require(...)`), and
+/// Checks every argument -- tensors (dtype, device, rank, shape, leading dims) and parameters
+/// (range, choices), each after the tensors its rules read -- then the op's cross-argument rules
+/// (`.require(...)`, those gated on an optional input's presence where it applies), and
 /// appends one line per problem in the form "name: expected ..., got ..." (a rule's:
 /// "expected <rule>, got <values>"). An optional tensor that is not defined passes unchecked (no
 /// other argument's rule reads it); any other undefined tensor is a problem.
@@ -341,12 +344,14 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
       if (e.nodes[k].op == OPFORGE_EXPR_DIM && (bad[e.nodes[k].arg] & kBadShape)) return true;
     return false;
   };
-  for (int32_t i = 0; i < op.num_args; ++i) {
+  for (int32_t i = 0; i < op.num_args && first < 0; ++i)
+    if (op.args[i].kind == OPFORGE_ARG_TENSOR && args[i].defined) first = i;
+  const auto check_one = [&](int32_t i) {
     const OpforgeArgSpec& a = op.args[i];
     if (a.kind != OPFORGE_ARG_TENSOR) {
       if (!args[i].symbolic) {
         check_param(a, args[i].value, out);
-        continue;
+        return;
       }
       // A symbolic size parameter: its range becomes guards (deferred checks where unbacked);
       // one that fails, or choices, need its value, which the message reports.
@@ -361,7 +366,7 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
         known.i = IntOps<Int>::concrete(v);
         check_param(a, known, out);
       }
-      continue;
+      return;
     }
     const ArgInfo<Int>& t = args[i];
     if (!t.defined) {
@@ -369,7 +374,7 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
         out.push_back(std::string(a.name) + ": expected a tensor, got None");
         bad[i] = kBadDtype | kBadShape;
       }
-      continue;
+      return;
     }
     const OpforgeTensorSpec& s = a.tensor;
     std::vector<std::string> why;
@@ -379,9 +384,7 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
       if (!w.empty()) why.push_back(std::move(w));
     }
     if (!why.empty()) bad[i] |= kBadDtype;
-    if (first < 0) {
-      first = i;
-    } else if (!args[first].same_device(t)) {
+    if (i != first && !args[first].same_device(t)) {
       why.push_back("expected device " + args[first].device() + " (the device of " + op.args[first].name + "), got " +
                     t.device());
     }
@@ -438,9 +441,28 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
         why.push_back("expected shape " + sizes_string(want) + " (the shape of " + op.args[s.shape_like].name +
                       "), got " + sizes_string(t.sizes));
     }
+    if (rank_ok && s.leading_dims && s.leading_like >= 0 && !(bad[s.leading_like] & kBadShape) &&
+        args[s.leading_like].defined) {
+      const auto& model = args[s.leading_like].sizes;
+      const int32_t own = r - s.num_dims,
+                    theirs = static_cast<int32_t>(model.size()) - op.args[s.leading_like].tensor.num_dims;
+      bool same = own == theirs && theirs >= 0;
+      for (int32_t d = 0; same && d < own; ++d) same = IntOps<Int>::eq(model[d], t.sizes[d]);
+      if (!same)
+        why.push_back("expected leading dims " +
+                      sizes_string(Span<const Int>(model.data(), static_cast<size_t>(theirs < 0 ? 0 : theirs))) +
+                      " (those of " + op.args[s.leading_like].name + ", shape " + sizes_string(model) + "), got " +
+                      sizes_string(Span<const Int>(t.sizes.data(), static_cast<size_t>(own))) + " (shape " +
+                      sizes_string(t.sizes) + ")");
+    }
     if (why.size() > before_shape) bad[i] |= kBadShape;
     for (const auto& w : why) out.push_back(std::string(a.name) + ": " + w);
-  }
+  };
+  // Each argument is checked after the tensors its rules read, so that a rule over a tensor
+  // already reported bad is skipped, whichever was declared first.
+  uint8_t inline_done[kInline] = {};
+  std::vector<uint8_t> heap_done(op.num_args > kInline ? op.num_args : 0, 0);
+  in_rule_order(op, kReadsDtype | kReadsSizes, op.num_args > kInline ? heap_done.data() : inline_done, check_one);
   // Note [Kernel dtypes] in opforge/op_builder.h: the kernel of the call's device may take fewer dtypes
   // than the declaration admits (meta, where a trace runs, has no kernel: not checked).
   bool restricted = false;  // (most ops: no device name is looked at on their calls)

@@ -1,8 +1,10 @@
 // The checks of declarations on their records (declaration_checks.h).
 #include "declaration_checks.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <string_view>
@@ -143,10 +145,10 @@ bool is_choice(const OpforgeParamSpec& p, std::string_view value) {
 
 void check_tensor(const OpforgeOpSpec& op, int32_t i, const std::string& ctx, Problems& p) {
   const OpforgeTensorSpec& t = op.args[i].tensor;
-  if (t.dtype_like >= i)
-    p.add(ctx, "same_dtype(\"" + std::string(op.args[t.dtype_like].name) + "\") must name an earlier tensor input");
-  if (t.shape_like >= i)
-    p.add(ctx, "same_shape(\"" + std::string(op.args[t.shape_like].name) + "\") must name an earlier tensor input");
+  if (t.leading_dims && t.leading_like >= 0 && !op.args[t.leading_like].tensor.leading_dims)
+    p.add(ctx, "leading_dims_of(\"" + std::string(op.args[t.leading_like].name) + "\"): '" +
+                   op.args[t.leading_like].name +
+                   "' has no leading dims to share: declare its shape as shape({opforge::leading_dims, ...})");
   for (int32_t d = 0; d < t.num_dims; ++d) {
     const OpforgeExpr& e = t.dims[d];
     if (e.num_nodes == 1 && e.nodes[0].op == OPFORGE_EXPR_MULTIPLE_OF && e.nodes[0].value <= 0)
@@ -237,6 +239,39 @@ void check_outputs(const OpforgeOpSpec& op, std::set<std::string>& seen, Problem
       p.add(ctx, "exists only when '" + std::string(op.args[o.present_with].name) +
                      "' is given, and an op with such an output cannot name a backward op");
   }
+}
+
+/// Rules that read each other's dtypes, or each other's sizes, in a cycle (for_each_read: an
+/// input's rules read another's, whose rules read back), which no order of checks can satisfy and
+/// no generator can size: one line per cycle, "input 'a': its rules read each other in a cycle: a
+/// -> b -> a".
+void check_rule_cycles(const OpforgeOpSpec& op, uint8_t reads, Problems& p) {
+  enum : uint8_t { kNew, kOnPath, kDone };
+  std::vector<uint8_t> state(op.num_args, kNew);
+  std::vector<int32_t> path;
+  std::function<void(int32_t)> visit = [&](int32_t i) {
+    state[i] = kOnPath;
+    path.push_back(i);
+    std::vector<bool> seen(op.num_args, false);  // for_each_read may name an input more than once
+    for_each_read(op.args[i], reads, [&](int32_t j) {
+      if (j < 0 || j >= op.num_args || seen[j]) return;
+      seen[j] = true;
+      if (state[j] == kNew) {
+        visit(j);
+      } else if (state[j] == kOnPath) {
+        std::string cycle;
+        for (auto it = std::find(path.begin(), path.end(), j); it != path.end(); ++it)
+          cycle += std::string(op.args[*it].name) + " -> ";
+        p.add("input '" + std::string(op.args[j].name) + "': ",
+              "its rules read each other in a cycle: " + cycle + op.args[j].name +
+                  " (each input's rules may read only inputs whose rules do not read it back)");
+      }
+    });
+    path.pop_back();
+    state[i] = kDone;
+  };
+  for (int32_t i = 0; i < op.num_args; ++i)
+    if (state[i] == kNew) visit(i);
 }
 
 /// "x, mask": the names of the op's tensor inputs, or "none".
@@ -415,6 +450,8 @@ std::vector<std::string> op_declaration_problems(const OpforgeOpSpec& op) {
   check_op_names(op, p);
   check_arguments(op, seen, p);
   check_outputs(op, seen, p);
+  check_rule_cycles(op, kReadsDtype, p);
+  check_rule_cycles(op, kReadsSizes, p);
   check_runtime_kernels(op, p);
   check_kernel_dtypes(op, p);
   check_shard_dims(op, p);

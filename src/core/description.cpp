@@ -89,6 +89,7 @@ json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::m
       if ((t.dtype_alternatives >> d) & 1u) alternatives.push_back(dtype_name(d));
     j["dtype_alternatives"] = std::move(alternatives);
     j["leading_dims"] = t.leading_dims != 0;
+    j["leading_dims_of"] = t.leading_dims && t.leading_like >= 0 ? json(op.args[t.leading_like].name) : json(nullptr);
     j["same_shape"] = t.shape_like >= 0 ? json(op.args[t.shape_like].name) : json(nullptr);
     j["min_rank"] = t.min_rank;
     j["max_rank"] = t.max_rank;

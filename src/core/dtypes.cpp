@@ -10,17 +10,20 @@
 namespace opforge::core {
 namespace {
 
-void extend(const OpforgeOpSpec& op, int32_t i, std::vector<int32_t>& current, size_t limit,
-            std::vector<std::vector<int32_t>>& out) {
+/// Extends `current` from the `k`th argument of `order` (rule_order: a same_dtype model comes
+/// before the inputs that name it).
+void extend(const OpforgeOpSpec& op, const std::vector<int32_t>& order, size_t k, std::vector<int32_t>& current,
+            size_t limit, std::vector<std::vector<int32_t>>& out) {
   if (out.size() >= limit) return;
-  if (i == op.num_args) {
+  if (k == order.size()) {
     out.push_back(current);
     return;
   }
+  const int32_t i = order[k];
   const OpforgeArgSpec& a = op.args[i];
   if (a.kind != OPFORGE_ARG_TENSOR) {
     current[i] = -1;
-    extend(op, i + 1, current, limit, out);
+    extend(op, order, k + 1, current, limit, out);
     return;
   }
   const OpforgeTensorSpec& s = a.tensor;
@@ -28,7 +31,7 @@ void extend(const OpforgeOpSpec& op, int32_t i, std::vector<int32_t>& current, s
     const bool ok = s.dtype_like < 0 ? dtype_allowed(s, d) : same_dtype_allowed(s, current[s.dtype_like], d);
     if (!ok) continue;
     current[i] = d;
-    extend(op, i + 1, current, limit, out);
+    extend(op, order, k + 1, current, limit, out);
   }
 }
 
@@ -37,7 +40,7 @@ void extend(const OpforgeOpSpec& op, int32_t i, std::vector<int32_t>& current, s
 std::vector<std::vector<int32_t>> dtype_combinations(const OpforgeOpSpec& op, size_t limit) {
   std::vector<std::vector<int32_t>> out;
   std::vector<int32_t> current(op.num_args, -1);
-  extend(op, 0, current, limit, out);
+  extend(op, rule_order(op, kReadsDtype), 0, current, limit, out);
   return out;
 }
 
@@ -69,9 +72,14 @@ bool is_float8(int32_t dtype) {
 }
 
 uint32_t admitted_dtypes(const OpforgeOpSpec& op, int32_t arg) {
+  // Follows same_dtype from `arg` to the input that names none; a cycle (refused at load) admits none.
+  int32_t model = arg;
+  for (int32_t steps = 0; op.args[model].tensor.dtype_like >= 0; ++steps) {
+    if (steps == op.num_args) return 0;
+    model = op.args[model].tensor.dtype_like;
+  }
   const OpforgeTensorSpec& s = op.args[arg].tensor;
   if (s.dtype_like < 0) return s.dtypes;
-  if (s.dtype_like >= arg) return 0;
   const uint32_t models = admitted_dtypes(op, s.dtype_like);
   uint32_t out = 0;
   for (int32_t m = 0; m < OPFORGE_NUM_DTYPES; ++m) {

@@ -15,9 +15,9 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
                 const std::vector<std::vector<int64_t>>& shapes) {
   OPFORGE_ICHECK(given.size() == static_cast<size_t>(op.num_args) && values.size() == given.size());
   // A required input's dtype the description fixes need not be given: same_dtype's, or the only
-  // one its set allows (same_dtype names an earlier input, so one pass in order settles it).
+  // one its set allows (in rule order, a same_dtype model comes first, so one pass settles it).
   std::vector<int32_t> dtypes(given);
-  for (int32_t i = 0; i < op.num_args; ++i) {
+  for (int32_t i : rule_order(op, kReadsDtype)) {
     const OpforgeArgSpec& a = op.args[i];
     if (a.kind != OPFORGE_ARG_TENSOR || dtypes[i] >= 0 || is_optional(a)) continue;
     if (a.tensor.dtype_like >= 0) dtypes[i] = dtypes[a.tensor.dtype_like];
@@ -26,7 +26,7 @@ bool precompile(const OpforgeOpSpec& op, const std::vector<int32_t>& given, cons
   std::vector<std::string> why;
   std::vector<bool> bad(op.num_args,
                         false);  // as a call's check: a bad dtype is reported once, not again by same_dtype
-  for (int32_t i = 0; i < op.num_args; ++i) {
+  for (int32_t i : rule_order(op, kReadsDtype)) {
     const OpforgeArgSpec& a = op.args[i];
     if (a.kind != OPFORGE_ARG_TENSOR) {
       if (a.param.compile_time) check_param(a, values[i], why);

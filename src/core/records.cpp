@@ -44,6 +44,13 @@ bool mutates_inputs(const OpforgeOpSpec& op) {
   return false;
 }
 
+std::vector<int32_t> rule_order(const OpforgeOpSpec& op, uint8_t reads) {
+  std::vector<uint8_t> done(static_cast<size_t>(op.num_args), 0);
+  std::vector<int32_t> order;
+  in_rule_order(op, reads, done.data(), [&](int32_t i) { order.push_back(i); });
+  return order;
+}
+
 bool has_runtime_source(const OpforgeKernel& k) {
   return OPFORGE_HAS_FIELD(OpforgeKernel, k, precompile) && k.source != nullptr && k.precompile != nullptr;
 }

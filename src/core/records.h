@@ -52,6 +52,53 @@ inline bool is_mutated(const OpforgeArgSpec& a) { return a.kind == OPFORGE_ARG_T
 /// True if the op writes any of its inputs.
 bool mutates_inputs(const OpforgeOpSpec& op);
 
+/// What an argument's rules read of another tensor: its dtype (same_dtype) or its sizes
+/// (same_shape, leading_dims_of, the dims a shape rule reads).
+enum RuleReads : uint8_t { kReadsDtype = 1, kReadsSizes = 2 };
+
+/// Calls `f(j)` for each tensor argument `j` whose dtype or sizes (as `reads` selects) the
+/// constraints of argument `a` read (possibly `j` more than once). A value domain's bounds are not
+/// among them: values are checked after every shape. A call checks `a` after every such `j`, and
+/// loading refuses rules that read each other's dtypes, or each other's sizes, in a cycle (Note
+/// [Shape expressions] in opforge/expr.h).
+template <class F>
+void for_each_read(const OpforgeArgSpec& a, uint8_t reads, F&& f) {
+  if (a.kind != OPFORGE_ARG_TENSOR) return;
+  const OpforgeTensorSpec& t = a.tensor;
+  if ((reads & kReadsDtype) && t.dtype_like >= 0) f(t.dtype_like);
+  if (!(reads & kReadsSizes)) return;
+  if (t.shape_like >= 0) f(t.shape_like);
+  if (t.leading_dims && t.leading_like >= 0) f(t.leading_like);
+  for (int32_t d = 0; d < t.num_dims; ++d)
+    for (int32_t k = 0; k < t.dims[d].num_nodes; ++k)
+      if (t.dims[d].nodes[k].op == OPFORGE_EXPR_DIM && t.dims[d].nodes[k].arg >= 0) f(t.dims[d].nodes[k].arg);
+}
+
+/// Calls `f(i)` once for each argument of `op`, each after the tensors whose dtype or sizes (as
+/// `reads` selects) its rules read (for_each_read): in declaration order, an argument that reads a
+/// later one waits for a later round. `done` is the caller's scratch of op.num_args zeros (no
+/// allocation: calls check in this order). Arguments left waiting (a cycle, which loading refuses,
+/// or dtype and size rules that wait on each other), come last in declaration order.
+template <class F>
+void in_rule_order(const OpforgeOpSpec& op, uint8_t reads, uint8_t* done, F&& f) {
+  for (int32_t round = 0, pending = op.num_args; pending > 0 && round <= op.num_args; ++round) {
+    for (int32_t i = 0; i < op.num_args; ++i) {
+      if (done[i]) continue;
+      bool ready = true;
+      for_each_read(op.args[i], reads, [&](int32_t j) { ready = ready && (j == i || done[j]); });
+      if (!ready) continue;
+      done[i] = 1;
+      --pending;
+      f(i);
+    }
+  }
+  for (int32_t i = 0; i < op.num_args; ++i)
+    if (!done[i]) done[i] = 1, f(i);
+}
+
+/// The arguments of `op` in the order in_rule_order visits them.
+std::vector<int32_t> rule_order(const OpforgeOpSpec& op, uint8_t reads);
+
 // ---- its kernels ------------------------------------------------------------------------------
 
 /// True if `k` is a run-time kernel (a source compiled at run time) of a library whose ABI

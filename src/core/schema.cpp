@@ -203,7 +203,10 @@ const char* comparison_symbol(int32_t op) {
 }
 
 std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule) {
-  return expr_string(op, rule.lhs) + " " + comparison_symbol(rule.op) + " " + expr_string(op, rule.rhs);
+  std::string text = expr_string(op, rule.lhs) + " " + comparison_symbol(rule.op) + " " + expr_string(op, rule.rhs);
+  if (rule.when_arg >= 0 && rule.when_arg < op.num_args)
+    text += std::string(" when ") + op.args[rule.when_arg].name + (rule.when_given ? " is given" : " is not given");
+  return text;
 }
 
 const char* autocast_name(int32_t policy) {

@@ -59,7 +59,8 @@ std::string expr_string(const OpforgeOpSpec& op, const OpforgeExpr& e);
 /// "<=" for OPFORGE_EXPR_LE, and so on for the comparisons of rules.
 const char* comparison_symbol(int32_t op);
 
-/// A rule's text, e.g. "cos_sin_cache.size(1) <= query.size(-1)".
+/// A rule's text, e.g. "cos_sin_cache.size(1) <= query.size(-1)", with its presence condition
+/// where it has one: "conv_state.size(0) == x.size(0) when conv_state_indices is not given".
 std::string rule_string(const OpforgeOpSpec& op, const OpforgeRule& rule);
 
 /// The name of an autocast policy (OpforgeAutocast): "none", "float32", "lower_precision",

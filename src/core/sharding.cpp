@@ -40,11 +40,11 @@ std::map<int32_t, std::map<int32_t, int32_t>> follow_dims(const OpforgeOpSpec& o
   const uint32_t dims = sharding_dims(op);
   for (int32_t d = 0; d < 32; ++d)
     if (dims >> d & 1u) maps[first][d] = d;
-  for (int32_t i = 0; i < op.num_args; ++i) {
+  for (int32_t i : rule_order(op, kReadsSizes)) {
     const OpforgeArgSpec& a = op.args[i];
     if (a.kind != OPFORGE_ARG_TENSOR || i == first) continue;
     auto& map = maps[i];
-    if (a.tensor.shape_like >= 0) {  // an earlier input, whose map is complete
+    if (a.tensor.shape_like >= 0) {  // an input before it in rule order, whose map is complete
       map = maps[a.tensor.shape_like];
       continue;
     }

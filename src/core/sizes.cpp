@@ -56,7 +56,13 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
     for (int32_t i = 0; i < op.num_args; ++i) {
       if (done[i]) continue;
       const OpforgeTensorSpec& t = op.args[i].tensor;
-      const int32_t rank = example_rank(t, leading);
+      const bool tied = t.leading_dims && t.leading_like >= 0;  // leading_dims_of: the model's leading dims
+      if (tied && !done[t.leading_like]) continue;
+      const std::vector<int64_t>* model = tied ? &shapes[t.leading_like] : nullptr;
+      const int32_t rank =
+          tied ? std::max<int32_t>(0, static_cast<int32_t>(model->size()) - op.args[t.leading_like].tensor.num_dims) +
+                     t.num_dims
+               : example_rank(t, leading);
       std::vector<int64_t> free;
       if (rank >= 2) {
         free.push_back(lead);
@@ -79,7 +85,7 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
       const int32_t at = first_ruled_dim(t, rank);
       for (int32_t d = 0; d < rank && complete; ++d) {
         if (d < at) {  // a leading dim
-          dims[d] = free[d];
+          dims[d] = model ? (*model)[d] : free[d];
           continue;
         }
         const OpforgeExpr& e = t.dims[d - at];
@@ -103,11 +109,12 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
 }
 
 ExampleFacts example_facts(const OpforgeOpSpec& op, const std::vector<std::vector<int64_t>>& shapes,
-                           const std::vector<OpforgeValue>& values) {
+                           const std::vector<OpforgeValue>& values, bool omit_optional) {
   std::vector<ArgInfo<int64_t>> info(op.num_args);
   for (int32_t i = 0; i < op.num_args; ++i) {
     info[i].value = i < static_cast<int32_t>(values.size()) ? values[i] : OpforgeValue{};
     if (i < static_cast<int32_t>(shapes.size())) info[i].sizes = shapes[i];
+    info[i].defined = !(omit_optional && is_optional(op.args[i]));
   }
   ExampleFacts facts;
   facts.bounds.resize(op.num_args);

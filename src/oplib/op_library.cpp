@@ -57,6 +57,7 @@ class Resolver {
       error(context, "\"" + name + "\" names no tensor input (tensor inputs: " + inputs_list(true) + ")");
       return -1;
     }
+    if (def_.args[it->second].tensor.optional && it->second == given_) return it->second;
     if (def_.args[it->second].tensor.optional && gate_ != nullptr && (*gate_ < 0 || *gate_ == it->second)) {
       *gate_ = it->second;  // an output's rule: the output exists when this input is given
       return it->second;
@@ -74,6 +75,8 @@ class Resolver {
   /// While set, tensor() admits one optional input and records it in `*gate` (the rules of an
   /// output that exists only when that input is given); nullptr: none is admitted.
   void admit_optional(int32_t* gate) { gate_ = gate; }
+  /// While >= 0, tensor() admits that optional input (a rule checked only on calls that give it).
+  void admit_given(int32_t arg) { given_ = arg; }
 
   void flatten(const std::shared_ptr<const Expr::Node>& n, std::vector<OpforgeExprNode>& out,
                const std::string& context) {
@@ -129,6 +132,7 @@ class Resolver {
   std::vector<std::string>& errors_;
   std::map<std::string, int32_t> index_;
   int32_t* gate_ = nullptr;
+  int32_t given_ = -1;
 };
 
 /// Resolves .kernel_dtypes() declarations into their kernels' dtype_arg and dtypes (Note
@@ -231,7 +235,10 @@ std::vector<std::string> OpDef::finalize() {
     for (size_t i = 0; i < es.size(); ++i) {
       auto& nodes = s.nodes.emplace_back();
       if (es[i].is_leading_dims()) {
-        r.error(context, "opforge::leading_dims is allowed only as the first entry of an input's shape({...})");
+        r.error(context,
+                std::string(es[i].leading_of().empty() ? "opforge::leading_dims"
+                                                       : "opforge::leading_dims_of(\"" + es[i].leading_of() + "\")") +
+                    " is allowed only as the first entry of an input's shape({...})");
       } else if (es[i].is_any()) {
         if (!allow_any) r.error(context, "opforge::any is allowed only in an input's shape({...})");
       } else if (es[i].node()->op == OPFORGE_EXPR_MULTIPLE_OF) {
@@ -259,6 +266,7 @@ std::vector<std::string> OpDef::finalize() {
     spec.name = cstr(a.name);
     spec.kind = a.kind;
     spec.tensor.struct_size = sizeof(OpforgeTensorSpec);
+    spec.tensor.leading_like = -1;
     spec.param.struct_size = sizeof(OpforgeParamSpec);
     if (a.kind == OPFORGE_ARG_TENSOR) {
       const TensorDecl& t = a.tensor;
@@ -275,6 +283,8 @@ std::vector<std::string> OpDef::finalize() {
         spec.tensor.num_dims = n;
         spec.tensor.dims = exprs(dims, true, ctx + "shape(): ");
         spec.tensor.leading_dims = leading;
+        if (leading && !t.shape.front().leading_of().empty())
+          spec.tensor.leading_like = r.tensor(t.shape.front().leading_of(), ctx + "leading_dims_of(): ");
         if (leading) {
           spec.tensor.min_rank = std::max(t.min_rank, n);
         } else {
@@ -376,8 +386,20 @@ std::vector<std::string> OpDef::finalize() {
     OpforgeRule rule{};
     rule.struct_size = sizeof(OpforgeRule);
     rule.op = c.op;
-    rule.lhs = exprs({c.lhs}, false, "require(): ")[0];
-    rule.rhs = exprs({c.rhs}, false, "require(): ")[0];
+    rule.when_arg = -1;
+    rule.when_given = c.given;
+    const std::string ctx =
+        c.input.empty() ? "require(): " : (c.given ? "when_given(\"" : "unless_given(\"") + c.input + "\"): ";
+    if (!c.input.empty()) {
+      const auto it = std::find_if(args.begin(), args.end(), [&](const ArgDecl& a) { return a.name == c.input; });
+      if (it == args.end() || it->kind != OPFORGE_ARG_TENSOR || !it->tensor.optional)
+        r.error(ctx, "names no opforge::optional input (a rule by presence needs an input a call may leave out)");
+      else rule.when_arg = static_cast<int32_t>(it - args.begin());
+    }
+    r.admit_given(rule.when_given ? rule.when_arg : -1);
+    rule.lhs = exprs({c.lhs}, false, ctx)[0];
+    rule.rhs = exprs({c.rhs}, false, ctx)[0];
+    r.admit_given(-1);
     s.rules.push_back(rule);
   }
 

@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 8); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 9); }
 
 TEST(AbiLayout, DtypeCodes) {  // opforge's own numbering, stable across versions
   EXPECT_EQ(OPFORGE_DTYPE_BOOL, 9);
@@ -60,7 +60,7 @@ TEST(AbiLayout, Expr) {
 }
 
 TEST(AbiLayout, TensorSpec) {
-  EXPECT_EQ(sizeof(OpforgeTensorSpec), 120u);
+  EXPECT_EQ(sizeof(OpforgeTensorSpec), 128u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, dtypes), 8u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, dtype_like), 12u);
@@ -80,6 +80,7 @@ TEST(AbiLayout, TensorSpec) {
   EXPECT_EQ(offsetof(OpforgeTensorSpec, values_high), 96u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, dtype_alternatives), 112u);
   EXPECT_EQ(offsetof(OpforgeTensorSpec, leading_dims), 116u);
+  EXPECT_EQ(offsetof(OpforgeTensorSpec, leading_like), 120u);
 }
 
 TEST(AbiLayout, ParamSpec) {
@@ -97,20 +98,22 @@ TEST(AbiLayout, ParamSpec) {
 }
 
 TEST(AbiLayout, ArgSpec) {
-  EXPECT_EQ(sizeof(OpforgeArgSpec), 264u);
+  EXPECT_EQ(sizeof(OpforgeArgSpec), 272u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, name), 8u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, kind), 16u);
   EXPECT_EQ(offsetof(OpforgeArgSpec, tensor), 24u);
-  EXPECT_EQ(offsetof(OpforgeArgSpec, param), 144u);
+  EXPECT_EQ(offsetof(OpforgeArgSpec, param), 152u);
 }
 
 TEST(AbiLayout, Rule) {
-  EXPECT_EQ(sizeof(OpforgeRule), 48u);
+  EXPECT_EQ(sizeof(OpforgeRule), 56u);
   EXPECT_EQ(offsetof(OpforgeRule, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeRule, op), 8u);
   EXPECT_EQ(offsetof(OpforgeRule, lhs), 16u);
   EXPECT_EQ(offsetof(OpforgeRule, rhs), 32u);
+  EXPECT_EQ(offsetof(OpforgeRule, when_arg), 48u);
+  EXPECT_EQ(offsetof(OpforgeRule, when_given), 52u);
 }
 
 TEST(AbiLayout, OutputSpec) {

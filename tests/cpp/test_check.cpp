@@ -476,3 +476,84 @@ TEST(KernelDtypes, ADeviceCallOfADtypeItsKernelDoesNotTakeIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+void out_first_ref(MutableTensor, Tensor) {}
+
+// vLLM's out-first silu_and_mul: out [..., d] ruled by the later input [..., 2d].
+std::unique_ptr<opforge::detail::OpDef> out_first_op() {
+  return finalized(
+      opforge::detail::make_op("ns", "act", "f.cpp", 1)
+          .input("out", opforge::same_dtype("input"), opforge::mutated,
+                 opforge::shape({opforge::leading_dims_of("input"), opforge::dim("input", -1) / 2}))
+          .input("input", opforge::floating, opforge::shape({opforge::leading_dims, opforge::multiple_of(2)}))
+          .reference(out_first_ref)
+          .release());
+}
+
+TEST(LaterArguments, AnOutFirstOpIsRuledByItsLaterInputAtAnyRank) {
+  auto def = out_first_op();
+  const auto& op = *def->spec();
+  for (std::vector<int64_t> lead : {std::vector<int64_t>{}, {5}, {2, 3}, {2, 3, 4}, {0, 3}}) {
+    std::vector<int64_t> out = lead, input = lead;
+    out.push_back(4);
+    input.push_back(8);
+    EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_BFLOAT16, out), tensor(OPFORGE_DTYPE_BFLOAT16, input)}),
+              std::vector<std::string>{})
+        << lead.size();
+  }
+  EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 5}), tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8})}),
+            std::vector<std::string>{"out: expected shape [*, input.size(-1) // 2] = [*, 4], got [2, 3, 5]"});
+  EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_FLOAT16, {2, 3, 4}), tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8})}),
+            std::vector<std::string>{"out: expected dtype float32 (the dtype of input), got float16"});
+  // The later input is checked first: a rule of out over a bad input is not reported again.
+  EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 4}), tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 7})}),
+            std::vector<std::string>{"input: expected shape [*, multiple of 2], got [2, 3, 7]"});
+}
+
+TEST(LeadingDimsOf, LeadingDimsAreTiedInNumberAndSizes) {
+  auto def = out_first_op();
+  const auto& op = *def->spec();
+  EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_FLOAT32, {2, 4, 4}), tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8})}),
+            std::vector<std::string>{
+                "out: expected leading dims [2, 3] (those of input, shape [2, 3, 8]), got [2, 4] (shape [2, 4, 4])"});
+  EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_FLOAT32, {6, 4}), tensor(OPFORGE_DTYPE_FLOAT32, {2, 3, 8})}),
+            std::vector<std::string>{
+                "out: expected leading dims [2, 3] (those of input, shape [2, 3, 8]), got [6] (shape [6, 4])"});
+  EXPECT_EQ(
+      check(op, {tensor(OPFORGE_DTYPE_FLOAT32, {1, 4}), tensor(OPFORGE_DTYPE_FLOAT32, {8})}),
+      std::vector<std::string>{"out: expected leading dims [] (those of input, shape [8]), got [1] (shape [1, 4])"});
+  const json input = describe({def.get()})["ops"][0]["args"][0];
+  EXPECT_EQ(input["leading_dims_of"], "input");
+}
+
+// A state indexed by idx when it is given, by batch otherwise.
+std::unique_ptr<opforge::detail::OpDef> presence_op() {
+  return finalized(opforge::detail::make_op("ns", "upd", "f.cpp", 1)
+                       .input("x", opforge::floating, opforge::rank(2))
+                       .input("state", opforge::same_dtype("x"), opforge::shape({opforge::any, opforge::dim("x", 1)}))
+                       .input("idx", opforge::kInt32, opforge::shape({opforge::dim("x", 0)}), opforge::optional)
+                       .require(opforge::when_given("idx", opforge::dim("state", 0) >= opforge::dim("x", 0))
+                                    .otherwise(opforge::dim("state", 0) == opforge::dim("x", 0)))
+                       .output("y", opforge::like("x"))
+                       .reference(three_inputs)
+                       .release());
+}
+
+TEST(RulesByPresence, EachRuleHoldsForTheCallsItsPresenceCovers) {
+  auto def = presence_op();
+  const auto& op = *def->spec();
+  const auto x = tensor(OPFORGE_DTYPE_FLOAT32, {4, 8}), idx = tensor(OPFORGE_DTYPE_INT32, {4});
+  EXPECT_EQ(check(op, {x, tensor(OPFORGE_DTYPE_FLOAT32, {4, 8}), absent()}), std::vector<std::string>{});
+  EXPECT_EQ(check(op, {x, tensor(OPFORGE_DTYPE_FLOAT32, {6, 8}), idx}), std::vector<std::string>{});
+  EXPECT_EQ(check(op, {x, tensor(OPFORGE_DTYPE_FLOAT32, {6, 8}), absent()}),
+            std::vector<std::string>{"expected state.size(0) == x.size(0) when idx is not given, got 6 == 4"});
+  EXPECT_EQ(check(op, {x, tensor(OPFORGE_DTYPE_FLOAT32, {2, 8}), idx}),
+            std::vector<std::string>{"expected state.size(0) >= x.size(0) when idx is given, got 2 >= 4"});
+  const json rules = describe({def.get()})["ops"][0]["rules"];
+  EXPECT_EQ(rules[0]["text"], "state.size(0) >= x.size(0) when idx is given");
+  EXPECT_EQ(rules[1]["text"], "state.size(0) == x.size(0) when idx is not given");
+}
+
+}  // namespace

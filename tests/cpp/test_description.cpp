@@ -134,6 +134,7 @@ void ref1(opforge::Tensor, opforge::MutableTensor) {}
 void ref2(opforge::Tensor, opforge::Tensor, opforge::MutableTensor) {}
 void ref_p(opforge::Tensor, double, opforge::MutableTensor) {}
 void ref_s(opforge::Tensor, std::string_view, opforge::MutableTensor) {}
+void ref_3_2(opforge::Tensor, opforge::Tensor, opforge::Tensor, opforge::MutableTensor, opforge::MutableTensor);
 
 std::vector<std::string> errors_of(std::unique_ptr<opforge::detail::OpDef> def) { return declaration_problems(*def); }
 
@@ -148,15 +149,91 @@ TEST(Description, RejectsUnknownNamesWithDeclarationSite) {
             "ops/bad.cpp:42: unit::bad_like: output 'y': like(): \"z\" names no tensor input (tensor inputs: x)");
 }
 
-TEST(Description, RejectsSameDtypeOfLaterInput) {
-  auto errors = errors_of(opforge::detail::make_op("unit", "order", "f.cpp", 7)
-                              .input("a", opforge::same_dtype("b"))
-                              .input("b", opforge::floating)
-                              .output("y", opforge::like("a"))
-                              .reference(ref2)
-                              .release());
-  ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0], "f.cpp:7: unit::order: input 'a': same_dtype(\"b\") must name an earlier tensor input");
+TEST(Description, AcceptsRulesOverLaterInputsButNotACycle) {
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "order", "f.cpp", 7)
+                          .input("a", opforge::same_dtype("b"), opforge::same_shape("b"))
+                          .input("b", opforge::floating)
+                          .output("y", opforge::like("a"))
+                          .reference(ref2)
+                          .release()),
+            std::vector<std::string>{});
+  // Not a cycle (rotary_embedding's rules): a's values index c, whose dtype follows b, whose size
+  // follows a's; values are checked after every shape, and dtypes apart from sizes.
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "mixed", "f.cpp", 7)
+                          .input("a", opforge::kInt64, opforge::rank(1), opforge::values_in(0, opforge::dim("c", 0)))
+                          .input("b", opforge::floating, opforge::shape({opforge::dim("a", 0)}))
+                          .input("c", opforge::same_dtype("b"), opforge::rank(1))
+                          .output("y", opforge::like("b"))
+                          .output("z", opforge::like("c"))
+                          .reference(ref_3_2)
+                          .release()),
+            std::vector<std::string>{});
+  // A broken fixture: a's rules read b's shape, whose rules read a's.
+  EXPECT_EQ(
+      errors_of(opforge::detail::make_op("unit", "cycle", "f.cpp", 8)
+                    .input("a", opforge::floating, opforge::shape({opforge::dim("b", 0)}))
+                    .input("b", opforge::same_dtype("a"), opforge::shape({opforge::dim("a", 0), 2}))
+                    .output("y", opforge::like("a"))
+                    .reference(ref2)
+                    .release()),
+      std::vector<std::string>{"f.cpp:8: unit::cycle: input 'a': its rules read each other in a cycle: a -> b -> a "
+                               "(each input's rules may read only inputs whose rules do not read it back)"});
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "self", "f.cpp", 9)
+                          .input("a", opforge::floating, opforge::shape({opforge::any, opforge::dim("a", 0)}))
+                          .input("b", opforge::floating)
+                          .output("y", opforge::like("a"))
+                          .reference(ref2)
+                          .release()),
+            std::vector<std::string>{"f.cpp:9: unit::self: input 'a': its rules read each other in a cycle: a -> a "
+                                     "(each input's rules may read only inputs whose rules do not read it back)"});
+}
+
+TEST(Description, LeadingDimsOfNeedsAnInputWithLeadingDims) {
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "tied", "f.cpp", 10)
+                          .input("a", opforge::floating, opforge::shape({opforge::leading_dims_of("b"), 4}))
+                          .input("b", opforge::floating, opforge::rank(2))
+                          .output("y", opforge::like("a"))
+                          .reference(ref2)
+                          .release()),
+            std::vector<std::string>{"f.cpp:10: unit::tied: input 'a': leading_dims_of(\"b\"): 'b' has no leading dims "
+                                     "to share: declare its shape as shape({opforge::leading_dims, ...})"});
+  EXPECT_EQ(
+      errors_of(opforge::detail::make_op("unit", "tied2", "f.cpp", 11)
+                    .input("a", opforge::floating, opforge::shape({opforge::leading_dims_of("c"), 4}))
+                    .input("b", opforge::floating, opforge::shape({4, opforge::leading_dims_of("a")}))
+                    .output("y", opforge::like("a"))
+                    .reference(ref2)
+                    .release()),
+      (std::vector<std::string>{
+          "f.cpp:11: unit::tied2: input 'a': leading_dims_of(): \"c\" names no tensor input (tensor inputs: a, b)",
+          "f.cpp:11: unit::tied2: input 'b': shape(): opforge::leading_dims_of(\"a\") is allowed only as the first "
+          "entry of an input's shape({...})"}));
+}
+
+TEST(Description, RulesByPresenceNameAnOptionalInput) {
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "gate", "f.cpp", 12)
+                          .input("a", opforge::floating)
+                          .input("b", opforge::floating)
+                          .require(opforge::when_given("b", opforge::dim("b", 0) == opforge::dim("a", 0)))
+                          .require(opforge::unless_given("c", opforge::dim("a", 0) == 1))
+                          .output("y", opforge::like("a"))
+                          .reference(ref2)
+                          .release()),
+            (std::vector<std::string>{"f.cpp:12: unit::gate: when_given(\"b\"): names no opforge::optional input (a "
+                                      "rule by presence needs an input a call may leave out)",
+                                      "f.cpp:12: unit::gate: unless_given(\"c\"): names no opforge::optional input "
+                                      "(a rule by presence needs an input a call may leave out)"}));
+  // Only a rule checked when the input is given may read it.
+  EXPECT_EQ(errors_of(opforge::detail::make_op("unit", "gate2", "f.cpp", 13)
+                          .input("a", opforge::floating)
+                          .input("b", opforge::floating, opforge::optional)
+                          .require(opforge::when_given("b", opforge::dim("b", 0) == opforge::dim("a", 0))
+                                       .otherwise(opforge::dim("b", 0) == 1))
+                          .output("y", opforge::like("a"))
+                          .reference(ref2)
+                          .release()),
+            std::vector<std::string>{"f.cpp:13: unit::gate2: unless_given(\"b\"): dim(): \"b\" is an "
+                                     "opforge::optional input, which may be absent, so nothing else may refer to it"});
 }
 
 TEST(Description, RejectsDefaultOutsideRange) {

@@ -36,7 +36,7 @@ TEST(Description, DescribesArgumentsOutputsAndKernels) {
   EXPECT_EQ(op["is_backward_op"], false);
   EXPECT_EQ(op["args"][0], json::parse(R"({"name": "x", "type": "Tensor", "kind": "tensor",
       "dtypes": ["float16", "bfloat16"], "same_dtype": null, "dtype_alternatives": [], "same_shape": null,
-      "min_rank": -1, "max_rank": -1, "leading_dims": false,
+      "min_rank": -1, "max_rank": -1, "leading_dims": false, "leading_dims_of": null,
       "layout": "contiguous_last_dim", "optional": false, "default_none": false, "mutated": false,
       "values": null, "shape": null, "multiple_of": [], "follows": []})"));
   EXPECT_EQ(op["args"][1], json::parse(R"({"name": "alpha", "type": "float", "kind": "param", "default": 0.5,

@@ -1,6 +1,9 @@
 // silu_and_mul: y = silu(x[..., :d]) * x[..., d:] with d = x.size(-1) / 2, the activation of a
 // gated MLP (SwiGLU: Shazeer, "GLU Variants Improve Transformer", 2020; vLLM's silu_and_mul),
-// which reads the gate and up projections from one fused matmul's output.
+// which reads the gate and up projections from one fused matmul's output; and vLLM's out-first form
+// silu_and_mul(Tensor(a!) out, Tensor input) -> (), ported with its signature as
+// examples::silu_and_mul_out beside the functional op its users call (the out-first op writes a
+// buffer the caller passes, as vLLM's model code does).
 #include <opforge/op.h>
 
 #include <algorithm>
@@ -30,6 +33,13 @@ static opforge::LaunchConfig silu_and_mul_grid(opforge::Tensor x, opforge::Mutab
   return cfg;
 }
 
+// The out-first op's reference and grid are the functional op's, with the written buffer first.
+static void silu_and_mul_out_cpu(opforge::MutableTensor out, opforge::Tensor input) { silu_and_mul_cpu(input, out); }
+
+static opforge::LaunchConfig silu_and_mul_out_grid(opforge::MutableTensor out, opforge::Tensor input) {
+  return silu_and_mul_grid(input, out);
+}
+
 OPFORGE_OP(examples, silu_and_mul)
     .doc("silu(x[..., :d]) * x[..., d:], d = x.size(-1) / 2")
     .input("x", opforge::kFloat32 | opforge::kFloat16 | opforge::kBFloat16, opforge::min_rank(1))
@@ -40,3 +50,14 @@ OPFORGE_OP(examples, silu_and_mul)
     .reference(silu_and_mul_cpu)
     .cuda_source("silu_and_mul.cu", "silu_and_mul<{T}>")
     .launch_grid(silu_and_mul_grid);
+
+OPFORGE_OP(examples, silu_and_mul_out)
+    .doc("out = silu(input[..., :d]) * input[..., d:], d = out.size(-1), in place (vLLM's silu_and_mul)")
+    .input("out", opforge::same_dtype("input"), opforge::mutated,
+           opforge::shape({opforge::leading_dims_of("input"), opforge::dim("input", -1) / 2}))
+    .input("input", opforge::kFloat32 | opforge::kFloat16 | opforge::kBFloat16,
+           opforge::shape({opforge::leading_dims, opforge::multiple_of(2)}))
+    .equivalent("torch.nn.functional.silu(input[..., : input.shape[-1] // 2]) * input[..., input.shape[-1] // 2 :]")
+    .reference(silu_and_mul_out_cpu)
+    .cuda_source("silu_and_mul.cu", "silu_and_mul_out<{T}>")
+    .launch_grid(silu_and_mul_out_grid);

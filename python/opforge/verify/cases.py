@@ -334,20 +334,23 @@ _RETRY_LASTS = (8, 16, 32, 64, 128, 256)
 _SMALL = (4, 3, 2, 1)
 
 
-def example(op: Op, lead: int, last: int, params: dict[str, object], leading: int = 1) -> dict | None:
+def example(
+    op: Op, lead: int, last: int, params: dict[str, object], leading: int = 1, omit_optional: bool = False
+) -> dict | None:
     """The core's example shapes and facts (:func:`opforge._core.example_shapes`) for sizes near
     (lead, last) that satisfy every cross-argument rule: ``last`` itself, then it rounded up to a
     multiple of 2, 4, ... 128, then :data:`_RETRY_LASTS`, then the integer parameters' values (a
     rule such as ``x.size(1) == channels``), then :data:`_SMALL`; with ``lead`` itself first, then
     it rounded up the same way (``weight.size(0) % 8 == 0``), then :data:`_SMALL`. None if none
-    does."""
+    does. Rules gated on an optional input's presence are judged for calls that give the optional
+    inputs, or with ``omit_optional`` leave them out."""
     multiples = (2, 4, 8, 16, 32, 64, 128)
     sizes = [v for v in params.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     lasts = dict.fromkeys([last] + [-(-last // m) * m for m in multiples] + list(_RETRY_LASTS) + sizes + list(_SMALL))
     leads = dict.fromkeys([lead] + [-(-lead // m) * m for m in multiples] + list(_SMALL))
     for candidate_lead in leads:
         for candidate in lasts:
-            facts = _core.example_shapes(op.name, candidate_lead, candidate, params, leading)
+            facts = _core.example_shapes(op.name, candidate_lead, candidate, params, leading, omit_optional)
             if not facts["rule_problems"]:
                 return facts
     return None
@@ -440,7 +443,8 @@ class CaseBuilder:
         op = self.op
         case_seed = self.rng.randrange(2**31)
         named = {op.args[i].name: v for i, v in params.items()}
-        facts = example(op, lead, last, named, leading) if only is None or only(label) or distinct else None
+        wanted = only is None or only(label) or distinct
+        facts = example(op, lead, last, named, leading, omit_optional) if wanted else None
         if facts is None:
             return None
         present = {a.name: facts["shapes"][a.name] for a in op.tensors if not (omit_optional and a.optional)}
@@ -538,7 +542,7 @@ def generate_cases(
             if how == "expanded" and a.values is not None and a.values.unique:
                 continue  # repeated rows repeat indices that must be distinct
             add(f"{how} {a.name}", 4, 40, params[0], _viewed(a.index, how))
-    if any(a.leading_dims for a in op.tensors):  # shape({leading_dims, ...}): none, and several
+    if any(a.leading_dims for a in op.tensors):  # shape({leading_dims[_of], ...}): none, and several
         add("no leading dims", 3, 37, params[0], leading=0)
         add("3 leading dims", 3, 37, params[0], leading=3)
     add("empty", 0, 37, params[0])

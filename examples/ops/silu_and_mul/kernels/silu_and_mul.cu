@@ -10,7 +10,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 }
 
 template <class T>
-__global__ void silu_and_mul(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t d) {
+__device__ __forceinline__ void silu_and_mul_at(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t d) {
   constexpr int kWidth = 16 / sizeof(T);
   using A = opforge::kernel::acc_t<T>;
   const int64_t first = opforge::kernel::global_index() * kWidth;
@@ -31,4 +31,15 @@ __global__ void silu_and_mul(const T* __restrict__ x, T* __restrict__ y, int64_t
     const float g = opforge::kernel::to_acc(x[r * 2 * d + c]), u = opforge::kernel::to_acc(x[r * 2 * d + d + c]);
     y[i] = opforge::kernel::from_acc<T>(silu_mul<T>(g, u));
   }
+}
+
+template <class T>
+__global__ void silu_and_mul(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t d) {
+  silu_and_mul_at(x, y, n, d);
+}
+
+// vLLM's out-first form (examples::silu_and_mul_out): the written buffer comes first.
+template <class T>
+__global__ void silu_and_mul_out(T* __restrict__ out, const T* __restrict__ input, int64_t n, int64_t d) {
+  silu_and_mul_at(input, out, n, d);
 }
