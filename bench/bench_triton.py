@@ -19,7 +19,9 @@ launched by Triton itself, against an NVRTC op, and against torch, in one proces
    in its outputs (two copies more than Liger's own launch, which writes into the saved a and b,
    shown too).
 
-    python3 bench/bench_triton.py [--rows 16384] [--hidden 4096] [--json out.json]
+    python3 bench/bench_triton.py [--rows 16384] [--hidden 4096] [--parts 1,2,3,4] [--json out.json]
+
+Each part's wall time (compiles included) is printed after it, to stderr, and kept in the JSON.
 
 Bytes moved: RMSNorm reads x and writes y (backward: reads grad_y and x, writes grad_x); SwiGLU
 reads a and b and writes c (backward: reads grad_c, a and b, writes grad_a and grad_b). Times are medians of
@@ -96,6 +98,8 @@ def same_kernel(rows: int, hidden: int) -> list[dict]:
     for kernel, through_opforge, through_triton in cases:
         times = {}
         for label, fn in (("opforge", through_opforge), ("triton", through_triton)):
+            fn()  # the first call compiles (opforge's worker, or Triton in this process): not profiled
+            torch.cuda.synchronize()
             table = kernel_times(fn, repeats=50)
             times[label] = sum(k["us"] for k in table if kernel in k["name"])
             times[label + "_median_ms"] = median_ms(fn)
@@ -286,15 +290,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rows", type=int, default=16384, help="rows of parts 1 and 4 (default 16384)")
     parser.add_argument("--hidden", type=int, default=4096, help="row width of parts 1 and 4 (default 4096)")
+    parser.add_argument("--parts", default="1,2,3,4", help="the parts to run, comma-separated (default: all)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU: every part times kernels on the device")
+    parts = {
+        "1": lambda: same_kernel(args.rows, args.hidden),
+        "2": host_cost,
+        "3": first_call,
+        "4": lambda: against_torch(args.rows, args.hidden),
+    }
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not chosen or any(p not in parts for p in chosen):
+        parser.error(f"--parts: expected some of 1, 2, 3, 4 separated by commas, got {args.parts!r}")
     for name in ("liger", "rms_norm"):
         opforge.load_library(opforge.example_library(name))
-    t0 = time.perf_counter()
-    rows = same_kernel(args.rows, args.hidden) + host_cost() + first_call() + against_torch(args.rows, args.hidden)
-    report(rows, line, args.json, {"seconds": time.perf_counter() - t0})
+    rows, seconds = [], {}
+    for part in chosen:
+        t0 = time.perf_counter()
+        rows += parts[part]()
+        seconds[part] = time.perf_counter() - t0
+        print(f"part {part}: {seconds[part]:.1f} s", file=sys.stderr, flush=True)
+    report(rows, line, args.json, {"seconds": sum(seconds.values()), "seconds_by_part": seconds})
     return 0
 
 

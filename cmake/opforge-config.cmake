@@ -89,7 +89,8 @@ if(NOT TARGET opforge_oplib)
       DEPENDS "${_sum_ptx}" "${OPFORGE_ROOT}/cmake/embed_text.cmake")
     add_library(opforge_oplib_cuda STATIC "${OPFORGE_ROOT}/src/oplib/cuda_launch.cpp" "${OPFORGE_ROOT}/src/oplib/rtc_cuda.cpp"
       "${OPFORGE_ROOT}/src/oplib/binary_cuda.cpp" "${OPFORGE_ROOT}/src/oplib/triton.cpp"
-      "${OPFORGE_ROOT}/src/oplib/triton_cuda.cpp" "${_sum_cpp}")
+      "${OPFORGE_ROOT}/src/oplib/triton_cuda.cpp"
+      "${OPFORGE_ROOT}/src/oplib/triton_worker.cpp" "${_sum_cpp}")
     target_link_libraries(opforge_oplib_cuda PUBLIC CUDA::cudart)
     # nlohmann/json (vendored, header-only): the Triton worker's answers.
     target_include_directories(opforge_oplib_cuda SYSTEM PRIVATE "${OPFORGE_ROOT}/third_party/nlohmann_json/include")

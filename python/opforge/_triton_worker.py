@@ -1,8 +1,10 @@
 """opforge's Triton compiler process: ``python -m opforge._triton_worker`` reads one JSON request
-on stdin and writes one JSON answer on stdout.
+on stdin and writes one JSON answer on stdout; with ``--serve`` it reads one request per line and
+writes one answer line each, until stdin ends.
 
-The op library (C++) starts this process when a Triton kernel variant is missing from its kernel
-cache, so a compile holds no caller's GIL and a process without Python never compiles. Nothing
+The op library (C++, src/oplib/triton_worker.cpp) starts this process (``--serve``, kept between
+requests) when a Triton kernel variant is missing from its kernel cache, so a compile holds no
+caller's GIL and a process without Python never compiles. Nothing
 but the answer reaches stdout: Triton's own prints (and the kernel file's) go to stderr. No torch
 is imported here.
 
@@ -70,26 +72,40 @@ class RequestError(Exception):
     """A request (or a variant of one) the worker refuses; the message is the answer's error."""
 
 
-def main() -> int:
-    """Serves one request from stdin; returns the exit status."""
+def main(argv: list[str] | None = None) -> int:
+    """Serves one request from stdin, or with ``--serve`` one request per line until stdin ends
+    (an answer per line, flushed); returns the exit status. A request that fails internally
+    ends a serving worker with status 1 and no answer (its traceback on stderr)."""
+    serve = "--serve" in (sys.argv[1:] if argv is None else argv)
     answer_fd = os.dup(1)
     os.dup2(2, 1)  # fd 1 is stderr from here on: the answer alone goes to the saved stdout
     sys.stdout = sys.stderr
     # The worker compiles for a device: Triton's interpreter mode would replace the functions.
     os.environ.pop("TRITON_INTERPRET", None)
-    status = 0
+    with os.fdopen(answer_fd, "w") as out:
+        requests = iter(sys.stdin.readline, "") if serve else [sys.stdin.read()]
+        for text in requests:
+            answer, status = _answer(text)
+            if serve and status != 0:
+                return status
+            json.dump(answer, out)
+            out.write("\n")
+            out.flush()
+            if status != 0:
+                return status
+    return 0
+
+
+def _answer(text: str) -> tuple[dict, int]:
+    """The answer to one request and the exit status it calls for (1 after an internal error)."""
     try:
-        answer = _serve(sys.stdin.read())
+        return _serve(text), 0
     except RequestError as e:
-        answer = {"ok": False, "error": str(e)}
+        return {"ok": False, "error": str(e)}, 0
     except Exception as e:
         traceback.print_exc()
-        answer = {"ok": False, "error": f"internal error in opforge's Triton worker: {type(e).__name__}: {e}"}
-        status = 1
-    with os.fdopen(answer_fd, "w") as out:
-        json.dump(answer, out)
-        out.write("\n")
-    return status
+        sys.stderr.flush()
+        return {"ok": False, "error": f"internal error in opforge's Triton worker: {type(e).__name__}: {e}"}, 1
 
 
 def _serve(text: str) -> dict:
@@ -164,6 +180,11 @@ class _Kernel:
         if spec is None or spec.loader is None:
             raise RequestError(f"{self.path}: not a Python file")
         module = importlib.util.module_from_spec(spec)
+        # A worker serves many requests: the folder's own modules are imported anew each time, so
+        # that an edit to a helper is seen and the helpers are found among the new imports.
+        for n, m in list(sys.modules.items()):
+            if getattr(m, "__file__", None) and _within(m.__file__, self.path.parent):
+                del sys.modules[n]
         known = set(sys.modules)
         sys.modules[name] = module
         sys.path.insert(0, folder)

@@ -9,7 +9,7 @@ namespace opforge::detail::cu {
 
 const Driver& driver() {
   static const Driver d;
-  if (!d.module_load || !d.get_function || !d.launch || !d.get_current_context)
+  if (!d.module_load || !d.get_function || !d.launch_ex || !d.get_current_context)
     throw InternalError("opforge: the CUDA driver API is not available (no GPU driver?)");
   return d;
 }
@@ -33,22 +33,25 @@ const char* cuda_type(int32_t dtype) {
 }
 
 int compute_capability(int device) {
+  constexpr int kDevices = 64;  // asked on every Triton launch: once per device
+  static std::atomic<int> known[kDevices] = {};
+  const bool cached = device >= 0 && device < kDevices;
+  if (cached && known[device].load(std::memory_order_relaxed) != 0)
+    return known[device].load(std::memory_order_relaxed);
   int major = 0, minor = 0;
   const std::string what = "opforge: querying the compute capability of CUDA device " + std::to_string(device);
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), what);
   check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), what);
+  if (cached) known[device].store(major * 10 + minor, std::memory_order_relaxed);
   return major * 10 + minor;
 }
 
-namespace {
-
-/// Makes `device`'s primary context current on this thread if no context is. The driver API
-/// (cuModuleLoadData, cuLaunchKernel) works in the current context, and a thread that has only
-/// made CUDA runtime calls may have none: torch's autograd engine runs backward ops on a device
-/// thread whose device guard skips cudaSetDevice when the index already matches
-/// (c10::cuda::SetDevice), so a backward op's first launch there failed with "invalid device
-/// context". cudaSetDevice binds the device's primary context, the one the runtime and torch
-/// use, at once (CUDA 12 and later).
+/// The driver API (cuModuleLoadData, cuLaunchKernelEx) works in the current context, and a
+/// thread that has only made CUDA runtime calls may have none: torch's autograd engine runs
+/// backward ops on a device thread whose device guard skips cudaSetDevice when the index already
+/// matches (c10::cuda::SetDevice), so a backward op's first launch there failed with "invalid
+/// device context". cudaSetDevice binds the device's primary context, the one the runtime and
+/// torch use, at once (CUDA 12 and later).
 void bind_primary_context(int device) {
   CUcontext current = nullptr;
   check_cu(driver().get_current_context(&current), "cuCtxGetCurrent");
@@ -56,11 +59,58 @@ void bind_primary_context(int device) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
+void allow_dynamic_shared(CUfunction fn, size_t bytes) {
+  if (driver().set_attribute == nullptr) return;  // a driver without it launches within the default
+  check_cu(driver().set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes)),
+           "cuFuncSetAttribute");
+}
+
+CUfunction load_function(const void* image, const std::string& symbol, const std::string& what) {
+  CUmodule module = nullptr;
+  check_cu(driver().module_load(&module, image), "cuModuleLoadData (" + what + ")");
+  CUfunction fn = nullptr;
+  check_cu(driver().get_function(&fn, module, symbol.c_str()), "cuModuleGetFunction (" + symbol + ")");
+  return fn;
+}
+
+void launch_function(CUfunction fn, const Geometry& g, CUstream stream, void** params, const char* name) {
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = g.grid[0];
+  cfg.gridDimY = g.grid[1];
+  cfg.gridDimZ = g.grid[2];
+  cfg.blockDimX = g.block[0];
+  cfg.blockDimY = g.block[1];
+  cfg.blockDimZ = g.block[2];
+  cfg.sharedMemBytes = g.shared_bytes;
+  cfg.hStream = stream;
+  CUlaunchAttribute attrs[4];
+  unsigned n = 0;
+  if (g.pdl) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n++].value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (g.cooperative) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[n++].value.cooperative = 1;
+  }
+  if (g.cluster_x != 1) {
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n].value.clusterDim.x = g.cluster_x;
+    attrs[n].value.clusterDim.y = attrs[n].value.clusterDim.z = 1;
+    ++n;
+    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[n++].value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  const CUresult r = driver().launch_ex(&cfg, fn, params, nullptr);
+  if (r != CUDA_SUCCESS) check_cu(r, std::string("cuLaunchKernelEx(") + name + ")");
+}
+
+namespace {
+
 /// Bumped by forget_launches: launch-cache entries of an older generation are not used.
 std::atomic<uint64_t> g_generation{0};
-
-/// Dynamic shared memory a function may take without cuFuncSetAttribute.
-constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
 /// One instantiation a thread has launched: the kernel, device and instantiation key
 /// (rtc::instantiation_key), the loaded function and its name, and the dynamic shared memory
@@ -122,16 +172,14 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f, const char* (*ty
   bind_primary_context(f->ctx->device_index);
   CachedLaunch& target = cached_function(rk, f, *cfg, type_name, load);
   rtc::KernelArguments args(rk, f, *cfg);
-  if (cfg->shared_bytes > target.shared_allowed && driver().set_attribute) {  // once per function and size
-    check_cu(driver().set_attribute(target.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    static_cast<int>(cfg->shared_bytes)),
-             "cuFuncSetAttribute");
+  if (cfg->shared_bytes > target.shared_allowed) {  // once per function and size
+    allow_dynamic_shared(target.fn, cfg->shared_bytes);
     target.shared_allowed = cfg->shared_bytes;
   }
-  const CUresult r =
-      driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
-                      cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
-  if (r != CUDA_SUCCESS) check_cu(r, "cuLaunchKernel(" + target.name + ")");
+  Geometry g;
+  for (int k = 0; k < 3; ++k) g.grid[k] = cfg->grid[k], g.block[k] = cfg->block[k];
+  g.shared_bytes = cfg->shared_bytes;
+  launch_function(target.fn, g, static_cast<CUstream>(f->ctx->stream), args.params(), target.name.c_str());
 }
 
 void forget_launches() { g_generation.fetch_add(1, std::memory_order_release); }

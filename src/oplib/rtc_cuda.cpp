@@ -279,11 +279,7 @@ CUfunction function_for(const RuntimeKernel& rk, const std::string& name, int de
   check_signature(rk, name, b, rtc::kernel_parameters(rk, arg_dtypes, out_dtypes, launch_count, map_count), true);
   // Loaded into the device's primary context (current: the adapter's device guard and
   // cu::launch made it so).
-  // Modules are never unloaded: after reload() work already queued may still use them.
-  CUmodule module = nullptr;
-  check_cu(driver().module_load(&module, b.image.data()), "cuModuleLoadData");
-  CUfunction fn = nullptr;
-  check_cu(driver().get_function(&fn, module, b.lowered_name.c_str()), "cuModuleGetFunction");
+  const CUfunction fn = cu::load_function(b.image.data(), b.lowered_name, name);
   functions()[key] = fn;
   return fn;
 }

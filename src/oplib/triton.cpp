@@ -3,22 +3,14 @@
 #include "triton.h"
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
-
-extern char** environ;
 
 namespace opforge::detail::triton {
 namespace {
@@ -502,82 +494,6 @@ std::string base64_decode(const std::string& text) {
     }
   }
   return out;
-}
-
-bool can_compile() { return !rtc::env("OPFORGE_TRITON_PYTHON").empty() && !rtc::env("OPFORGE_TRITON_WORKER").empty(); }
-
-std::optional<std::string> run_worker(const std::string& request, const std::string& what) {
-  if (!can_compile()) return std::nullopt;
-  const std::string python = rtc::env("OPFORGE_TRITON_PYTHON"), worker = rtc::env("OPFORGE_TRITON_WORKER");
-  int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
-    throw InternalError("opforge: " + what + ": cannot make pipes for the Triton worker: " + std::strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-  std::vector<std::string> argv_text = {python, worker};
-  std::vector<char*> argv;
-  for (auto& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, python.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(in[0]);
-  ::close(out[1]);
-  ::close(err[1]);
-  if (spawned != 0) {
-    ::close(in[1]);
-    ::close(out[0]);
-    ::close(err[0]);
-    throw InternalError("opforge: " + what + ": cannot start the Triton worker (" + python + " " + worker +
-                        "): " + std::strerror(spawned));
-  }
-  // Write the request and read both streams at once: a worker blocked on a full pipe would wait forever.
-  std::string answer, errors;
-  size_t written = 0;
-  int fds_open = 3;
-  pollfd fds[3] = {{in[1], POLLOUT, 0}, {out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  ::signal(SIGPIPE, SIG_IGN);
-  while (fds_open > 0) {
-    if (::poll(fds, 3, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    if (fds[0].fd >= 0 && (fds[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w =
-          (fds[0].revents & POLLOUT) ? ::write(in[1], request.data() + written, request.size() - written) : -1;
-      if (w > 0) written += static_cast<size_t>(w);
-      if (w < 0 || written == request.size()) {
-        ::close(in[1]);
-        fds[0].fd = -1;
-        --fds_open;
-      }
-    }
-    for (int k = 1; k < 3; ++k) {
-      if (fds[k].fd < 0 || !(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[65536];
-      const ssize_t r = ::read(fds[k].fd, buf, sizeof(buf));
-      if (r > 0) {
-        (k == 1 ? answer : errors).append(buf, static_cast<size_t>(r));
-      } else {
-        ::close(fds[k].fd);
-        fds[k].fd = -1;
-        --fds_open;
-      }
-    }
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || answer.empty()) {
-    const std::string tail = errors.size() > 4000 ? errors.substr(errors.size() - 4000) : errors;
-    throw InternalError("opforge: " + what + ": the Triton worker (" + python + " " + worker + ") failed" +
-                        (WIFEXITED(status) ? " with status " + std::to_string(WEXITSTATUS(status)) : "") + ":\n" +
-                        tail);
-  }
-  return answer;
 }
 
 }  // namespace opforge::detail::triton

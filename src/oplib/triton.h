@@ -132,10 +132,15 @@ void apply_config(const Function& fn, int32_t config, Variant& v);
 const std::string& sources_text();
 void forget_sources();
 
-/// Runs the worker (`OPFORGE_TRITON_PYTHON` running `OPFORGE_TRITON_WORKER`) on `request` and
-/// returns its answer (JSON text). nullopt where this process cannot compile (either variable
-/// unset). Throws InternalError naming `what` if the worker fails (its stderr's tail included).
+/// Runs a worker (`OPFORGE_TRITON_PYTHON` running `OPFORGE_TRITON_WORKER --serve`, kept between
+/// requests; triton_worker.cpp) on `request` and returns its answer (JSON text). nullopt where
+/// this process cannot compile (either variable unset). Throws InternalError naming `what` if the
+/// worker fails (its stderr's tail included). Threads calling at once are served by workers of
+/// their own.
 std::optional<std::string> run_worker(const std::string& request, const std::string& what);
+
+/// The workers one compile of several variants uses at once (at most; never more than the cores).
+constexpr size_t kParallelWorkers = 4;
 
 /// Whether this process can compile Triton kernels (OPFORGE_TRITON_PYTHON and _WORKER are set).
 bool can_compile();

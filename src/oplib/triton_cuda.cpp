@@ -1,7 +1,8 @@
 // Triton kernels on CUDA (Note [Triton kernels] in opforge/op_launch.h): the kernel folder's
 // description of each function, variants found in the kernel cache or compiled by the worker,
-// loaded and launched through the CUDA driver, autotune choices, and the partial sums of
-// TritonLaunch::sum_into. The backend-neutral half (binding, specialisation, keys, the worker's
+// their parameter buffers and launch attributes, autotune choices, and the partial sums of
+// TritonLaunch::sum_into. Loading and launching through the CUDA driver is cuda_launch.h's, as
+// for the other CUDA backends. The backend-neutral half (binding, specialisation, keys, the worker's
 // process) is triton.cpp. Linked into an op library only when it declares a .triton_source().
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -11,15 +12,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "opforge/detail/driver.h"
+#include "cuda_launch.h"
 #include "triton.h"
 
 // The PTX of kernels/sum_partials.cu, generated at build time.
@@ -31,38 +34,8 @@ namespace {
 namespace tr = triton;
 using nlohmann::json;
 
-struct Driver {
-  decltype(&::cuModuleLoadData) module_load = driver_entry_point<decltype(&::cuModuleLoadData)>("cuModuleLoadData");
-  decltype(&::cuModuleGetFunction) get_function =
-      driver_entry_point<decltype(&::cuModuleGetFunction)>("cuModuleGetFunction");
-  decltype(&::cuLaunchKernelEx) launch_ex = driver_entry_point<decltype(&::cuLaunchKernelEx)>("cuLaunchKernelEx");
-  decltype(&::cuLaunchKernel) launch = driver_entry_point<decltype(&::cuLaunchKernel)>("cuLaunchKernel");
-  decltype(&::cuFuncSetAttribute) set_attribute =
-      driver_entry_point<decltype(&::cuFuncSetAttribute)>("cuFuncSetAttribute");
-  decltype(&::cuCtxGetCurrent) get_current_context =
-      driver_entry_point<decltype(&::cuCtxGetCurrent)>("cuCtxGetCurrent");
-  decltype(&::cuMemsetD8Async) memset_async = driver_entry_point<decltype(&::cuMemsetD8Async)>("cuMemsetD8Async");
-  decltype(&::cuMemcpyDtoDAsync) copy_async = driver_entry_point<decltype(&::cuMemcpyDtoDAsync)>("cuMemcpyDtoDAsync");
-  decltype(&::cuStreamIsCapturing) is_capturing =
-      driver_entry_point<decltype(&::cuStreamIsCapturing)>("cuStreamIsCapturing");
-  decltype(&::cuEventCreate) event_create = driver_entry_point<decltype(&::cuEventCreate)>("cuEventCreate");
-  decltype(&::cuEventRecord) event_record = driver_entry_point<decltype(&::cuEventRecord)>("cuEventRecord");
-  decltype(&::cuEventSynchronize) event_sync =
-      driver_entry_point<decltype(&::cuEventSynchronize)>("cuEventSynchronize");
-  decltype(&::cuEventElapsedTime) elapsed = driver_entry_point<decltype(&::cuEventElapsedTime)>("cuEventElapsedTime");
-  decltype(&::cuEventDestroy) event_destroy = driver_entry_point<decltype(&::cuEventDestroy)>("cuEventDestroy");
-};
-
-const Driver& driver() {
-  static const Driver d;
-  if (!d.module_load || !d.get_function || !d.launch_ex || !d.get_current_context)
-    throw InternalError("opforge: the CUDA driver API is not available (no GPU driver?)");
-  return d;
-}
-
-void check_cu(CUresult r, const std::string& what) {
-  if (r != CUDA_SUCCESS) throw InternalError(driver_error(r, what.c_str()));
-}
+using cu::check_cu;
+using cu::driver;
 
 std::string subject(const RuntimeKernel& rk) { return "the Triton function " + rk.name + " of " + rk.file; }
 
@@ -201,22 +174,44 @@ std::string variant_key(const RuntimeKernel& rk, int arch, const tr::Variant& v)
   return key_prefix(rk, "variant") + "\ntarget sm_" + std::to_string(arch) + "\nvariant " + v.key();
 }
 
-/// Compiles `variants` with the worker into `write_dir`; throws naming the op on a failure.
+/// Compiles `variants` with the workers into `write_dir`, spread over up to tr::kParallelWorkers
+/// workers at once (the configs of an autotuned kernel, a precompile's specialised and general
+/// variants); throws naming the op on a failure, the first variant's in `variants` order.
 void compile(const RuntimeKernel& rk, const tr::Function& fn, int arch, const std::vector<tr::Variant>& variants,
              const std::string& write_dir) {
-  std::string request = "{\"verb\": \"compile\", \"file\": " + json(kernel_dir() + "/" + rk.file).dump() +
-                        ", \"function\": " + json(rk.name).dump() + ", \"target\": {\"arch\": " + std::to_string(arch) +
-                        ", \"warp_size\": 32}, \"variants\": [";
-  for (size_t i = 0; i < variants.size(); ++i) request += (i ? ", " : "") + variants[i].request(fn);
-  request += "]}";
-  const std::optional<std::string> answer = tr::run_worker(request, subject(rk));
-  if (!answer) throw InternalError(subject(rk) + ": no Triton worker");  // callers asked can_compile() first
-  const json a = json::parse(*answer);
-  if (!a.value("ok", false))
-    throw InternalError(subject(rk) + ": " + a.value("error", std::string("the worker failed")));
-  const json& out = a.at("variants");
+  const size_t parallel = std::min<size_t>(
+      {variants.size(), tr::kParallelWorkers, std::max<size_t>(1, std::thread::hardware_concurrency())});
+  std::vector<std::string> answers(parallel);
+  std::vector<std::exception_ptr> failures(parallel);
+  auto run = [&](size_t part) {
+    try {
+      std::string request = "{\"verb\": \"compile\", \"file\": " + json(kernel_dir() + "/" + rk.file).dump() +
+                            ", \"function\": " + json(rk.name).dump() +
+                            ", \"target\": {\"arch\": " + std::to_string(arch) +
+                            ", \"warp_size\": 32}, \"variants\": [";
+      for (size_t i = part; i < variants.size(); i += parallel)
+        request += (i == part ? "" : ", ") + variants[i].request(fn);
+      request += "]}";
+      const std::optional<std::string> answer = tr::run_worker(request, subject(rk));
+      if (!answer) throw InternalError(subject(rk) + ": no Triton worker");  // callers asked can_compile() first
+      answers[part] = *answer;
+    } catch (...) {
+      failures[part] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t part = 1; part < parallel; ++part) threads.emplace_back(run, part);
+  run(0);
+  for (std::thread& t : threads) t.join();
+  std::vector<json> parsed(parallel);
+  for (size_t part = 0; part < parallel; ++part) {
+    if (failures[part]) std::rethrow_exception(failures[part]);
+    parsed[part] = json::parse(answers[part]);
+    if (!parsed[part].value("ok", false))
+      throw InternalError(subject(rk) + ": " + parsed[part].value("error", std::string("the worker failed")));
+  }
   for (size_t i = 0; i < variants.size(); ++i) {
-    const json& v = out.at(i);
+    const json& v = parsed[i % parallel].at("variants").at(i / parallel);
     if (!v.value("ok", false))
       throw InternalError(subject(rk) + ": Triton failed to compile the variant (" + variants[i].describe(fn) +
                           ") for sm_" + std::to_string(arch) + ":\n" + v.value("error", std::string()));
@@ -244,18 +239,6 @@ std::optional<Compiled> find_or_compile(const RuntimeKernel& rk, const tr::Funct
   return Compiled::from_entry(b.image);
 }
 
-int device_arch(int device) {
-  constexpr int kDevices = 64;  // asked on every launch: once per device
-  static std::atomic<int> arch[kDevices] = {};
-  if (device >= 0 && device < kDevices && arch[device].load(std::memory_order_relaxed) != 0)
-    return arch[device].load(std::memory_order_relaxed);
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (device >= 0 && device < kDevices) arch[device].store(major * 10 + minor, std::memory_order_relaxed);
-  return major * 10 + minor;
-}
-
 /// The loaded variant `v` for the call's device: the exact one, else (in a process that cannot
 /// compile) the general one; throws naming the op, the kernel and the specialisation where
 /// neither is there.
@@ -265,7 +248,7 @@ Loaded& loaded_variant(const RuntimeKernel& rk, KernelState& st, int device, con
   auto& bucket = st.loaded[{device, v.hash()}];
   for (auto& [known, l] : bucket)
     if (known == v) return *l;
-  const int arch = device_arch(device);
+  const int arch = cu::compute_capability(device);
   std::optional<Compiled> c = find_or_compile(rk, st.fn, arch, v, rtc::user_cache_dir(), false);
   std::string described = v.describe(st.fn);
   tr::Variant compiled_as = v;
@@ -284,12 +267,9 @@ Loaded& loaded_variant(const RuntimeKernel& rk, KernelState& st, int device, con
   l->c = std::move(*c);
   l->variant = std::move(compiled_as);
   l->described = described;
-  CUmodule module = nullptr;  // never unloaded: work already queued may still use it after a reload
-  check_cu(driver().module_load(&module, l->c.cubin.data()), "cuModuleLoadData (" + subject(rk) + ")");
-  check_cu(driver().get_function(&l->fn, module, l->c.name.c_str()), "cuModuleGetFunction (" + l->c.name + ")");
-  if (l->c.shared > 48 * 1024)  // as Triton's loader: dynamic shared memory past 48 KiB is opted into once
-    check_cu(driver().set_attribute(l->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, l->c.shared),
-             "cuFuncSetAttribute");
+  l->fn = cu::load_function(l->c.cubin.data(), l->c.name, subject(rk));
+  if (l->c.shared > static_cast<int32_t>(cu::kDefaultSharedBytes))  // as Triton's loader: opted into once
+    cu::allow_dynamic_shared(l->fn, static_cast<size_t>(l->c.shared));
   bucket.emplace_back(v, std::move(l));
   return *bucket.back().second;
 }
@@ -360,35 +340,16 @@ void launch_variant(const Loaded& l, const tr::Function& fn, const tr::Bound& b,
     scratch = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch) + a - 1) / a * a);
   }
   Arguments args(fn, l.variant, b, l.c, pointers, scratch);
-  CUlaunchConfig cfg{};
-  cfg.gridDimX = static_cast<unsigned>(grid[0] * l.c.num_ctas);
-  cfg.gridDimY = static_cast<unsigned>(grid[1]);
-  cfg.gridDimZ = static_cast<unsigned>(grid[2]);
-  cfg.blockDimX = static_cast<unsigned>(32 * l.c.num_warps);
-  cfg.blockDimY = cfg.blockDimZ = 1;
-  cfg.sharedMemBytes = static_cast<unsigned>(l.c.shared);
-  cfg.hStream = static_cast<CUstream>(ctx.stream);
-  CUlaunchAttribute attrs[4];
-  unsigned n = 0;
-  if (l.c.launch_pdl) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attrs[n++].value.programmaticStreamSerializationAllowed = 1;
-  }
-  if (l.c.cooperative) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attrs[n++].value.cooperative = 1;
-  }
-  if (l.c.num_ctas != 1) {
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[n].value.clusterDim.x = static_cast<unsigned>(l.c.num_ctas);
-    attrs[n].value.clusterDim.y = attrs[n].value.clusterDim.z = 1;
-    ++n;
-    attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-    attrs[n++].value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
-  check_cu(driver().launch_ex(&cfg, l.fn, args.params.data(), nullptr), "cuLaunchKernelEx(" + l.c.name + ")");
+  cu::Geometry g;
+  g.grid[0] = static_cast<unsigned>(grid[0] * l.c.num_ctas);
+  g.grid[1] = static_cast<unsigned>(grid[1]);
+  g.grid[2] = static_cast<unsigned>(grid[2]);
+  g.block[0] = static_cast<unsigned>(32 * l.c.num_warps);
+  g.shared_bytes = static_cast<unsigned>(l.c.shared);
+  g.cluster_x = static_cast<unsigned>(l.c.num_ctas);
+  g.pdl = l.c.launch_pdl;
+  g.cooperative = l.c.cooperative;
+  cu::launch_function(l.fn, g, static_cast<CUstream>(ctx.stream), args.params.data(), l.c.name.c_str());
 }
 
 /// The partial-sum kernel for an output of `dtype` in the current context.
@@ -466,7 +427,7 @@ int64_t grid_dim(const RuntimeKernel& rk, const tr::Function& fn, const tr::Vari
 /// reset_to_zero arguments zeroed and the restore_value ones restored around every launch.
 int32_t tune(const RuntimeKernel& rk, KernelState& st, int device, const tr::Variant& base, const tr::Bound& b,
              const std::vector<const void*>& pointers, const TritonLaunch& cfg, const OpforgeCallFrame* f) {
-  const Driver& d = driver();
+  const cu::Driver& d = driver();
   CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
   if (d.is_capturing) d.is_capturing(static_cast<CUstream>(f->ctx->stream), &capturing);
   if (capturing != CU_STREAM_CAPTURE_STATUS_NONE)
@@ -474,7 +435,7 @@ int32_t tune(const RuntimeKernel& rk, KernelState& st, int device, const tr::Var
                         " is autotuned and has no choice for this call's tuning key yet; tuning "
                         "times launches, which CUDA graph capture forbids: call the op once before capturing");
   const tr::Function& fn = st.fn;
-  const int arch = device_arch(device);
+  const int arch = cu::compute_capability(device);
   std::vector<tr::Variant> variants;
   for (int32_t c = 0; c < static_cast<int32_t>(fn.configs.size()); ++c) {
     tr::Variant v = base;
@@ -609,9 +570,7 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
   std::optional<TritonLaunch> cfg = grid_of(rk, f);
   if (!cfg) return;  // nothing to launch: the call protocol skipped calls whose outputs are all empty
   const int device = f->ctx->device_index;
-  CUcontext current = nullptr;
-  check_cu(driver().get_current_context(&current), "cuCtxGetCurrent");
-  if (current == nullptr) cudaSetDevice(device);  // as the NVRTC launcher's bind_primary_context
+  cu::bind_primary_context(device);
   KernelState& st = state_of(rk);
   std::lock_guard<std::mutex> lock(st.mutex);
   refresh(rk, st, rtc::user_cache_dir());
@@ -639,7 +598,7 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
     }
   }
   if (fn.autotuned && !fn.configs.empty()) {
-    const int arch = device_arch(device);
+    const int arch = cu::compute_capability(device);
     const std::string tuning = tuning_key(fn, b);
     auto chosen = st.choices.find(tuning);
     if (chosen == st.choices.end()) {
@@ -680,11 +639,12 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
     int64_t rows = b.partial_rows[p];
     void* out = into.data;
     void* args[] = {&scratch, &rows, &cols, &out};
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 65535));
+    cu::Geometry g;
+    g.grid[0] = static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 65535));
+    g.block[0] = 256;
     if (cols > 0)
-      check_cu(driver().launch(sum_partials_function(into.dtype), blocks, 1, 1, 256, 1, 1, 0,
-                               static_cast<CUstream>(f->ctx->stream), args, nullptr),
-               "cuLaunchKernel (sum_partials)");
+      cu::launch_function(sum_partials_function(into.dtype), g, static_cast<CUstream>(f->ctx->stream), args,
+                          "sum_partials");
   }
 }
 

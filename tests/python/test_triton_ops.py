@@ -94,6 +94,45 @@ def test_a_compile_holds_no_gil(triton_ops, tmp_path):
     assert ticks > 50  # the compile takes seconds; a held GIL would allow a handful of ticks
 
 
+def test_workers_stay_up_between_compiles(triton_ops, tmp_path, monkeypatch):
+    """The op library keeps its Triton workers for the process's next compiles (Triton and the
+    kernel file import once), runs a request's variants in up to two workers here (one per core),
+    and starts new ones once the environment they were started in has changed (variables other
+    than opforge's own: each test here has a kernel cache of its own)."""
+    starts = tmp_path / "starts"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho started >> "{starts}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("OPFORGE_TRITON_PYTHON", str(python))
+
+    def compile_rows(rows: int) -> None:
+        shapes = {"x": (rows, 100)}
+        assert not opforge.precompile("tt::softmax", {"x": torch.float32}, cache_dir=tmp_path, shapes=shapes)
+
+    compile_rows(3)  # the variant and the general one side by side
+    workers = min(2, os.cpu_count() or 1)
+    assert starts.read_text().count("started") == workers
+    compile_rows(16)  # another variant (rows divisible by 16), the same workers
+    assert starts.read_text().count("started") == workers
+    monkeypatch.setenv("TRITON_OPFORGE_TEST_MARK", "changed")
+    compile_rows(1)  # n_rows == 1, the general variant cached: one compile, in a worker of the new environment
+    assert starts.read_text().count("started") == workers + 1
+
+
+def test_verify_draws_few_random_sizes_for_a_triton_op_on_a_device(triton_ops):
+    """Each new size of a Triton op can be a Triton compile of its own: on a device its cases
+    draw RANDOM_CASES random sizes, as on the CPU, not DEVICE_RANDOM_CASES; its fixed sizes,
+    those of the device included, stay."""
+    from opforge.verify import cases as vcases
+
+    op = opforge.find_op("tt::softmax")
+    dtypes = vcases.dtype_cases(op, ["float32"], "cuda")[0].dtypes
+    labels = [c.label for c in vcases.generate_cases(op, dtypes, seed=0, device="cuda")]
+    assert len([label for label in labels if label.startswith("random ")]) == vcases.RANDOM_CASES
+    assert vcases.RANDOM_CASES < vcases.DEVICE_RANDOM_CASES
+    assert {f"shape {lead}x{last}" for lead, last in vcases.DEVICE_SHAPES} <= set(labels)
+
+
 def test_a_syntax_error_names_the_file_and_line(triton_broken_ops, tmp_path):
     with pytest.raises(opforge.OpforgeError) as err:
         opforge.precompile("ttbroken::syntax", {"x": torch.float32}, cache_dir=tmp_path, shapes={"x": (64,)})

@@ -509,3 +509,43 @@ def test_without_triton(tmp_path, triton_cache):
         "ok": False,
         "error": f"Triton is not installed in {sys.executable}: Triton is hidden by the test",
     }
+
+
+def test_serve_answers_a_request_per_line_and_reads_an_edited_helper_anew(tmp_path, triton_cache):
+    """``--serve`` (how op libraries run the worker, kept between requests): an answer line per
+    request line, a failed request answered without ending the process, and the kernel folder's
+    own modules imported anew for each request, so that an edit to a helper is seen."""
+    folder = tmp_path / "kernels"
+    shutil.copytree(FIXTURES, folder)
+    request = json.dumps({"verb": "inspect", "file": str(folder / "uses_helper.py"), "function": "double"})
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "TRITON_CACHE_DIR": str(triton_cache)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opforge._triton_worker", "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        proc.stdin.write(request + "\n")
+        proc.stdin.flush()
+        before = json.loads(proc.stdout.readline())
+        proc.stdin.write("not json\n")
+        proc.stdin.flush()
+        refused = json.loads(proc.stdout.readline())
+        helper = folder / "helpers" / "scaling.py"
+        helper.write_text(helper.read_text().replace("x * 2", "x * 3"))
+        proc.stdin.write(request + "\n")
+        proc.stdin.flush()
+        after = json.loads(proc.stdout.readline())
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0 and proc.stdout.read() == ""
+    finally:
+        proc.kill()
+        proc.wait()
+    assert refused == {"ok": False, "error": "the request is not JSON: Expecting value: line 1 column 1 (char 0)"}
+    assert before["ok"] and after["ok"]
+    assert [s["path"] for s in after["sources"]] == [s["path"] for s in before["sources"]]
+    changed = [a["path"] for a, b in zip(after["sources"], before["sources"]) if a != b]
+    assert changed == [str(helper)] and after["jit_cache_key"] != before["jit_cache_key"]

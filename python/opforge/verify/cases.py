@@ -29,7 +29,10 @@ SHAPES = [(1, 1), (3, 37), (33, 255), (33, 256), (33, 257), (2, 4097), (2, 8), (
 DEVICE_SHAPES = [(1031, 64), (300, 128), (3, 40000)]
 
 #: Random sizes per dtype combination, "random LEADxLAST": lead in [2, 48], last in [2, 320],
-#: this many on the CPU and :data:`DEVICE_RANDOM_CASES` on a device.
+#: this many on the CPU and :data:`DEVICE_RANDOM_CASES` on a device, except for an op whose
+#: kernels are Triton functions: each size of a new block size or divisibility is a Triton
+#: compile of its own (Note [Triton kernels] in ``opforge/op_launch.h``), so it gets
+#: ``RANDOM_CASES`` on a device too (the fixed sizes already cover tails and block sizes).
 RANDOM_CASES = 4
 DEVICE_RANDOM_CASES = 12
 
@@ -536,7 +539,7 @@ def generate_cases(
     """Every input case for one op and dtype combination (``dtypes`` by tensor input name: a
     :attr:`DtypeCase.dtypes`; CPU tensors), built by a :class:`CaseBuilder` from ``seed``: the
     sizes of :data:`SHAPES` (with :data:`DEVICE_SHAPES` where ``device`` is not "cpu"), random
-    sizes (:data:`RANDOM_CASES`, :data:`DEVICE_RANDOM_CASES`), each parameter set, each of
+    sizes (:data:`RANDOM_CASES`, :data:`DEVICE_RANDOM_CASES` but for Triton ops), each parameter set, each of
     :data:`VIEWS` for each tensor input (written ones included, in the layouts they take),
     empty and NaN/Inf. Sizes that give the shapes of an earlier size case are left out. Optional
     tensor inputs are given, except in the cases labelled with :func:`without_optional`'s suffix
@@ -557,7 +560,8 @@ def generate_cases(
             cases.append(case)
 
     sizes = [(f"shape {lead}x{last}", lead, last) for lead, last in SHAPES + ([] if on_cpu else DEVICE_SHAPES)]
-    for _ in range(RANDOM_CASES if on_cpu else DEVICE_RANDOM_CASES):
+    triton = any(k.backend == "triton" for k in op.runtime_kernels)
+    for _ in range(RANDOM_CASES if on_cpu or triton else DEVICE_RANDOM_CASES):
         lead, last = builder.rng.randint(2, 48), builder.rng.randint(2, 320)
         sizes.append((f"random {lead}x{last}", lead, last))
     for label, lead, last in sizes:
