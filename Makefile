@@ -19,6 +19,11 @@ export OPFORGE_BUILD_DIR := $(abspath $(BUILD))
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 # CI's log shows the slowest tests and why tests were skipped.
 PYTEST_ARGS ?= --durations=25 -rs
+# The Python tests run in PYTEST_WORKERS processes (pytest-xdist), one test file per process at a
+# time, so that each file's module fixtures (its op libraries, packages) are built once; at most 4
+# by default, as each process holds torch (and JAX) in memory. An interpreter without pytest-xdist
+# (OPFORGE_PYTHON) runs them in one process.
+PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
 # What the demo needs (the adapter, the runner and its op library) is built first, and alone by
 # `make demo`; `make build` builds every example and the C++ unit tests as well.
@@ -42,7 +47,10 @@ test-cpp: build
 	$(CTEST) --test-dir $(BUILD) --output-on-failure
 
 test-python: build
-	$(PY) -m pytest tests/python $(PYTEST_ARGS)
+	@if $(PY) -c 'import xdist' 2>/dev/null; then parallel="-n $(PYTEST_WORKERS) --dist loadfile"; \
+	else echo "make test: pytest-xdist is not installed in $(PY): the Python tests run in one process"; fi; \
+	echo "$(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)"; \
+	$(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)
 
 test: test-cpp test-python
 	@echo "make test: passed in $$(( $$(date +%s) - $(START) )) s (environment, build, C++ and Python tests)"
