@@ -266,7 +266,8 @@ inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeTensorSpe
                                  std::string_view label, int32_t model_dtype, std::string_view model_label,
                                  std::string_view where = {}) {
   const std::string got = std::string(where) + ", got " + std::string(label);
-  if (s.dtype_like < 0) return dtype_allowed(s, dtype) ? std::string() : "expected dtype " + dtype_set_string(s.dtypes) + got;
+  if (s.dtype_like < 0)
+    return dtype_allowed(s, dtype) ? std::string() : "expected dtype " + dtype_set_string(s.dtypes) + got;
   if (same_dtype_allowed(s, model_dtype, dtype)) return {};
   if (model_dtype == dtype) return "expected dtype " + dtype_set_string(s.dtypes) + got;
   std::string want =

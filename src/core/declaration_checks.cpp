@@ -197,8 +197,8 @@ void check_dtype_cases(const OpforgeOpSpec& op, Problems& p) {
     const OpforgeDtypeCase& c = cases[k];
     if (c.arg < 0 || c.arg >= op.num_args || c.param < 0 || c.param >= op.num_args) continue;  // reported at build
     const OpforgeArgSpec& a = op.args[c.param];
-    const std::string ctx = "input '" + std::string(op.args[c.arg].name) + "': when(\"" + a.name + "\", \"" +
-                            c.value + "\"): ";
+    const std::string ctx =
+        "input '" + std::string(op.args[c.arg].name) + "': when(\"" + a.name + "\", \"" + c.value + "\"): ";
     if (a.kind != OPFORGE_ARG_STRING && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL) {
       p.add(ctx, std::string("a dtype rule follows a std::string, int64_t or bool parameter, and '") + a.name +
                      "' is a " + declared_type(a.kind));
@@ -209,11 +209,11 @@ void check_dtype_cases(const OpforgeOpSpec& op, Problems& p) {
     const std::string_view v = c.value;
     const bool decimal = !v.empty() && v.find_first_not_of("-0123456789") == std::string_view::npos;
     if ((a.kind == OPFORGE_ARG_BOOL && v != "true" && v != "false") || (a.kind == OPFORGE_ARG_INT && !decimal))
-      p.add(ctx, "\"" + std::string(v) + "\" is not a value of the " + declared_type(a.kind) + " parameter '" +
-                     a.name + "'");
+      p.add(ctx, "\"" + std::string(v) + "\" is not a value of the " + declared_type(a.kind) + " parameter '" + a.name +
+                     "'");
     else if (a.param.num_choices > 0 && !is_choice(a.param, c.value))
-      p.add(ctx, "\"" + std::string(c.value) + "\" is not one of the values of '" + a.name + "' (one_of: " +
-                     choices + ")");
+      p.add(ctx,
+            "\"" + std::string(c.value) + "\" is not one of the values of '" + a.name + "' (one_of: " + choices + ")");
     for (size_t e = 0; e < k; ++e) {
       if (cases[e].arg != c.arg) continue;
       if (cases[e].param != c.param) {

@@ -40,8 +40,8 @@ bool is_float8(int32_t dtype);
 
 /// The dtypes tensor argument `arg` of `op` takes in some call (bit 1u << OpforgeDtype each): its
 /// own set, or for a same_dtype input each dtype its rule (same_dtype_allowed) accepts beside a
-/// dtype its model takes (a rule that follows a parameter: each of its rules). A model that is not an earlier argument (a declaration error) counts
-/// as taking nothing.
+/// dtype its model takes (a rule that follows a parameter: each of its rules). A model that is not an earlier argument
+/// (a declaration error) counts as taking nothing.
 uint32_t admitted_dtypes(const OpforgeOpSpec& op, int32_t arg);
 /// The same under one dtype rule `s` of the argument (a rule a parameter's value selects), for
 /// an argument whose rules follow a parameter: admitted_dtypes is the union over its rules.

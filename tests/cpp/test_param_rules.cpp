@@ -88,13 +88,13 @@ TEST(ParamRules, EachCallIsCheckedAgainstTheRuleItsValueSelects) {
   const OpforgeOpSpec& op = *def->spec();
   EXPECT_TRUE(check(op, {tensor(OPFORGE_DTYPE_BFLOAT16), tensor(OPFORGE_DTYPE_BFLOAT16), text("auto")}).empty());
   EXPECT_TRUE(check(op, {tensor(OPFORGE_DTYPE_BFLOAT16), tensor(OPFORGE_DTYPE_FLOAT8_E4M3FN), text("fp8")}).empty());
-  EXPECT_TRUE(
-      check(op, {tensor(OPFORGE_DTYPE_FLOAT16), tensor(OPFORGE_DTYPE_FLOAT8_E5M2), text("fp8_e5m2")}).empty());
+  EXPECT_TRUE(check(op, {tensor(OPFORGE_DTYPE_FLOAT16), tensor(OPFORGE_DTYPE_FLOAT8_E5M2), text("fp8_e5m2")}).empty());
   EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_BFLOAT16), tensor(OPFORGE_DTYPE_FLOAT8_E4M3FN), text("auto")}),
             (std::vector<std::string>{
                 "cache: expected dtype bfloat16 (the dtype of x) where kv_cache_dtype is 'auto', got float8_e4m3fn"}));
-  EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_BFLOAT16), tensor(OPFORGE_DTYPE_BFLOAT16), text("fp8")}),
-            (std::vector<std::string>{"cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got bfloat16"}));
+  EXPECT_EQ(
+      check(op, {tensor(OPFORGE_DTYPE_BFLOAT16), tensor(OPFORGE_DTYPE_BFLOAT16), text("fp8")}),
+      (std::vector<std::string>{"cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got bfloat16"}));
   EXPECT_EQ(check(op, {tensor(OPFORGE_DTYPE_BFLOAT16), tensor(OPFORGE_DTYPE_FLOAT8_E4M3FN), text("fp8_e5m2")}),
             (std::vector<std::string>{
                 "cache: expected dtype float8_e5m2 where kv_cache_dtype is 'fp8_e5m2', got float8_e4m3fn"}));
@@ -104,8 +104,7 @@ TEST(ParamRules, CombinationsTakeEachValueWithTheDtypesItsRuleAdmits) {
   auto def = cache_op();
   const auto j = describe({def.get()});
   const auto& op = j["ops"][0];
-  EXPECT_EQ(op["dtype_combinations"],
-            json::parse(R"([{"x": "float16", "cache": "float16", "kv_cache_dtype": "auto"},
+  EXPECT_EQ(op["dtype_combinations"], json::parse(R"([{"x": "float16", "cache": "float16", "kv_cache_dtype": "auto"},
                             {"x": "bfloat16", "cache": "bfloat16", "kv_cache_dtype": "auto"},
                             {"x": "float16", "cache": "float8_e5m2", "kv_cache_dtype": "fp8_e5m2"},
                             {"x": "bfloat16", "cache": "float8_e5m2", "kv_cache_dtype": "fp8_e5m2"},
@@ -126,13 +125,13 @@ TEST(ParamRules, CombinationsTakeEachValueWithTheDtypesItsRuleAdmits) {
 }
 
 TEST(ParamRules, ABoolParameterSelectsByTrueAndFalse) {
-  auto def = finalized(opforge::detail::make_op("ns", "flagged", "f.cpp", 9)
-                           .input("x", opforge::kFloat32)
-                           .input("y", opforge::when("wide", true, opforge::kFloat64).otherwise(opforge::kFloat32),
-                                  opforge::mutated)
-                           .param<bool>("wide")
-                           .reference(flag_ref)
-                           .release());
+  auto def = finalized(
+      opforge::detail::make_op("ns", "flagged", "f.cpp", 9)
+          .input("x", opforge::kFloat32)
+          .input("y", opforge::when("wide", true, opforge::kFloat64).otherwise(opforge::kFloat32), opforge::mutated)
+          .param<bool>("wide")
+          .reference(flag_ref)
+          .release());
   EXPECT_EQ(opforge::core::ruled_values(*def->spec(), 2), (std::vector<std::string>{"true", "false"}));
   Info wide;
   wide.value.kind = OPFORGE_ARG_BOOL;
@@ -143,51 +142,56 @@ TEST(ParamRules, ABoolParameterSelectsByTrueAndFalse) {
 
 // Broken declarations, each reported with the declaration's file and line.
 TEST(ParamRules, AnUnknownParameterIsReported) {
-  auto def = opforge::detail::make_op("ns", "unknown", "g.cpp", 11)
-                 .input("x", opforge::kFloat16)
-                 .input("cache", opforge::when("dtype", "auto", opforge::same_dtype("x")).otherwise(opforge::kFloat8_e4m3fn),
-                        opforge::mutated)
-                 .param<std::string>("kv_cache_dtype")
-                 .reference(cache_ref)
-                 .release();
-  EXPECT_EQ(declaration_problems(*def),
-            (std::vector<std::string>{"g.cpp:11: ns::unknown: input 'cache': when(\"dtype\", \"auto\"): \"dtype\" names "
-                                      "no parameter (parameters: kv_cache_dtype)"}));
+  auto def =
+      opforge::detail::make_op("ns", "unknown", "g.cpp", 11)
+          .input("x", opforge::kFloat16)
+          .input("cache", opforge::when("dtype", "auto", opforge::same_dtype("x")).otherwise(opforge::kFloat8_e4m3fn),
+                 opforge::mutated)
+          .param<std::string>("kv_cache_dtype")
+          .reference(cache_ref)
+          .release();
+  EXPECT_EQ(
+      declaration_problems(*def),
+      (std::vector<std::string>{"g.cpp:11: ns::unknown: input 'cache': when(\"dtype\", \"auto\"): \"dtype\" names "
+                                "no parameter (parameters: kv_cache_dtype)"}));
 }
 
 TEST(ParamRules, AValueOutsideTheChoicesIsReported) {
-  auto def = opforge::detail::make_op("ns", "choices", "g.cpp", 12)
-                 .input("x", opforge::kFloat16)
-                 .input("cache", opforge::when("kv_cache_dtype", "fp16", opforge::same_dtype("x")).otherwise(opforge::kFloat8_e4m3fn),
-                        opforge::mutated)
-                 .param<std::string>("kv_cache_dtype", opforge::one_of({"auto", "fp8"}))
-                 .reference(cache_ref)
-                 .release();
+  auto def =
+      opforge::detail::make_op("ns", "choices", "g.cpp", 12)
+          .input("x", opforge::kFloat16)
+          .input("cache",
+                 opforge::when("kv_cache_dtype", "fp16", opforge::same_dtype("x")).otherwise(opforge::kFloat8_e4m3fn),
+                 opforge::mutated)
+          .param<std::string>("kv_cache_dtype", opforge::one_of({"auto", "fp8"}))
+          .reference(cache_ref)
+          .release();
   EXPECT_EQ(declaration_problems(*def),
             (std::vector<std::string>{"g.cpp:12: ns::choices: input 'cache': when(\"kv_cache_dtype\", \"fp16\"): "
                                       "\"fp16\" is not one of the values of 'kv_cache_dtype' (one_of: auto, fp8)"}));
 }
 
 TEST(ParamRules, AFloatParameterCannotSelectARule) {
-  auto def = opforge::detail::make_op("ns", "floaty", "g.cpp", 13)
-                 .input("x", opforge::kFloat32)
-                 .input("y", opforge::when("scale", 1, opforge::kFloat64).otherwise(opforge::kFloat32), opforge::mutated)
-                 .param<double>("scale")
-                 .reference(scale_ref)
-                 .release();
+  auto def =
+      opforge::detail::make_op("ns", "floaty", "g.cpp", 13)
+          .input("x", opforge::kFloat32)
+          .input("y", opforge::when("scale", 1, opforge::kFloat64).otherwise(opforge::kFloat32), opforge::mutated)
+          .param<double>("scale")
+          .reference(scale_ref)
+          .release();
   EXPECT_EQ(declaration_problems(*def),
             (std::vector<std::string>{"g.cpp:13: ns::floaty: input 'y': when(\"scale\", \"1\"): a dtype rule follows "
                                       "a std::string, int64_t or bool parameter, and 'scale' is a double"}));
 }
 
 TEST(ParamRules, ABoolParameterTakesTrueOrFalse) {
-  auto def = opforge::detail::make_op("ns", "yes", "g.cpp", 14)
-                 .input("x", opforge::kFloat32)
-                 .input("y", opforge::when("wide", "yes", opforge::kFloat64).otherwise(opforge::kFloat32),
-                        opforge::mutated)
-                 .param<bool>("wide")
-                 .reference(flag_ref)
-                 .release();
+  auto def =
+      opforge::detail::make_op("ns", "yes", "g.cpp", 14)
+          .input("x", opforge::kFloat32)
+          .input("y", opforge::when("wide", "yes", opforge::kFloat64).otherwise(opforge::kFloat32), opforge::mutated)
+          .param<bool>("wide")
+          .reference(flag_ref)
+          .release();
   EXPECT_EQ(declaration_problems(*def),
             (std::vector<std::string>{"g.cpp:14: ns::yes: input 'y': when(\"wide\", \"yes\"): \"yes\" is not a value "
                                       "of the bool parameter 'wide'"}));
@@ -204,19 +208,22 @@ TEST(ParamRules, OneValueOneRuleOneParameter) {
                  .param<std::string>("kv_cache_dtype")
                  .reference(cache_ref)
                  .release();
-  EXPECT_EQ(declaration_problems(*def),
-            (std::vector<std::string>{
-                "g.cpp:15: ns::twice: input 'cache': when(\"kv_cache_dtype\", \"auto\"): a second rule for this value"}));
+  EXPECT_EQ(
+      declaration_problems(*def),
+      (std::vector<std::string>{
+          "g.cpp:15: ns::twice: input 'cache': when(\"kv_cache_dtype\", \"auto\"): a second rule for this value"}));
 }
 
 TEST(ParamRules, ASameDtypeOfALaterInputIsReported) {
-  auto def = opforge::detail::make_op("ns", "later", "g.cpp", 16)
-                 .input("cache", opforge::when("kv_cache_dtype", "auto", opforge::same_dtype("x")).otherwise(opforge::kFloat8_e4m3fn),
-                        opforge::mutated)
-                 .input("x", opforge::kFloat16)
-                 .param<std::string>("kv_cache_dtype")
-                 .reference(later_ref)
-                 .release();
+  auto def =
+      opforge::detail::make_op("ns", "later", "g.cpp", 16)
+          .input("cache",
+                 opforge::when("kv_cache_dtype", "auto", opforge::same_dtype("x")).otherwise(opforge::kFloat8_e4m3fn),
+                 opforge::mutated)
+          .input("x", opforge::kFloat16)
+          .param<std::string>("kv_cache_dtype")
+          .reference(later_ref)
+          .release();
   EXPECT_EQ(declaration_problems(*def),
             (std::vector<std::string>{"g.cpp:16: ns::later: input 'cache': when(\"kv_cache_dtype\", \"auto\"): "
                                       "same_dtype(\"x\") must name an earlier tensor input"}));

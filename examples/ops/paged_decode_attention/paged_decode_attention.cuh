@@ -149,9 +149,9 @@ template <class T>
 __device__ void combine_row(const Params& p, int64_t row, int64_t n, float* scratch) {
   const int dim = static_cast<int>(p.head_dim), cols = dim / 4, groups = kThreads / cols;
   const int col = threadIdx.x % cols, grp = threadIdx.x / cols;  // grp >= groups: no column
-  float* const group_m = scratch;                 // [groups]
-  float* const group_l = scratch + kThreads;      // [groups]
-  float* const group_acc = scratch + 2 * kThreads;  // [groups][dim]
+  float* const group_m = scratch;                                // [groups]
+  float* const group_l = scratch + kThreads;                     // [groups]
+  float* const group_acc = scratch + 2 * kThreads;               // [groups][dim]
   const float* const lse = p.partial_lse + row * p.splits;
   const float4* const part = reinterpret_cast<const float4*>(p.partial_out + row * p.splits * dim) + col;
   if (grp < groups) {

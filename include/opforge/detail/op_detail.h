@@ -516,7 +516,9 @@ inline void set_dtype_rule(DtypeCaseDecl& c, const SameDtype& r) {
   c.dtype_alternatives = r.alternatives;
 }
 template <class R>
-concept DtypeRule = requires(DtypeCaseDecl& c, const R& r) { ::opforge::detail::set_dtype_rule(c, r); };
+concept DtypeRule = requires(DtypeCaseDecl& c, const R& r) {
+  ::opforge::detail::set_dtype_rule(c, r);
+};
 
 /// A parameter's value as its choices spell it: a string as is, an integer in decimal, a bool
 /// "true" or "false".
