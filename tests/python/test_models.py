@@ -127,6 +127,7 @@ def test_package_carries_every_custom_op(main_run):
 @pytest.mark.parametrize("name", MODELS)
 def test_opforge_ops_match_plain_torch_in_eager(name):
     spec = MODELS[name].SPEC
+    llama_layer.model_check.load_example_ops(spec.ops)  # run alone too, not only after the main runs
     model, plain = spec.make_model(), spec.make_model(plain=True)
     tol = spec.atol if spec.atol > 1e-4 else 1e-5  # the float32 models agree to 1e-5 in eager
     for batch in spec.batches:
