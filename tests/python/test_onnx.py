@@ -155,7 +155,9 @@ def test_every_example_op_runs_in_onnxruntime_on_the_cpu_like_its_reference(fold
         case = _numpy_case(op)
         if case is None:
             continue
-        for inputs in generate_cases(op, case.dtypes, seed=0, only=lambda label: label.startswith("shape 3x")):
+        for inputs in generate_cases(
+            op, case.dtypes, seed=0, only=lambda label: label.startswith("shape 3x"), pinned=case.params
+        ):
             args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in inputs.args]
             want = _torch_results(op, args)
             sess = session(_single_node_model(op, args, want), [lib])
@@ -183,7 +185,9 @@ def test_every_example_op_runs_in_onnxruntime_on_cuda_like_torchs_call(folder):
         case = _numpy_case(op, "cuda") if "cuda" in op.devices else None
         if case is None:
             continue
-        for inputs in generate_cases(op, case.dtypes, seed=0, only=lambda label: label.startswith("shape 3x")):
+        for inputs in generate_cases(
+            op, case.dtypes, seed=0, only=lambda label: label.startswith("shape 3x"), pinned=case.params
+        ):
             args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in inputs.args]
             want = _torch_results(op, [a.cuda() if isinstance(a, torch.Tensor) else a for a in args])
             sess = session(_single_node_model(op, args, want), [lib], ("CUDAExecutionProvider", "CPUExecutionProvider"))
