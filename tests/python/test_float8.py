@@ -7,7 +7,6 @@ compares float8 results bit for bit. Fixtures: fixtures/float8_ops.cpp. The fp8 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,15 +17,6 @@ from opforge.verify.cases import random_tensor
 from opforge.verify.compare import compare
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
-
-
-@pytest.fixture(scope="module")
-def float8_ops(tmp_path_factory):
-    fixtures = Path(__file__).resolve().parent / "fixtures"
-    path = opforge.build_library(
-        "float8_ops", [fixtures / "float8_ops.cpp"], build_dir=tmp_path_factory.mktemp("float8")
-    )
-    return opforge.load_library(path)
 
 
 def _floats() -> torch.Tensor:

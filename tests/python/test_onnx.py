@@ -431,6 +431,31 @@ def test_minilm_in_float16_with_opforge_ops_runs_in_onnxruntime_on_cuda():
     assert report.outputs[0].cosine > 0.999 and report.package.endswith(".onnx")
 
 
+class ToFloat8(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.fixture.to_float8(x, False)[0].float()
+
+
+class Dequantise(torch.nn.Module):
+    def forward(self, x, scale):
+        return torch.ops.fixture.dequantise(x, scale)
+
+
+def test_an_op_with_an_output_onnx_has_no_type_for_is_refused_by_name_beside_its_librarys_other_ops(float8_ops):
+    """fixture::to_float8 has a float8_e8m0fnu output, which ONNX has no element type for: it gets no
+    schema and its export fails naming it; fixture::dequantise of the same library exports."""
+    with pytest.raises(Exception) as error:
+        export(ToFloat8(), (torch.randn(8),))
+    assert (
+        "opforge.onnx: fixture::to_float8 cannot be exported to ONNX: ONNX has no element type for its output "
+        "e8m0fnu (float8_e8m0fnu)"
+    ) in str(error.value)
+    model = export(Dequantise(), (torch.randn(8).to(torch.float8_e4m3fn), torch.ones(1)))
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node if n.domain == "fixture"] == ["dequantise"]
+    assert onnx.defs.has("dequantise", "fixture") and not onnx.defs.has("to_float8", "fixture")
+
+
 def test_verify_model_refuses_an_unknown_runtime():
     from opforge.verify import verify_model
 

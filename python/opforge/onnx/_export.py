@@ -116,6 +116,23 @@ def written_translation(ops: dict[str, Op], translations: dict[str, object]):
     return translate
 
 
+def refusal(op: Op):
+    """The function torch.onnx calls for a node of an op that has no ONNX schema because an output's
+    fixed dtype has no ONNX element type (:func:`_schemas.untyped_outputs`).
+
+    Raises:
+        TypeError: always, naming the op, the output and its dtype.
+    """
+    untyped = ", ".join(f"{o.name} ({o.dtype})" for o in _schemas.untyped_outputs(op))
+
+    def refuse(*args, **kwargs):
+        raise TypeError(
+            f"opforge.onnx: {op.name} cannot be exported to ONNX: ONNX has no element type for its output {untyped}"
+        )
+
+    return refuse
+
+
 def translation_table(ops: list[Op]) -> dict:
     """``{torch.ops.<ns>.<op>.default: translation}`` for each of ``ops`` that torch has
     registered (opforge.load_library), and the translation of torch.export's functionalised calls
@@ -125,9 +142,13 @@ def translation_table(ops: list[Op]) -> dict:
     for op in ops:
         ns, name = _schemas.domain_and_name(op)
         packet = getattr(getattr(torch.ops, ns), name, None)
-        if packet is not None and _schemas.onnx_typed(op):
-            table[packet.default] = translations[op.name] = translation(op)
-            by_name[op.name] = op
+        if packet is None:
+            continue
+        if not _schemas.onnx_typed(op):
+            table[packet.default] = refusal(op)
+            continue
+        table[packet.default] = translations[op.name] = translation(op)
+        by_name[op.name] = op
     if any(op.mutated for op in by_name.values()):
         table[torch.ops.higher_order.auto_functionalized_v2] = written_translation(by_name, translations)
     return table

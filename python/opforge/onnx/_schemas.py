@@ -155,10 +155,15 @@ def schema_of(op: Op) -> OpSchema:
     return _registered[op.name]
 
 
+def untyped_outputs(op: Op) -> list:
+    """The outputs of ``op`` whose fixed dtype ONNX has no element type for (float8_e8m0fnu): an
+    op with any gets no schema, and its translation refuses the export by name."""
+    return [o for o in op.outputs if o.dtype is not None and o.dtype not in ONNX_TYPES]
+
+
 def onnx_typed(op: Op) -> bool:
-    """Whether ONNX has an element type for each fixed output dtype of ``op`` (it has none for
-    float8_e8m0fnu): an op without gets no schema and no translation."""
-    return all(o.dtype is None or o.dtype in ONNX_TYPES for o in op.outputs)
+    """Whether ONNX has an element type for each fixed output dtype of ``op``."""
+    return not untyped_outputs(op)
 
 
 def register(ops: list[Op]) -> None:
