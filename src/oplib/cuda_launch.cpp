@@ -117,20 +117,20 @@ CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f
 }  // namespace
 
 void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f, const char* (*type_name)(int32_t dtype), Loader load) {
-  const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
-  if (!cfg) return;
+  thread_local LaunchConfig cfg;  // its argument storage outlives the call: no allocation per launch
+  if (!rtc::launch_config(rk, f, cfg)) return;
   bind_primary_context(f->ctx->device_index);
-  CachedLaunch& target = cached_function(rk, f, *cfg, type_name, load);
-  rtc::KernelArguments args(rk, f, *cfg);
-  if (cfg->shared_bytes > target.shared_allowed && driver().set_attribute) {  // once per function and size
+  CachedLaunch& target = cached_function(rk, f, cfg, type_name, load);
+  rtc::KernelArguments args(rk, f, cfg);
+  if (cfg.shared_bytes > target.shared_allowed && driver().set_attribute) {  // once per function and size
     check_cu(driver().set_attribute(target.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    static_cast<int>(cfg->shared_bytes)),
+                                    static_cast<int>(cfg.shared_bytes)),
              "cuFuncSetAttribute");
-    target.shared_allowed = cfg->shared_bytes;
+    target.shared_allowed = cfg.shared_bytes;
   }
   const CUresult r =
-      driver().launch(target.fn, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0], cfg->block[1], cfg->block[2],
-                      cfg->shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
+      driver().launch(target.fn, cfg.grid[0], cfg.grid[1], cfg.grid[2], cfg.block[0], cfg.block[1], cfg.block[2],
+                      cfg.shared_bytes, static_cast<CUstream>(f->ctx->stream), args.params(), nullptr);
   if (r != CUDA_SUCCESS) check_cu(r, "cuLaunchKernel(" + target.name + ")");
 }
 
