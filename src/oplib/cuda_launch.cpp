@@ -167,18 +167,18 @@ CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f
 }  // namespace
 
 void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f, const char* (*type_name)(int32_t dtype), Loader load) {
-  const std::optional<LaunchConfig> cfg = rtc::launch_config(rk, f);
-  if (!cfg) return;
+  thread_local LaunchConfig cfg;  // its argument storage outlives the call: no allocation per launch
+  if (!rtc::launch_config(rk, f, cfg)) return;
   bind_primary_context(f->ctx->device_index);
-  CachedLaunch& target = cached_function(rk, f, *cfg, type_name, load);
-  rtc::KernelArguments args(rk, f, *cfg);
-  if (cfg->shared_bytes > target.shared_allowed) {  // once per function and size
-    allow_dynamic_shared(target.fn, cfg->shared_bytes);
-    target.shared_allowed = cfg->shared_bytes;
+  CachedLaunch& target = cached_function(rk, f, cfg, type_name, load);
+  rtc::KernelArguments args(rk, f, cfg);
+  if (cfg.shared_bytes > target.shared_allowed) {  // once per function and size
+    allow_dynamic_shared(target.fn, cfg.shared_bytes);
+    target.shared_allowed = cfg.shared_bytes;
   }
   Geometry g;
-  for (int k = 0; k < 3; ++k) g.grid[k] = cfg->grid[k], g.block[k] = cfg->block[k];
-  g.shared_bytes = cfg->shared_bytes;
+  for (int k = 0; k < 3; ++k) g.grid[k] = cfg.grid[k], g.block[k] = cfg.block[k];
+  g.shared_bytes = cfg.shared_bytes;
   launch_function(target.fn, g, static_cast<CUstream>(f->ctx->stream), args.params(), target.name.c_str());
 }
 

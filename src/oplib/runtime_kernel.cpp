@@ -267,26 +267,28 @@ std::string sizes_text(const OpforgeTensor& t) {
   return s + "]";
 }
 
-/// nullopt, or InternalError naming an output with elements: the geometry is empty.
-std::optional<LaunchConfig> nothing_to_launch(const RuntimeKernel& rk, const OpforgeCallFrame* f,
-                                              const std::string& rule) {
+/// false, or InternalError naming an output with elements: the geometry is empty.
+bool nothing_to_launch(const RuntimeKernel& rk, const OpforgeCallFrame* f, const std::string& rule) {
   for (int32_t o = 0; o < f->num_outputs; ++o) {
     if (f->outputs[o].ndim < 0 || numel(f->outputs[o]) == 0) continue;  // absent, or empty
     throw InternalError(rule + " gives no threads, but output '" + rk.def->outputs[o].name + "' of shape " +
                         sizes_text(f->outputs[o]) +
                         " has elements, which would stay unwritten (launch over that output, or with launch_grid)");
   }
-  return std::nullopt;
+  return false;
 }
 
 }  // namespace
 
-std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f) {
+bool launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f, LaunchConfig& cfg) {
   const int32_t num_args = f->num_args;
   const OpforgeTensor* rule_tensor = nullptr;
   if (rk.rule_tensor >= 0)
     rule_tensor = rk.rule_tensor < num_args ? &f->args[rk.rule_tensor].tensor : &f->outputs[rk.rule_tensor - num_args];
-  LaunchConfig cfg;
+  std::vector<int64_t> args = std::move(cfg.args);  // its storage is kept for the rules' arguments
+  args.clear();
+  cfg = LaunchConfig{};
+  cfg.args = std::move(args);
   switch (rk.rule.kind) {
     case LaunchRule::kElementwise: {
       const int64_t n = numel(*rule_tensor);
@@ -301,8 +303,8 @@ std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const Opforge
       OPFORGE_CHECK(blocks <= INT32_MAX, n, " elements exceed one launch's grid");
       cfg.grid[0] = static_cast<unsigned>(blocks);
       cfg.block[0] = static_cast<unsigned>(rk.rule.threads);
-      cfg.args = {n};
-      return cfg;
+      cfg.args.push_back(n);
+      return true;
     }
     case LaunchRule::kRows: {
       const OpforgeTensor& t = *rule_tensor;
@@ -320,13 +322,14 @@ std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const Opforge
         threads = std::clamp<int64_t>((vectors + per_warp - 1) / per_warp * 32, 32, 1024);
       }
       cfg.block[0] = static_cast<unsigned>(threads);
-      cfg.args = {rows, cols};
-      return cfg;
+      cfg.args.push_back(rows);
+      cfg.args.push_back(cols);
+      return true;
     }
     case LaunchRule::kGrid:
       cfg = rk.rule.grid_entry(f, rk.rule.grid_fn);
       if (int64_t{cfg.grid[0]} * cfg.grid[1] * cfg.grid[2] == 0) return nothing_to_launch(rk, f, "the grid function");
-      return cfg;
+      return true;
     case LaunchRule::kNone:
       break;
   }

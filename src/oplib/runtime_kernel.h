@@ -96,12 +96,14 @@ int32_t guarded_request(OpforgePrecompileRequest* request, Body&& body) {
 
 /// Grid, block, shared memory and the rule's int64 arguments of one call: elementwise over the
 /// rule tensor's elements, rows over the product of its leading dims (a row may be empty: the
-/// kernel then writes what an empty row gives), or the grid function's answer. nullopt when
-/// there is nothing to launch (no thread would have work) and no output has an element. Throws
-/// InternalError if the rule gives no threads while an output has elements (those elements
-/// would stay unwritten: the rule names the wrong tensor), InvalidArgument if the grid would
-/// exceed a launch's limits.
-std::optional<LaunchConfig> launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f);
+/// kernel then writes what an empty row gives), or the grid function's answer, written into
+/// `cfg` (whose argument storage is reused: a launch keeps one LaunchConfig per thread, so the
+/// elementwise and rows rules allocate nothing per call). Returns false when there is nothing
+/// to launch (no thread would have work) and no output has an element. Throws InternalError if
+/// the rule gives no threads while an output has elements (those elements would stay
+/// unwritten: the rule names the wrong tensor), InvalidArgument if the grid would exceed a
+/// launch's limits.
+bool launch_config(const RuntimeKernel& rk, const OpforgeCallFrame* f, LaunchConfig& cfg);
 
 // ---- tensor maps ----------------------------------------------------------------------------
 

@@ -42,6 +42,14 @@ void* current_cuda_stream(c10::DeviceIndex index) {
   return stream;
 }
 
+/// The allocator torch registered for CUDA memory (its caching allocator, the one ATen's own
+/// CUDA kernels allocate their outputs from, on the current device), or null where torch has no
+/// CUDA. Asked once: torch registers it when libtorch_cuda loads, before any CUDA tensor exists.
+c10::Allocator* cuda_allocator() {
+  static c10::Allocator* const allocator = c10::GetAllocator(c10::DeviceType::CUDA);
+  return allocator;
+}
+
 /// Containers built on every call: held inline up to kInline elements (no allocation for
 /// the usual op), on the heap past that.
 constexpr unsigned kInline = 8;
@@ -293,6 +301,7 @@ class OpKernel final : public c10::OperatorKernel {
         : k_(k), call_(call), device_(device), scratch_{at::TensorOptions().dtype(at::kByte).device(device), {}} {
       outputs.resize(k.op_.num_outputs);
       temporaries.resize(k.op_.num_outputs);
+      if (k.mode_ == Mode::kCuda) guard_.reset_device(device);  // outputs are allocated on the call's device
     }
 
     OpforgeTensor output(int32_t k, int32_t dtype, core::Span<const int64_t> sizes) override {
@@ -302,6 +311,9 @@ class OpKernel final : public c10::OperatorKernel {
         outputs[k] = call_.outs[k];
       } else if (k_.mode_ == Mode::kCpu) {  // as ATen's own CPU kernels allocate: not through the dispatcher
         outputs[k] = at::detail::empty_cpu(shape, to_torch(dtype), /*pin_memory=*/false, std::nullopt);
+      } else if (c10::Allocator* cuda = cuda_allocator(); cuda != nullptr) {  // as ATen's CUDA kernels: under the guard
+        outputs[k] = at::detail::empty_generic(shape, cuda, c10::DispatchKeySet(c10::DispatchKey::CUDA), to_torch(dtype),
+                                               std::nullopt);
       } else {
         outputs[k] = at::empty(shape, at::TensorOptions().dtype(to_torch(dtype)).device(device_));
       }
@@ -328,10 +340,7 @@ class OpKernel final : public c10::OperatorKernel {
       ctx.struct_size = sizeof(OpforgeContext);
       ctx.device_type = k_.mode_ == Mode::kCuda ? OPFORGE_DEVICE_CUDA : OPFORGE_DEVICE_CPU;
       ctx.device_index = device_.has_index() ? device_.index() : -1;
-      if (k_.mode_ == Mode::kCuda) {
-        guard_.reset_device(device_);
-        ctx.stream = current_cuda_stream(device_.index());
-      }
+      if (k_.mode_ == Mode::kCuda) ctx.stream = current_cuda_stream(device_.index());  // the guard is set
       ctx.allocate = &Scratch::allocate;
       ctx.allocator_state = &scratch_;
       return ctx;

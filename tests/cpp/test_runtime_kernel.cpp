@@ -76,24 +76,27 @@ TEST(LaunchGeometry, RowsOfLengthZeroStillLaunch) {
   // leaving the [4, 1] output unwritten).
   auto def = row_sum(opforge::rows("x"));
   Frame f({4, 0}, {4, 1});
-  const auto cfg = rtc::launch_config(*def->runtime_kernels[0], f.get());
-  ASSERT_TRUE(cfg.has_value());
-  EXPECT_EQ(cfg->grid[0], 4u);
-  EXPECT_EQ(cfg->block[0], 32u);
-  EXPECT_EQ(cfg->args, (std::vector<int64_t>{4, 0}));
+  opforge::LaunchConfig cfg;
+  cfg.args = {7, 7, 7};  // what an earlier launch left: replaced
+  ASSERT_TRUE(rtc::launch_config(*def->runtime_kernels[0], f.get(), cfg));
+  EXPECT_EQ(cfg.grid[0], 4u);
+  EXPECT_EQ(cfg.block[0], 32u);
+  EXPECT_EQ(cfg.args, (std::vector<int64_t>{4, 0}));
 }
 
 TEST(LaunchGeometry, NoRowsAndNoOutputElementsLaunchNothing) {
   auto def = row_sum(opforge::rows("x"));
   Frame f({0, 5}, {0, 1});
-  EXPECT_FALSE(rtc::launch_config(*def->runtime_kernels[0], f.get()).has_value());
+  opforge::LaunchConfig cfg;
+  EXPECT_FALSE(rtc::launch_config(*def->runtime_kernels[0], f.get(), cfg));
 }
 
 TEST(LaunchGeometry, AnEmptyGridWithOutputElementsIsAnError) {
   auto def = row_sum(opforge::elementwise("x"));
   Frame f({4, 0}, {4, 1});
   try {
-    rtc::launch_config(*def->runtime_kernels[0], f.get());
+    opforge::LaunchConfig cfg;
+    rtc::launch_config(*def->runtime_kernels[0], f.get(), cfg);
     FAIL() << "no error";
   } catch (const opforge::InternalError& e) {
     EXPECT_STREQ(e.what(),
@@ -105,11 +108,11 @@ TEST(LaunchGeometry, AnEmptyGridWithOutputElementsIsAnError) {
 TEST(LaunchGeometry, ElementwiseBlocksCoverEveryElement) {
   auto def = row_sum(opforge::elementwise("y").bytes_per_thread(16).threads_per_block(128));
   Frame f({3, 1000}, {3, 1000});
-  const auto cfg = rtc::launch_config(*def->runtime_kernels[0], f.get());
-  ASSERT_TRUE(cfg.has_value());
-  EXPECT_EQ(cfg->grid[0], 6u);  // 3000 elements, 4 floats a thread, 512 a block
-  EXPECT_EQ(cfg->block[0], 128u);
-  EXPECT_EQ(cfg->args, (std::vector<int64_t>{3000}));
+  opforge::LaunchConfig cfg;
+  ASSERT_TRUE(rtc::launch_config(*def->runtime_kernels[0], f.get(), cfg));
+  EXPECT_EQ(cfg.grid[0], 6u);  // 3000 elements, 4 floats a thread, 512 a block
+  EXPECT_EQ(cfg.block[0], 128u);
+  EXPECT_EQ(cfg.args, (std::vector<int64_t>{3000}));
 }
 
 /// ns::pair's description (x, optional w, n, alpha, flag, compile-time k -> y), launched by `rule`.
@@ -514,7 +517,8 @@ TEST(LaunchGeometry, GridsBeyondOneLaunchAreRefused) {
   auto rows = row_sum(opforge::rows("x"));
   Frame f({huge, 1}, {huge, 1});
   try {
-    rtc::launch_config(*rows->runtime_kernels[0], f.get());
+    opforge::LaunchConfig cfg;
+    rtc::launch_config(*rows->runtime_kernels[0], f.get(), cfg);
     FAIL() << "no error";
   } catch (const opforge::InvalidArgument& e) {
     EXPECT_STREQ(e.what(), "4398046511104 rows exceed one launch's grid");
@@ -522,7 +526,8 @@ TEST(LaunchGeometry, GridsBeyondOneLaunchAreRefused) {
   auto flat = row_sum(opforge::elementwise("x").threads_per_block(32));
   Frame g({huge, 1}, {huge, 1});
   try {
-    rtc::launch_config(*flat->runtime_kernels[0], g.get());
+    opforge::LaunchConfig cfg;
+    rtc::launch_config(*flat->runtime_kernels[0], g.get(), cfg);
     FAIL() << "no error";
   } catch (const opforge::InvalidArgument& e) {
     EXPECT_STREQ(e.what(), "4398046511104 elements exceed one launch's grid");

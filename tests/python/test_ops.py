@@ -193,6 +193,20 @@ def test_cuda_large_launch_uses_64bit_indexing(name):
         assert out[-1].eq(expected).all() and out[0].eq(expected).all()
 
 
+@requires_cuda
+def test_cuda_outputs_come_from_torchs_caching_allocator():
+    """An output is memory of torch's CUDA caching allocator, as at::empty's: counted by
+    memory_allocated while it lives, returned when it dies."""
+    x = torch.randn(1 << 20, device="cuda")  # 4 MiB: a multiple of the allocator's rounding
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    y = torch.ops.examples.softshrink(x, 0.5)
+    assert y.device == x.device and y.is_contiguous()
+    assert torch.cuda.memory_allocated() - before == y.numel() * y.element_size()
+    del y
+    assert torch.cuda.memory_allocated() == before
+
+
 @requires_two_gpus
 @pytest.mark.parametrize("name", OPS)
 def test_inputs_on_a_non_current_gpu(name):
