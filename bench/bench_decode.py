@@ -15,8 +15,14 @@ shape). In each group:
   best case, a cache that is not paged);
 - the plain torch expression: the op's ``.equivalent()`` in eager.
 
+Then, for each float8 ``--kv-cache-dtypes`` value (default "fp8": float8_e4m3fn caches with
+per-tensor scales, vLLM's kv_cache_dtype, written by examples::reshape_and_cache_flash), a group
+of its own at each batch: the copy of as many bytes as the float8 step reads (half the 16-bit
+step's), the op with the device value checks on and off, and the plain torch expression (the
+caches dequantised in eager, then attention as above).
+
 Bytes: the keys and values the step reads, 2 x batch x context x kv_heads x head_dim x the
-dtype's size (queries, block tables and outputs are under 0.1 % of it). GB/s is those bytes over
+cache dtype's size (queries, block tables and outputs are under 0.1 % of it). GB/s is those bytes over
 the median time of triton.testing.do_bench (CUDA events, warm-up, L2 flushed before each run),
 inputs random; ``x copy`` is the copy's time over the implementation's (issue 46's targets for
 the op: >= 0.85 x at batch 64, >= 0.7 x at batch 1). ``--profile`` adds each implementation's
@@ -29,7 +35,8 @@ off, beside the same copy.
 
     python3 bench/bench_decode.py [--batches 64 1] [--context 4096] [--heads 32] [--kv-heads 8]
                                   [--head-dim 128] [--block-size 16] [--dtype bfloat16|float16]
-                                  [--profile] [--sweep] [--json out.json]
+                                  [--kv-cache-dtypes auto fp8 fp8_e5m2] [--profile] [--sweep]
+                                  [--json out.json]
 """
 
 from __future__ import annotations
@@ -59,6 +66,11 @@ SWEEP = [
 ]
 
 
+#: The cache dtype of each kv_cache_dtype value (vLLM's), and the scales of the float8 ones.
+CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_SCALES = (0.02, 0.015)
+
+
 def decode_step(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype):
     """[query, key_cache, value_cache, block_tables, seq_lens] on the GPU: ``batch`` sequences of
     ``context`` tokens, each block of the caches owned by one sequence, in random order."""
@@ -68,6 +80,16 @@ def decode_step(batch: int, context: int, heads: int, kv_heads: int, head_dim: i
     tables = torch.randperm(batch * pages, device="cuda", dtype=torch.int32).view(batch, pages)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     return [query, *caches, tables, lens]
+
+
+def fp8_step(step: list, kv_cache_dtype: str) -> list:
+    """``step`` (decode_step) as the op takes it with a float8 ``kv_cache_dtype``: [query,
+    key_cache, value_cache, block_tables, seq_lens, scale, kv_cache_dtype, k_scale, v_scale], the
+    caches quantised as vLLM's cache write stores them (x / scale, saturated) by FP8_SCALES."""
+    dtype, big = CACHE_DTYPES[kv_cache_dtype], torch.finfo(CACHE_DTYPES[kv_cache_dtype]).max
+    scales = [torch.tensor(s, device="cuda") for s in FP8_SCALES]
+    caches = [(c.float() / s).clamp(-big, big).to(dtype) for c, s in zip(step[1:3], scales)]
+    return [step[0], *caches, *step[3:], 0.0, kv_cache_dtype, *scales]
 
 
 def gathered(key_cache, value_cache, block_tables, context: int):
@@ -98,17 +120,23 @@ def tuned(fn, tuning: str):
     return run
 
 
-def timed_group(batch: int, args, profiles: list) -> list[dict]:
-    """The rows of one batch size (see the module's docstring); appends each implementation's
-    kernels to ``profiles`` with ``args.profile``."""
+def timed_group(batch: int, args, profiles: list, kv_cache_dtype: str = "auto") -> list[dict]:
+    """The rows of one batch size and cache dtype (see the module's docstring); appends each
+    implementation's kernels to ``profiles`` with ``args.profile``."""
     dtype, op = getattr(torch, args.dtype), torch.ops.examples.paged_decode_attention
     step = decode_step(batch, args.context, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype)
-    query, key_cache, value_cache, tables, _ = step
-    key, value = gathered(key_cache, value_cache, tables, args.context)
+    fp8 = kv_cache_dtype != "auto"
+    if fp8:
+        step = fp8_step(step, kv_cache_dtype)
+    query, key_cache, value_cache, tables, _ = step[:5]
+    # SDPA over the caches' values (dequantised where float8): the check of the op's numbers
+    scaled = [c.to(dtype) * s for c, s in zip(step[1:3], step[7:9])] if fp8 else step[1:3]
+    key, value = gathered(*scaled, tables, args.context)
     expected = sdpa(query, key, value)
     description = opforge.find_op(OP)
-    scope = {"torch": torch, **dict(zip([a.name for a in description.args], [*step, 0.0]))}
-    nbytes = 2 * key.numel() * key.element_size()
+    arguments = step if fp8 else [*step, 0.0, "auto", None, None]  # every argument, by name
+    scope = {"torch": torch, **dict(zip([a.name for a in description.args], arguments))}
+    nbytes = 2 * key_cache.numel() * key_cache.element_size()
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     impls = [("device-to-device copy", lambda: dst.copy_(src))]
@@ -122,6 +150,13 @@ def timed_group(batch: int, args, profiles: list) -> list[dict]:
                 (label, tuned(lambda: op(*step), tuning)),
                 (f"{label}, checks off", tuned(unchecked(lambda: op(*step)), tuning)),
             ]
+    elif fp8:
+        torch.testing.assert_close(op(*step), expected, atol=2e-2, rtol=2e-2)  # the same numbers
+        impls += [
+            (f"opforge examples::paged_decode_attention, {kv_cache_dtype}", lambda: op(*step)),
+            ("opforge, device value checks off", unchecked(lambda: op(*step))),
+            ("torch expression (the op's .equivalent(), eager)", lambda: eval(description.equivalent, scope)),  # noqa: S307
+        ]
     else:
         torch.testing.assert_close(op(*step), expected, atol=2e-2, rtol=2e-2)  # the same numbers
         impls += [
@@ -136,7 +171,9 @@ def timed_group(batch: int, args, profiles: list) -> list[dict]:
         ]
     group = (
         f"batch {batch} x context {args.context}, {args.heads} heads on {args.kv_heads} kv heads of "
-        f"{args.head_dim}, blocks of {args.block_size}, {args.dtype}: {nbytes / 2**20:.0f} MiB of keys and values"
+        f"{args.head_dim}, blocks of {args.block_size}, {args.dtype}"
+        + (f", {kv_cache_dtype} cache ({str(key_cache.dtype).removeprefix('torch.')})" if fp8 else "")
+        + f": {nbytes / 2**20:.0f} MiB of keys and values"
     )
     rows, copy_ms = [], None
     for label, fn in impls:
@@ -157,15 +194,23 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument(
+        "--kv-cache-dtypes",
+        nargs="+",
+        choices=("auto", *CACHE_DTYPES),
+        default=["auto", "fp8"],
+        help="the caches each batch is timed with: auto (the query's dtype), float8 ones",
+    )
     parser.add_argument("--profile", action="store_true", help="also print each implementation's kernels")
     parser.add_argument("--sweep", action="store_true", help="time the op's launch variants instead")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("paged_decode_attention"))
     rows, profiles = [], []
-    for batch in args.batches:
-        rows += timed_group(batch, args, profiles)
-        torch.cuda.empty_cache()
+    for kv_cache_dtype in args.kv_cache_dtypes:
+        for batch in args.batches:
+            rows += timed_group(batch, args, profiles, kv_cache_dtype)
+            torch.cuda.empty_cache()
     report(rows, bandwidth_or_call_line(64), args.json)
     for title, table in profiles:
         print()

@@ -2,9 +2,11 @@
 against the description's torch equivalent and against SDPA over each sequence's own keys and
 values, over grouped-query heads, head dims, cache block sizes and context lengths (empty, shorter
 than a block, not a multiple of it); a cache filled by examples::kv_cache_write and decoded step
-by step; bad inputs refused by name; torch.compile without recompiles; and on CUDA the kernels
-against the reference, including contexts long enough to be split over several thread blocks and
-combined, at batch 1 and batch 64."""
+by step; float8 caches (vLLM's kv_cache_dtype "fp8", "fp8_e4m3", "fp8_e5m2" with per-tensor
+scales), including a cache written by examples::reshape_and_cache_flash and read back; bad inputs
+refused by name; torch.compile without recompiles; and on CUDA the kernels against the reference,
+including contexts long enough to be split over several thread blocks and combined, at batch 1
+and batch 64, over 16-bit and float8 caches."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from opforge import verify
 OP = "examples::paged_decode_attention"
 HEAD = (
     "examples::paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
-    "Tensor seq_lens, float scale=0.0) -> Tensor: invalid arguments\n"
+    "Tensor seq_lens, float scale=0.0, str kv_cache_dtype='auto', Tensor? k_scale=None, Tensor? v_scale=None) -> "
+    "Tensor: invalid arguments\n"
 )
 
 
@@ -74,11 +77,18 @@ def sdpa_decode(query, key_cache, value_cache, block_tables, seq_lens, scale=0.0
     return torch.stack(out) if out else torch.zeros(query.shape, dtype=torch.float64)
 
 
-def equivalent(args, scale=0.0):
+def wide(t):
+    """``t`` on the CPU, in float64 if it holds floating-point values (float8 ones exactly); None stays None."""
+    if t is None:
+        return None
+    return t.cpu().double() if t.is_floating_point() else t.cpu()
+
+
+def equivalent(args, scale=0.0, kv_cache_dtype="auto", k_scale=None, v_scale=None):
     """The description's .equivalent() torch expression, evaluated in float64 on the CPU."""
     op = opforge.find_op(OP)
-    wide = [a.cpu().double() if a.is_floating_point() else a.cpu() for a in args]
-    return eval(op.equivalent, {"torch": torch, **dict(zip([a.name for a in op.args], [*wide, scale]))})  # noqa: S307
+    values = [*map(wide, args), scale, kv_cache_dtype, wide(k_scale), wide(v_scale)]
+    return eval(op.equivalent, {"torch": torch, **dict(zip([a.name for a in op.args], values))})  # noqa: S307
 
 
 def assert_close(got, want, dtype):
@@ -86,10 +96,13 @@ def assert_close(got, want, dtype):
     torch.testing.assert_close(got.cpu().double(), want.cpu().double(), atol=tol, rtol=tol, equal_nan=True)
 
 
-def reference(args, scale=0.0):
-    """The CPU reference, run in float64 on CPU copies of ``args``."""
-    wide = [a.cpu().double() if a.is_floating_point() else a.cpu() for a in args]
-    return torch.ops.examples.paged_decode_attention(*wide, scale)
+def reference(args, scale=0.0, kv_cache_dtype="auto", k_scale=None, v_scale=None):
+    """The CPU reference on CPU copies of ``args``: in float64 (float8 caches kept as they are)."""
+    if kv_cache_dtype == "auto":
+        return torch.ops.examples.paged_decode_attention(*map(wide, args), scale)
+    cpu = [wide(args[0]), *(a.cpu() for a in args[1:])]
+    scales = [None if s is None else s.cpu() for s in (k_scale, v_scale)]
+    return torch.ops.examples.paged_decode_attention(*cpu, scale, kv_cache_dtype, *scales)
 
 
 #: Context lengths: empty, one token, shorter than a block, one block and one token past it,
@@ -131,27 +144,96 @@ def test_special_values_follow_the_equivalent():
     assert_close(out, equivalent(args), torch.float32)
 
 
+#: vLLM's float8 kv_cache_dtype values and the dtype each stores.
+FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+#: Half the distance between neighbouring normal float8 values, relative to them (3 or 2 mantissa bits).
+UNIT_ROUNDOFF = {torch.float8_e4m3fn: 2.0**-4, torch.float8_e5m2: 2.0**-3}
+
+
+def quantise(x, scale, dtype):
+    """``x`` as vLLM's cache write stores it in a float8 cache of ``dtype``: x / scale in float32,
+    saturated to the largest finite value (NaN kept), rounded to ``dtype``."""
+    big = torch.finfo(dtype).max
+    return (x.float() / scale).clamp(-big, big).to(dtype)
+
+
+def fp8_inputs(args, kv_cache_dtype, scales=(0.02, 0.03)):
+    """``(args, k_scale, v_scale)``: decode_inputs' ``args`` with their caches quantised to
+    ``kv_cache_dtype``'s float8 dtype by the scales (0-dim float32 tensors on the caches' device)."""
+    k_scale, v_scale = (torch.tensor(s, dtype=torch.float32, device=args[1].device) for s in scales)
+    caches = [quantise(c, s, FP8[kv_cache_dtype]) for c, s in zip(args[1:3], (k_scale, v_scale))]
+    return [args[0], *caches, *args[3:]], k_scale, v_scale
+
+
+def dequantised(args, k_scale, v_scale):
+    """``args`` with float8 caches as the values they stand for: float64 element times its scale."""
+    return [args[0], args[1].double() * k_scale.double(), args[2].double() * v_scale.double(), *args[3:]]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", FP8)
+@pytest.mark.parametrize("group, head_dim", [(1, 64), (4, 128), (8, 40)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_reference_reads_fp8_caches_times_their_scales(kv_cache_dtype, group, head_dim, dtype):
+    """A float8 cache element x stands for x * k_scale (keys) or x * v_scale (values): the
+    reference against the equivalent and against SDPA over the dequantised caches."""
+    args, scale = sweep_case(group, head_dim, 16, dtype, "cpu")
+    fp8, k_scale, v_scale = fp8_inputs(args, kv_cache_dtype)
+    assert fp8[1].dtype == FP8[kv_cache_dtype]
+    out = torch.ops.examples.paged_decode_attention(*fp8, scale, kv_cache_dtype, k_scale, v_scale)
+    assert out.shape == args[0].shape and out.dtype == dtype
+    assert_close(out, equivalent(fp8, scale, kv_cache_dtype, k_scale, v_scale), dtype)
+    assert_close(out, sdpa_decode(*dequantised(fp8, k_scale, v_scale), scale), dtype)
+    assert not out[0].any() and out[1:].abs().sum() > 0
+
+
+def test_fp8_scales_left_out_are_one_and_auto_reads_none():
+    """vLLM's defaults: a float8 cache without scales is read with scale 1; under "auto" the
+    scales given are not read."""
+    args = decode_inputs([9, 40], 4, 2, 64, 16, torch.float32, "cpu")
+    fp8, _, _ = fp8_inputs(args, "fp8", scales=(1.0, 1.0))
+    one = torch.tensor(1.0)
+    op = torch.ops.examples.paged_decode_attention
+    torch.testing.assert_close(op(*fp8, 0.0, "fp8"), op(*fp8, 0.0, "fp8", one, one), atol=0, rtol=0)
+    assert_close(op(*fp8, 0.0, "fp8"), sdpa_decode(*dequantised(fp8, one, one)), torch.float32)
+    twice = torch.tensor(2.0)
+    torch.testing.assert_close(op(*args, 0.0, "auto", twice, twice), op(*args), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize(
-    "device, dtype",
+    "device, dtype, kv_cache_dtype",
     [
-        ("cpu", torch.float32),
-        pytest.param("cuda", torch.bfloat16, marks=requires_cuda),
-        pytest.param("cuda", torch.float16, marks=requires_cuda),
+        ("cpu", torch.float32, "auto"),
+        ("cpu", torch.float32, "fp8"),
+        ("cpu", torch.bfloat16, "fp8_e5m2"),
+        pytest.param("cuda", torch.bfloat16, "auto", marks=requires_cuda),
+        pytest.param("cuda", torch.float16, "auto", marks=requires_cuda),
+        pytest.param("cuda", torch.bfloat16, "fp8", marks=requires_cuda),
+        pytest.param("cuda", torch.float16, "fp8_e4m3", marks=requires_cuda),
+        pytest.param("cuda", torch.bfloat16, "fp8_e5m2", marks=requires_cuda),
     ],
 )
-def test_a_cache_written_by_kv_cache_write_decodes_step_by_step(device, dtype):
-    """Sequences prefilled through examples::kv_cache_write into NaN-filled caches (a slot never
-    written is NaN, so reading one shows), then three decode steps that each write one token per
-    sequence and attend to all of them, against SDPA over the keys and values as written."""
+def test_a_written_cache_decodes_step_by_step(device, dtype, kv_cache_dtype):
+    """Sequences prefilled into NaN-filled caches (a slot never written is NaN, so reading one
+    shows), then three decode steps that each write one token per sequence and attend to all of
+    them, against SDPA over the keys and values as written. Under "auto" examples::kv_cache_write
+    writes them; under a float8 kv_cache_dtype examples::reshape_and_cache_flash with the same
+    kv_cache_dtype and scales as the decode op reads them with: against SDPA over the keys and
+    values as vLLM quantises them (sat(x / scale) to float8, times the scale), and, within float8's
+    rounding, over the keys and values themselves."""
     gen = torch.Generator().manual_seed(3)
-    heads, kv_heads, dim, block_size = 8, 2, 64, 16
+    fp8 = kv_cache_dtype != "auto"
+    heads, kv_heads, dim, block_size = 8, 2, 128 if fp8 else 64, 16
     lens = [5, 0, 33, 16, 47]
     seqs, max_blocks = len(lens), 5
     blocks = seqs * max_blocks
     tables = torch.randperm(blocks, generator=gen).view(seqs, max_blocks).int().to(device)
-    key_cache, value_cache = (
-        torch.full((blocks, block_size, kv_heads, dim), float("nan"), dtype=dtype, device=device) for _ in range(2)
-    )
+    shape = (blocks, block_size, kv_heads, dim)
+    cache_dtype = FP8[kv_cache_dtype] if fp8 else dtype
+    key_cache, value_cache = (torch.full(shape, float("nan"), device=device).to(cache_dtype) for _ in range(2))
+    k_scale, v_scale = (torch.tensor(s, device=device) for s in (0.015, 0.0125))
+    scales = [0.0, kv_cache_dtype, k_scale, v_scale] if fp8 else []  # the decode op's arguments after seq_lens
     keys = [torch.randn(n, kv_heads, dim, generator=gen).to(dtype).to(device) for n in lens]
     values = [torch.randn(n, kv_heads, dim, generator=gen).to(dtype).to(device) for n in lens]
 
@@ -159,19 +241,31 @@ def test_a_cache_written_by_kv_cache_write_decodes_step_by_step(device, dtype):
         p = torch.tensor(list(positions), dtype=torch.long, device=device)
         return tables[s, p // block_size].long() * block_size + p % block_size
 
-    mapping = torch.cat([slots(s, range(n)) for s, n in enumerate(lens)])
-    torch.ops.examples.kv_cache_write(torch.cat(keys), torch.cat(values), key_cache, value_cache, mapping)
+    def write(k, v, mapping):
+        if fp8:
+            torch.ops.examples.reshape_and_cache_flash(k, v, key_cache, value_cache, mapping, *scales[1:])
+        else:
+            torch.ops.examples.kv_cache_write(k, v, key_cache, value_cache, mapping)
+
+    def as_stored(x, scale):  # what a cached x stands for: its float8 value times the scale
+        return quantise(x, scale, cache_dtype).double() * scale.double() if fp8 else x
+
+    write(torch.cat(keys), torch.cat(values), torch.cat([slots(s, range(n)) for s, n in enumerate(lens)]))
     for step in range(3):
         k, v = (torch.randn(seqs, kv_heads, dim, generator=gen).to(dtype).to(device) for _ in range(2))
-        mapping = torch.cat([slots(s, [n + step]) for s, n in enumerate(lens)])
-        torch.ops.examples.kv_cache_write(k, v, key_cache, value_cache, mapping)
+        write(k, v, torch.cat([slots(s, [n + step]) for s, n in enumerate(lens)]))
         keys = [torch.cat([a, k[s : s + 1]]) for s, a in enumerate(keys)]
         values = [torch.cat([a, v[s : s + 1]]) for s, a in enumerate(values)]
         seq_lens = torch.tensor([n + step + 1 for n in lens], dtype=torch.int32, device=device)
         query = torch.randn(seqs, heads, dim, generator=gen).to(dtype).to(device)
-        out = torch.ops.examples.paged_decode_attention(query, key_cache, value_cache, tables, seq_lens)
-        want = torch.stack([sdpa(query[s], keys[s], values[s]) for s in range(seqs)])
-        assert_close(out, want, dtype)
+        out = torch.ops.examples.paged_decode_attention(query, key_cache, value_cache, tables, seq_lens, *scales)
+        stored = [sdpa(query[s], as_stored(keys[s], k_scale), as_stored(values[s], v_scale)) for s in range(seqs)]
+        assert_close(out, torch.stack(stored), dtype)
+        if fp8:
+            # Against the keys and values before quantisation: on average within float8's unit
+            # roundoff (each cached element is off by at most that, relatively; the output mixes them).
+            exact = torch.stack([sdpa(query[s], keys[s], values[s]) for s in range(seqs)])
+            assert (out.double() - exact).abs().mean() <= UNIT_ROUNDOFF[cache_dtype] * exact.abs().mean()
 
 
 def call_with(change, **sizes):
@@ -205,7 +299,7 @@ def test_bad_inputs_are_refused_by_name():
         "  value_cache: expected shape [10, 16, 2, 64] (the shape of key_cache), got [10, 8, 2, 64]"
     )
     assert call_with(set_at(1, lambda a: a[1].half())) == (
-        "  key_cache: expected dtype float32 (the dtype of query), got float16"
+        "  key_cache: expected dtype float32 (the dtype of query) where kv_cache_dtype is 'auto', got float16"
     )
     assert call_with(set_at(3, lambda a: a[3][:1])) == (
         "  block_tables: expected shape [query.size(0), *] = [2, *], got [1, 4]"
@@ -219,6 +313,40 @@ def test_bad_inputs_are_refused_by_name():
             f"got {n} at [0]"
         )
     assert call_with(lambda a: a.append(-1.0)) == "  scale: expected a value >= 0, got -1"
+
+
+def test_bad_fp8_inputs_are_refused_by_name():
+    """The cache dtype follows kv_cache_dtype; the scales are 0-dim float32 tensors."""
+
+    def fp8(kv_cache_dtype, key=torch.float8_e4m3fn, value=torch.float8_e4m3fn, *scales):
+        def change(args):
+            args[1:3] = [args[1].to(key), args[2].to(value)]
+            args += [0.0, kv_cache_dtype, *scales]
+
+        return change
+
+    assert call_with(fp8("fp8", torch.float32, torch.float32)) == (
+        "  key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got float32"
+    )
+    assert call_with(fp8("fp8_e5m2")) == (
+        "  key_cache: expected dtype float8_e5m2 where kv_cache_dtype is 'fp8_e5m2', got float8_e4m3fn"
+    )
+    assert call_with(fp8("fp8_e4m3", torch.float8_e4m3fn, torch.float8_e5m2)) == (
+        "  value_cache: expected dtype float8_e4m3fn (the dtype of key_cache), got float8_e5m2"
+    )
+    assert call_with(fp8("auto")) == (
+        "  key_cache: expected dtype float32 (the dtype of query) where kv_cache_dtype is 'auto', got float8_e4m3fn"
+    )
+    assert (
+        call_with(fp8("int8")) == "  kv_cache_dtype: expected one of 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2', got 'int8'"
+    )
+    half = torch.tensor(1.0, dtype=torch.float16)
+    assert call_with(fp8("fp8", torch.float8_e4m3fn, torch.float8_e4m3fn, half)) == (
+        "  k_scale: expected dtype float32, got float16"
+    )
+    assert call_with(fp8("fp8", torch.float8_e4m3fn, torch.float8_e4m3fn, torch.ones(1), torch.ones(2, 1))) == (
+        "  k_scale: expected rank 0, got rank 1 (shape [1])\n  v_scale: expected rank 0, got rank 2 (shape [2, 1])"
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -309,6 +437,41 @@ def test_cuda_kernels_on_long_contexts_batch_1_and_64(case, dtype, tuning):
     lens, heads, kv_heads, head_dim, block_size = case
     args = decode_inputs(lens, heads, kv_heads, head_dim, block_size, dtype, "cuda")
     assert_close(torch.ops.examples.paged_decode_attention(*args), sdpa_decode(*args), dtype)
+
+
+#: Head dims of the float8 kernel tests: rows of 16-byte vectors of 16 float8 elements leaving
+#: lanes idle (80), filling 4, 8 and 16 lanes (64, 128, 256), and rows that are not whole 16-byte
+#: vectors (40, 120: 8-byte loads of 8 elements).
+FP8_HEAD_DIMS = [64, 128, 256, 80, 40, 120]
+
+
+@requires_cuda
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("group, head_dim", [(g, d) for g in (1, 2, 4, 8) for d in FP8_HEAD_DIMS])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_fp8_kernels_match_the_reference(group, head_dim, dtype, kv_cache_dtype, tuning):
+    """The float8 caches' kernels (widened on load, the keys' scale folded into the query, the
+    values' into the output) against the CPU reference, at every group size (8: two blocks per
+    kv head at 16 float8 elements per lane)."""
+    args, scale = sweep_case(group, head_dim, 16, dtype, "cuda")
+    fp8, k_scale, v_scale = fp8_inputs(args, kv_cache_dtype)
+    out = torch.ops.examples.paged_decode_attention(*fp8, scale, kv_cache_dtype, k_scale, v_scale)
+    assert_close(out, reference(fp8, scale, kv_cache_dtype, k_scale, v_scale), dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize(
+    "case", [LONG_CASES[i] for i in (0, 2, 3, 5, 8)], ids=lambda c: f"{len(c[0])}x{max(c[0])}-h{c[1]}-kv{c[2]}-d{c[3]}"
+)
+def test_cuda_fp8_kernels_on_long_contexts(case, kv_cache_dtype, tuning):
+    """Split and combined contexts over float8 caches, against SDPA over the dequantised caches
+    in float64 on the GPU."""
+    lens, heads, kv_heads, head_dim, block_size = case
+    args = decode_inputs(lens, heads, kv_heads, head_dim, block_size, torch.bfloat16, "cuda")
+    fp8, k_scale, v_scale = fp8_inputs(args, kv_cache_dtype)
+    out = torch.ops.examples.paged_decode_attention(*fp8, 0.0, kv_cache_dtype, k_scale, v_scale)
+    assert_close(out, sdpa_decode(*dequantised(fp8, k_scale, v_scale)), torch.bfloat16)
 
 
 @requires_cuda

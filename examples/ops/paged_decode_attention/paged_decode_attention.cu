@@ -1,5 +1,6 @@
 // paged_decode_attention on CUDA, the host side: picks split_kernel's instantiation (16-bit
-// dtype, lanes per token row, query heads per block), how many splits each context gets and
+// dtype, cache dtype and elements per load, lanes per token row, query heads per block), how many
+// splits each context gets and
 // where split contexts are combined, then launches split_kernel and, where it does not combine,
 // combine_kernel behind it (Note [Paged decode on CUDA] in paged_decode_attention.cuh).
 //
@@ -13,6 +14,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "paged_decode_attention.cuh"
 
@@ -54,16 +57,17 @@ Tuning tuning() {
   return t;
 }
 
-/// Blocks of split_kernel<T, kLanes, kHeads> resident on the current device at once (occupancy
-/// times multiprocessors), computed once per device, after letting the kernel take its dynamic
-/// shared memory (more than the default 48 KiB at some instantiations).
-template <class T, int kLanes, int kHeads>
+/// Blocks of split_kernel<T, C, kVec, kLanes, kHeads> resident on the current device at once
+/// (occupancy times multiprocessors), computed once per device, after letting the kernel take its
+/// dynamic shared memory (more than the default 48 KiB at some instantiations).
+template <class T, class C, int kVec, int kLanes, int kHeads>
 int64_t resident() {
   static std::atomic<int> per_device[64] = {};
   return opforge::cuda::detail::per_device(per_device, [](int) {
-    constexpr auto kernel = split_kernel<T, kLanes, kHeads>;
-    opforge::cuda::allow_dynamic_smem(kernel, Layout<kLanes, kHeads>::kBytes);
-    return static_cast<int>(opforge::cuda::resident_blocks(kernel, kThreads, Layout<kLanes, kHeads>::kBytes));
+    constexpr auto kernel = split_kernel<T, C, kVec, kLanes, kHeads>;
+    constexpr int bytes = Layout<kVec, kLanes, kHeads>::kBytes;
+    opforge::cuda::allow_dynamic_smem(kernel, bytes);
+    return static_cast<int>(opforge::cuda::resident_blocks(kernel, kThreads, bytes));
   });
 }
 
@@ -96,13 +100,13 @@ int64_t pages_per_split(int64_t items, int64_t max_blocks, int64_t block_size, i
   return best;
 }
 
-template <class T, int kLanes, int kHeads>
+template <class T, class C, int kVec, int kLanes, int kHeads>
 void launch(const opforge::Context& ctx, Params p, int64_t seqs, const Tuning& tune) {
   const cudaStream_t stream = opforge::cuda::stream(ctx);
   p.chunks = (p.group + kHeads - 1) / kHeads;
   const int64_t items = seqs * p.kv_heads * p.chunks;
   p.pages_per_split =
-      pages_per_split(items, p.max_blocks, p.block_size, resident<T, kLanes, kHeads>(), tune.split_tokens);
+      pages_per_split(items, p.max_blocks, p.block_size, resident<T, C, kVec, kLanes, kHeads>(), tune.split_tokens);
   p.splits = (p.max_blocks + p.pages_per_split - 1) / p.pages_per_split;
   OPFORGE_CHECK(items * p.splits <= 0x7fffffff, "more than 2^31 - 1 thread blocks (", items, " sequences x kv heads ",
                 "x head chunks, ", p.splits, " splits each)");
@@ -118,39 +122,51 @@ void launch(const opforge::Context& ctx, Params p, int64_t seqs, const Tuning& t
       OPFORGE_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, counters, stream));
     }
   }
-  split_kernel<T, kLanes, kHeads>
-      <<<static_cast<unsigned>(items * p.splits), kThreads, Layout<kLanes, kHeads>::kBytes, stream>>>(p);
+  split_kernel<T, C, kVec, kLanes, kHeads>
+      <<<static_cast<unsigned>(items * p.splits), kThreads, Layout<kVec, kLanes, kHeads>::kBytes, stream>>>(p);
   opforge::cuda::check_launch("paged_decode_attention::split_kernel");
   if (p.splits > 1 && !last_block)
     opforge::cuda::launch_after<combine_kernel<T>>(dim3(static_cast<unsigned>(seqs * p.heads)), dim3(kThreads), 0,
                                                    stream, "paged_decode_attention::combine_kernel", p);
 }
 
-/// launch<T, kLanes, kHeads> for kLanes the lanes per token row (head_dim / 8 rounded up to a
-/// power of two, at least 4) and kHeads the query heads per block (the group size rounded up to
-/// a power of two, at most 8: a larger group takes several blocks per kv head).
-template <class T>
+/// launch<T, C, kVec, kLanes, kHeads> for kVec the cache elements per load (8 of a 16-bit cache:
+/// 16 bytes; 16 of a float8 one where head_dim is a multiple of 16, else 8: 8 bytes), kLanes the
+/// lanes per token row (head_dim / kVec rounded up to a power of two, at least 4; always 32 for
+/// 8-byte float8 loads, a rare head dim) and kHeads the query heads per block (the group size
+/// rounded up to a power of two, at most 8, or 4 at 16 float8 elements per lane, whose query and
+/// output elements take twice the registers: a larger group takes several blocks per kv head).
+template <class T, class C>
 void dispatch(const opforge::Context& ctx, const Params& p, int64_t seqs, const Tuning& tune) {
-  const int64_t vectors = p.head_dim / 8;
-  const int lanes = vectors <= 4 ? 4 : vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32;
-  const int heads = p.group <= 1 ? 1 : p.group <= 2 ? 2 : p.group <= 4 ? 4 : 8;
-  const auto with_lanes = [&]<int kHeads>() {
-    if (lanes == 4) launch<T, 4, kHeads>(ctx, p, seqs, tune);
-    else if (lanes == 8) launch<T, 8, kHeads>(ctx, p, seqs, tune);
-    else if (lanes == 16) launch<T, 16, kHeads>(ctx, p, seqs, tune);
-    else launch<T, 32, kHeads>(ctx, p, seqs, tune);
+  const auto with_heads = [&]<int kVec, int kLanes>() {
+    constexpr int most = kVec == 16 ? 4 : 8;
+    const int64_t group = std::min<int64_t>(p.group, most);
+    if (group <= 1) launch<T, C, kVec, kLanes, 1>(ctx, p, seqs, tune);
+    else if (group <= 2) launch<T, C, kVec, kLanes, 2>(ctx, p, seqs, tune);
+    else if (group <= 4) launch<T, C, kVec, kLanes, 4>(ctx, p, seqs, tune);
+    else if constexpr (most == 8) launch<T, C, kVec, kLanes, 8>(ctx, p, seqs, tune);
   };
-  if (heads == 1) with_lanes.template operator()<1>();
-  else if (heads == 2) with_lanes.template operator()<2>();
-  else if (heads == 4) with_lanes.template operator()<4>();
-  else with_lanes.template operator()<8>();
+  if constexpr (sizeof(C) == 1) {
+    if (p.head_dim % 16 != 0) return with_heads.template operator()<8, 32>();
+    const int64_t vectors = p.head_dim / 16;
+    if (vectors <= 4) with_heads.template operator()<16, 4>();
+    else if (vectors <= 8) with_heads.template operator()<16, 8>();
+    else with_heads.template operator()<16, 16>();
+  } else {
+    const int64_t vectors = p.head_dim / 8;
+    if (vectors <= 4) with_heads.template operator()<8, 4>();
+    else if (vectors <= 8) with_heads.template operator()<8, 8>();
+    else if (vectors <= 16) with_heads.template operator()<8, 16>();
+    else with_heads.template operator()<8, 32>();
+  }
 }
 
 }  // namespace paged_decode
 
 void paged_decode_attention_cuda(const opforge::Context& ctx, opforge::Tensor query, opforge::Tensor key_cache,
                                  opforge::Tensor value_cache, opforge::Tensor block_tables, opforge::Tensor seq_lens,
-                                 double scale, opforge::MutableTensor out) {
+                                 double scale, std::string_view kv_cache_dtype, opforge::Tensor k_scale,
+                                 opforge::Tensor v_scale, opforge::MutableTensor out) {
   namespace pd = paged_decode;
   const int64_t seqs = query.size(0), heads = query.size(1), dim = query.size(2), kv_heads = key_cache.size(2);
   const int64_t max_blocks = block_tables.size(1), block_size = key_cache.size(1);
@@ -165,6 +181,10 @@ void paged_decode_attention_cuda(const opforge::Context& ctx, opforge::Tensor qu
   p.query = query.raw_data();
   p.key_cache = key_cache.raw_data();
   p.value_cache = value_cache.raw_data();
+  if (kv_cache_dtype != "auto") {  // a float8 cache: the scales given, 1 where left out
+    p.k_scale = k_scale.defined() ? k_scale.data<float>() : nullptr;
+    p.v_scale = v_scale.defined() ? v_scale.data<float>() : nullptr;
+  }
   p.block_tables = block_tables.data<int32_t>();
   p.seq_lens = seq_lens.data<int32_t>();
   p.out = out.raw_data();
@@ -178,6 +198,11 @@ void paged_decode_attention_cuda(const opforge::Context& ctx, opforge::Tensor qu
   p.max_blocks = max_blocks;
   p.scale_log2 = static_cast<float>(s * 1.4426950408889634);
   const pd::Tuning tune = pd::tuning();
-  opforge::cuda::visit_dtype<opforge::half_precision>(
-      query.dtype(), [&]<class T>(opforge::type_tag<T>) { pd::dispatch<T>(ctx, p, seqs, tune); });
+  opforge::cuda::visit_dtype<opforge::half_precision>(query.dtype(), [&]<class T>(opforge::type_tag<T>) {
+    // The dtype rule admits the query's dtype and the float8 ones only.
+    opforge::cuda::visit_dtype<opforge::half_precision | opforge::float8>(
+        key_cache.dtype(), [&]<class C>(opforge::type_tag<C>) {
+          if constexpr (std::is_same_v<C, T> || sizeof(C) == 1) pd::dispatch<T, C>(ctx, p, seqs, tune);
+        });
+  });
 }

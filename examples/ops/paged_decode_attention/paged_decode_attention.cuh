@@ -12,12 +12,16 @@
 //     into a ring of kStages stages in shared memory with cp.async, kStages - 1 stages ahead of
 //     the one it computes: bytes in flight without registers to hold them. A stage is kSteps
 //     tokens per group of kLanes lanes; the lanes of a group split one token's head_dim into
-//     16-byte vectors (kLanes = head_dim / 8 rounded up to a power of two, at least 4), and each
-//     lane reads back only the vectors it copied, so no barrier orders the ring.
-//   - each lane holds its vector of the block's query heads, scaled by scale * log2(e), and the
-//     matching vector of each head's running output; a score is a lane's partial dot product
-//     summed over its group by shuffles. The online softmax (running maximum m and sum l per
-//     head, Milakov and Gimelshein 2018) is updated once per stage, in log2 units.
+//     vectors of kVec elements, one load each (kLanes = head_dim / kVec rounded up to a power of
+//     two, at least 4), and each lane reads back only the vectors it copied, so no barrier orders
+//     the ring. A vector is 16 bytes: 8 elements of a 16-bit cache, 16 of a float8 one (8 bytes,
+//     8 float8 elements, where a float8 row is not a whole number of 16-byte vectors).
+//   - each lane holds its kVec elements of the block's query heads, scaled by scale * log2(e)
+//     (and the keys' scale, for a float8 cache), and the matching elements of each head's running
+//     output; a score is a lane's partial dot product summed over its group by shuffles. The
+//     online softmax (running maximum m and sum l per head, Milakov and Gimelshein 2018) is
+//     updated once per stage, in log2 units. A float8 element is widened to float as it is used
+//     (CacheVector::widen); the values' scale multiplies the output once, where it is written.
 //   - at the end the groups of a warp, then the warps of the block, merge their (m, l, output)
 //     triples; a block that covers the whole context writes the output, otherwise its output
 //     divided by l and its log-sum-exp m + log2(l) go to float32 scratch memory.
@@ -58,6 +62,8 @@ struct Params {
   const void* query;
   const void* key_cache;
   const void* value_cache;
+  const float* k_scale;         // 0-dim: the keys' scale, or null (1: a cache of the query's dtype)
+  const float* v_scale;         // 0-dim: the values' scale, or null (1)
   const int32_t* block_tables;  // [seqs, max_blocks], dense
   const int32_t* seq_lens;      // [seqs]
   void* out;                    // [seqs, heads, head_dim], dense
@@ -70,17 +76,50 @@ struct Params {
   float scale_log2;  // the scores' scale times log2(e)
 };
 
-/// The shape of split_kernel<T, kLanes, kHeads>'s work and its dynamic shared memory: the block
-/// ids of its pages, then the warps' rings, whose bytes the merge of the warps reuses.
-template <int kLanes, int kHeads>
+/// How split_kernel reads cache elements of type C (the query's 16-bit type, or __nv_fp8_e4m3 or
+/// __nv_fp8_e5m2): kVec of them per lane and token row, copied by one cp.async of kBytes (16, or
+/// 8 for float8 rows that are not whole 16-byte vectors) into a 16-byte slot of the ring, and
+/// widened to float.
+template <class C, int kVec>
+struct CacheVector {
+  static constexpr bool kFloat8 = sizeof(C) == 1;
+  static constexpr int kBytes = kVec * static_cast<int>(sizeof(C));
+  static_assert(kBytes == 16 || (kFloat8 && kBytes == 8), "a cache vector is 16 bytes, or 8 of float8");
+
+  /// The kVec elements at the start of `v` (a ring slot) as floats.
+  __device__ __forceinline__ static void widen(const uint4& v, float (&out)[kVec]) {
+    if constexpr (!kFloat8) {
+      opforge::kernel::unpack<C>(v, out);
+    } else {
+      constexpr __nv_fp8_interpretation_t kind =
+          opforge::kernel::is_same<C, __nv_fp8_e4m3>::value ? __NV_E4M3 : __NV_E5M2;
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) {  // two elements per conversion, exact (float8 -> half -> float)
+        const __half2 h =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), kind);
+        const float2 f = __half22float2(h);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+      }
+    }
+  }
+};
+
+/// The shape of split_kernel<T, C, kVec, kLanes, kHeads>'s work and its dynamic shared memory: the
+/// block ids of its pages, then the warps' rings, whose bytes the merge of the warps reuses.
+template <int kVec, int kLanes, int kHeads>
 struct Layout {
   static constexpr int kGroups = 32 / kLanes;  // tokens per warp and step
-  // steps per stage: fewer where a lane holds many heads (8, or 4 at 32 lanes), to stay in registers
-  static constexpr int kSteps = kHeads >= 8 || (kHeads >= 4 && kLanes >= 32) ? 2 : 4;
+  // A lane holds kHeads * kVec elements of the query and of the output: their weight in 8-element
+  // vectors sets the steps per stage, fewer where it is large (8, or 4 at 32 lanes), to stay in
+  // registers.
+  static constexpr int kWeight = kHeads * kVec / 8;
+  static constexpr int kSteps = kWeight >= 8 || (kWeight >= 4 && kLanes >= 32) ? 2 : 4;
   static constexpr int kStageTokens = kGroups * kSteps;           // tokens per warp and stage
-  static constexpr int kRingVectors = kStages * kSteps * 2 * 32;  // 16-byte vectors per warp: K and V
+  static constexpr int kRingVectors = kStages * kSteps * 2 * 32;  // 16-byte slots per warp: K and V
   static constexpr int kPagesBytes = kMaxPages * 4;
-  static constexpr int kMergeFloats = kWarps * kHeads * (2 + kLanes * 8);
+  static constexpr int kMergeFloats = kWarps * kHeads * (2 + kLanes * kVec);
   static constexpr int kRingBytes = kWarps * kRingVectors * 16;
   static constexpr int kBytes = kPagesBytes + (kRingBytes > kMergeFloats * 4 ? kRingBytes : kMergeFloats * 4);
 };
@@ -94,13 +133,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-/// Copies 16 bytes from global to shared memory asynchronously (cp.async, sm_80), bypassing L1.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+/// Copies kBytes (16: bypassing L1, or 8) from global to shared memory asynchronously (cp.async,
+/// sm_80); both addresses aligned to kBytes.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+  static_assert(kBytes == 16 || kBytes == 8, "cp_async: 16 or 8 bytes");
 #if __CUDA_ARCH__ >= 800
   const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src) : "memory");
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src) : "memory");
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem), "l"(src) : "memory");
 #else
-  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+  if constexpr (kBytes == 16) *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+  else *static_cast<uint2*>(dst) = *static_cast<const uint2*>(src);
 #endif
 }
 
@@ -188,9 +233,10 @@ __device__ void combine_row(const Params& p, int64_t row, int64_t n, float* scra
 /// One split of one (sequence, kv head, chunk of query heads): Note [Paged decode on CUDA].
 /// Grid: seqs * splits * kv_heads * chunks blocks (chunk fastest, so the blocks that read the
 /// same rows run together), kThreads threads, Layout::kBytes of dynamic shared memory.
-template <class T, int kLanes, int kHeads>
+template <class T, class C, int kVec, int kLanes, int kHeads>
 __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
-  using L = Layout<kLanes, kHeads>;
+  using L = Layout<kVec, kLanes, kHeads>;
+  using V = CacheVector<C, kVec>;
   static_assert(L::kRingBytes >= kCombineFloats * 4, "combine_row's scratch reuses the rings");
   constexpr int kGroups = L::kGroups, kSteps = L::kSteps, kStageTokens = L::kStageTokens;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -238,28 +284,33 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
   for (int j = 0; j < kMaxPages / kThreads; ++j)
     if (const int i = j * kThreads + static_cast<int>(threadIdx.x); i < n_pages) pages[i] = page_ids[j];
 
-  const bool active = vec < dim / 8;  // lanes past head_dim's vectors hold zeros
-  float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
-  const T* const query = static_cast<const T*>(p.query) + seq * p.query_seq_stride + vec * 8;
+  const bool active = vec < dim / kVec;  // lanes past head_dim's vectors hold zeros
+  float q[kHeads][kVec], acc[kHeads][kVec], m[kHeads], l[kHeads];
+  const T* const query = static_cast<const T*>(p.query) + seq * p.query_seq_stride + vec * kVec;
+  const float q_scale = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
 #pragma unroll
   for (int g = 0; g < kHeads; ++g) {
     if (active && g < heads_here) {
-      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(query + (head0 + g) * p.query_head_stride), q[g]);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) q[g][e] *= p.scale_log2;
+      for (int j = 0; j < kVec / 8; ++j) {  // 16 bytes of the query's 16-bit elements each
+        float part[8];
+        opforge::kernel::unpack<T>(reinterpret_cast<const uint4*>(query + (head0 + g) * p.query_head_stride)[j], part);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) q[g][8 * j + e] = part[e] * q_scale;
+      }
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) q[g][e] = 0.f;
+      for (int e = 0; e < kVec; ++e) q[g][e] = 0.f;
     }
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+    for (int e = 0; e < kVec; ++e) acc[g][e] = 0.f;
     m[g] = neg_inf();
     l[g] = 0.f;
   }
   __syncthreads();  // the block ids
 
-  const T* const key_cache = static_cast<const T*>(p.key_cache) + kv_head * dim + vec * 8;
-  const T* const value_cache = static_cast<const T*>(p.value_cache) + kv_head * dim + vec * 8;
+  const C* const key_cache = static_cast<const C*>(p.key_cache) + kv_head * dim + vec * kVec;
+  const C* const value_cache = static_cast<const C*>(p.value_cache) + kv_head * dim + vec * kVec;
   const int64_t row_stride = p.kv_heads * dim;  // elements from one cache row (slot) to the next
   uint4* const ring = reinterpret_cast<uint4*>(smem + L::kPagesBytes) + warp * L::kRingVectors;
   const int stages = (tokens + kStageTokens - 1) / kStageTokens;  // of the block, dealt to its warps in turn
@@ -273,8 +324,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
         const int t = token_of(i, r);
         if (active && t < tokens) {
           const int64_t row = static_cast<int64_t>(pages[t / block_size]) * block_size + t % block_size;
-          cp_async_16(slot + (2 * r) * 32 + lane, key_cache + row * row_stride);
-          cp_async_16(slot + (2 * r + 1) * 32 + lane, value_cache + row * row_stride);
+          cp_async<V::kBytes>(slot + (2 * r) * 32 + lane, key_cache + row * row_stride);
+          cp_async<V::kBytes>(slot + (2 * r + 1) * 32 + lane, value_cache + row * row_stride);
         }
       }
     }
@@ -291,13 +342,13 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
 #pragma unroll
     for (int r = 0; r < kSteps; ++r) {
       valid[r] = token_of(i, r) < tokens;  // the same for every lane of a group
-      float k[8] = {};
-      if (active && valid[r]) opforge::kernel::unpack<T>(slot[(2 * r) * 32 + lane], k);
+      float k[kVec] = {};
+      if (active && valid[r]) V::widen(slot[(2 * r) * 32 + lane], k);
 #pragma unroll
       for (int g = 0; g < kHeads; ++g) {
         float dot = 0.f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], k[e], dot);
+        for (int e = 0; e < kVec; ++e) dot = fmaf(q[g][e], k[e], dot);
         s[r][g] = dot;
       }
     }
@@ -317,7 +368,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
       m[g] = mx;
       l[g] *= alpha;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+      for (int e = 0; e < kVec; ++e) acc[g][e] *= alpha;
 #pragma unroll
       for (int r = 0; r < kSteps; ++r) {
         s[r][g] = valid[r] && s[r][g] != neg_inf() ? fast_exp2(s[r][g] - mx) : 0.f;
@@ -327,12 +378,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
 #pragma unroll
     for (int r = 0; r < kSteps; ++r) {
       if (!(active && valid[r])) continue;
-      float v[8];
-      opforge::kernel::unpack<T>(slot[(2 * r + 1) * 32 + lane], v);
+      float v[kVec];
+      V::widen(slot[(2 * r + 1) * 32 + lane], v);
 #pragma unroll
       for (int g = 0; g < kHeads; ++g)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(s[r][g], v[e], acc[g][e]);
+        for (int e = 0; e < kVec; ++e) acc[g][e] = fmaf(s[r][g], v[e], acc[g][e]);
     }
   }
   cp_async_wait<0>();
@@ -343,16 +394,16 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
   for (int offset = kLanes; offset < 32; offset *= 2)
 #pragma unroll
     for (int g = 0; g < kHeads; ++g) {
-      float other[8];
+      float other[kVec];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) other[e] = __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
+      for (int e = 0; e < kVec; ++e) other[e] = __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
       const float m2 = __shfl_xor_sync(0xffffffffu, m[g], offset), l2 = __shfl_xor_sync(0xffffffffu, l[g], offset);
       merge(m[g], l[g], acc[g], m2, l2, other);
     }
   __syncthreads();  // every warp is done with its ring: the merge reuses it
   float* const merged_m = reinterpret_cast<float*>(smem + L::kPagesBytes);  // [kWarps][kHeads]
   float* const merged_l = merged_m + kWarps * kHeads;                       // [kWarps][kHeads]
-  float* const merged_acc = merged_l + kWarps * kHeads;                     // [kWarps][kHeads][kLanes * 8]
+  float* const merged_acc = merged_l + kWarps * kHeads;                     // [kWarps][kHeads][kLanes * kVec]
   if (group == 0) {
 #pragma unroll
     for (int g = 0; g < kHeads; ++g) {
@@ -361,10 +412,11 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
         merged_l[warp * kHeads + g] = l[g];
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) merged_acc[((warp * kHeads + g) * kLanes + vec) * 8 + e] = acc[g][e];
+      for (int e = 0; e < kVec; ++e) merged_acc[((warp * kHeads + g) * kLanes + vec) * kVec + e] = acc[g][e];
     }
   }
   __syncthreads();
+  const float v_scale = p.v_scale != nullptr ? *p.v_scale : 1.f;
   for (int i = threadIdx.x; i < heads_here * dim; i += kThreads) {
     const int g = i / dim, d = i % dim;
     float mx = neg_inf();
@@ -375,13 +427,14 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
     for (int w = 0; w < kWarps; ++w) {
       const float mw = merged_m[w * kHeads + g], a = mw == neg_inf() ? 0.f : fast_exp2(mw - mx);
       sum += a * merged_l[w * kHeads + g];
-      o += a * merged_acc[(w * kHeads + g) * kLanes * 8 + d];
+      o += a * merged_acc[(w * kHeads + g) * kLanes * kVec + d];
     }
     const int64_t row = seq * p.heads + head0 + g;  // (sequence, query head)
+    const float o_row = sum == 0.f ? 0.f : o / sum * v_scale;
     if (alone) {
-      out[row * dim + d] = opforge::kernel::from_acc<T>(sum == 0.f ? 0.f : o / sum);
+      out[row * dim + d] = opforge::kernel::from_acc<T>(o_row);
     } else {
-      p.partial_out[(row * p.splits + split) * dim + d] = sum == 0.f ? 0.f : o / sum;
+      p.partial_out[(row * p.splits + split) * dim + d] = o_row;
       if (d == 0) p.partial_lse[row * p.splits + split] = sum == 0.f ? neg_inf() : mx + __log2f(sum);
     }
   }
