@@ -97,10 +97,11 @@ def assert_close(got, want, dtype):
 
 
 def reference(args, scale=0.0, kv_cache_dtype="auto", k_scale=None, v_scale=None):
-    """The CPU reference on CPU copies of ``args``: in float64 (float8 caches kept as they are)."""
+    """The CPU reference on CPU copies of ``args``: in float64 (float8 caches kept as they are,
+    with a float32 query: the widest the op takes over them; the reference computes in float64)."""
     if kv_cache_dtype == "auto":
         return torch.ops.examples.paged_decode_attention(*map(wide, args), scale)
-    cpu = [wide(args[0]), *(a.cpu() for a in args[1:])]
+    cpu = [args[0].cpu().float(), *(a.cpu() for a in args[1:])]
     scales = [None if s is None else s.cpu() for s in (k_scale, v_scale)]
     return torch.ops.examples.paged_decode_attention(*cpu, scale, kv_cache_dtype, *scales)
 
@@ -339,6 +340,9 @@ def test_bad_fp8_inputs_are_refused_by_name():
     )
     assert (
         call_with(fp8("int8")) == "  kv_cache_dtype: expected one of 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2', got 'int8'"
+    )
+    assert call_with(lambda a: (a.__setitem__(0, a[0].double()), fp8("fp8")(a))) == (
+        "  query: expected dtype one of {float32, float16, bfloat16} where kv_cache_dtype is 'fp8', got float64"
     )
     half = torch.tensor(1.0, dtype=torch.float16)
     assert call_with(fp8("fp8", torch.float8_e4m3fn, torch.float8_e4m3fn, half)) == (
