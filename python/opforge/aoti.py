@@ -349,7 +349,9 @@ def run(
         raise OpforgeError(f"opforge: the C++ runner {runner} is not built; run `make build`")
     with tempfile.TemporaryDirectory(prefix="opforge-run-") as tmp:
         inp, out, after = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt", Path(tmp) / "after.pt"
-        torch.save([t.detach().cpu().contiguous() for t in inputs], inp)
+        # libtorch's pickle format both ways (torch::pickle_save / pickle_load in the runner), which
+        # holds float8 tensors; torch.save's _rebuild_tensor_v3 for them is unknown to libtorch.
+        inp.write_bytes(torch._C._pickle_save(tuple(t.detach().cpu().contiguous() for t in inputs)))
         cmd = [
             str(runner),
             str(package_path),
@@ -379,7 +381,7 @@ def run(
         if proc.returncode != 0:
             raise OpforgeError(f"opforge-runner failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
         report = json.loads(proc.stdout.strip().splitlines()[-1])
-        outputs, inputs_after = torch.load(out), torch.load(after)
+        outputs, inputs_after = (torch._C._pickle_load_obj(p.read_bytes()) for p in (out, after))
     return RunResult(
         outputs=list(outputs), inputs_after=list(inputs_after), latency_ms=report["latency_ms"], device=report["device"]
     )

@@ -159,38 +159,48 @@ def test_mismatch_exits_nonzero(monkeypatch, tmp_path, capsys):
     assert json.loads((tmp_path / "results.json").read_text())["passed"] is False
 
 
-def test_llama_decode_loop_in_the_runner_matches_plain_torch(main_run):
+@pytest.mark.parametrize("folder, fp8", llama_layer.DECODE_RUNS, ids=["auto", "fp8"])
+def test_llama_decode_loop_in_the_runner_matches_plain_torch(main_run, folder, fp8):
     """llama_layer's ``main()`` runs DECODE_STEPS decode steps, each in the C++ runner, the caches
     and hidden state carried from step to step, against plain torch: every step and the caches
-    after the last pass, and seq_lens grows by one a step."""
+    after the last pass, and seq_lens grows by one a step; with caches of the layer's dtype, then
+    float8 caches (kv_cache_dtype "fp8": reshape_and_cache_flash and the fp8 paged decode)."""
     if main_run.name != "llama_layer":
         pytest.skip("the decode loop is llama_layer's")
-    results = json.loads((main_run.package_dir / "decode" / "results.json").read_text())
+    results = json.loads((main_run.package_dir / folder / "results.json").read_text())
     assert results["passed"] is True and results["device"] == main_run.results["device"]
+    assert results["fp8"] is fp8
+    label = llama_layer.decode_label(fp8)
     contexts, steps = llama_layer.DECODE_CONTEXTS, llama_layer.DECODE_STEPS
     assert [s["seq_lens"] for s in results["steps"]] == [[c + k + 1 for c in contexts] for k in range(steps)]
     for s in results["steps"]:
         assert s["passed"] is True and s["cosine"] >= llama_layer.DECODE_MIN_COSINE, s
+        assert f"{label} on {main_run.results['device']}" in main_run.stdout
         assert (
             f"step {s['step']}: output [{len(contexts)}, {llama_layer.HIDDEN}]: max abs error "
             f"{s['max_abs_error']:.2e}, cosine {s['cosine']:.7f}, seq_lens {s['seq_lens']}: pass"
         ) in main_run.stdout
     assert [(c["name"], c["passed"]) for c in results["caches"]] == [("key_cache", True), ("value_cache", True)]
-    assert f"llama_layer decode: OK: {steps} steps in opforge-runner against plain torch" in main_run.stdout
+    assert f"{label}: OK: {steps} steps in opforge-runner against plain torch" in main_run.stdout
 
 
-def test_llama_decode_step_matches_plain_torch_in_eager():
+@pytest.mark.parametrize("fp8", [False, True], ids=["auto", "fp8"])
+def test_llama_decode_step_matches_plain_torch_in_eager(fp8):
     """The decode step with opforge ops against plain torch, in eager, over DECODE_STEPS steps of
-    one loop: outputs, seq_lens and every input the step writes."""
+    one loop: outputs, seq_lens and every input the step writes; with float8 caches too, whose
+    writes must quantise as vLLM's do (compared as the values they stand for, with FP8_CACHE_RTOL)."""
     llama_layer.model_check.load_example_ops((*llama_layer.SPEC.ops, "paged_decode_attention"))
-    model = llama_layer.make_model(kind=llama_layer.LlamaDecodeStep)
-    plain = llama_layer.make_model(plain=True, kind=llama_layer.LlamaDecodeStep)
-    mine, theirs = llama_layer.decode_inputs(), llama_layer.decode_inputs()
+    model = llama_layer.make_model(kind=llama_layer.LlamaDecodeStep, fp8=fp8)
+    plain = llama_layer.make_model(plain=True, kind=llama_layer.LlamaDecodeStep, fp8=fp8)
+    mine, theirs = llama_layer.decode_inputs(fp8=fp8), llama_layer.decode_inputs(fp8=fp8)
+    if fp8:
+        assert mine[2].dtype == mine[3].dtype == torch.float8_e4m3fn
     for _ in range(llama_layer.DECODE_STEPS):
         with torch.inference_mode():
             got, want = model(*mine), plain(*theirs)
-        for g, w in [(got[0], want[0]), *zip(mine[2:4], theirs[2:4])]:  # the output, the caches as written
-            assert llama_layer.compare(g, w)[2], llama_layer.compare(g, w)
+        assert llama_layer.compare(got[0], want[0])[2], llama_layer.compare(got[0], want[0])
+        for g, w, scale in zip(mine[2:4], theirs[2:4], (llama_layer.K_SCALE, llama_layer.V_SCALE)):  # as written
+            assert llama_layer.compare_cache(g, w, scale)[2], llama_layer.compare_cache(g, w, scale)
         assert torch.equal(got[1], want[1]) and torch.equal(got[1], mine[5] + 1)
         # x (normed) and residual, as written, carry the rounding of every step before in the
         # residual stream, which grows by a hidden state each step: their cosine, and 4 x the tolerance.
