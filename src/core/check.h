@@ -265,11 +265,9 @@ inline bool same_dtype_allowed(const OpforgeTensorSpec& s, int32_t model_dtype, 
 inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeTensorSpec& s, int32_t dtype,
                                  std::string_view label, int32_t model_dtype, std::string_view model_label,
                                  std::string_view where = {}) {
-  const std::string got = std::string(where) + ", got " + std::string(label);
-  if (s.dtype_like < 0)
-    return dtype_allowed(s, dtype) ? std::string() : "expected dtype " + dtype_set_string(s.dtypes) + got;
-  if (same_dtype_allowed(s, model_dtype, dtype)) return {};
-  if (model_dtype == dtype) return "expected dtype " + dtype_set_string(s.dtypes) + got;
+  if (s.dtype_like < 0 ? dtype_allowed(s, dtype) : same_dtype_allowed(s, model_dtype, dtype)) return {};
+  const std::string got = std::string(where) + ", got " + std::string(label);  // built for a problem only
+  if (s.dtype_like < 0 || model_dtype == dtype) return "expected dtype " + dtype_set_string(s.dtypes) + got;
   std::string want =
       "expected dtype " + std::string(model_label) + " (the dtype of " + op.args[s.dtype_like].name + ")";
   // The model tensor's own dtype is named once, not again among the alternatives.
