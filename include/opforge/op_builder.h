@@ -246,8 +246,10 @@ class OpBuilder {
   template <class... C>
   auto input(std::string name, const C&... constraints) && {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
-    static_assert(!((std::is_same_v<C, detail::DtypeWhen> || std::is_same_v<C, detail::ShapeWhen>) || ...),
-                  "opforge: opforge::when(...) needs .otherwise(rule): the rule of the values no case names");
+    static_assert(!(std::is_same_v<C, detail::DtypeWhen> || ...),
+                  "opforge: opforge::when(...) needs .otherwise(rule): the dtype rule of the values no case names");
+    static_assert(!(std::is_same_v<C, detail::ShapeWhen> || ...),
+                  "opforge: opforge::when(...) needs .otherwise(shape): the shape rule of the values no case names");
     static_assert((detail::TensorConstraint<C> && ...),
                   "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::same_shape, opforge::rank, "
                   "opforge::min_rank, opforge::shape, opforge::strided, opforge::contiguous_last_dim, "
@@ -291,8 +293,10 @@ class OpBuilder {
   /// parameter (`when(param, value, opforge::kFloat8_e4m3fn).otherwise(opforge::same_dtype("x"))`).
   template <class S, class D>
   OpBuilder<true, Sig..., MutableTensor> output(std::string name, const S& shape, const D& dtype) && {
-    static_assert(!std::is_same_v<S, detail::ShapeWhen> && !std::is_same_v<D, detail::DtypeWhen>,
-                  "opforge: opforge::when(...) needs .otherwise(rule): the rule of the values no case names");
+    static_assert(!std::is_same_v<S, detail::ShapeWhen>,
+                  "opforge: opforge::when(...) needs .otherwise(shape): the shape rule of the values no case names");
+    static_assert(!std::is_same_v<D, detail::DtypeWhen>,
+                  "opforge: opforge::when(...) needs .otherwise(rule): the dtype rule of the values no case names");
     static_assert(detail::OutputShapeRule<S> || std::is_same_v<S, detail::ShapeWhen>,
                   "opforge: .output()'s shape rule is opforge::shape({...}) or "
                   "opforge::when(param, value, shape).otherwise(shape)");

@@ -78,15 +78,16 @@
 //               .otherwise(opforge::shape({1})),
 //           opforge::kFloat32)
 //
-// An output's dtype case is one dtype or a same_dtype (the dtype of that input). The parameter may come later in
-// the signature; a value must be one of its one_of choices when it has them (an int's in
-// decimal, a bool's true or false). A call is checked against the rule its parameter's value
-// selects ("key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got
+// An output's dtype case is one dtype or a same_dtype (the dtype of that input). The parameter
+// may come later in the signature; a value must be one of its one_of choices when it has them (an
+// int's in decimal, a bool's true or false). A call is checked against the rules its parameter's
+// value selects ("key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got
 // bfloat16"; "scale: expected shape [input.size(0), 1] = [4, 1] where use_per_token_if_dynamic is
-// true, got [1]"), outputs are allocated by it, in torch's Meta kernel and JAX's abstract evaluation too, where
-// parameters are constants (dims stay symbolic); opforge verify draws for each value only the dtypes and shapes its
-// rules admit. A run-time kernel takes a std::string parameter only as opforge::compile_time (each value its own
-// instantiation), which the rule's parameter then is.
+// true, got [1, 1]") and its outputs are allocated by them, in torch's Meta kernel and JAX's
+// abstract evaluation too, where parameters are constants (dims stay symbolic); opforge verify
+// draws for each value only the dtypes and shapes its rules admit. A run-time kernel takes a
+// std::string parameter only as opforge::compile_time (each value its own instantiation), which
+// the rule's parameter then is.
 #pragma once
 
 #include <cstdint>

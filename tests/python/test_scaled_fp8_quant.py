@@ -8,6 +8,8 @@ CUDA against the reference (on a GPU); verify."""
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from conftest import DEVICES, requires_cuda
 from opforge import verify
 from opforge.stubs import stub_text
 
+ROOT = Path(__file__).resolve().parents[2]
 E4M3 = torch.float8_e4m3fn
 TOP = torch.finfo(E4M3).max
 SMALLEST = 1 / (TOP * 512)
@@ -199,3 +202,31 @@ def test_cuda_kernel_matches_the_reference(xtype, mode, cols):
 def test_verify(device):
     report = verify.verify_op("examples::scaled_fp8_quant", device=device, seed=11)
     assert report.ok, [(r.check, r.dtype, r.case, r.message) for r in report.failures]
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        '.input("s", opforge::kFloat32, opforge::when("wide", true, opforge::shape({2})), opforge::mutated)'
+        '.param<bool>("wide").reference(ref_in)',
+        '.param<bool>("wide").output("s", opforge::when("wide", true, opforge::shape({2})), opforge::kFloat32)'
+        ".reference(ref_out)",
+    ],
+)
+def test_a_shape_rule_without_otherwise_does_not_compile(tmp_path, rule):
+    """opforge::when(param, value, shape) without .otherwise(shape) leaves some values without a
+    shape: the declaration stops at compile time with one sentence (a static_assert)."""
+    src = tmp_path / "partial.cpp"
+    src.write_text(
+        "#include <opforge/op.h>\n"
+        "static void ref_in(opforge::Tensor, opforge::MutableTensor, bool) {}\n"
+        "static void ref_out(opforge::Tensor, bool, opforge::MutableTensor) {}\n"
+        f'OPFORGE_OP(unit, partial).input("x", opforge::kFloat16){rule};\n'
+    )
+    proc = subprocess.run(
+        ["c++", "-std=c++20", "-fsyntax-only", f"-I{ROOT / 'include'}", str(src)], capture_output=True, text=True
+    )
+    assert proc.returncode != 0
+    assert "opforge: opforge::when(...) needs .otherwise(shape): the shape rule of the values no case names" in (
+        proc.stderr
+    )
