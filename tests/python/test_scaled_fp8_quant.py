@@ -166,6 +166,8 @@ def test_the_description_and_stubs_show_the_rules():
         ("use_per_token_if_dynamic", True, ("input.size(0)", "1"))
     ]
     assert [(c.value, c.shape) for c in op.outputs[1].cases] == [(True, ("max(input.size(0), num_token_padding)", "1"))]
+    # verify draws each value of the parameter the shape rules follow.
+    assert {c["use_per_token_if_dynamic"] for c in op.dtype_combinations} == {True, False}
     text = stub_text("examples", [op])
     assert (
         "Shapes: scale: [input.size(0), 1] where use_per_token_if_dynamic is True, else [1]; "
