@@ -15,6 +15,10 @@ import pytest
 # JAX (test_jax.py) shares the GPU with torch in one process: it allocates as it goes instead of
 # taking most of the memory up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# Inductor takes the CPU's vector instructions (AVX2, AVX-512) from the CPU's flags instead of
+# compiling and loading a probe for each, in a fresh Python, in every process that compiles (this
+# one and the processes tests start); its probes of extensions (bfloat16, VNNI, AMX) still run.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
