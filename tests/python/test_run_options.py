@@ -1,6 +1,7 @@
 """run_options.py, the plugin every test runs under: a failing test's report gives its random
 seed, ``--seed`` (or ``$OPFORGE_TEST_SEED``) runs it again with that seed, ``--group K/N`` deals
-the tests out into N groups that take every test once, and nothing retries a failing test."""
+the tests out into N groups that take every test once, files with slow tests run first, and
+nothing retries a failing test."""
 
 from __future__ import annotations
 
@@ -94,6 +95,22 @@ def test_groups_take_every_test_once_and_each_about_an_nth_of_every_file(tmp_pat
         ["test_a0", "test_a3", "test_b1", "test_b4"],
         ["test_a1", "test_a4", "test_b2"],
         ["test_a2", "test_b0", "test_b3"],
+    ]
+
+
+def test_files_with_slow_tests_run_first_the_most_first_and_stay_whole(tmp_path):
+    for name, slow in (("a", []), ("b", [1]), ("c", []), ("d", [0, 2])):
+        tests = "".join(
+            ("@pytest.mark.slow\n" if i in slow else "") + f"def test_{name}{i}():\n    pass\n\n\n" for i in range(3)
+        )
+        (tmp_path / f"test_{name}.py").write_text(f"import pytest\n\n\n{tests}")
+    run = pytest_run(tmp_path, "--collect-only", "-o", "markers=slow: a slow test")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.findall(r"<Function (\w+)>", run.stdout) == [
+        *("test_d0", "test_d1", "test_d2"),
+        *("test_b0", "test_b1", "test_b2"),
+        *("test_a0", "test_a1", "test_a2"),
+        *("test_c0", "test_c1", "test_c2"),
     ]
 
 
