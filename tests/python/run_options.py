@@ -17,10 +17,11 @@ each takes about an N-th of every file. ``tools/device_check.sh tests K/N`` runs
 call on the GPU machine.
 
 Order: files that hold tests marked ``slow`` (ten seconds or more on a 2-core machine without a
-GPU) run first, the file with the most such tests first; the others keep their order, and tests
-keep their order within each file. Under pytest-xdist with ``--dist loadfile
---no-loadscope-reorder`` (``make test``), workers take files in this order, so the long files
-start early and the short ones fill the end: the workers finish together.
+GPU) run first, the file with the most such test functions first (a parametrized one counts
+once); the others keep their order, and tests keep their order within each file. Under
+pytest-xdist with ``--dist loadfile --no-loadscope-reorder`` (``make test``), workers take files
+in this order, so the long files start early and the short ones fill the end: the workers finish
+together.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         k, n = group
         config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k - 1])
         items[:] = items[k - 1 :: n]
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow") is not None)
+    functions = {(item.path, item.originalname) for item in items if item.get_closest_marker("slow") is not None}
+    slow = Counter(path for path, _ in functions)
     items.sort(key=lambda item: -slow[item.path])  # stable: the files stay whole and in order otherwise
 
 

@@ -38,14 +38,17 @@ def gradient_errors(library_folder: Path, tmp_path: Path, *extra: str) -> list[f
     return errors
 
 
+@pytest.mark.slow
 def test_a_rebuilt_library_gets_freshly_compiled_graphs(library_folder, tmp_path):
     assert max(gradient_errors(library_folder, tmp_path)) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_tag_the_caller_sets_after_loading_keeps_the_digest(library_folder, tmp_path):
     assert max(gradient_errors(library_folder, tmp_path, "tag_after")) < 1e-4
 
 
+@pytest.mark.slow
 def test_without_the_tag_the_stale_graph_is_replayed(library_folder, tmp_path):
     """The hazard the tag removes, shown with it turned off: the second process replays the
     backward graph cached for the first library, which passes the backward op its arguments in

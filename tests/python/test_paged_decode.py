@@ -221,6 +221,7 @@ def test_bad_inputs_are_refused_by_name():
     assert call_with(lambda a: a.append(-1.0)) == "  scale: expected a value >= 0, got -1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_verify(device):
     """opforge verify: on the CPU the reference against the equivalent, on CUDA the kernels
@@ -229,6 +230,7 @@ def test_verify(device):
     assert report.ok, [(r.check, r.dtype, r.case, r.message) for r in report.failures]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_without_recompiles_across_batch_contexts_and_caches(device):
     """torch.compile(fullgraph=True, dynamic=True) of a decode step compiles once: other batch
