@@ -30,11 +30,12 @@ def write_torch(key, value, key_cache, value_cache, slots, kv_cache_dtype, k_sca
     divided by the scale and saturated to the cache's float8 dtype unless kv_cache_dtype is
     "auto" (every slot here is a real one: no padding)."""
     for x, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
-        rows = x
-        if kv_cache_dtype != "auto":
+        target, rows = cache.view(-1, *x.shape[1:]), x
+        if kv_cache_dtype != "auto":  # torch has no float8 index_copy_ on CUDA: copy the bytes
             top = torch.finfo(cache.dtype).max
-            rows = (x.float() / scale).clamp(-top, top).to(cache.dtype)
-        cache.view(-1, *x.shape[1:]).index_copy_(0, slots, rows)
+            rows = (x.float() / scale).clamp(-top, top).to(cache.dtype).view(torch.uint8)
+            target = target.view(torch.uint8)
+        target.index_copy_(0, slots, rows)
 
 
 def main() -> int:

@@ -59,6 +59,10 @@
  * that follow a parameter's value (an older adapter would hold every call to the rule of the
  * spec, which is then only the rule of the values no case names); appended:
  * OpforgeOpSpec::num_dtype_cases and dtype_cases (OpforgeDtypeCase).
+ * Version 10: shape rules of inputs and outputs, and dtype rules of outputs, that follow a
+ * parameter's value (an older adapter would check and allocate every call by the rule of the
+ * spec, which is then only the rule of the values no case names); appended:
+ * OpforgeOpSpec::num_rule_cases and rule_cases (OpforgeRuleCase).
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -70,7 +74,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 9
+#define OPFORGE_ABI_VERSION 10
 
 /* Whether `record`, a struct of type `type` that starts with `struct_size`, carries `field`:
  * its struct_size reaches past the field's end. Readers test a field appended after the
@@ -435,6 +439,31 @@ typedef struct OpforgeDtypeCase {
   uint32_t dtype_alternatives;
 } OpforgeDtypeCase;
 
+/* A tensor input's shape rule, or an output's shape or dtype rule, for the calls where parameter
+ * `param` has the value `value` (`opforge::when(param, value, opforge::shape({...}))`, Note [Rules
+ * that follow a parameter] in opforge/op_constraints.h). With has_shape, num_dims, dims and
+ * leading_dims replace those of the input's OpforgeTensorSpec (its rank bounds become the
+ * shape's: exactly num_dims, or at least num_dims with leading_dims) or of the output's
+ * OpforgeOutputSpec (an output with cases has an explicit shape: shape_like -1); with has_dtype
+ * (outputs only), dtype_like and dtype replace the output's. The spec's own rule holds for the
+ * values no case of that input or output names. `value` is spelled as in OpforgeDtypeCase;
+ * `param` is a STRING, INT or BOOL parameter; at most one case per (input or output, value, rule
+ * kind). Since ABI 10. */
+typedef struct OpforgeRuleCase {
+  size_t struct_size;
+  int32_t arg;    /* the tensor input the rule is of, or -1 */
+  int32_t output; /* the output the rule is of, or -1 */
+  int32_t param;  /* the parameter whose value selects the rule */
+  const char* value;
+  int32_t has_shape;
+  int32_t num_dims;
+  const OpforgeExpr* dims;
+  int32_t leading_dims;
+  int32_t has_dtype;
+  int32_t dtype_like; /* a tensor argument whose dtype the output takes, or -1 */
+  int32_t dtype;      /* fixed OpforgeDtype when dtype_like == -1 */
+} OpforgeRuleCase;
+
 typedef struct OpforgeOpSpec {
   size_t struct_size;
   const char* ns;
@@ -481,6 +510,10 @@ typedef struct OpforgeOpSpec {
    * order. Since ABI 9. */
   int32_t num_dtype_cases;
   const struct OpforgeDtypeCase* dtype_cases;
+  /* Shape rules of inputs and outputs, and dtype rules of outputs, that follow a parameter's
+   * value. Since ABI 10. */
+  int32_t num_rule_cases;
+  const struct OpforgeRuleCase* rule_cases;
 } OpforgeOpSpec;
 
 /* One method of a custom class (Note [Custom classes] in opforge/op.h): calling it runs `op`, an

@@ -248,6 +248,8 @@ class OpBuilder {
     static_assert(!HasOutputs, "opforge: declare every .input() and .param() before the first .output()");
     static_assert(!(std::is_same_v<C, detail::DtypeWhen> || ...),
                   "opforge: opforge::when(...) needs .otherwise(rule): the dtype rule of the values no case names");
+    static_assert(!(std::is_same_v<C, detail::ShapeWhen> || ...),
+                  "opforge: opforge::when(...) needs .otherwise(shape): the shape rule of the values no case names");
     static_assert((detail::TensorConstraint<C> && ...),
                   "opforge: .input() takes dtype sets, opforge::same_dtype, opforge::same_shape, opforge::rank, "
                   "opforge::min_rank, opforge::shape, opforge::strided, opforge::contiguous_last_dim, "
@@ -285,15 +287,27 @@ class OpBuilder {
     return std::move(*this).outputs_declared();
   }
 
-  /// An output with an explicit shape and the dtype of an input.
-  OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Shape& shape, const DtypeOf& dtype) && {
-    detail::set_output(def_->add_output(std::move(name)), shape, dtype.tensor, -1);
-    return std::move(*this).outputs_declared();
-  }
-
-  /// An output with an explicit shape and a fixed dtype.
-  OpBuilder<true, Sig..., MutableTensor> output(std::string name, const Shape& shape, Dtype dtype) && {
-    detail::set_output(def_->add_output(std::move(name)), shape, {}, static_cast<int32_t>(dtype));
+  /// An output with an explicit shape (`shape({...})`, or one that follows a parameter:
+  /// `when(param, value, shape({...})).otherwise(shape({...}))`) and a dtype: a fixed one
+  /// (`opforge::kFloat32`), the dtype of an input (`dtype_of("x")`), or one that follows a
+  /// parameter (`when(param, value, opforge::kFloat8_e4m3fn).otherwise(opforge::same_dtype("x"))`).
+  template <class S, class D>
+  OpBuilder<true, Sig..., MutableTensor> output(std::string name, const S& shape, const D& dtype) && {
+    static_assert(!std::is_same_v<S, detail::ShapeWhen>,
+                  "opforge: opforge::when(...) needs .otherwise(shape): the shape rule of the values no case names");
+    static_assert(!std::is_same_v<D, detail::DtypeWhen>,
+                  "opforge: opforge::when(...) needs .otherwise(rule): the dtype rule of the values no case names");
+    static_assert(detail::OutputShapeRule<S> || std::is_same_v<S, detail::ShapeWhen>,
+                  "opforge: .output()'s shape rule is opforge::shape({...}) or "
+                  "opforge::when(param, value, shape).otherwise(shape)");
+    static_assert(detail::OutputDtypeRule<D> || std::is_same_v<D, detail::DtypeWhen>,
+                  "opforge: .output()'s dtype rule is a dtype, opforge::dtype_of or "
+                  "opforge::when(param, value, dtype).otherwise(dtype)");
+    if constexpr (detail::OutputShapeRule<S> && detail::OutputDtypeRule<D>) {
+      detail::OutputDecl& o = def_->add_output(std::move(name));
+      detail::set_output_shape(o, shape);
+      detail::set_output_dtype(o, dtype);
+    }
     return std::move(*this).outputs_declared();
   }
 

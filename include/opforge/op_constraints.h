@@ -68,14 +68,26 @@
 //                       opforge::compile_time)
 //
 // Each `when` names a value and its rule (a dtype, a dtype set or a same_dtype); `otherwise` is
-// the rule of every value no case names, so the rule is total. The parameter may come later in
-// the signature; a value must be one of its one_of choices when it has them (an int's in
-// decimal, a bool's true or false). A call is checked against the rule its parameter's value
-// selects ("key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got
-// bfloat16"), in torch's Meta kernel and JAX's abstract evaluation too, where parameters are
-// constants; opforge verify draws for each value only the dtypes its rule admits. A run-time
-// kernel takes a std::string parameter only as opforge::compile_time (each value its own
-// instantiation), which the rule's parameter then is.
+// the rule of every value no case names, so the rule is total. A shape rule (of an input or an
+// output) and an output's dtype rule may follow a parameter the same way, as vLLM's
+// scaled_fp8_quant returns one scale per token under use_per_token_if_dynamic and one for the
+// tensor otherwise:
+//
+//   .output("output_scale",
+//           opforge::when("use_per_token_if_dynamic", true, opforge::shape({opforge::dim("input", 0), 1}))
+//               .otherwise(opforge::shape({1})),
+//           opforge::kFloat32)
+//
+// An output's dtype case is one dtype or a same_dtype (the dtype of that input). The parameter
+// may come later in the signature; a value must be one of its one_of choices when it has them (an
+// int's in decimal, a bool's true or false). A call is checked against the rules its parameter's
+// value selects ("key_cache: expected dtype float8_e4m3fn where kv_cache_dtype is 'fp8', got
+// bfloat16"; "scale: expected shape [input.size(0), 1] = [4, 1] where use_per_token_if_dynamic is
+// true, got [1, 1]") and its outputs are allocated by them, in torch's Meta kernel and JAX's
+// abstract evaluation too, where parameters are constants (dims stay symbolic); opforge verify
+// draws for each value only the dtypes and shapes its rules admit. A run-time kernel takes a
+// std::string parameter only as opforge::compile_time (each value its own instantiation), which
+// the rule's parameter then is.
 #pragma once
 
 #include <cstdint>
@@ -107,6 +119,15 @@ detail::DtypeWhen when(std::string param, const V& value, const R& rule) {
   c.value = detail::param_value_string(value);
   detail::set_dtype_rule(c, rule);
   return w;
+}
+/// The input's (or an output's) shape rule follows the value of parameter `param` (a std::string,
+/// int64_t or bool one): `shape` where it equals `value`; chain `.when(value, shape)` for other
+/// values and end with `.otherwise(shape)`, e.g. a scale of one float per row or per tensor:
+/// `opforge::when("per_token", true, opforge::shape({opforge::dim("x", 0), 1})).otherwise(opforge::shape({1}))`.
+/// See Note [Rules that follow a parameter] above.
+template <class V>
+detail::ShapeWhen when(std::string param, const V& value, const Shape& shape) {
+  return detail::ShapeWhen{{{std::move(param), detail::param_value_string(value), shape.dims}}};
 }
 /// The input's shape must equal that of tensor input `tensor` (any rank; declared before or after it).
 inline detail::SameShape same_shape(std::string tensor) { return {std::move(tensor)}; }

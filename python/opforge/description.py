@@ -59,6 +59,42 @@ class ParamDtypeRule:
 
 
 @dataclass(frozen=True)
+class ParamCase:
+    """A shape rule (of a tensor input or an output), or an output's dtype rule, where a parameter
+    has one value (``opforge::when(param, value, opforge::shape({...}))``; Note [Rules that follow a
+    parameter] in ``include/opforge/op_constraints.h``).
+
+    Attributes:
+        param: the parameter's name; value: its value (str, int or bool).
+        shape: per dim the rule's text, or None for a case that rules the dtype only;
+            leading_dims: ``shape`` rules the last dims.
+        dtype, dtype_like: an output's dtype rule in this case (a dtype name, or the input whose
+            dtype it takes), both None for a case that rules the shape only.
+    """
+
+    param: str
+    value: object
+    shape: tuple[str, ...] | None
+    leading_dims: bool
+    dtype: str | None
+    dtype_like: str | None
+
+
+def _cases(cases: list[dict]) -> tuple[ParamCase, ...]:
+    return tuple(
+        ParamCase(
+            c["param"],
+            c["value"],
+            tuple(c["shape"]) if c["shape"] is not None else None,
+            c["leading_dims"],
+            c["dtype"],
+            c["dtype_like"],
+        )
+        for c in cases
+    )
+
+
+@dataclass(frozen=True)
 class TensorArg:
     """A tensor input.
 
@@ -83,6 +119,8 @@ class TensorArg:
         mutated: the kernel writes it in place (``Tensor(a!) name``; Note [Mutated inputs]).
         values: the values of an integer input that indexes something, or None.
         shape: per dim the rule's text ("*", "x.size(-1)", "multiple of 4"), or None.
+        shape_cases: the shape rules where a parameter has a value (:class:`ParamCase`); ``shape``
+            is then the rule of every other value.
         multiple_of: {dim: k} for dims declared ``opforge::multiple_of(k)``.
         follows: {dim of the first tensor input: this input's dim} for ops sharded by dims.
     """
@@ -106,6 +144,7 @@ class TensorArg:
     shape: tuple[str, ...] | None
     multiple_of: dict[int, int]
     follows: dict[int, int]
+    shape_cases: tuple[ParamCase, ...] = ()
 
     kind = "tensor"
     type = "Tensor"
@@ -149,7 +188,9 @@ class Output:
     (``like`` an input with ``with_dims`` replaced, or an explicit ``shape``), as text.
     ``present_with``: the optional input whose rules its rules read; the output is None in calls
     that leave that input out. ``size_from``: the 0-dim int64 output whose value is this output's
-    first dim (a data-dependent size)."""
+    first dim (a data-dependent size). ``cases``: its shape and dtype rules where a parameter has
+    a value (:class:`ParamCase`); ``shape``, ``dtype`` and ``dtype_like`` are then the rules of every
+    other value."""
 
     name: str
     dtype: str | None
@@ -159,6 +200,7 @@ class Output:
     size_from: str | None
     shape: tuple[str, ...]
     with_dims: dict[int, str]
+    cases: tuple[ParamCase, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -364,6 +406,7 @@ def _arg(index: int, a: dict) -> Arg:
             shape=tuple(a["shape"]) if a["shape"] is not None else None,
             multiple_of={d: k for d, k in a["multiple_of"]},
             follows={d: j for d, j in a["follows"]},
+            shape_cases=_cases(a["shape_cases"]),
         )
     kind = a["type"]
     return Param(
@@ -411,6 +454,7 @@ def _op(o: dict) -> Op:
                 size_from=x["size_from"],
                 shape=tuple(x["shape"]),
                 with_dims={d: t for d, t in x["with_dims"]},
+                cases=_cases(x["cases"]),
             )
             for x in o["outputs"]
         ),

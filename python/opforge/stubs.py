@@ -77,6 +77,32 @@ def _dtypes(op: Op) -> str:
             ]
             rule = ", ".join(cases) + f", else {rule}"
         rules.append(f"{a.name}: {rule}")
+    for o in op.outputs:  # an output's dtype rule that follows a parameter
+        ruled = [c for c in o.cases if c.dtype is not None or c.dtype_like is not None]
+        if ruled:
+            text = ", ".join(
+                f"{_dtype_rule((c.dtype,), c.dtype_like, ())} where {c.param} is {c.value!r}" for c in ruled
+            )
+            rules.append(f"{o.name}: {text}, else {_dtype_rule((o.dtype,), o.dtype_like, ())}")
+    return "; ".join(rules)
+
+
+def _shapes(op: Op) -> str:
+    """The shape rules that follow a parameter, of inputs and outputs, as "scale: [x.size(0), 1]
+    where per_token is True, else [1]" ("" for an op without them)."""
+
+    def rule(shape, leading: bool) -> str:
+        return "[" + ", ".join((["*"] if leading else []) + list(shape)) + "]"
+
+    rules = []
+    for name, cases, otherwise, leading in [
+        *((a.name, a.shape_cases, a.shape or (), a.leading_dims) for a in op.tensors),
+        *((o.name, o.cases, o.shape, False) for o in op.outputs),
+    ]:
+        ruled = [c for c in cases if c.shape is not None]
+        if ruled:
+            text = ", ".join(f"{rule(c.shape, c.leading_dims)} where {c.param} is {c.value!r}" for c in ruled)
+            rules.append(f"{name}: {text}, else {rule(otherwise, leading)}")
     return "; ".join(rules)
 
 
@@ -91,7 +117,9 @@ def _doc(op: Op, schema: str) -> str:
     text = (op.doc or op.name).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
     return (
         f'"""{text}\n\n        Schema: ``{schema}``. Declared at {Path(op.file).name}:{op.line}.\n'
-        f'        Dtypes: {_dtypes(op)}.\n        """'
+        f"        Dtypes: {_dtypes(op)}.\n"
+        + (f"        Shapes: {_shapes(op)}.\n" if _shapes(op) else "")
+        + '        """'
     )
 
 

@@ -265,11 +265,9 @@ inline bool same_dtype_allowed(const OpforgeTensorSpec& s, int32_t model_dtype, 
 inline std::string dtype_problem(const OpforgeOpSpec& op, const OpforgeTensorSpec& s, int32_t dtype,
                                  std::string_view label, int32_t model_dtype, std::string_view model_label,
                                  std::string_view where = {}) {
-  const std::string got = std::string(where) + ", got " + std::string(label);
-  if (s.dtype_like < 0)
-    return dtype_allowed(s, dtype) ? std::string() : "expected dtype " + dtype_set_string(s.dtypes) + got;
-  if (same_dtype_allowed(s, model_dtype, dtype)) return {};
-  if (model_dtype == dtype) return "expected dtype " + dtype_set_string(s.dtypes) + got;
+  if (s.dtype_like < 0 ? dtype_allowed(s, dtype) : same_dtype_allowed(s, model_dtype, dtype)) return {};
+  const std::string got = std::string(where) + ", got " + std::string(label);  // built for a problem only
+  if (s.dtype_like < 0 || model_dtype == dtype) return "expected dtype " + dtype_set_string(s.dtypes) + got;
   std::string want =
       "expected dtype " + std::string(model_label) + " (the dtype of " + op.args[s.dtype_like].name + ")";
   // The model tensor's own dtype is named once, not again among the alternatives.
@@ -394,7 +392,13 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
       }
       return;
     }
-    const OpforgeTensorSpec& s = a.tensor;
+    // A shape rule that follows a parameter: the one its value selects, named in its messages.
+    const int32_t shape_ruling = shape_ruling_param(op, i);
+    const OpforgeTensorSpec s =
+        shape_ruling < 0 ? a.tensor : ruled_shape(op, i, a.tensor, [&](int32_t p) { return ruling_text(op, args, p); });
+    const std::string where =
+        shape_ruling < 0 ? std::string()
+                         : " where " + param_value_phrase(op.args[shape_ruling], ruling_value(args[shape_ruling]));
     std::vector<std::string> why;
     // A dtype rule that follows a parameter: the one its value selects (parameters are constants
     // while a framework traces; a symbolic int parameter is read at its value).
@@ -424,8 +428,8 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
                          : s.min_rank < 0
                              ? "<= " + std::to_string(s.max_rank)
                              : "in [" + std::to_string(s.min_rank) + ", " + std::to_string(s.max_rank) + "]";
-      why.push_back("expected rank " + want + ", got rank " + std::to_string(r) + " (shape " + sizes_string(t.sizes) +
-                    ")");
+      why.push_back("expected rank " + want + where + ", got rank " + std::to_string(r) + " (shape " +
+                    sizes_string(t.sizes) + ")");
     }
     if (rank_ok && s.num_dims > 0) {
       // Compare first; build the message only for a mismatch (this runs on every call).
@@ -455,8 +459,8 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
                                      : values[d] ? IntOps<Int>::str(*values[d])
                                                  : std::string("?"));
         }
-        why.push_back("expected shape " + rule + "]" + (computed ? " = " + want + "]" : std::string()) + ", got " +
-                      sizes_string(t.sizes));
+        why.push_back("expected shape " + rule + "]" + (computed ? " = " + want + "]" : std::string()) + where +
+                      ", got " + sizes_string(t.sizes));
       }
     }
     if (rank_ok && s.shape_like >= 0 && !(bad[s.shape_like] & kBadShape)) {
@@ -534,8 +538,10 @@ template <class Int, class Outs>
 bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs& outs,
                    std::vector<std::string>& errors) {
   outs.clear();
+  const bool ruled = !rule_cases(op).empty();  // Note [Rules that follow a parameter]
   for (int32_t i = 0; i < op.num_outputs; ++i) {
-    const OpforgeOutputSpec& o = op.outputs[i];
+    const OpforgeOutputSpec o =
+        ruled ? ruled_output(op, i, [&](int32_t p) { return ruling_text(op, args, p); }) : op.outputs[i];
     typename Outs::value_type info;
     if (o.present_with >= 0 && !args[o.present_with].defined) {
       info.defined = false;

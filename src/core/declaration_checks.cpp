@@ -189,6 +189,27 @@ void check_param(const OpforgeArgSpec& a, const std::string& ctx, Problems& p) {
   }
 }
 
+/// Whether parameter `a` can select a rule by its value `v` (Note [Rules that follow a parameter]):
+/// a string, int or bool parameter, `v` one of its values (one of its one_of choices where it has
+/// them). Reports why not under `ctx`, the rule being of `what` ("a dtype rule").
+bool check_case_value(const OpforgeArgSpec& a, std::string_view v, const std::string& what, const std::string& ctx,
+                      Problems& p) {
+  if (a.kind != OPFORGE_ARG_STRING && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL) {
+    p.add(ctx, what + " follows a std::string, int64_t or bool parameter, and '" + a.name + "' is a " +
+                   declared_type(a.kind));
+    return false;
+  }
+  std::string choices;
+  for (int32_t i = 0; i < a.param.num_choices; ++i) choices += (i ? ", " : "") + std::string(a.param.choices[i]);
+  const bool decimal = !v.empty() && v.find_first_not_of("-0123456789") == std::string_view::npos;
+  if ((a.kind == OPFORGE_ARG_BOOL && v != "true" && v != "false") || (a.kind == OPFORGE_ARG_INT && !decimal))
+    p.add(ctx,
+          "\"" + std::string(v) + "\" is not a value of the " + declared_type(a.kind) + " parameter '" + a.name + "'");
+  else if (a.param.num_choices > 0 && !is_choice(a.param, std::string(v)))
+    p.add(ctx, "\"" + std::string(v) + "\" is not one of the values of '" + a.name + "' (one_of: " + choices + ")");
+  return true;
+}
+
 /// Note [Rules that follow a parameter]: each case follows a string, int or bool parameter, names
 /// one of its values, and has a dtype rule of its own; an input's cases follow one parameter.
 void check_dtype_cases(const OpforgeOpSpec& op, Problems& p) {
@@ -199,21 +220,7 @@ void check_dtype_cases(const OpforgeOpSpec& op, Problems& p) {
     const OpforgeArgSpec& a = op.args[c.param];
     const std::string ctx =
         "input '" + std::string(op.args[c.arg].name) + "': when(\"" + a.name + "\", \"" + c.value + "\"): ";
-    if (a.kind != OPFORGE_ARG_STRING && a.kind != OPFORGE_ARG_INT && a.kind != OPFORGE_ARG_BOOL) {
-      p.add(ctx, std::string("a dtype rule follows a std::string, int64_t or bool parameter, and '") + a.name +
-                     "' is a " + declared_type(a.kind));
-      continue;
-    }
-    std::string choices;
-    for (int32_t i = 0; i < a.param.num_choices; ++i) choices += (i ? ", " : "") + std::string(a.param.choices[i]);
-    const std::string_view v = c.value;
-    const bool decimal = !v.empty() && v.find_first_not_of("-0123456789") == std::string_view::npos;
-    if ((a.kind == OPFORGE_ARG_BOOL && v != "true" && v != "false") || (a.kind == OPFORGE_ARG_INT && !decimal))
-      p.add(ctx, "\"" + std::string(v) + "\" is not a value of the " + declared_type(a.kind) + " parameter '" + a.name +
-                     "'");
-    else if (a.param.num_choices > 0 && !is_choice(a.param, c.value))
-      p.add(ctx,
-            "\"" + std::string(c.value) + "\" is not one of the values of '" + a.name + "' (one_of: " + choices + ")");
+    if (!check_case_value(a, c.value, "a dtype rule", ctx, p)) continue;
     for (size_t e = 0; e < k; ++e) {
       if (cases[e].arg != c.arg) continue;
       if (cases[e].param != c.param) {
@@ -229,6 +236,35 @@ void check_dtype_cases(const OpforgeOpSpec& op, Problems& p) {
     if (c.dtype_like >= c.arg)
       p.add(ctx, "same_dtype(\"" + std::string(op.args[c.dtype_like].name) + "\") must name an earlier tensor input");
     if (c.dtype_like < 0 && c.dtypes == 0) p.add(ctx, "the dtype set is empty");
+  }
+}
+
+/// The same for shape rules (of inputs and outputs) and output dtype rules (OpforgeRuleCase): each
+/// rule of an input or output follows one parameter, one case per value.
+void check_rule_cases(const OpforgeOpSpec& op, Problems& p) {
+  const Span<const OpforgeRuleCase> cases = rule_cases(op);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const OpforgeRuleCase& c = cases[k];
+    if (c.param < 0 || c.param >= op.num_args) continue;  // reported at build
+    const OpforgeArgSpec& a = op.args[c.param];
+    const std::string of = c.arg >= 0 ? "input '" + std::string(op.args[c.arg].name) + "'"
+                                      : "output '" + std::string(op.outputs[c.output].name) + "'";
+    const std::string ctx = of + ": when(\"" + a.name + "\", \"" + c.value + "\"): ";
+    const std::string what = c.has_shape ? "a shape rule" : "a dtype rule";
+    if (!check_case_value(a, c.value, what, ctx, p)) continue;
+    for (size_t e = 0; e < k; ++e) {
+      const OpforgeRuleCase& d = cases[e];
+      if (d.arg != c.arg || d.output != c.output || d.has_shape != c.has_shape) continue;
+      if (d.param != c.param) {
+        p.add(ctx, "its " + what.substr(2) + " already follows '" + std::string(op.args[d.param].name) +
+                       "'; one rule follows one parameter");
+        break;
+      }
+      if (std::string_view(d.value) == c.value) {
+        p.add(ctx, "a second rule for this value");
+        break;
+      }
+    }
   }
 }
 
@@ -296,7 +332,7 @@ void check_rule_cycles(const OpforgeOpSpec& op, uint8_t reads, Problems& p) {
     state[i] = kOnPath;
     path.push_back(i);
     std::vector<bool> seen(op.num_args, false);  // for_each_read may name an input more than once
-    for_each_read(op.args[i], reads, [&](int32_t j) {
+    for_each_read(op, i, reads, [&](int32_t j) {
       if (j < 0 || j >= op.num_args || seen[j]) return;
       seen[j] = true;
       if (state[j] == kNew) {
@@ -493,6 +529,7 @@ std::vector<std::string> op_declaration_problems(const OpforgeOpSpec& op) {
   check_op_names(op, p);
   check_arguments(op, seen, p);
   check_dtype_cases(op, p);
+  check_rule_cases(op, p);
   check_outputs(op, seen, p);
   check_rule_cycles(op, kReadsDtype, p);
   check_rule_cycles(op, kReadsSizes, p);

@@ -89,6 +89,28 @@ json typed_value(const OpforgeArgSpec& a, const std::string& text) {
   return param_value_from_text(a, text).i;
 }
 
+/// The rules of tensor input `arg` (or of output `output`) that follow a parameter's value
+/// (OpforgeRuleCase): [{"param", "value": typed value, "shape": [text...] | null, "leading_dims":
+/// bool, "dtype": name | null, "dtype_like": name | null}...].
+json case_json(const OpforgeOpSpec& op, int32_t arg, int32_t output) {
+  json cases = json::array();
+  for (const OpforgeRuleCase& c : rule_cases(op)) {
+    if (c.arg != arg || c.output != output || c.param < 0) continue;
+    json shape = nullptr;
+    if (c.has_shape) {
+      shape = json::array();
+      for (int32_t d = 0; d < c.num_dims; ++d) shape.push_back(expr_string(op, c.dims[d]));
+    }
+    json when = {{"param", op.args[c.param].name}, {"value", typed_value(op.args[c.param], c.value)}};
+    when["shape"] = std::move(shape);
+    when["leading_dims"] = c.leading_dims != 0;
+    when["dtype"] = c.has_dtype && c.dtype_like < 0 ? json(dtype_name(c.dtype)) : json(nullptr);
+    when["dtype_like"] = c.has_dtype && c.dtype_like >= 0 ? json(op.args[c.dtype_like].name) : json(nullptr);
+    cases.push_back(std::move(when));
+  }
+  return cases;
+}
+
 json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::map<int32_t, int32_t>>& follows) {
   const OpforgeArgSpec& a = op.args[i];
   json j = {{"name", a.name}, {"type", schema_type(a.kind)}};
@@ -131,6 +153,7 @@ json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::m
       for (int32_t d = 0; d < t.num_dims; ++d) shape.push_back(expr_string(op, t.dims[d]));
     }
     j["shape"] = std::move(shape);
+    j["shape_cases"] = case_json(op, i, -1);
     json multiple = json::array();
     for (const auto& [d, k] : multiple_of_dims(a)) multiple.push_back({d, k});
     j["multiple_of"] = std::move(multiple);
@@ -156,7 +179,8 @@ json arg_json(const OpforgeOpSpec& op, int32_t i, const std::map<int32_t, std::m
   return j;
 }
 
-json output_json(const OpforgeOpSpec& op, const OpforgeOutputSpec& o) {
+json output_json(const OpforgeOpSpec& op, int32_t k) {
+  const OpforgeOutputSpec& o = op.outputs[k];
   json j = {{"name", o.name}};
   j["dtype"] = o.dtype_like >= 0 ? json(nullptr) : json(dtype_name(o.dtype));
   j["dtype_like"] = o.dtype_like >= 0 ? json(op.args[o.dtype_like].name) : json(nullptr);
@@ -170,6 +194,7 @@ json output_json(const OpforgeOpSpec& op, const OpforgeOutputSpec& o) {
   }
   j["shape"] = std::move(shape);
   j["with_dims"] = std::move(with);
+  j["cases"] = case_json(op, -1, k);
   return j;
 }
 
@@ -225,7 +250,7 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
   for (int32_t i = 0; i < op.num_args; ++i) args.push_back(arg_json(op, i, follows));
   j["args"] = std::move(args);
   json outputs = json::array();
-  for (int32_t i = 0; i < op.num_outputs; ++i) outputs.push_back(output_json(op, op.outputs[i]));
+  for (int32_t i = 0; i < op.num_outputs; ++i) outputs.push_back(output_json(op, i));
   j["outputs"] = std::move(outputs);
   const auto combinations_json = [&](const std::vector<std::vector<int32_t>>& cs) {
     json combinations = json::array();

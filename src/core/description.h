@@ -43,15 +43,20 @@ namespace opforge::core {
 ///        ("shape" then rules the last dims), "layout": "contiguous" | "strided" | "contiguous_last_dim",
 ///        "optional": bool, "default_none": bool (schema `=None`), "mutated": bool,
 ///        "values": null | {"low", "high" (text), "unique": bool, "sentinel": int | null} (Note [Value domains]),
-///        "shape": ["x.size(-1)", "*"...] | null, "multiple_of": [[dim, k]...], "follows": [[dim of the first input,
-///        dim]...]}
+///        "shape": ["x.size(-1)", "*"...] | null, "shape_cases": [case...] (the shape rules where a
+///        parameter has a value; "shape" is then the rule of every other value), "multiple_of": [[dim,
+///        k]...], "follows": [[dim of the first input, dim]...]}
 ///   param arg: {"name", "kind": "param", "type": "int" | "float" | "bool" | "str" | "int[]" |
 ///        "float[]", "default": typed value (absent: required), "min", "max" (absent: no
 ///        bound), "choices": [typed value...] | null, "compile_time": bool}
 ///   output: {"name", "dtype": "float32" | null (fixed dtype), "dtype_like": name | null,
 ///        "like": name | null, "present_with": the optional input it exists with | null,
 ///        "size_from": the output whose value is its first dim (data-dependent) | null,
-///        "shape": [text...] (explicit shape), "with_dims": [[dim, text]...] (like: replaced dims)}
+///        "shape": [text...] (explicit shape), "with_dims": [[dim, text]...] (like: replaced dims),
+///        "cases": [case...] (its shape and dtype rules where a parameter has a value)}
+///   case (Note [Rules that follow a parameter]): {"param", "value": typed value, "shape": [text...]
+///        | null (no shape rule), "leading_dims": bool, "dtype": name | null, "dtype_like": name |
+///        null}
 ///   class (Note [Custom classes], classes.h): {"name": "Class", "qualified_name": "ns::Class", "doc",
 ///        "file", "line", "constructor": "ns::op" | null, "fields": [{"name", "kind": "Tensor" |
 ///        "int" | ..., "optional": bool}...], "methods": [{"name", "op": "ns::op", "bound": [field

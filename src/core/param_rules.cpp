@@ -1,4 +1,4 @@
-// Dtype rules that follow a parameter's value (see param_rules.h).
+// Rules that follow a parameter's value (see param_rules.h).
 #include "param_rules.h"
 
 #include <cstdlib>
@@ -10,6 +10,18 @@ namespace opforge::core {
 int32_t ruling_param(const OpforgeOpSpec& op, int32_t arg) {
   for (const OpforgeDtypeCase& c : dtype_cases(op))
     if (c.arg == arg) return c.param;
+  return -1;
+}
+
+int32_t shape_ruling_param(const OpforgeOpSpec& op, int32_t arg) {
+  for (const OpforgeRuleCase& c : rule_cases(op))
+    if (c.arg == arg && c.has_shape) return c.param;
+  return -1;
+}
+
+int32_t output_ruling_param(const OpforgeOpSpec& op, int32_t k, bool dtype) {
+  for (const OpforgeRuleCase& c : rule_cases(op))
+    if (c.output == k && (dtype ? c.has_dtype : c.has_shape)) return c.param;
   return -1;
 }
 
@@ -48,6 +60,8 @@ std::vector<std::string> ruled_values(const OpforgeOpSpec& op, int32_t param) {
     out.push_back(v);
   };
   for (const OpforgeDtypeCase& c : dtype_cases(op))
+    if (c.param == param) add(c.value);
+  for (const OpforgeRuleCase& c : rule_cases(op))
     if (c.param == param) add(c.value);
   if (out.empty()) return out;
   const OpforgeArgSpec& a = op.args[param];

@@ -1,6 +1,7 @@
-// Dtype rules that follow a parameter's value (Note [Rules that follow a parameter] in
-// opforge/op_constraints.h): which rule an input follows for a parameter value, read off the
-// record's OpforgeDtypeCase entries for the call checks, precompile requests, the dtype
+// Rules that follow a parameter's value (Note [Rules that follow a parameter] in
+// opforge/op_constraints.h): which dtype or shape rule an input, and which shape or dtype rule an
+// output, follows for a parameter value, read off the record's OpforgeDtypeCase and
+// OpforgeRuleCase entries for the call checks, output shapes, precompile requests, the
 // combinations verify draws from, and the description.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "opforge/c_api.h"
+#include "records.h"
 
 namespace opforge::core {
 
@@ -29,7 +31,52 @@ std::string param_value_phrase(const OpforgeArgSpec& a, const OpforgeValue& v);
 /// dtype_alternatives taken from the case that names the value, unchanged where none does.
 OpforgeTensorSpec ruled_spec(const OpforgeOpSpec& op, int32_t arg, const std::string& value);
 
-/// The values of parameter `param` that select distinct dtype rules, as param_value_text spells
+/// The parameter whose value selects tensor input `arg`'s shape rule, or -1 for an input with one.
+int32_t shape_ruling_param(const OpforgeOpSpec& op, int32_t arg);
+
+/// The parameter whose value selects output `k`'s shape rule (`dtype` false) or dtype rule
+/// (`dtype` true), or -1 for an output with one.
+int32_t output_ruling_param(const OpforgeOpSpec& op, int32_t k, bool dtype);
+
+/// Tensor input `arg`'s spec `s` with the shape rule of the case that names its ruling
+/// parameter's value (`value_of(param)`, spelled as param_value_text): num_dims, dims,
+/// leading_dims and the rank bounds they imply; unchanged where no case does.
+template <class ValueOf>
+OpforgeTensorSpec ruled_shape(const OpforgeOpSpec& op, int32_t arg, OpforgeTensorSpec s, ValueOf&& value_of) {
+  for (const OpforgeRuleCase& c : rule_cases(op)) {
+    if (c.arg != arg || !c.has_shape || value_of(c.param) != c.value) continue;
+    s.num_dims = c.num_dims;
+    s.dims = c.dims;
+    s.leading_dims = c.leading_dims;
+    s.leading_like = -1;
+    s.min_rank = c.num_dims;
+    s.max_rank = c.leading_dims ? -1 : c.num_dims;
+  }
+  return s;
+}
+
+/// Output `k`'s spec with the shape and dtype rules of the cases that name their ruling
+/// parameters' values (`value_of(param)`, spelled as param_value_text); unchanged where none do.
+template <class ValueOf>
+OpforgeOutputSpec ruled_output(const OpforgeOpSpec& op, int32_t k, ValueOf&& value_of) {
+  OpforgeOutputSpec o = op.outputs[k];
+  for (const OpforgeRuleCase& c : rule_cases(op)) {
+    if (c.output != k || value_of(c.param) != c.value) continue;
+    if (c.has_shape) {
+      o.shape_like = -1;
+      o.num_dims = c.num_dims;
+      o.dims = c.dims;
+      o.dim_index = nullptr;
+    }
+    if (c.has_dtype) {
+      o.dtype_like = c.dtype_like;
+      o.dtype = c.dtype;
+    }
+  }
+  return o;
+}
+
+/// The values of parameter `param` that select distinct dtype or shape rules, as param_value_text spells
 /// them: every value a case names, then those of its choices (a bool's true and false) no case
 /// names, which the `otherwise` rule covers. Empty for a parameter no rule follows.
 std::vector<std::string> ruled_values(const OpforgeOpSpec& op, int32_t param);

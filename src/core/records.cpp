@@ -30,6 +30,12 @@ Span<const OpforgeDtypeCase> dtype_cases(const OpforgeOpSpec& op) {
   return {op.dtype_cases, static_cast<size_t>(op.num_dtype_cases)};
 }
 
+Span<const OpforgeRuleCase> rule_cases(const OpforgeOpSpec& op) {
+  if (!OPFORGE_HAS_FIELD(OpforgeOpSpec, op, rule_cases) || op.rule_cases == nullptr || op.num_rule_cases <= 0)
+    return {};
+  return {op.rule_cases, static_cast<size_t>(op.num_rule_cases)};
+}
+
 int32_t autocast_policy(const OpforgeOpSpec& op) {
   return OPFORGE_HAS_FIELD(OpforgeOpSpec, op, autocast) ? op.autocast : OPFORGE_AUTOCAST_NONE;
 }

@@ -33,6 +33,10 @@ int32_t num_rules(const OpforgeOpSpec& op);
 /// without the field.
 Span<const OpforgeDtypeCase> dtype_cases(const OpforgeOpSpec& op);
 
+/// The op's shape rules and output dtype rules that follow a parameter (OpforgeOpSpec::rule_cases),
+/// none for records without the field.
+Span<const OpforgeRuleCase> rule_cases(const OpforgeOpSpec& op);
+
 /// The op's autocast policy (OpforgeAutocast; NONE for records without the field).
 int32_t autocast_policy(const OpforgeOpSpec& op);
 
@@ -67,16 +71,22 @@ enum RuleReads : uint8_t { kReadsDtype = 1, kReadsSizes = 2 };
 /// loading refuses rules that read each other's dtypes, or each other's sizes, in a cycle (Note
 /// [Shape expressions] in opforge/expr.h).
 template <class F>
-void for_each_read(const OpforgeArgSpec& a, uint8_t reads, F&& f) {
+void for_each_read(const OpforgeOpSpec& op, int32_t i, uint8_t reads, F&& f) {
+  const OpforgeArgSpec& a = op.args[i];
   if (a.kind != OPFORGE_ARG_TENSOR) return;
   const OpforgeTensorSpec& t = a.tensor;
   if ((reads & kReadsDtype) && t.dtype_like >= 0) f(t.dtype_like);
   if (!(reads & kReadsSizes)) return;
   if (t.shape_like >= 0) f(t.shape_like);
   if (t.leading_dims && t.leading_like >= 0) f(t.leading_like);
-  for (int32_t d = 0; d < t.num_dims; ++d)
-    for (int32_t k = 0; k < t.dims[d].num_nodes; ++k)
-      if (t.dims[d].nodes[k].op == OPFORGE_EXPR_DIM && t.dims[d].nodes[k].arg >= 0) f(t.dims[d].nodes[k].arg);
+  auto dims = [&](int32_t n, const OpforgeExpr* es) {
+    for (int32_t d = 0; d < n; ++d)
+      for (int32_t k = 0; k < es[d].num_nodes; ++k)
+        if (es[d].nodes[k].op == OPFORGE_EXPR_DIM && es[d].nodes[k].arg >= 0) f(es[d].nodes[k].arg);
+  };
+  dims(t.num_dims, t.dims);
+  for (const OpforgeRuleCase& c : rule_cases(op))  // the shapes a parameter's values select
+    if (c.arg == i && c.has_shape) dims(c.num_dims, c.dims);
 }
 
 /// Calls `f(i)` once for each argument of `op`, each after the tensors whose dtype or sizes (as
@@ -90,7 +100,7 @@ void in_rule_order(const OpforgeOpSpec& op, uint8_t reads, uint8_t* done, F&& f)
     for (int32_t i = 0; i < op.num_args; ++i) {
       if (done[i]) continue;
       bool ready = true;
-      for_each_read(op.args[i], reads, [&](int32_t j) { ready = ready && (j == i || done[j]); });
+      for_each_read(op, i, reads, [&](int32_t j) { ready = ready && (j == i || done[j]); });
       if (!ready) continue;
       done[i] = 1;
       --pending;

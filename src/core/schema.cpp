@@ -304,6 +304,9 @@ bool is_size_param(const OpforgeOpSpec& op, int32_t i) {
       if (reads_param(op.outputs[k].dims[d], i)) return true;
   for (int32_t k = 0; k < num_rules(op); ++k)
     if (reads_param(op.rules[k].lhs, i) || reads_param(op.rules[k].rhs, i)) return true;
+  for (const OpforgeRuleCase& c : rule_cases(op))
+    for (int32_t d = 0; c.has_shape && d < c.num_dims; ++d)
+      if (reads_param(c.dims[d], i)) return true;
   return false;
 }
 

@@ -52,10 +52,15 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
     info[i].value = i < static_cast<int32_t>(values.size()) ? values[i] : OpforgeValue{};
     done[i] = op.args[i].kind != OPFORGE_ARG_TENSOR;
   }
+  // Each input's shape rule as the parameter values select it (Note [Rules that follow a parameter]).
+  std::vector<OpforgeTensorSpec> spec(op.num_args);
+  for (int32_t i = 0; i < op.num_args; ++i)
+    spec[i] =
+        ruled_shape(op, i, op.args[i].tensor, [&](int32_t p) { return param_value_text(op.args[p], info[p].value); });
   for (int32_t round = 0; round <= op.num_args; ++round) {
     for (int32_t i = 0; i < op.num_args; ++i) {
       if (done[i]) continue;
-      const OpforgeTensorSpec& t = op.args[i].tensor;
+      const OpforgeTensorSpec& t = spec[i];
       const bool tied = t.leading_dims && t.leading_like >= 0;  // leading_dims_of: the model's leading dims
       if (tied && !done[t.leading_like]) continue;
       const std::vector<int64_t>* model = tied ? &shapes[t.leading_like] : nullptr;
@@ -102,7 +107,7 @@ std::vector<std::vector<int64_t>> example_shapes(const OpforgeOpSpec& op, int64_
   }
   for (int32_t i = 0; i < op.num_args; ++i) {
     if (op.args[i].kind != OPFORGE_ARG_TENSOR || done[i]) continue;
-    const int32_t rank = example_rank(op.args[i].tensor, leading);
+    const int32_t rank = example_rank(spec[i], leading);
     for (int32_t d = 0; d < rank; ++d) shapes[i].push_back(multiple(i, d, rank, lead));
   }
   return shapes;

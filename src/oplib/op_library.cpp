@@ -26,6 +26,7 @@ struct OpDef::Storage {
   std::vector<OpforgeOutputSpec> outputs;
   std::vector<OpforgeRule> rules;
   std::vector<OpforgeDtypeCase> dtype_cases;
+  std::vector<OpforgeRuleCase> rule_cases;
 };
 
 namespace {
@@ -186,6 +187,20 @@ void resolve_kernel_dtypes(OpDef& def, Resolver& r) {
   }
 }
 
+/// A record of a rule that follows parameter `param` (an index, -1 if it names none) where it is
+/// spelled `value`, of tensor input `arg` or output `output` (the other -1); no rule set yet.
+OpforgeRuleCase rule_case(int32_t arg, int32_t output, int32_t param, const char* value) {
+  OpforgeRuleCase rec{};
+  rec.struct_size = sizeof(OpforgeRuleCase);
+  rec.arg = arg;
+  rec.output = output;
+  rec.param = param;
+  rec.value = value;
+  rec.dtype_like = -1;
+  rec.dtype = -1;
+  return rec;
+}
+
 /// Resolves the launch rules of run-time kernels, which records do not carry, and checks them.
 void resolve_launch_rules(OpDef& def, Resolver& r, const std::vector<OpforgeOutputSpec>& outs) {
   const auto& args = def.args;
@@ -329,6 +344,19 @@ std::vector<std::string> OpDef::finalize() {
         rec.dtype_alternatives = c.dtype_alternatives.bits;
         s.dtype_cases.push_back(rec);
       }
+      for (const ShapeCaseDecl& c : t.shape_cases) {
+        const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+        const bool leading = !c.shape.empty() && c.shape.front().is_leading_dims();
+        if (leading && !c.shape.front().leading_of().empty())
+          r.error(at, "opforge::leading_dims_of is not allowed in a shape that follows a parameter");
+        const std::vector<Expr> dims(c.shape.begin() + (leading ? 1 : 0), c.shape.end());
+        OpforgeRuleCase rec = rule_case(static_cast<int32_t>(i), -1, r.param(c.param, at), cstr(c.value));
+        rec.has_shape = 1;
+        rec.num_dims = static_cast<int32_t>(dims.size());
+        rec.dims = exprs(dims, true, at + "shape(): ");
+        rec.leading_dims = leading;
+        s.rule_cases.push_back(rec);
+      }
     } else {
       const ParamDecl& p = a.param;
       spec.param.compile_time = p.compile_time;
@@ -399,9 +427,31 @@ std::vector<std::string> OpDef::finalize() {
       else spec.size_from = count;
     }
     spec.dims = exprs(dims, false, ctx);
+    const int32_t index = static_cast<int32_t>(s.outputs.size());
+    for (const ShapeCaseDecl& c : o.shape_cases) {
+      const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+      OpforgeRuleCase rec = rule_case(-1, index, r.param(c.param, at), cstr(c.value));
+      rec.has_shape = 1;
+      rec.num_dims = static_cast<int32_t>(c.shape.size());
+      rec.dims = exprs(c.shape, false, at);
+      s.rule_cases.push_back(rec);
+    }
+    for (const DtypeCaseDecl& c : o.dtype_cases) {
+      const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+      OpforgeRuleCase rec = rule_case(-1, index, r.param(c.param, at), cstr(c.value));
+      rec.has_dtype = 1;
+      rec.dtype_like = c.dtype_like.empty() ? -1 : r.tensor(c.dtype_like, at + "same_dtype(): ");
+      rec.dtype = c.dtype_like.empty() ? single_dtype(c.dtypes) : -1;
+      if (c.dtype_like.empty() && rec.dtype < 0)
+        r.error(at, "an output's dtype rule is one dtype or a same_dtype, not a set of dtypes");
+      s.rule_cases.push_back(rec);
+    }
     r.admit_optional(nullptr);
     if (!o.dim_index.empty()) spec.dim_index = s.ints.emplace_back(o.dim_index).data();
-    if (o.dtype_like.empty() && (spec.dtype < 0 || spec.dtype >= OPFORGE_NUM_DTYPES)) r.error(ctx, "no dtype rule");
+    if (o.dtype_like.empty() && (spec.dtype < 0 || spec.dtype >= OPFORGE_NUM_DTYPES))
+      r.error(ctx, o.dtype_cases.empty() ? "no dtype rule"
+                                         : "otherwise(): an output's dtype rule is one dtype or a same_dtype, not a "
+                                           "set of dtypes");
     s.outputs.push_back(spec);
   }
 
@@ -451,6 +501,8 @@ std::vector<std::string> OpDef::finalize() {
   spec_.tolerance_vs_equivalent = tolerance_vs_equivalent;
   spec_.num_dtype_cases = static_cast<int32_t>(s.dtype_cases.size());
   spec_.dtype_cases = s.dtype_cases.data();
+  spec_.num_rule_cases = static_cast<int32_t>(s.rule_cases.size());
+  spec_.rule_cases = s.rule_cases.data();
   spec_.sharding = sharding >= 0 ? sharding : OPFORGE_SHARDING_NONE;
   spec_.sharding_dims = 0;
   for (int32_t d : sharding_dims) {  // a bit per dim
@@ -549,12 +601,6 @@ void set_output(OutputDecl& o, const Like& rule) {
     o.dim_index.push_back(d);
     o.dims.push_back(e);
   }
-}
-
-void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like, int32_t dtype) {
-  o.dims = shape.dims;
-  o.dtype_like = dtype_like;
-  o.dtype = dtype;
 }
 
 ClassDef::ClassDef(const char* ns_, const char* name_, const char* file_, int line_)

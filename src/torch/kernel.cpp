@@ -312,8 +312,8 @@ class OpKernel final : public c10::OperatorKernel {
       } else if (k_.mode_ == Mode::kCpu) {  // as ATen's own CPU kernels allocate: not through the dispatcher
         outputs[k] = at::detail::empty_cpu(shape, to_torch(dtype), /*pin_memory=*/false, std::nullopt);
       } else if (c10::Allocator* cuda = cuda_allocator(); cuda != nullptr) {  // as ATen's CUDA kernels: under the guard
-        outputs[k] = at::detail::empty_generic(shape, cuda, c10::DispatchKeySet(c10::DispatchKey::CUDA), to_torch(dtype),
-                                               std::nullopt);
+        outputs[k] = at::detail::empty_generic(shape, cuda, c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                               to_torch(dtype), std::nullopt);
       } else {
         outputs[k] = at::empty(shape, at::TensorOptions().dtype(to_torch(dtype)).device(device_));
       }

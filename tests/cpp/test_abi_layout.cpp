@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 9); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 10); }
 
 TEST(AbiLayout, DtypeCodes) {  // opforge's own numbering, stable across versions
   EXPECT_EQ(OPFORGE_DTYPE_BOOL, 9);
@@ -117,6 +117,22 @@ TEST(AbiLayout, DtypeCase) {
   EXPECT_EQ(offsetof(OpforgeDtypeCase, dtype_alternatives), 32u);
 }
 
+TEST(AbiLayout, RuleCase) {
+  EXPECT_EQ(sizeof(OpforgeRuleCase), 64u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, struct_size), 0u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, arg), 8u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, output), 12u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, param), 16u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, value), 24u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, has_shape), 32u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, num_dims), 36u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, dims), 40u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, leading_dims), 48u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, has_dtype), 52u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, dtype_like), 56u);
+  EXPECT_EQ(offsetof(OpforgeRuleCase, dtype), 60u);
+}
+
 TEST(AbiLayout, Rule) {
   EXPECT_EQ(sizeof(OpforgeRule), 56u);
   EXPECT_EQ(offsetof(OpforgeRule, struct_size), 0u);
@@ -199,7 +215,7 @@ TEST(AbiLayout, Kernel) {
 }
 
 TEST(AbiLayout, OpSpec) {
-  EXPECT_EQ(sizeof(OpforgeOpSpec), 168u);
+  EXPECT_EQ(sizeof(OpforgeOpSpec), 184u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, ns), 8u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, name), 16u);
@@ -224,6 +240,8 @@ TEST(AbiLayout, OpSpec) {
   EXPECT_EQ(offsetof(OpforgeOpSpec, tolerance_vs_equivalent), 144u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, num_dtype_cases), 152u);
   EXPECT_EQ(offsetof(OpforgeOpSpec, dtype_cases), 160u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, num_rule_cases), 168u);
+  EXPECT_EQ(offsetof(OpforgeOpSpec, rule_cases), 176u);
 }
 
 TEST(AbiLayout, Tolerance) {

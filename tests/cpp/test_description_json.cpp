@@ -39,11 +39,11 @@ TEST(Description, DescribesArgumentsOutputsAndKernels) {
       "same_shape": null,
       "min_rank": -1, "max_rank": -1, "leading_dims": false, "leading_dims_of": null,
       "layout": "contiguous_last_dim", "optional": false, "default_none": false, "mutated": false,
-      "values": null, "shape": null, "multiple_of": [], "follows": []})"));
+      "values": null, "shape": null, "shape_cases": [], "multiple_of": [], "follows": []})"));
   EXPECT_EQ(op["args"][1], json::parse(R"({"name": "alpha", "type": "float", "kind": "param", "default": 0.5,
       "min": 0.0, "choices": null, "compile_time": false})"));
   EXPECT_EQ(op["outputs"][0], json::parse(R"({"name": "y", "dtype": null, "dtype_like": "x", "like": "x",
-      "present_with": null, "size_from": null, "shape": [], "with_dims": []})"));
+      "present_with": null, "size_from": null, "shape": [], "with_dims": [], "cases": []})"));
   EXPECT_EQ(op["devices"], json::parse(R"(["cpu"])"));
   EXPECT_EQ(op["dtype_combinations"], json::parse(R"([{"x": "float16"}, {"x": "bfloat16"}])"));
   EXPECT_EQ(op["runtime_kernels"], json::array());

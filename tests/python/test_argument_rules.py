@@ -135,6 +135,17 @@ def test_causal_conv1d_update_rules_follow_conv_state_indices_presence():
         torch.ops.examples.causal_conv1d_update(*args)
 
 
+@pytest.mark.parametrize("width", [1, 5])
+def test_causal_conv1d_update_takes_causal_conv1d_s_widths(width):
+    message = (
+        "examples::causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias=None, "
+        "bool silu_activation=False, Tensor? conv_state_indices=None) -> Tensor: invalid arguments\n"
+        + ("  expected weight.size(1) >= 2, got 1 >= 2" if width == 1 else "  expected weight.size(1) <= 4, got 5 <= 4")
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        torch.ops.examples.causal_conv1d_update(*conv_inputs(width=width))
+
+
 @pytest.mark.parametrize("slots", [None, 9], ids=["by batch", "by conv_state_indices"])
 def test_causal_conv1d_update_compiles_once_across_batch_sizes(slots):
     def step(*args):

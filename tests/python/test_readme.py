@@ -131,6 +131,14 @@ def test_the_float8_cache_block_runs_and_its_error_is_what_opforge_says():
     assert f"ValueError: {err.value}\n" == block.text
 
 
+def test_the_scaled_fp8_quant_block_runs_and_its_error_is_what_opforge_says():
+    exec(_block("python", "# A scale per token or per tensor, by use_per_token_if_dynamic").text, {})  # noqa: S102
+    block = _block("text", "ValueError: examples::scaled_fp8_quant")
+    with pytest.raises(ValueError) as err:
+        torch.ops.examples.scaled_fp8_quant(torch.randn(5, 16), torch.ones(1, 1), use_per_token_if_dynamic=True)
+    assert f"ValueError: {err.value}\n" == block.text
+
+
 @pytest.mark.slow
 def test_the_custom_class_block_runs_in_a_fresh_process(tmp_path):
     block = _block("python", "# A module holding an IdentityConvClass")

@@ -51,6 +51,10 @@ OPFORGE_OP(examples, causal_conv1d_update)
     .param<bool>("silu_activation", false, opforge::compile_time)
     .input("conv_state_indices", opforge::kInt32, opforge::shape({opforge::dim("x", 0)}), opforge::optional,
            opforge::values_in(0, opforge::dim("conv_state", 0)).unique_values())
+    // causal-conv1d's widths (Dao-AILab/causal-conv1d: "causal_conv1d only supports width between 2
+    // and 4"); the kernel sums width products in float, well within float32's tolerance at these.
+    .require(opforge::dim("weight", 1) >= 2)
+    .require(opforge::dim("weight", 1) <= 4)
     .require(opforge::when_given("conv_state_indices", opforge::dim("conv_state", 0) >= opforge::dim("x", 0))
                  .otherwise(opforge::dim("conv_state", 0) == opforge::dim("x", 0)))
     .output("y", opforge::like("x"))

@@ -39,6 +39,12 @@ struct DtypeCaseDecl {
   DtypeSet dtype_alternatives;
 };
 
+/// A shape rule that holds where parameter `param` has `value` (opforge::when with a shape).
+struct ShapeCaseDecl {
+  std::string param, value;  // value: as the parameter's choices spell it
+  std::vector<Expr> shape;
+};
+
 /// Constraints of a tensor input, by name (resolved to indices by OpDef::finalize).
 struct TensorDecl {
   DtypeSet dtypes{0xffffffffu >> (32 - OPFORGE_NUM_DTYPES)};
@@ -56,6 +62,7 @@ struct TensorDecl {
   bool values_unique = false, has_sentinel = false;
   int64_t sentinel = 0;
   std::vector<DtypeCaseDecl> dtype_cases;  // opforge::when(...).otherwise(...)
+  std::vector<ShapeCaseDecl> shape_cases;  // opforge::when(..., shape({...})).otherwise(...)
 };
 
 using ParamDefault =
@@ -84,12 +91,12 @@ struct OutputDecl {
   std::string shape_like;  // empty: explicit `dims`
   std::vector<int32_t> dim_index;
   std::vector<Expr> dims;
+  std::vector<ShapeCaseDecl> shape_cases;  // opforge::when(..., shape({...})).otherwise(...)
+  std::vector<DtypeCaseDecl> dtype_cases;  // opforge::when(..., dtype).otherwise(...)
 };
 
 /// Fills an output declared `like(rule.tensor)` (with its dtype and dim overrides).
 void set_output(OutputDecl& o, const Like& rule);
-/// Fills an output with explicit dims and the dtype of `dtype_like` (if not empty) or `dtype`.
-void set_output(OutputDecl& o, const Shape& shape, const std::string& dtype_like, int32_t dtype);
 
 /// An encoded tensor map of the tensor-memory accelerator (CUDA's CUtensorMap: 128 opaque
 /// bytes, 128-byte aligned), made by opforge::tensor_map (opforge/op_cuda.h) for a run-time
@@ -565,6 +572,63 @@ inline void apply(TensorDecl& t, const DtypeByParam& b) {
   t.dtype_alternatives = b.otherwise.dtype_alternatives;
   t.dtype_cases = b.cases;
 }
+
+/// The dtype a set of exactly one dtype holds, or -1 for any other set.
+inline int32_t single_dtype(DtypeSet s) {
+  return s.bits != 0 && (s.bits & (s.bits - 1)) == 0 ? __builtin_ctz(s.bits) : -1;
+}
+
+/// A complete shape rule that follows a parameter: the cases, then the shape of every other value.
+struct ShapeByParam {
+  std::vector<ShapeCaseDecl> cases;
+  Shape otherwise;
+};
+
+/// opforge::when(param, value, shape), chained `.when(value, shape)` for more values of the same
+/// parameter; `.otherwise(shape)` completes it.
+struct ShapeWhen {
+  std::vector<ShapeCaseDecl> cases;
+  template <class V>
+  ShapeWhen when(const V& value, const Shape& shape) const {
+    ShapeWhen w = *this;
+    w.cases.push_back({cases.front().param, param_value_string(value), shape.dims});
+    return w;
+  }
+  ShapeByParam otherwise(const Shape& shape) const { return {cases, shape}; }
+};
+
+/// Refused by OpBuilder::input's static_assert (a rule without .otherwise()); declared so that
+/// the assertion is the only error.
+inline void apply(TensorDecl&, const ShapeWhen&) {}
+inline void apply(TensorDecl& t, const ShapeByParam& b) {
+  t.has_shape = true;
+  t.shape = b.otherwise.dims;
+  t.shape_cases = b.cases;
+}
+
+/// An output's shape rule (OpBuilder::output): an explicit shape, or one that follows a parameter.
+inline void set_output_shape(OutputDecl& o, const Shape& s) { o.dims = s.dims; }
+inline void set_output_shape(OutputDecl& o, const ShapeByParam& b) {
+  o.dims = b.otherwise.dims;
+  o.shape_cases = b.cases;
+}
+/// An output's dtype rule (OpBuilder::output): a dtype, opforge::dtype_of, or one that follows a
+/// parameter (each case one dtype or a same_dtype, which takes that input's dtype).
+inline void set_output_dtype(OutputDecl& o, Dtype d) { o.dtype = static_cast<int32_t>(d); }
+inline void set_output_dtype(OutputDecl& o, const DtypeOf& d) { o.dtype_like = d.tensor; }
+inline void set_output_dtype(OutputDecl& o, const DtypeByParam& b) {
+  o.dtype_like = b.otherwise.dtype_like;
+  o.dtype = b.otherwise.dtype_like.empty() ? single_dtype(b.otherwise.dtypes) : -1;
+  o.dtype_cases = b.cases;
+}
+template <class S>
+concept OutputShapeRule = requires(OutputDecl& o, const S& s) {
+  ::opforge::detail::set_output_shape(o, s);
+};
+template <class D>
+concept OutputDtypeRule = requires(OutputDecl& o, const D& d) {
+  ::opforge::detail::set_output_dtype(o, d);
+};
 
 inline void apply(ParamDecl& p, const ParamRange& r) {
   if (r.has_min) p.has_min = true, p.min = r.min;

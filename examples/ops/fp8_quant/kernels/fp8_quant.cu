@@ -73,3 +73,59 @@ __global__ void dynamic_per_token_scaled_fp8_quant(F* __restrict__ result, const
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
     out[c] = opforge::kernel::from_acc<F>(opforge::kernel::to_acc(in[c]) / s);
 }
+
+// scaled_fp8_quant (vLLM's functional form): T is the input's type; the output is float8_e4m3fn.
+// One block per output row (a padding row is zero with scale 1), each with the row's scale: given
+// (per tensor, or per token), or from the row's absolute maximum under kPerToken. Where a
+// per-tensor scale is computed, the grid is one block, which reduces the whole tensor first.
+template <class T, bool kPerToken>
+__global__ void scaled_fp8_quant(const T* __restrict__ input, const float* __restrict__ scale,
+                                 const float* __restrict__ scale_ub, __nv_fp8_e4m3* __restrict__ output,
+                                 float* __restrict__ output_scale, int64_t rows, int64_t cols, int64_t out_rows,
+                                 int64_t num_token_padding) {
+  using F = __nv_fp8_e4m3;
+  constexpr float kMax = opforge::kernel::float8_max<F>();
+  constexpr float kSmallest = 1.0f / (kMax * 512.0f);
+  const bool whole = !kPerToken && scale == nullptr;
+  float tensor_scale = 0.0f;
+  if (!kPerToken) {
+    if (whole) {
+      float absmax = 0.0f;
+      for (int64_t i = threadIdx.x; i < rows * cols; i += blockDim.x)
+        absmax = fmaxf(absmax, fabsf(opforge::kernel::to_acc(input[i])));
+      absmax = opforge::kernel::block_max(absmax);
+      tensor_scale = fmaxf(absmax / kMax, kSmallest);
+    } else {
+      tensor_scale = *scale;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *output_scale = tensor_scale;
+  }
+  for (int64_t row = blockIdx.x; row < out_rows; row += gridDim.x) {
+    F* out = output + row * cols;
+    if (row >= rows) {  // a padding row
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = opforge::kernel::from_acc<F>(0.0f);
+      if (kPerToken && threadIdx.x == 0) output_scale[row] = 1.0f;
+      continue;
+    }
+    const T* in = input + row * cols;
+    float s = tensor_scale;
+    if (kPerToken) {
+      if (scale != nullptr) {
+        s = scale[row];
+      } else {
+        float absmax = 0.0f;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+          absmax = fmaxf(absmax, fabsf(opforge::kernel::to_acc(in[c])));
+        absmax = opforge::kernel::block_max(absmax);
+        if (scale_ub != nullptr) absmax = fminf(absmax, *scale_ub);
+        s = fmaxf(absmax / kMax, kSmallest);
+      }
+      if (threadIdx.x == 0) output_scale[row] = s;
+    }
+    const float inverted = 1.0f / s;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = opforge::kernel::to_acc(in[c]);
+      out[c] = opforge::kernel::from_acc<F>(kPerToken ? v / s : v * inverted);
+    }
+  }
+}
