@@ -21,7 +21,8 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?= --durations=25 -rs
 # The Python tests run in PYTEST_WORKERS processes (pytest-xdist), one test file per process at a
 # time, so that each file's module fixtures (its op libraries, packages) are built once; at most 4
-# by default, as each process holds torch (and JAX) in memory. An interpreter without pytest-xdist
+# by default, as each process holds torch (and JAX) in memory. Files are taken in collection order,
+# files with slow tests first (tests/python/run_options.py). An interpreter without pytest-xdist
 # (OPFORGE_PYTHON) runs them in one process.
 PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
@@ -47,7 +48,7 @@ test-cpp: build
 	$(CTEST) --test-dir $(BUILD) --output-on-failure
 
 test-python: build
-	@if $(PY) -c 'import xdist' 2>/dev/null; then parallel="-n $(PYTEST_WORKERS) --dist loadfile"; \
+	@if $(PY) -c 'import xdist' 2>/dev/null; then parallel="-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder"; \
 	else echo "make test: pytest-xdist is not installed in $(PY): the Python tests run in one process"; fi; \
 	echo "$(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)"; \
 	$(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)

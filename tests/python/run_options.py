@@ -15,6 +15,13 @@ tests in collection order (files by name, tests in file order) dealt out in turn
 group 1, the second to group 2, ..., so the groups of a run take every test exactly once and
 each takes about an N-th of every file. ``tools/device_check.sh tests K/N`` runs one group in one
 call on the GPU machine.
+
+Order: files that hold tests marked ``slow`` (ten seconds or more on a 2-core machine without a
+GPU) run first, the file with the most such test functions first (a parametrized one counts
+once); the others keep their order, and tests keep their order within each file. Under
+pytest-xdist with ``--dist loadfile --no-loadscope-reorder`` (``make test``), workers take files
+in this order, so the long files start early and the short ones fill the end: the workers finish
+together.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections import Counter
 
 import pytest
 
@@ -92,11 +100,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     group = _group(config)
-    if group is None:
-        return
-    k, n = group
-    config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k - 1])
-    items[:] = items[k - 1 :: n]
+    if group is not None:
+        k, n = group
+        config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k - 1])
+        items[:] = items[k - 1 :: n]
+    functions = {(item.path, item.originalname) for item in items if item.get_closest_marker("slow") is not None}
+    slow = Counter(path for path, _ in functions)
+    items.sort(key=lambda item: -slow[item.path])  # stable: the files stay whole and in order otherwise
 
 
 @pytest.fixture(autouse=True)

@@ -180,6 +180,7 @@ def test_verify_generates_out_first_cases_at_several_ranks_and_both_presences():
     assert presences == {True, False}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 @pytest.mark.parametrize("name", ["silu_and_mul_out", "causal_conv1d_update"])
 def test_verify(name, device):

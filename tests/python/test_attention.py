@@ -210,6 +210,7 @@ def test_opcheck(device, with_mask):
     torch.library.opcheck(torch.ops.examples.attention.default, (q, k, v, 64, m, True, 0.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_and_export_with_dynamic_batch_and_sequence(device):
     class Block(torch.nn.Module):

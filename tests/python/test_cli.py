@@ -240,6 +240,7 @@ def twice_folder(parent: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_verify_takes_a_library_s_name_or_its_op_folder(tmp_path):
     first = twice_folder(tmp_path / "first")
     assert opforge_cli("build", str(first)).returncode == 0  # into the cache (OPFORGE_CACHE_DIR: the test's)

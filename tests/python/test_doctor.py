@@ -341,6 +341,7 @@ def test_a_layer_repeated_in_a_list_is_one_finding_with_each_module_path():
     assert copy.suggestion == "opforge new my_ops::numpy_act --dtypes float32 --shape 256,64"
 
 
+@pytest.mark.slow
 def test_the_demo_finds_the_host_activation_and_the_break_and_the_fix_clears_them(tmp_path):
     """The README's command as written (on a machine without a GPU, on the CPU at fewer tokens)."""
     import shlex

@@ -72,6 +72,7 @@ def in_the_runner(candidate, reference, tokenizer, device, tmp_path, **tolerance
     return reports
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp_path):
     """attention, add_layer_norm and bias_gelu in every layer, float16, exported with dynamic
@@ -90,6 +91,7 @@ def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp
     assert all(f"examples::{op}" in program_ops for op in ("attention", "add_layer_norm", "bias_gelu"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_int8_linears_in_the_cpp_runner(model, device, tmp_path):
     """Every encoder linear layer an Int8Linear object (float16 activations on CUDA, float32 on the

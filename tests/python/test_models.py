@@ -93,6 +93,7 @@ def main_run(request, tmp_path_factory) -> MainRun:
     )
 
 
+@pytest.mark.slow
 def test_runner_matches_plain_torch(main_run):
     assert main_run.exit_code == 0, main_run.stdout
     assert main_run.results["passed"] is True

@@ -353,6 +353,7 @@ def test_bad_fp8_inputs_are_refused_by_name():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_verify(device):
     """opforge verify: on the CPU the reference against the equivalent, on CUDA the kernels
@@ -361,6 +362,7 @@ def test_verify(device):
     assert report.ok, [(r.check, r.dtype, r.case, r.message) for r in report.failures]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_without_recompiles_across_batch_contexts_and_caches(device):
     """torch.compile(fullgraph=True, dynamic=True) of a decode step compiles once: other batch

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 FAILING = """
@@ -36,6 +38,7 @@ def pytest_on(path: Path, *options: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_a_failure_after_torch_compile_shows_logged_warnings_and_no_trace_records(tmp_path):
     test = tmp_path / "test_failing.py"
     test.write_text(FAILING)

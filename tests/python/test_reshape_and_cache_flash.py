@@ -222,6 +222,7 @@ def test_cuda_kernel_matches_the_reference_bit_for_bit(kv_cache_dtype, dtype, to
         assert same_bytes(got, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_verify(device):
     report = verify.verify_op("examples::reshape_and_cache_flash", device=device, seed=11)

@@ -1,6 +1,7 @@
 """run_options.py, the plugin every test runs under: a failing test's report gives its random
 seed, ``--seed`` (or ``$OPFORGE_TEST_SEED``) runs it again with that seed, ``--group K/N`` deals
-the tests out into N groups that take every test once, and nothing retries a failing test."""
+the tests out into N groups that take every test once, files with slow tests run first, and
+nothing retries a failing test."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +51,7 @@ def seed_sections(output: str) -> dict[str, str]:
     return {name: seed for seed, name in found}
 
 
+@pytest.mark.slow
 def test_a_failure_reports_its_seed_and_the_seed_reproduces_it(tmp_path):
     (tmp_path / "test_draws.py").write_text(DRAWS)
     fresh = pytest_run(tmp_path, "test_draws.py")
@@ -94,6 +97,26 @@ def test_groups_take_every_test_once_and_each_about_an_nth_of_every_file(tmp_pat
         ["test_a0", "test_a3", "test_b1", "test_b4"],
         ["test_a1", "test_a4", "test_b2"],
         ["test_a2", "test_b0", "test_b3"],
+    ]
+
+
+def test_files_with_slow_tests_run_first_the_most_first_and_stay_whole(tmp_path):
+    def write(name: str, body: str) -> None:
+        (tmp_path / f"test_{name}.py").write_text(f"import pytest\n\n\n{body}")
+
+    slow, plain = "@pytest.mark.slow\ndef test_{}():\n    pass\n\n\n", "def test_{}():\n    pass\n\n\n"
+    write("a", plain.format("a0") + plain.format("a1"))
+    # One slow function of three cases counts once: test_d, with two slow functions, comes first.
+    write("b", "@pytest.mark.slow\n@pytest.mark.parametrize('i', [0, 1, 2])\ndef test_b(i):\n    pass\n")
+    write("c", plain.format("c0"))
+    write("d", slow.format("d0") + plain.format("d1") + slow.format("d2"))
+    run = pytest_run(tmp_path, "--collect-only", "-o", "markers=slow: a slow test")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.findall(r"<Function ([\w\[\]]+)>", run.stdout) == [
+        *("test_d0", "test_d1", "test_d2"),
+        *("test_b[0]", "test_b[1]", "test_b[2]"),
+        *("test_a0", "test_a1"),
+        "test_c0",
     ]
 
 

@@ -26,6 +26,7 @@ def run_generated_test(folder: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp_path, capsys):
     argv = ["new", "scaffold_demo::twice", "--dir", str(tmp_path), "--dtypes", "float32,float64", "--shape", "5,7"]
     assert main(argv) == 0
@@ -49,6 +50,7 @@ def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp
     assert broken.returncode != 0 and "scaffold_demo::twice" in broken.stdout, broken.stdout + broken.stderr
 
 
+@pytest.mark.slow
 def test_a_triton_folder_passes_verify_and_its_test_catches_a_kernel_triton_cannot_compile(tmp_path, capsys):
     """``opforge new --triton``: the device kernel is a Triton kernel file launched by a grid
     function; the folder builds and its test passes (on a machine without a GPU, verify compiles

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "model
 import train_amp  # noqa: E402
 
 
+@pytest.mark.slow
 def test_short_eager_runs_match_torch_and_write_the_plot(tmp_path, capsys):
     assert train_amp.main(["--device", "cpu", "--epochs", "3", "--no-compile", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())

@@ -194,6 +194,7 @@ def run_verify(device: str, tmp_path: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @requires_triton
 def test_opforge_verify_passes_on_the_cpu(tmp_path):
     """`opforge verify liger --device cpu`: every op's reference against its torch expression,

@@ -41,6 +41,7 @@ def broken_ops(tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [
@@ -439,6 +440,7 @@ def test_triton_kernels_are_compared_with_the_reference_on_cuda(triton_ops, trit
     assert any("no_half_kernel takes no float16" in r.message for r in broken.failures)
 
 
+@pytest.mark.slow
 def test_every_choice_and_unranged_float_is_verified():
     import opforge
 
@@ -582,6 +584,7 @@ def test_catches_broken_cuda_kernels(broken_ops):
     assert report.failures and {r.dtype for r in report.failures} == {"bfloat16"}
 
 
+@pytest.mark.slow
 def test_cli_exit_code_and_json(broken_ops, tmp_path):
     env_python = [sys.executable, "-m", "opforge", "verify"]
     lib = str(broken_ops.path)
