@@ -356,9 +356,11 @@ def test_bad_fp8_inputs_are_refused_by_name():
 @pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_verify(device):
-    """opforge verify: on the CPU the reference against the equivalent, on CUDA the kernels
-    against the reference; opcheck, Meta against real, out=, compile."""
-    report = verify.verify_op(OP, device=device, seed=7)
+    """opforge verify: on the CPU the reference against the equivalent (bfloat16 queries: every
+    cache dtype and kv_cache_dtype value, while the float64 equivalent of every query dtype would
+    take minutes), on CUDA the kernels against the reference in every combination; opcheck, Meta
+    against real, out=, compile."""
+    report = verify.verify_op(OP, device=device, seed=7, dtypes=["bfloat16"] if device == "cpu" else None)
     assert report.ok, [(r.check, r.dtype, r.case, r.message) for r in report.failures]
 
 

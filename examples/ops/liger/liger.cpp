@@ -145,12 +145,18 @@ OPFORGE_OP(examples, liger_rms_norm_backward)
     .output("grad_weight", opforge::like("weight"))
     .require(opforge::dim("x", -1) <= 65536)
     .equivalent(
-        "(lambda m: (rstd * (m - x * rstd ** 2 * (m * x).mean(-1, keepdim=True)), (grad_y * x * rstd).reshape(-1, "
-        "x.shape[-1]).sum(0)))(grad_y * (offset + weight))")
+        "(lambda m: ((rstd * (m - x * rstd ** 2 * (m * x).mean(-1, keepdim=True))).to(x.dtype), (grad_y * x * rstd)"
+        ".reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)))(grad_y * (offset + weight))")
     .reference(rms_norm_backward_cpu)
     .triton_source("rms_norm.py", "_rms_norm_backward_kernel")
     .launch_grid(rms_norm_backward_grid)
-    .kernel_dtypes("grad_y", kLigerDtypes);
+    .kernel_dtypes("grad_y", kLigerDtypes)
+    // Under the llama casting mode Liger's kernel rounds x * rstd to the input dtype before each
+    // product of grad_weight's sum over rows, where the equivalent rounds grad_y * x instead: one
+    // rounding per term in each, at different places, in a sum that can cancel below the dtype's
+    // tolerance. Held to 8 x the equivalent's error (the largest of two such errors over a case's
+    // elements differ by several times).
+    .tolerance_vs_equivalent(8.0);
 
 // c = silu(a * gate_multiplier) * b, silu(v) = v / (1 + e^-v).
 static void swiglu_cpu(Tensor a, Tensor b, double gate_multiplier, MutableTensor c) {
