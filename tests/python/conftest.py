@@ -264,26 +264,10 @@ def example_ops():
     return {name: opforge.load_library(case.library_path) for name, case in CASES.items()}
 
 
-@pytest.fixture(scope="session")
-def _run_kernel_cache(tmp_path_factory) -> Path:
-    """The run-time kernel cache of this test run, shared by its pytest-xdist workers (in pytest's
-    temporary folder of the run)."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "opforge-kernels"
-    folder.mkdir(exist_ok=True)
-    return folder
-
-
 @pytest.fixture(autouse=True)
-def _test_cache_dir(tmp_path_factory, _run_kernel_cache, monkeypatch):
-    """Each test gets its own opforge cache (``$OPFORGE_CACHE_DIR``: builds, adapters), never the
-    user's, outside its ``tmp_path``; its ``kernels/`` is the run's kernel cache, so a run-time
-    kernel is compiled once per run and cache key (source, options, architecture, toolkit,
-    argument types), as in a user's cache, not once per test. A test that checks compiling and
-    caching names its own cache folder."""
-    cache = tmp_path_factory.mktemp("opforge-cache")
-    (cache / "kernels").symlink_to(_run_kernel_cache, target_is_directory=True)
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+def _private_kernel_cache(tmp_path, monkeypatch):
+    """Each test compiles run-time kernels into its own cache, never the user's."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "opforge-cache"))
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):
