@@ -9,6 +9,9 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ops"
 MAX_LINES = 30
+#: Ops whose original signature needs more: vLLM's paged attention with float8 caches (inputs whose
+#: dtype follows kv_cache_dtype, optional scales, a torch equivalent that dequantises and gathers).
+LONGER = {"paged_decode_attention": 48}
 
 
 def description_lines(op_file: Path) -> list[str]:
@@ -37,4 +40,4 @@ def test_op_file_is_short(op_dir):
     (op_file,) = [p for p in op_dir.glob("*.cpp")]
     lines = description_lines(op_file)
     ops = op_file.read_text().count("OPFORGE_OP(")
-    assert 0 < len(lines) <= MAX_LINES * ops, "\n".join(lines)
+    assert 0 < len(lines) <= LONGER.get(op_dir.name, MAX_LINES * ops), "\n".join(lines)
