@@ -35,7 +35,10 @@ __device__ int64_t load(const OpforgeValueCheck& c, int64_t flat) {
 
 }  // namespace
 
-extern "C" __global__ void opforge_check_values(const OpforgeValueChecks checks) {
+// __grid_constant__: the checks are read in place from the parameter space. Without it, indexing
+// the parameter by a run-time k copies all of it (1.4 KB) to each thread's local memory first,
+// which made the check cost more than the op it guards (bench/RESULTS.md, seventeenth session).
+extern "C" __global__ void opforge_check_values(const __grid_constant__ OpforgeValueChecks checks) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int32_t k = 0; k < checks.count; ++k) {
     const OpforgeValueCheck& c = checks.checks[k];
