@@ -2,16 +2,21 @@
 torch expression of its rule in eager and under ``torch.compile``, each compared with a
 device-to-device copy of the bytes it moves (the bandwidth ceiling), in one process.
 
-At [tokens, heads, head_dim] = [4096, 8, 128] bf16 keys and values by default, into caches of
+At [tokens, heads, head_dim] = [T, 8, 128] bf16 keys and values, T = 4096, 16384 and 65536 by
+default (a prefill batch's tokens), into caches of
 [blocks, 16, heads, head_dim] with a slot per token (a shuffled permutation of the cache's
 slots, as a serving batch of many sequences writes them): kv_cache_dtype "auto" (bf16 caches)
 and "fp8" (float8_e4m3fn caches, each element divided by its per-tensor scale, saturated).
 
-    python3 bench/bench_cache_write.py [--tokens 4096] [--heads 8] [--head-dim 128] [--json out.json]
+    python3 bench/bench_cache_write.py [--tokens 4096 16384 65536] [--heads 8] [--head-dim 128]
+                                       [--json out.json]
 
 Bytes moved: key and value read (2 bytes an element), the caches' rows written (2 bytes an
-element under "auto", 1 under "fp8"), and the slots read (8 bytes a token). Times are medians
-of triton.testing.do_bench (CUDA events), inputs random.
+element under "auto", 1 under "fp8"), and the slots read (8 bytes a token). Each group is timed
+twice: as eager calls (triton.testing.do_bench: CUDA events, L2 flushed before each call) and
+as CUDA graph replays (do_bench_cudagraph: no launch gaps, as a serving stack runs its steps;
+torch.compile is left out there). opforge is timed with its device value check of slot_mapping
+(Note [Device value checks], one extra launch) on, the default, and off. Inputs random.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import argparse
 import sys
 
 import torch
-from common import bandwidth_group, bandwidth_or_call_line, report
+from common import bandwidth_group, bandwidth_or_call_line, graph_ms, input_sets, report, rotating, unchecked
 
 import opforge
 
@@ -38,43 +43,63 @@ def write_torch(key, value, key_cache, value_cache, slots, kv_cache_dtype, k_sca
         target.index_copy_(0, slots, rows)
 
 
+def groups(rows: list[dict], T: int, H: int, D: int, compiled) -> None:
+    """Appends the groups of one token count: each kv_cache_dtype, eager and in CUDA graphs (over
+    rotating input sets, common.input_sets)."""
+    block = 16
+    blocks = (T + block - 1) // block
+    k_scale, v_scale = torch.tensor(0.05, device="cuda"), torch.tensor(0.07, device="cuda")
+    for kv_cache_dtype, cache_dtype in (("auto", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        nbytes = 2 * T * H * D * (2 + cache_dtype.itemsize) + T * 8
+        calls = []
+        for _ in range(input_sets(nbytes)):
+            key = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * 10
+            value = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * 10
+            slots = torch.randperm(blocks * block, device="cuda")[:T]
+            key_cache = torch.zeros(blocks, block, H, D, device="cuda", dtype=cache_dtype)
+            value_cache = torch.zeros_like(key_cache)
+            calls.append((key, value, key_cache, value_cache, slots, kv_cache_dtype, k_scale, v_scale))
+        target = str(cache_dtype).removeprefix("torch.")
+        name = f"reshape_and_cache_flash {kv_cache_dtype}: bf16 -> {target} [{T}, {H}, {D}]"
+        op = [lambda call=call: torch.ops.examples.reshape_and_cache_flash(*call) for call in calls]
+        eager = [lambda call=call: write_torch(*call) for call in calls]
+        compiled(*calls[0])
+        bandwidth_group(
+            rows,
+            name,
+            nbytes,
+            [
+                ("opforge examples::reshape_and_cache_flash", op[0]),
+                ("opforge, device value check off", unchecked(op[0])),
+                ("torch eager", eager[0]),
+                ("torch.compile of the same", lambda call=calls[0]: compiled(*call)),
+            ],
+        )
+        bandwidth_group(
+            rows,
+            name + ", CUDA graphs",
+            nbytes,
+            [
+                ("opforge examples::reshape_and_cache_flash", rotating(op)),
+                ("opforge, device value check off", unchecked(rotating(op))),
+                ("torch eager", rotating(eager)),
+            ],
+            timer=graph_ms,
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("kv_cache_write"))
-    T, H, D = args.tokens, args.heads, args.head_dim
-    block = 16
-    blocks = (T + block - 1) // block
-    rows = []
-    key = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * 10
-    value = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * 10
-    slots = torch.randperm(blocks * block, device="cuda")[:T]
-    k_scale, v_scale = torch.tensor(0.05, device="cuda"), torch.tensor(0.07, device="cuda")
+    rows: list[dict] = []
     compiled = torch.compile(write_torch)
-    for kv_cache_dtype, cache_dtype in (("auto", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
-        key_cache = torch.zeros(blocks, block, H, D, device="cuda", dtype=cache_dtype)
-        value_cache = torch.zeros_like(key_cache)
-        call = (key, value, key_cache, value_cache, slots, kv_cache_dtype, k_scale, v_scale)
-        compiled(*call)
-        nbytes = 2 * key.numel() * (key.element_size() + key_cache.element_size()) + T * 8
-        bandwidth_group(
-            rows,
-            f"reshape_and_cache_flash {kv_cache_dtype}: bf16 -> {str(cache_dtype).removeprefix('torch.')} "
-            f"[{T}, {H}, {D}]",
-            nbytes,
-            [
-                (
-                    "opforge examples::reshape_and_cache_flash",
-                    lambda call=call: torch.ops.examples.reshape_and_cache_flash(*call),
-                ),
-                ("torch eager", lambda call=call: write_torch(*call)),
-                ("torch.compile of the same", lambda call=call: compiled(*call)),
-            ],
-        )
+    for tokens in args.tokens:
+        groups(rows, tokens, args.heads, args.head_dim, compiled)
     report(rows, bandwidth_or_call_line(58), args.json)
     return 0
 

@@ -28,6 +28,12 @@ inputs random; ``x copy`` is the copy's time over the implementation's (issue 46
 the op: >= 0.85 x at batch 64, >= 0.7 x at batch 1). ``--profile`` adds each implementation's
 kernels (count and device time per call).
 
+``--graphs`` times each group as CUDA graph replays instead (triton.testing.do_bench_cudagraph,
+as serving stacks run decode steps: no launch gaps between the step's kernels), every
+implementation rotating through as many input sets as hold four times the L2 cache
+(common.input_sets), the copy too: the copy, the op with checks on and off, and SDPA over a cache
+gathered beforehand.
+
 ``--sweep`` times the op's launch variants instead (OPFORGE_PAGED_DECODE_TUNING, read by the
 op's host code on every call: where split contexts are combined, the fewest tokens per split;
 paged_decode_attention.cu), each checked against SDPA first, with the device value checks on and
@@ -36,7 +42,7 @@ off, beside the same copy.
     python3 bench/bench_decode.py [--batches 64 1] [--context 4096] [--heads 32] [--kv-heads 8]
                                   [--head-dim 128] [--block-size 16] [--dtype bfloat16|float16]
                                   [--kv-cache-dtypes auto fp8 fp8_e5m2] [--profile] [--sweep]
-                                  [--json out.json]
+                                  [--graphs] [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,7 +53,18 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from common import bandwidth_or_call_line, kernel_times, median_ms, print_kernel_times, report, unchecked
+from common import (
+    bandwidth_group,
+    bandwidth_or_call_line,
+    graph_ms,
+    input_sets,
+    kernel_times,
+    median_ms,
+    print_kernel_times,
+    report,
+    rotating,
+    unchecked,
+)
 
 import opforge
 
@@ -185,6 +202,34 @@ def timed_group(batch: int, args, profiles: list, kv_cache_dtype: str = "auto") 
     return rows
 
 
+def graph_group(batch: int, args, kv_cache_dtype: str) -> list[dict]:
+    """The rows of one batch size and cache dtype timed as CUDA graph replays (``--graphs``)."""
+    dtype, op = getattr(torch, args.dtype), torch.ops.examples.paged_decode_attention
+    fp8 = kv_cache_dtype != "auto"
+    steps, gathers = [], []
+    nbytes = 2 * batch * -(-args.context // args.block_size) * args.block_size * args.kv_heads * args.head_dim
+    nbytes *= CACHE_DTYPES[kv_cache_dtype].itemsize if fp8 else dtype.itemsize
+    for _ in range(input_sets(nbytes)):
+        step = decode_step(batch, args.context, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype)
+        if fp8:
+            step = fp8_step(step, kv_cache_dtype)
+        else:
+            gathers.append((step[0], *gathered(*step[1:4], args.context)))
+        steps.append(step)
+    ops = [lambda step=step: op(*step) for step in steps]
+    impls = [("opforge examples::paged_decode_attention", rotating(ops))]
+    impls.append(("opforge, device value checks off", unchecked(rotating(ops))))
+    if gathers:
+        impls.append(("SDPA over a cache gathered beforehand", rotating([lambda g=g: sdpa(*g) for g in gathers])))
+    rows: list[dict] = []
+    name = (
+        f"batch {batch} x context {args.context}, {args.heads} heads on {args.kv_heads} kv heads of "
+        f"{args.head_dim}, {args.dtype}, {kv_cache_dtype} cache, CUDA graphs over {len(steps)} input sets"
+    )
+    bandwidth_group(rows, name, nbytes, impls, timer=graph_ms)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 1])
@@ -203,13 +248,17 @@ def main() -> int:
     )
     parser.add_argument("--profile", action="store_true", help="also print each implementation's kernels")
     parser.add_argument("--sweep", action="store_true", help="time the op's launch variants instead")
+    parser.add_argument("--graphs", action="store_true", help="time CUDA graph replays instead")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("paged_decode_attention"))
     rows, profiles = [], []
     for kv_cache_dtype in args.kv_cache_dtypes:
         for batch in args.batches:
-            rows += timed_group(batch, args, profiles, kv_cache_dtype)
+            if args.graphs:
+                rows += graph_group(batch, args, kv_cache_dtype)
+            else:
+                rows += timed_group(batch, args, profiles, kv_cache_dtype)
             torch.cuda.empty_cache()
     report(rows, bandwidth_or_call_line(64), args.json)
     for title, table in profiles:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -23,6 +24,32 @@ def median_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=50, rep=400, return_mode="median")
 
 
+def graph_ms(fn: Callable[[], object]) -> float:
+    """Median GPU time of ``fn`` in milliseconds with its launches captured in a CUDA graph and
+    replayed (triton.testing.do_bench_cudagraph): no launch gaps between a call's kernels, as a
+    serving stack runs its decode steps. The L2 cache is not flushed between replays: ``fn``
+    should rotate through :func:`input_sets` input sets (:func:`rotating`)."""
+    from triton.testing import do_bench_cudagraph
+
+    with torch.cuda.stream(torch.cuda.Stream()):  # graphs are not captured on the default stream
+        return do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def input_sets(nbytes: int) -> int:
+    """How many distinct input sets of ``nbytes`` a CUDA graph timing rotates through
+    (:func:`rotating`) so that they hold four times the GPU's L2 cache (1 to 8): a replay then reads
+    memory, not L2, as an eager call does after do_bench's flush."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(1, min(8, -(-4 * l2 // nbytes)))
+
+
+def rotating(fns: list[Callable[[], object]]) -> Callable[[], object]:
+    """A callable that calls ``fns`` in turn, one per call. Under CUDA graph capture each captured
+    call keeps its own buffers, so the replays rotate through the input sets."""
+    cycle = itertools.cycle(fns)
+    return lambda: next(cycle)()
+
+
 def unchecked(fn: Callable[[], object]) -> Callable[[], None]:
     """``fn`` run with opforge's device value checks off (Note [Device value checks]): their cost
     is the difference to the same call with them on, the default."""
@@ -38,24 +65,35 @@ def unchecked(fn: Callable[[], object]) -> Callable[[], None]:
     return run
 
 
-def copy_gbs(nbytes: int) -> float:
-    """Device-to-device copy bandwidth for ``nbytes`` moved (half read, half written), GB/s: the
-    ceiling of an op that moves as many bytes."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return nbytes / median_ms(lambda: dst.copy_(src)) / 1e6
+def copy_gbs(nbytes: int, timer: Callable[[Callable[[], object]], float] = median_ms) -> float:
+    """Device-to-device copy bandwidth for ``nbytes`` moved (half read, half written), GB/s, timed
+    by ``timer`` (:func:`median_ms`, or :func:`graph_ms` over :func:`input_sets` rotating buffer
+    pairs): the ceiling of an op that moves as many bytes."""
+    copies = []
+    for _ in range(input_sets(nbytes) if timer is graph_ms else 1):
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        copies.append(lambda src=src, dst=dst: dst.copy_(src))
+    return nbytes / timer(rotating(copies)) / 1e6
 
 
-def bandwidth_group(rows: list[dict], name: str, nbytes: int, impls: list[tuple[str, Callable[[], object]]]) -> None:
+def bandwidth_group(
+    rows: list[dict],
+    name: str,
+    nbytes: int,
+    impls: list[tuple[str, Callable[[], object]]],
+    timer: Callable[[Callable[[], object]], float] = median_ms,
+) -> None:
     """Appends to ``rows`` a group ``name``: the copy of ``nbytes`` (:func:`copy_gbs`), then each
-    ``(label, fn)`` of ``impls`` timed (:func:`median_ms`) as moving ``nbytes``, with its ratio to
-    the copy (``vs_copy``)."""
-    ceiling = copy_gbs(nbytes)
+    ``(label, fn)`` of ``impls`` timed by ``timer`` (:func:`median_ms`, or :func:`graph_ms` for
+    CUDA graph replays, where ``fn`` should rotate through :func:`input_sets` sets; the copy is
+    timed the same way) as moving ``nbytes``, with its ratio to the copy (``vs_copy``)."""
+    ceiling = copy_gbs(nbytes, timer)
     rows.append(
         {"group": name, "impl": "device-to-device copy", "ms": nbytes / ceiling / 1e6, "GB/s": ceiling, "vs_copy": 1.0}
     )
     for label, fn in impls:
-        ms = median_ms(fn)
+        ms = timer(fn)
         gbs = nbytes / ms / 1e6
         rows.append({"group": name, "impl": label, "ms": ms, "GB/s": gbs, "vs_copy": gbs / ceiling})
 
