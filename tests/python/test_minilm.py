@@ -1,10 +1,12 @@
 """The demo model: the reference is the real sentence-transformers model, swapping in
 bias_gelu keeps its embeddings, the mixed model (attention, add_layer_norm and bias_gelu in
 every layer) matches it through the C++ runner, and so does the model whose linear layers hold
-int8 weights (examples::Int8Linear objects carried by the package)."""
+int8 weights (examples::Int8Linear objects carried by the package); the runner tests take the
+model's first two encoder layers (RUNNER_LAYERS)."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -23,6 +25,22 @@ from opforge import verify  # noqa: E402
 def model():
     bert, tokenizer = minilm.load()
     return minilm.SentenceEmbedder(bert).eval(), tokenizer
+
+
+#: Encoder layers the runner tests keep: every layer is the same graph with other weights, so two
+#: show that layers chain through the runner at a third of the compile time (`make demo` and the
+#: benchmarks run all six).
+RUNNER_LAYERS = 2
+
+
+@pytest.fixture(scope="module")
+def short_model(model):
+    """``model`` with its first RUNNER_LAYERS encoder layers (a copy; the weights are the real ones)."""
+    reference, tokenizer = model
+    short = copy.deepcopy(reference)
+    short.bert.encoder.layer = short.bert.encoder.layer[:RUNNER_LAYERS]
+    short.bert.config.num_hidden_layers = RUNNER_LAYERS
+    return short, tokenizer
 
 
 def test_reference_matches_sentence_transformers(model):
@@ -74,15 +92,15 @@ def in_the_runner(candidate, reference, tokenizer, device, tmp_path, **tolerance
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
-def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp_path):
+def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(short_model, device, tmp_path):
     """attention, add_layer_norm and bias_gelu in every layer, float16, exported with dynamic
     batch and sequence, AOTInductor-compiled, run by the C++ runner, against the float32 model in
     eager on the CPU."""
     for op in ("attention", "add_layer_norm", "bias_gelu"):
         opforge.load_library(opforge.example_library(op))
-    reference, tokenizer = model
+    reference, tokenizer = short_model
     mixed = minilm.with_opforge_ops(reference, torch.float16)
-    assert len(mixed.bert.layers) == 6 and all(
+    assert len(mixed.bert.layers) == RUNNER_LAYERS and all(
         isinstance(layer, minilm.OpforgeBertLayer) for layer in mixed.bert.layers
     )
     reports = in_the_runner(mixed, reference, tokenizer, device, tmp_path, atol=1e-3)
@@ -93,14 +111,14 @@ def test_mixed_model_with_three_opforge_ops_in_the_cpp_runner(model, device, tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
-def test_int8_linears_in_the_cpp_runner(model, device, tmp_path):
+def test_int8_linears_in_the_cpp_runner(short_model, device, tmp_path):
     """Every encoder linear layer an Int8Linear object (float16 activations on CUDA, float32 on the
     CPU), exported with dynamic batch and sequence, AOTInductor-compiled, run by the C++ runner:
     embeddings within cosine 0.999 of the float32 model in eager on the CPU."""
-    reference, tokenizer = model
+    reference, tokenizer = short_model
     dtype = torch.float16 if device == "cuda" else torch.float32
     quantised = minilm.with_int8_linears(reference, device, dtype)
-    assert sum(isinstance(m, minilm.Int8Linear) for m in quantised.modules()) == 36
+    assert sum(isinstance(m, minilm.Int8Linear) for m in quantised.modules()) == 6 * RUNNER_LAYERS
     assert not any(isinstance(m, torch.nn.Linear) for m in quantised.bert.encoder.modules())
     reports = in_the_runner(quantised, reference, tokenizer, device, tmp_path, atol=1e-2, min_cosine=0.999)
     assert all(r.ok and r.outputs[0].cosine >= 0.999 for r in reports), [r.outputs for r in reports]
