@@ -483,6 +483,25 @@ def test_backward_cases_hold_the_forward_results():
     assert report.ok, report.failures
 
 
+def test_the_float64_reference_of_a_case_follows_rules_that_follow_a_parameter():
+    """A device case is compared with the reference in float64 wherever the op takes the
+    float64 combination: paged_decode_attention's query and caches take float64 only under
+    kv_cache_dtype "auto" (an opforge::when rule), so its "auto" cases get one and its float8
+    cases (whose query is float32, float16 or bfloat16 only) do not."""
+    import opforge
+
+    opforge.load_library(opforge.example_library("paged_decode_attention"))
+    op = opforge.find_op("examples::paged_decode_attention")
+    wide = {c.label: floating_as(op, c, "float64", keep_fixed=True) for c in dtype_cases(op, device="cuda")}
+    auto = wide["float16 (kv_cache_dtype=auto)"]
+    assert auto is not None and {k: auto[k] for k in ("query", "key_cache", "value_cache")} == dict.fromkeys(
+        ("query", "key_cache", "value_cache"), "float64"
+    )
+    assert auto["k_scale"] == auto["v_scale"] == "float32" and auto["block_tables"] == "int32"
+    fp8 = [label for label in wide if "fp8" in label]
+    assert fp8 and all(wide[label] is None for label in fp8)
+
+
 def test_error_within_a_factor_of_the_equivalents():
     """FlashAttention's criterion, per output: one that misses its tolerance passes if its largest
     error against the float64 reference is at most the factor times the equivalent's; broken

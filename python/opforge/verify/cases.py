@@ -124,10 +124,15 @@ def dtype_cases(op: Op, only: list[str] | None = None, device: str = "cpu") -> l
 
 def floating_as(op: Op, case: DtypeCase, dtype: str, keep_fixed: bool = False) -> dict[str, str] | None:
     """``case``'s dtypes with every floating one replaced by ``dtype`` (with ``keep_fixed``, but
-    for inputs declared without it: attention_backward's float32 lse keeps its dtype while the
-    case's primary input takes ``dtype``), if the op accepts that combination (float64: the
-    reference runs in it; float32: gradcheck for ops without float64), else None."""
-    declared = {a.name: a.dtypes for a in op.tensors}
+    for inputs that take it in none of the op's combinations: attention_backward's float32 lse
+    keeps its dtype while the case's primary input takes ``dtype``), if the op accepts that
+    combination (float64: the reference runs in it; float32: gradcheck for ops without float64),
+    else None. What an input takes is read from ``op.dtype_combinations`` (the core's
+    enumeration), which holds the dtypes of rules that follow a parameter (``opforge::when``) too."""
+    declared: dict[str, set[str]] = {a.name: set() for a in op.tensors}
+    for combination in op.dtype_combinations:
+        for name, taken in declared.items():
+            taken.add(combination.get(name))
     same = {
         k: dtype if v in _FLOATING and (not keep_fixed or dtype in declared[k]) else v for k, v in case.dtypes.items()
     }
