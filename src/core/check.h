@@ -393,9 +393,12 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
       return;
     }
     // A shape rule that follows a parameter: the one its value selects, named in its messages.
+    // (Copied only where a parameter rules: this runs on every call.)
     const int32_t shape_ruling = shape_ruling_param(op, i);
-    const OpforgeTensorSpec s =
-        shape_ruling < 0 ? a.tensor : ruled_shape(op, i, a.tensor, [&](int32_t p) { return ruling_text(op, args, p); });
+    OpforgeTensorSpec shaped;
+    const OpforgeTensorSpec& s =
+        shape_ruling < 0 ? a.tensor
+                         : (shaped = ruled_shape(op, i, a.tensor, [&](int32_t p) { return ruling_text(op, args, p); }));
     const std::string where =
         shape_ruling < 0 ? std::string()
                          : " where " + param_value_phrase(op.args[shape_ruling], ruling_value(args[shape_ruling]));
@@ -403,8 +406,8 @@ void check_args(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, std::vec
     // A dtype rule that follows a parameter: the one its value selects (parameters are constants
     // while a framework traces; a symbolic int parameter is read at its value).
     const int32_t ruling = ruling_param(op, i);
-    const OpforgeTensorSpec ruled = ruling < 0 ? OpforgeTensorSpec{} : ruled_spec(op, i, ruling_text(op, args, ruling));
-    const OpforgeTensorSpec& ds = ruling < 0 ? s : ruled;
+    OpforgeTensorSpec ruled;
+    const OpforgeTensorSpec& ds = ruling < 0 ? s : (ruled = ruled_spec(op, i, ruling_text(op, args, ruling)));
     if (ds.dtype_like < 0 || !(bad[ds.dtype_like] & kBadDtype)) {  // same_dtype: judged against that tensor's
       const ArgInfo<Int>& model = args[ds.dtype_like < 0 ? i : ds.dtype_like];
       std::string w = dtype_problem(op, ds, t.dtype, t.dtype_label, model.dtype, model.dtype_label);
@@ -540,8 +543,9 @@ bool output_shapes(const OpforgeOpSpec& op, Span<const ArgInfo<Int>> args, Outs&
   outs.clear();
   const bool ruled = !rule_cases(op).empty();  // Note [Rules that follow a parameter]
   for (int32_t i = 0; i < op.num_outputs; ++i) {
-    const OpforgeOutputSpec o =
-        ruled ? ruled_output(op, i, [&](int32_t p) { return ruling_text(op, args, p); }) : op.outputs[i];
+    OpforgeOutputSpec selected;  // copied only where a parameter rules
+    const OpforgeOutputSpec& o =
+        ruled ? (selected = ruled_output(op, i, [&](int32_t p) { return ruling_text(op, args, p); })) : op.outputs[i];
     typename Outs::value_type info;
     if (o.present_with >= 0 && !args[o.present_with].defined) {
       info.defined = false;
