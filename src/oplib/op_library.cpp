@@ -187,6 +187,12 @@ void resolve_kernel_dtypes(OpDef& def, Resolver& r) {
   }
 }
 
+/// The context of a declaration error in the rule that follows `param` where it is `value`:
+/// `ctx` then `when("param", "value"): `.
+std::string when_context(const std::string& ctx, const std::string& param, const std::string& value) {
+  return ctx + "when(\"" + param + "\", \"" + value + "\"): ";
+}
+
 /// A record of a rule that follows parameter `param` (an index, -1 if it names none) where it is
 /// spelled `value`, of tensor input `arg` or output `output` (the other -1); no rule set yet.
 OpforgeRuleCase rule_case(int32_t arg, int32_t output, int32_t param, const char* value) {
@@ -333,7 +339,7 @@ std::vector<std::string> OpDef::finalize() {
         spec.tensor.values_high = exprs({t.values_high}, false, ctx + "values_in(): ")[0];
       }
       for (const DtypeCaseDecl& c : t.dtype_cases) {
-        const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+        const std::string at = when_context(ctx, c.param, c.value);
         OpforgeDtypeCase rec{};
         rec.struct_size = sizeof(OpforgeDtypeCase);
         rec.arg = static_cast<int32_t>(i);
@@ -345,7 +351,7 @@ std::vector<std::string> OpDef::finalize() {
         s.dtype_cases.push_back(rec);
       }
       for (const ShapeCaseDecl& c : t.shape_cases) {
-        const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+        const std::string at = when_context(ctx, c.param, c.value);
         const bool leading = !c.shape.empty() && c.shape.front().is_leading_dims();
         if (leading && !c.shape.front().leading_of().empty())
           r.error(at, "opforge::leading_dims_of is not allowed in a shape that follows a parameter");
@@ -429,7 +435,7 @@ std::vector<std::string> OpDef::finalize() {
     spec.dims = exprs(dims, false, ctx);
     const int32_t index = static_cast<int32_t>(s.outputs.size());
     for (const ShapeCaseDecl& c : o.shape_cases) {
-      const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+      const std::string at = when_context(ctx, c.param, c.value);
       OpforgeRuleCase rec = rule_case(-1, index, r.param(c.param, at), cstr(c.value));
       rec.has_shape = 1;
       rec.num_dims = static_cast<int32_t>(c.shape.size());
@@ -437,7 +443,7 @@ std::vector<std::string> OpDef::finalize() {
       s.rule_cases.push_back(rec);
     }
     for (const DtypeCaseDecl& c : o.dtype_cases) {
-      const std::string at = ctx + "when(\"" + c.param + "\", \"" + c.value + "\"): ";
+      const std::string at = when_context(ctx, c.param, c.value);
       OpforgeRuleCase rec = rule_case(-1, index, r.param(c.param, at), cstr(c.value));
       rec.has_dtype = 1;
       rec.dtype_like = c.dtype_like.empty() ? -1 : r.tensor(c.dtype_like, at + "same_dtype(): ");
