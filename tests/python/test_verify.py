@@ -485,21 +485,27 @@ def test_backward_cases_hold_the_forward_results():
 
 def test_the_float64_reference_of_a_case_follows_rules_that_follow_a_parameter():
     """A device case is compared with the reference in float64 wherever the op takes the
-    float64 combination: paged_decode_attention's query and caches take float64 only under
-    kv_cache_dtype "auto" (an opforge::when rule), so its "auto" cases get one and its float8
-    cases (whose query is float32, float16 or bfloat16 only) do not."""
+    float64 combination: paged_decode_attention's caches take the query's dtype, float64 too,
+    only under kv_cache_dtype "auto" (an opforge::when rule), so its "auto" cases get a float64
+    query and float64 caches, and its float8 cases a float64 query beside their float8 caches."""
     import opforge
 
     opforge.load_library(opforge.example_library("paged_decode_attention"))
     op = opforge.find_op("examples::paged_decode_attention")
-    wide = {c.label: floating_as(op, c, "float64", keep_fixed=True) for c in dtype_cases(op, device="cuda")}
+    cases = {c.label: c for c in dtype_cases(op, device="cuda")}
+    wide = {label: floating_as(op, c, "float64", keep_fixed=True) for label, c in cases.items()}
     auto = wide["float16 (kv_cache_dtype=auto)"]
     assert auto is not None and {k: auto[k] for k in ("query", "key_cache", "value_cache")} == dict.fromkeys(
         ("query", "key_cache", "value_cache"), "float64"
     )
     assert auto["k_scale"] == auto["v_scale"] == "float32" and auto["block_tables"] == "int32"
     fp8 = [label for label in wide if "fp8" in label]
-    assert fp8 and all(wide[label] is None for label in fp8)
+    assert len(fp8) == 6
+    for label in fp8:
+        caches = cases[label].dtypes["key_cache"]
+        assert caches.startswith("float8_")
+        assert wide[label] is not None and wide[label]["query"] == "float64", label
+        assert wide[label]["key_cache"] == wide[label]["value_cache"] == caches, label
 
 
 def test_error_within_a_factor_of_the_equivalents():
