@@ -119,8 +119,16 @@ function(opforge_add_library name)
   endif()
   add_library(${name} SHARED ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE "${OPFORGE_INCLUDE_DIR}")
-  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND OPFORGE_RUNTIME_DIR AND EXISTS "${OPFORGE_RUNTIME_DIR}/pch/opforge/op.h.gch")
+  set(pch "${OPFORGE_RUNTIME_DIR}/pch/opforge/op.h.gch")
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND OPFORGE_RUNTIME_DIR AND EXISTS "${pch}")
     target_include_directories(${name} BEFORE PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${OPFORGE_RUNTIME_DIR}/pch>")
+    # GCC's dependency output names neither the .gch it read nor the headers inside it, so an op
+    # file depends on the .gch explicitly: when opforge's headers change (the .gch is rebuilt
+    # with them), the op files compile again instead of linking objects of the old struct layouts
+    # against the new runtime.
+    set(cxx_sources ${ARG_SOURCES})
+    list(FILTER cxx_sources EXCLUDE REGEX "\\.cu$")
+    set_property(SOURCE ${cxx_sources} APPEND PROPERTY OBJECT_DEPENDS "${pch}")
   endif()
   # The CUDA half first: it refers to the neutral half, which follows.
   target_link_libraries(${name} PRIVATE opforge_oplib_cuda opforge_oplib)

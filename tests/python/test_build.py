@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -139,6 +140,27 @@ def test_an_op_folder_builds_against_the_prebuilt_runtime(tmp_path):
     torch.testing.assert_close(torch.ops.built.twice(x, 2), x * 2)
     compiled = {p.name for p in (tmp_path / "build" / "out").rglob("*.o")}
     assert compiled == {"twice.cpp.o"}, "the op-library runtime is linked from opforge's build, not rebuilt"
+
+
+def test_an_op_file_compiles_again_after_opforge_s_headers_change(tmp_path):
+    """An op file compiled with opforge's precompiled header is compiled again once that header
+    is newer than its object (opforge's headers changed and the header was rebuilt): linking an
+    object of the old struct layouts against the new runtime corrupts the heap at load time."""
+    from opforge import _paths
+
+    runtime = _paths.runtime_dir()
+    pch = runtime / "pch" / "opforge" / "op.h.gch" if runtime else None
+    if pch is None or not pch.exists():
+        pytest.skip("no precompiled op.h in this build (a compiler other than GCC, or no prebuilt runtime)")
+    src = _write(tmp_path, "thrice", OP_FILE.format(name="thrice"))
+    build = tmp_path / "build"
+    opforge.build_library("thrice_ops", [src], build_dir=build)
+    (obj,) = (build / "out").rglob("thrice.cpp.o")
+    before = pch.stat().st_mtime - 3600  # as if compiled an hour before the header was rebuilt
+    os.utime(src, (before - 60, before - 60))  # and the op file older still
+    os.utime(obj, (before, before))
+    opforge.build_library("thrice_ops", [src], build_dir=build)
+    assert obj.stat().st_mtime > before, "the op file's object was kept although the precompiled header is newer"
 
 
 def _cmake_error(output: str) -> str:
