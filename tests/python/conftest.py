@@ -35,6 +35,26 @@ from run_options import (  # noqa: E402, F401
     seed,
 )
 
+#: Answers Inductor's probes of CPU vector extensions once per run (isa_probes/sitecustomize.py).
+ISA_PROBES = Path(__file__).resolve().parent / "isa_probes"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isa_probe_answers(tmp_path_factory):
+    """Points this process and every Python the run's tests start at one file of probe answers,
+    in the run's temporary folder (shared by pytest-xdist's workers, removed with it), and puts
+    isa_probes/ on PYTHONPATH: each probe then runs once per run instead of once per process."""
+    import isa_probes.sitecustomize as probes
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ["OPFORGE_TEST_ISA_PROBES"] = str(shared / "isa-probes.txt")
+    path = os.environ.get("PYTHONPATH", "")
+    if str(ISA_PROBES) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ISA_PROBES), path]))
+    probes.install()
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
