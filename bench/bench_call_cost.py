@@ -124,8 +124,8 @@ def main() -> int:
             f"aten::softshrink {r['aten_us']:.3f} us/call, examples::softshrink {r['opforge_us']:.3f} us/call: "
             f"cost ratio {r['cost_ratio']:.3f} (round pairs {r['pair_ratio_min']:.3f}-{r['pair_ratio_max']:.3f}; "
             "target <= 0.9)\n"
-            f"  hand-written TORCH_LIBRARY op {r['handwritten_us']:.3f} us/call: {r['handwritten_ratio']:.3f} x aten's, "
-            f"opforge {r['opforge_us'] / r['handwritten_us']:.3f} x the hand-written op's"
+            f"  hand-written TORCH_LIBRARY op {r['handwritten_us']:.3f} us/call: "
+            f"{r['handwritten_ratio']:.3f} x aten's, opforge {r['opforge_us'] / r['handwritten_us']:.3f} x its"
         )
 
     report(rows, line, args.json)
