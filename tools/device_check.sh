@@ -5,7 +5,9 @@
 # with steps from: build test verify sanitize demo bench (default: all), cpp (the C++ unit tests),
 # tests K/N (the build, then the K-th of N groups of the Python tests), pytest (the tests
 # named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_backward, bench_training,
-# bench_serving, bench_triton, bench_int8_linear, bench_jax, bench_aoti_shims, bench_minilm, train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
+# bench_serving, bench_triton, bench_int8_linear, bench_jax, bench_aoti_shims, bench_minilm, bench_decode and
+# bench_cache_write (with $BENCH_ARGS, e.g. "--graphs" or "--tokens 4096 65536"), bench_call_cost,
+# train_amp (the AMP training run, its plot in $OUT/train_amp), memcheck,
 # racecheck, ncu (issue-slot, DRAM, occupancy and stall figures of the kernels of tools/ncu_kernels.py's group
 # $NCU_GROUP whose names match $NCU_KERNELS).
 #
@@ -78,6 +80,9 @@ while [ $# -gt 0 ]; do
     ncu) run "ncu_${NCU_GROUP:-elementwise}" ncu --kernel-name-base demangled --kernel-name "regex:${NCU_KERNELS:-bias_gelu|rms_norm}" --csv --metrics \
       gpu__time_duration.sum,sm__inst_issued.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,dram__bytes_read.sum,lts__t_bytes.sum \
       python3 tools/ncu_kernels.py ${NCU_GROUP:-elementwise} ;;
+    bench_decode) run bench_decode python3 bench/bench_decode.py ${BENCH_ARGS:-} --json "$OUT/bench_decode.json" ;;
+    bench_cache_write) run bench_cache_write python3 bench/bench_cache_write.py ${BENCH_ARGS:-} --json "$OUT/bench_cache_write.json" ;;
+    bench_call_cost) run bench_call_cost python3 bench/bench_call_cost.py --json "$OUT/bench_call_cost.json" ;;
     bench_minilm) run bench_minilm python3 bench/bench_minilm.py --profile --json "$OUT/bench_minilm.json" ;;
   esac
 done
