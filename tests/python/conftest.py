@@ -3,6 +3,7 @@ each test's random seed and the group of tests a run takes."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -39,16 +40,35 @@ from run_options import (  # noqa: E402, F401
 ISA_PROBES = Path(__file__).resolve().parent / "isa_probes"
 
 
+def isa_probe_file() -> Path:
+    """This machine's file of probe answers, in the tests' cache folder (``$OPFORGE_TEST_CACHE``,
+    default ~/.cache/opforge, beside the environment), named by what the answers depend on: the
+    CPU's flags, the C++ compiler Inductor runs and torch's version (its probes' code). Another
+    CPU, compiler or torch starts a file of its own."""
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    try:
+        compiler = subprocess.run(
+            [os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except OSError:
+        compiler = ""
+    key = hashlib.sha256("\n".join([flags, compiler, torch.__version__]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("OPFORGE_TEST_CACHE", Path.home() / ".cache" / "opforge"))
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache / f"isa-probes-{key}.txt"
+
+
 @pytest.fixture(scope="session", autouse=True)
-def isa_probe_answers(tmp_path_factory):
-    """Points this process and every Python the run's tests start at one file of probe answers,
-    in the run's temporary folder (shared by pytest-xdist's workers, removed with it), and puts
-    isa_probes/ on PYTHONPATH: each probe then runs once per run instead of once per process."""
+def isa_probe_answers():
+    """Points this process and every Python the run's tests start at this machine's file of probe
+    answers (:func:`isa_probe_file`) and puts isa_probes/ on PYTHONPATH: each probe then runs once
+    on a machine instead of once in every process that compiles for the CPU."""
     import isa_probes.sitecustomize as probes
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    os.environ["OPFORGE_TEST_ISA_PROBES"] = str(shared / "isa-probes.txt")
+    os.environ["OPFORGE_TEST_ISA_PROBES"] = str(isa_probe_file())
     path = os.environ.get("PYTHONPATH", "")
     if str(ISA_PROBES) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ISA_PROBES), path]))

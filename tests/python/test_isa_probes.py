@@ -1,4 +1,4 @@
-"""The test run's one answer per probe of Inductor's CPU vector extensions (isa_probes/)."""
+"""One answer per machine to each probe of Inductor's CPU vector extensions (isa_probes/)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 COUNT = "import torch._inductor.cpu_vec_isa as m; print(len(m.valid_vec_isa_list()))"
 
 
-def test_a_python_a_test_starts_takes_the_probe_answers_from_the_run_s_file(tmp_path):
+def test_a_python_a_test_starts_takes_the_probe_answers_from_the_machine_s_file(tmp_path):
     import torch._inductor.cpu_vec_isa as isa
 
-    found = isa.valid_vec_isa_list()  # in this process: answered from, or recorded in, the run's file
+    found = isa.valid_vec_isa_list()  # in this process: answered from, or recorded in, the file
     probed = [i for i in found if type(i).__name__ in ("VecAMX", "VecAVX512VNNI")]  # what only a probe finds
     if not probed:
         pytest.skip("this CPU has no vector extension that Inductor finds by a probe (AMX, AVX-512 VNNI)")

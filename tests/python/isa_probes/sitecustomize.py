@@ -1,13 +1,14 @@
-"""Test runs only: one answer per run to each of Inductor's probes of CPU vector extensions.
+"""Test runs only: one answer per machine to each of Inductor's probes of CPU vector extensions.
 
 Inductor decides which vector instructions its CPU kernels may use by compiling a small library
 per extension (AVX-512 bfloat16, VNNI, AMX, ...) and loading each in a fresh ``import torch``
 (``torch._inductor.cpu_vec_isa.VecISA.check_build``), in every process that compiles for the
 CPU: about ten seconds of CPU time per process, paid by each pytest worker and each Python a test
-starts. The test run's conftest points ``OPFORGE_TEST_ISA_PROBES`` at a file of the run and puts
-this folder on ``PYTHONPATH``; then the first process to ask runs each probe and records its
-answer (under a file lock, so the others wait for it), and every later process reads it. The
-answers are facts of the machine, the same in every process of a run; nothing else changes.
+starts. The tests' conftest points ``OPFORGE_TEST_ISA_PROBES`` at this machine's file of answers
+(named by the CPU's flags, the compiler and torch's version) and puts this folder on
+``PYTHONPATH``; then the first process to ask runs each probe and records its answer (under a
+file lock, so the others wait for it), and every later process, of this run or a later one,
+reads it. The answers are facts of the machine; nothing else changes.
 
 This file is imported at the start of every Python of the run (``sitecustomize``): it imports
 nothing heavy and patches the module only once something imports it, and then runs the
