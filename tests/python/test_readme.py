@@ -203,6 +203,9 @@ def _installed_env() -> tuple[Path, dict[str, str]]:
         OPFORGE_QUIET="1",
         OPFORGE_CACHE_DIR=str(cache / "readme-cache"),
     )
+    # Inductor's probe answers of the run (conftest's isa_probe_answers): a folder holding only
+    # a sitecustomize, so `import opforge` still finds the installed package.
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "isa_probes")
     return venv, env
 
 
