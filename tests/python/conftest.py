@@ -36,7 +36,8 @@ from run_options import (  # noqa: E402, F401
     seed,
 )
 
-#: Answers Inductor's probes of CPU vector extensions once per run (isa_probes/sitecustomize.py).
+#: The folder of the sitecustomize that answers Inductor's probes of CPU vector extensions once
+#: per machine (isa_probes/sitecustomize.py), put on the PYTHONPATH of the run's Pythons.
 ISA_PROBES = Path(__file__).resolve().parent / "isa_probes"
 
 

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import opforge
+from conftest import ISA_PROBES
 from readme_blocks import ROOT, all_blocks, blocks, command
 
 KNOWN = {"sh", "cpp", "python", "text"}
@@ -203,9 +204,9 @@ def _installed_env() -> tuple[Path, dict[str, str]]:
         OPFORGE_QUIET="1",
         OPFORGE_CACHE_DIR=str(cache / "readme-cache"),
     )
-    # Inductor's probe answers of the run (conftest's isa_probe_answers): a folder holding only
-    # a sitecustomize, so `import opforge` still finds the installed package.
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "isa_probes")
+    # Inductor's probe answers (conftest's isa_probe_answers): a folder holding only a
+    # sitecustomize, so `import opforge` still finds the installed package.
+    env["PYTHONPATH"] = str(ISA_PROBES)
     return venv, env
 
 
