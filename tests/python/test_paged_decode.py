@@ -353,7 +353,7 @@ def test_bad_fp8_inputs_are_refused_by_name():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_verify(device):
     """opforge verify: on the CPU the reference against the equivalent (bfloat16 queries: every
     cache dtype and kv_cache_dtype value, while the float64 equivalent of every query dtype would
