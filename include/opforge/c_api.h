@@ -63,6 +63,7 @@
  * parameter's value (an older adapter would check and allocate every call by the rule of the
  * spec, which is then only the rule of the values no case names); appended:
  * OpforgeOpSpec::num_rule_cases and rule_cases (OpforgeRuleCase).
+ * Appended in version 10: OpforgeContext::after_value_check.
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -311,6 +312,13 @@ typedef struct OpforgeContext {
    * and ordered on `stream`. Returns NULL on failure. */
   void* (*allocate)(void* state, size_t bytes);
   void* allocator_state;
+  /* Nonzero where the core has just queued the device value check of this call's indices on
+   * `stream` (Note [Device value checks] in src/core/device_checks.h): a kernel that waits for
+   * it (PTX griddepcontrol.wait) before its first access through a checked index may then be
+   * launched as the check's programmatic dependent (CUDA's programmatic dependent launch,
+   * sm_90 or newer), so that its launch and its other loads overlap the check. Read it only
+   * where OPFORGE_HAS_FIELD says the context carries it. Since ABI 10. */
+  int32_t after_value_check;
 } OpforgeContext;
 
 typedef enum OpforgeStatus {

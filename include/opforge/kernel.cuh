@@ -107,6 +107,17 @@ __device__ __forceinline__ int64_t global_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 
+/// Waits until the device value check of this call (Note [Device value checks] in
+/// src/core/device_checks.h) has completed: a kernel declared `.waits_for_value_checks()` calls
+/// it before its first load or store through a checked index (it may read the index itself and
+/// any input before). PTX `griddepcontrol.wait`; returns at once where the kernel was not
+/// launched as the check's dependent (checks off, nothing to check, a GPU before sm_90).
+__device__ __forceinline__ void wait_for_value_checks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /// Sum of `v` (float or double) over the thread block (blockDim.x a multiple of 32, at most
 /// 1024); every thread gets the result. Uses 32 values of shared memory; contains
 /// __syncthreads() (unless the block is one warp), so every thread of the block must call it.

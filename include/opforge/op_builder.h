@@ -351,6 +351,20 @@ class OpBuilder {
     return std::move(*this);
   }
 
+  /// The last `.cuda_source()` or `.cuda_binary()` kernel calls
+  /// opforge::kernel::wait_for_value_checks() (opforge/kernel.cuh) before its first load or store
+  /// through an input declared with opforge::values_in(...), and touches no memory through those
+  /// values before it. opforge then launches it, on sm_90 or newer with device value checks on, as
+  /// the check kernel's programmatic dependent: its launch and its other loads overlap the check
+  /// (Note [Device value checks] in src/core/device_checks.h), which otherwise runs before it
+  /// alone. A kernel that reaches through an index before the wait could write where the check
+  /// would have stopped it. Declaration errors: no such kernel before it; no input with a value
+  /// domain.
+  OpBuilder waits_for_value_checks() && {
+    def_->set_waits_for_value_checks();
+    return std::move(*this);
+  }
+
   /// A Triton kernel (Note [Triton kernels] in opforge/op_launch.h): `file` is a Python file
   /// shipped in the library's kernel folder, `function` the name of an unmodified `@triton.jit`
   /// function in it (under `@triton.autotune` or not), e.g. `.triton_source("rms_norm.py",

@@ -360,13 +360,16 @@ bool run_call(const Call& c, CallHooks& hooks, Span<OpforgeTensor> outputs) {
     if (admit(op.args[i].tensor, t, int64_t(dtype_size(t.dtype))) == Admission::kDenseCopy) t = hooks.dense_copy(i);
   }
   // 7. domains
-  const OpforgeContext ctx = hooks.context();
+  OpforgeContext ctx = hooks.context();
   if (c.device_type == OPFORGE_DEVICE_CPU) {
     const std::vector<std::string> bad = value_problems(op, c.args);
     if (!bad.empty()) throw InvalidArgument(invalid_arguments_message(op, bad, c.out_overload));
   } else if (device_value_checks()) {
     const std::vector<ValueDomain> domains = value_domains(op, c.args);
-    if (!domains.empty()) launch_value_checks(op, c.args, domains, ctx.stream);
+    if (!domains.empty() && launch_value_checks(op, c.args, domains, ctx.stream)) {
+      ctx.struct_size = std::max(ctx.struct_size, offsetof(OpforgeContext, after_value_check) + sizeof(int32_t));
+      ctx.after_value_check = 1;
+    }
   }
   // 8. launch
   call_kernel(op, *c.kernel, ctx, c.args, targets);

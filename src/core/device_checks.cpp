@@ -17,8 +17,10 @@
 #include "opforge/error.h"
 #include "schema.h"
 
-// The check kernel's PTX (kernels/value_checks.cu), generated at build time.
-extern "C" const char opforge_value_checks_ptx[];
+// The check kernel's PTX (kernels/value_checks.cu), generated at build time for compute_75 (every
+// GPU opforge runs on) and compute_90 (which lets a programmatic dependent start early).
+extern "C" const char opforge_value_checks_ptx_75[];
+extern "C" const char opforge_value_checks_ptx_90[];
 
 namespace opforge::core {
 namespace {
@@ -36,6 +38,8 @@ struct Driver {
   using Module = void*;
   using Function = void*;
   Result (*ctx_get_current)(Context*) = nullptr;
+  Result (*ctx_get_device)(int*) = nullptr;
+  Result (*device_get_attribute)(int*, int, int) = nullptr;
   Result (*module_load_data)(Module*, const void*) = nullptr;
   Result (*module_get_function)(Function*, Module, const char*) = nullptr;
   Result (*launch_kernel)(Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
@@ -50,12 +54,17 @@ struct Driver {
       return;
     }
     ctx_get_current = reinterpret_cast<decltype(ctx_get_current)>(::dlsym(h, "cuCtxGetCurrent"));
+    ctx_get_device = reinterpret_cast<decltype(ctx_get_device)>(::dlsym(h, "cuCtxGetDevice"));
+    device_get_attribute = reinterpret_cast<decltype(device_get_attribute)>(::dlsym(h, "cuDeviceGetAttribute"));
     module_load_data = reinterpret_cast<decltype(module_load_data)>(::dlsym(h, "cuModuleLoadData"));
     module_get_function = reinterpret_cast<decltype(module_get_function)>(::dlsym(h, "cuModuleGetFunction"));
     launch_kernel = reinterpret_cast<decltype(launch_kernel)>(::dlsym(h, "cuLaunchKernel"));
     get_error_string = reinterpret_cast<decltype(get_error_string)>(::dlsym(h, "cuGetErrorString"));
-    if (!ctx_get_current || !module_load_data || !module_get_function || !launch_kernel)
-      load_error = "the CUDA driver lacks cuModuleLoadData, cuModuleGetFunction or cuLaunchKernel";
+    if (!ctx_get_current || !ctx_get_device || !device_get_attribute || !module_load_data || !module_get_function ||
+        !launch_kernel)
+      load_error =
+          "the CUDA driver lacks cuCtxGetDevice, cuDeviceGetAttribute, cuModuleLoadData, cuModuleGetFunction or "
+          "cuLaunchKernel";
   }
 
   void check(Result r, const OpforgeOpSpec& op, const char* what) const {
@@ -85,8 +94,13 @@ void* check_function(const OpforgeOpSpec& op) {
   std::lock_guard<std::mutex> lock(mutex);
   void*& f = functions[context];
   if (f == nullptr) {
+    constexpr int kComputeCapabilityMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    int device = 0, major = 0;
+    d.check(d.ctx_get_device(&device), op, "cuCtxGetDevice");
+    d.check(d.device_get_attribute(&major, kComputeCapabilityMajor, device), op, "cuDeviceGetAttribute");
     void* module = nullptr;
-    d.check(d.module_load_data(&module, opforge_value_checks_ptx), op, "cuModuleLoadData");
+    d.check(d.module_load_data(&module, major >= 9 ? opforge_value_checks_ptx_90 : opforge_value_checks_ptx_75), op,
+            "cuModuleLoadData");
     d.check(d.module_get_function(&f, module, "opforge_check_values"), op, "cuModuleGetFunction");
   }
   return f;
@@ -132,9 +146,10 @@ std::vector<ValueDomain> value_domains(const OpforgeOpSpec& op, Span<const Opfor
   return domains;
 }
 
-void launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, const std::vector<ValueDomain>& domains,
+bool launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, const std::vector<ValueDomain>& domains,
                          void* stream) {
   const std::string prefix = qualified_name(op) + ": ";
+  bool launched = false;
   for (size_t first = 0; first < domains.size(); first += OPFORGE_VALUE_CHECK_MAX_INPUTS) {
     OpforgeValueChecks params{};
     int64_t most = 0;
@@ -173,7 +188,9 @@ void launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, c
     void* kernel_args[] = {&params};
     drv.check(drv.launch_kernel(fn, blocks, 1, 1, kThreads, 1, 1, 0, stream, kernel_args, nullptr), op,
               "cuLaunchKernel");
+    launched = true;
   }
+  return launched;
 }
 
 }  // namespace opforge::core

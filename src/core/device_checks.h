@@ -19,8 +19,14 @@
 //     with the launch), so it is safe inside CUDA graphs, where it runs on every replay.
 //   - distinct values (.unique_values()) are checked on host calls only: a duplicate does not
 //     reach outside a tensor.
-// Its cost is one extra launch per call (bench/RESULTS.md has it for the serving ops). It is on
-// by default; set_device_value_checks(false), or OPFORGE_DEVICE_VALUE_CHECKS=0 in the
+//   - its cost is one extra launch per call (bench/RESULTS.md has it for the serving ops). A
+//     kernel declared .waits_for_value_checks() (opforge/op_builder.h) calls
+//     opforge::kernel::wait_for_value_checks() before it touches memory through a checked
+//     index; on sm_90 or newer the core then launches it as the check's programmatic dependent
+//     (OpforgeContext::after_value_check): it starts while the check runs and loads what it
+//     needs, and its wait returns only after the whole check grid has completed (or never, if
+//     the check asserts), so the guarantee above holds and most of the check's time is hidden.
+// It is on by default; set_device_value_checks(false), or OPFORGE_DEVICE_VALUE_CHECKS=0 in the
 // environment, turns it off for a process that trusts its indices.
 #pragma once
 
@@ -52,10 +58,11 @@ struct ValueDomain {
 std::vector<ValueDomain> value_domains(const OpforgeOpSpec& op, Span<const OpforgeArg> args);
 
 /// Launches the check kernel over `domains` on `stream` (a cudaStream_t) of the current CUDA
-/// context, in groups of OPFORGE_VALUE_CHECK_MAX_INPUTS inputs. Throws InternalError naming the
-/// op where the CUDA driver cannot load or launch it (no driver, an input of more than
+/// context, in groups of OPFORGE_VALUE_CHECK_MAX_INPUTS inputs. Returns whether it queued a
+/// launch (none where every checked input is empty). Throws InternalError naming the op where
+/// the CUDA driver cannot load or launch it (no driver, an input of more than
 /// OPFORGE_VALUE_CHECK_MAX_DIMS dims).
-void launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, const std::vector<ValueDomain>& domains,
+bool launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, const std::vector<ValueDomain>& domains,
                          void* stream);
 
 }  // namespace opforge::core

@@ -212,6 +212,14 @@ void resolve_launch_rules(OpDef& def, Resolver& r, const std::vector<OpforgeOutp
   const auto& args = def.args;
   const auto& outputs = def.outputs;
   if (def.launch_without_source) r.error("", ".launch() comes after the .cuda_source() it applies to");
+  if (def.waits_without_cuda_source)
+    r.error("", ".waits_for_value_checks() comes after the .cuda_source() or .cuda_binary() kernel it applies to");
+  const bool any_values =
+      std::any_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.tensor.has_values; });
+  for (const auto& rk : def.runtime_kernels)
+    if (rk->waits_for_value_checks && !any_values)
+      r.error(std::string(backend_step(rk->backend)) + "(\"" + rk->file + "\"): ",
+              ".waits_for_value_checks() but no input declares opforge::values_in(...): there is no check to wait for");
   for (auto& rk : def.runtime_kernels) {
     const std::string ctx = std::string(backend_step(rk->backend)) + "(\"" + rk->file + "\"): ";
     const LaunchRule& rule = rk->rule;
@@ -592,6 +600,14 @@ void OpDef::add_runtime_kernel(RuntimeKernel::Backend backend, std::string file,
 void OpDef::set_kernel_dtypes(std::string input, uint32_t dtypes) {
   kernel_dtypes.push_back(
       {kernels.size() > 1 ? static_cast<int32_t>(kernels.size() - 1) : -1, std::move(input), dtypes});
+}
+
+void OpDef::set_waits_for_value_checks() {
+  if (!runtime_kernels.empty() && runtime_kernels.back()->backend != RuntimeKernel::kTriton &&
+      kernels.back().user == runtime_kernels.back().get())
+    runtime_kernels.back()->waits_for_value_checks = true;
+  else
+    waits_without_cuda_source = true;
 }
 
 void OpDef::set_launch(LaunchRule rule) {

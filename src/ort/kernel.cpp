@@ -246,7 +246,7 @@ class Hooks final : public core::CallHooks {
                           ": cuMemcpyAsync failed copying a written input");
   }
   OpforgeContext context() override {
-    return {sizeof(OpforgeContext), entry_.device_type, device_index_, stream_, &Scratch::allocate, &scratch_};
+    return {sizeof(OpforgeContext), entry_.device_type, device_index_, stream_, &Scratch::allocate, &scratch_, 0};
   }
 
  private:

@@ -158,13 +158,14 @@ TEST(AbiLayout, OutputSpec) {
 }
 
 TEST(AbiLayout, Context) {
-  EXPECT_EQ(sizeof(OpforgeContext), 40u);
+  EXPECT_EQ(sizeof(OpforgeContext), 48u);
   EXPECT_EQ(offsetof(OpforgeContext, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeContext, device_type), 8u);
   EXPECT_EQ(offsetof(OpforgeContext, device_index), 12u);
   EXPECT_EQ(offsetof(OpforgeContext, stream), 16u);
   EXPECT_EQ(offsetof(OpforgeContext, allocate), 24u);
   EXPECT_EQ(offsetof(OpforgeContext, allocator_state), 32u);
+  EXPECT_EQ(offsetof(OpforgeContext, after_value_check), 40u);
 }
 
 TEST(AbiLayout, Arg) {

@@ -69,7 +69,7 @@ TEST(CallProtocol, KernelFailuresNameTheOpOnce) {
                            .output("y", opforge::like("x"))
                            .reference(one_param)
                            .release());
-  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CUDA, 1, nullptr, nullptr, nullptr};
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CUDA, 1, nullptr, nullptr, nullptr, 0};
   std::vector<OpforgeArg> args(2);
   OpforgeKernel k{sizeof(OpforgeKernel), OPFORGE_DEVICE_CUDA, fails_invalid, nullptr};
   EXPECT_EQ(message_of<opforge::InvalidArgument>([&] { opforge::core::call_kernel(*def->spec(), k, ctx, args, {}); }),
@@ -198,7 +198,7 @@ struct Recorder final : core::CallHooks {
   void fill(const OpforgeTensor&, uint8_t byte) override { log.push_back("fill " + std::to_string(byte)); }
   OpforgeContext context() override {
     log.push_back("context");
-    return {sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr};
+    return {sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr, 0};
   }
 };
 

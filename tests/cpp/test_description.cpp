@@ -85,7 +85,7 @@ struct Frame {
   int64_t sizes[1] = {3}, strides[1] = {1};
   OpforgeArg args[4] = {};
   OpforgeTensor output{};
-  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr};
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr, 0};
   char error[256] = {0};
   OpforgeCallFrame frame{};
   explicit Frame(const char* mode) {
@@ -500,7 +500,7 @@ struct MaskedFrame {
   int64_t sizes[1] = {3}, strides[1] = {1};
   OpforgeArg args[3] = {};
   OpforgeTensor output{};
-  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr};
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CPU, -1, nullptr, nullptr, nullptr, 0};
   char error[256] = {0};
   OpforgeCallFrame frame{};
   explicit MaskedFrame(bool with_mask) {
@@ -818,6 +818,45 @@ TEST(Description, EveryDeclarationRuleHasItsMessage) {
                                      .launch(opforge::elementwise("y"));
                                }),
             (std::vector<std::string>{pre("launch_first") + ".launch() comes after the .cuda_source() it applies to"}));
+  EXPECT_EQ(declaration_errors("waits_first",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .input("i", opforge::kInt64, opforge::values_in(0, opforge::dim("x", 0)))
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref2)
+                                     .waits_for_value_checks()
+                                     .cuda_source("k.cu", "k<{T}>")
+                                     .launch(opforge::elementwise("y"));
+                               }),
+            (std::vector<std::string>{pre("waits_first") + ".waits_for_value_checks() comes after the .cuda_source() "
+                                                           "or .cuda_binary() kernel it applies to"}));
+  EXPECT_EQ(declaration_errors("waits_unchecked",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .input("i", opforge::kInt64)
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref2)
+                                     .cuda_source("k.cu", "k<{T}>")
+                                     .launch(opforge::elementwise("y"))
+                                     .waits_for_value_checks();
+                               }),
+            (std::vector<std::string>{pre("waits_unchecked") +
+                                      "cuda_source(\"k.cu\"): .waits_for_value_checks() but no input declares "
+                                      "opforge::values_in(...): there is no check to wait for"}));
+  EXPECT_EQ(declaration_errors("waits",
+                               [](opforge::OpBuilder<false> b) {
+                                 return std::move(b)
+                                     .input("x", opforge::floating)
+                                     .input("i", opforge::kInt64, opforge::values_in(0, opforge::dim("x", 0)))
+                                     .output("y", opforge::like("x"))
+                                     .reference(ref2)
+                                     .cuda_source("k.cu", "k<{T}>")
+                                     .launch(opforge::elementwise("y"))
+                                     .waits_for_value_checks();
+                               }),
+            std::vector<std::string>{});
   EXPECT_EQ(declaration_errors("shapes",
                                [](opforge::OpBuilder<false> b) {
                                  return std::move(b)

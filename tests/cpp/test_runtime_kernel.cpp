@@ -540,7 +540,7 @@ TEST(CudaLaunch, WithoutAGpuDriverALaunchSaysSo) {
   cudaGetLastError();
   auto def = row_sum(opforge::rows("x"));
   Frame f({4, 8}, {4, 1});
-  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CUDA, 0, nullptr, nullptr, nullptr};
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CUDA, 0, nullptr, nullptr, nullptr, 0};
   char error[512] = {0};
   f.frame.ctx = &ctx;
   f.frame.error = error;

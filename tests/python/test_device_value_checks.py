@@ -83,6 +83,38 @@ def test_a_slot_past_the_cache_stops_the_cache_write_inside_a_cuda_graph():
 
 
 @requires_cuda
+def test_a_kernel_launched_beside_the_check_waits_for_its_verdict():
+    """reshape_and_cache_flash declares .waits_for_value_checks(): on sm_90 or newer it starts while
+    the check of slot_mapping runs and must not store through a slot before the check's verdict.
+    One slot far past any allocation, last of many (the check reads it late): the call ends in the
+    check's assertion, never in an illegal address from the kernel's store."""
+    done = run_bad_call(
+        """
+        key, value, key_cache, value_cache, slots = serving.kv_cache(65536, 8, 128, 4096, 16, torch.bfloat16, "cuda")
+        slots = torch.arange(65536, device="cuda")
+        caches = [torch.zeros(c.shape, dtype=torch.float8_e4m3fn, device="cuda") for c in (key_cache, value_cache)]
+        scale = torch.tensor(1.0, device="cuda")
+        torch.ops.examples.reshape_and_cache_flash(key, value, *caches, slots, "fp8", scale, scale)
+        torch.cuda.synchronize()
+        print("good call")
+        slots[-1] = 1 << 40  # [8, 128] bytes a slot: 2**50 bytes past the cache
+        torch.ops.examples.reshape_and_cache_flash(key, value, *caches, slots, "fp8", scale, scale)
+        torch.cuda.synchronize()
+        print("no error")
+        """
+    )
+    output = done.stdout + done.stderr
+    assert "good call" in output, output
+    assert "device-side assert triggered" in output, output
+    assert (
+        "examples::reshape_and_cache_flash: slot_mapping: expected values in "
+        "[0, key_cache.size(0) * key_cache.size(1)) = [0, 65536) or -1, got 1099511627776 at flat index 65535"
+    ) in output, output
+    assert "illegal memory access" not in output, output
+    assert "no error" not in output
+
+
+@requires_cuda
 def test_checked_and_unchecked_calls_agree():
     import opforge
 

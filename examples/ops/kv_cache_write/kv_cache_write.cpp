@@ -100,7 +100,8 @@ OPFORGE_OP(examples, kv_cache_write)
         "(slot_mapping[slot_mapping >= 0],), value[slot_mapping >= 0]).view(value_cache.shape))")
     .reference(kv_cache_write_cpu)
     .cuda_source("kv_cache_write.cu", "kv_cache_write<{T}>")
-    .launch_grid(kv_cache_grid);
+    .launch_grid(kv_cache_grid)
+    .waits_for_value_checks();
 
 OPFORGE_OP(examples, reshape_and_cache_flash)
     .doc(
@@ -130,4 +131,5 @@ OPFORGE_OP(examples, reshape_and_cache_flash)
         "(value, value_cache, v_scale)))")
     .reference(reshape_and_cache_flash_cpu)
     .cuda_source("kv_cache_write.cu", "reshape_and_cache_flash<{T}, {T_key_cache}>")
-    .launch_grid(flash_grid);
+    .launch_grid(flash_grid)
+    .waits_for_value_checks();

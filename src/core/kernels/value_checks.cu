@@ -38,7 +38,14 @@ __device__ int64_t load(const OpforgeValueCheck& c, int64_t flat) {
 // __grid_constant__: the checks are read in place from the parameter space. Without it, indexing
 // the parameter by a run-time k copies all of it (1.4 KB) to each thread's local memory first,
 // which made the check cost more than the op it guards (bench/RESULTS.md, seventeenth session).
+//
+// The op's kernel may be launched as this kernel's programmatic dependent (OpforgeContext::
+// after_value_check): each block lets it start at once, and it waits (griddepcontrol.wait) for
+// this grid to complete, and so for its verdict, before it touches memory through an index.
 extern "C" __global__ void opforge_check_values(const __grid_constant__ OpforgeValueChecks checks) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int32_t k = 0; k < checks.count; ++k) {
     const OpforgeValueCheck& c = checks.checks[k];

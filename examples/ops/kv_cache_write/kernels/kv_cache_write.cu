@@ -4,7 +4,9 @@
 // vectors). A token with a negative slot writes nothing. A cache of the key's type C == T takes
 // the vectors as they are; a float8 cache takes each element as sat(float(x) / scale)
 // (opforge::kernel::store_float8: CUDA's saturating conversion, as vLLM's scaled_convert),
-// 16 / sizeof(T) bytes per store.
+// 16 / sizeof(T) bytes per store. Stores wait for the device value check of slot_mapping
+// (opforge::kernel::wait_for_value_checks; the ops declare .waits_for_value_checks()): the
+// kernel may start while the check runs, and loads its rows meanwhile.
 #include <opforge/kernel.cuh>
 
 template <class T, class C>
@@ -28,6 +30,7 @@ __device__ __forceinline__ void write_token(const T* __restrict__ key, const T* 
       const int64_t h = i / per_head, e = (i % per_head) * kWidth;
       const uint4 kv = *reinterpret_cast<const uint4*>(k + h * key_head_stride + e);
       const uint4 vv = *reinterpret_cast<const uint4*>(v + h * value_head_stride + e);
+      opforge::kernel::wait_for_value_checks();
       reinterpret_cast<uint4*>(kc)[i] = kv;
       reinterpret_cast<uint4*>(vc)[i] = vv;
     }
@@ -43,6 +46,7 @@ __device__ __forceinline__ void write_token(const T* __restrict__ key, const T* 
         kf[j] = kf[j] / ks;
         vf[j] = vf[j] / vs;
       }
+      opforge::kernel::wait_for_value_checks();
       opforge::kernel::store_float8<C, kWidth>(kc + i * kWidth, kf);
       opforge::kernel::store_float8<C, kWidth>(vc + i * kWidth, vf);
     }
