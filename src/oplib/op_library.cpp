@@ -214,8 +214,7 @@ void resolve_launch_rules(OpDef& def, Resolver& r, const std::vector<OpforgeOutp
   if (def.launch_without_source) r.error("", ".launch() comes after the .cuda_source() it applies to");
   if (def.waits_without_cuda_source)
     r.error("", ".waits_for_value_checks() comes after the .cuda_source() or .cuda_binary() kernel it applies to");
-  const bool any_values =
-      std::any_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.tensor.has_values; });
+  const bool any_values = std::any_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.tensor.has_values; });
   for (const auto& rk : def.runtime_kernels)
     if (rk->waits_for_value_checks && !any_values)
       r.error(std::string(backend_step(rk->backend)) + "(\"" + rk->file + "\"): ",
@@ -606,8 +605,7 @@ void OpDef::set_waits_for_value_checks() {
   if (!runtime_kernels.empty() && runtime_kernels.back()->backend != RuntimeKernel::kTriton &&
       kernels.back().user == runtime_kernels.back().get())
     runtime_kernels.back()->waits_for_value_checks = true;
-  else
-    waits_without_cuda_source = true;
+  else waits_without_cuda_source = true;
 }
 
 void OpDef::set_launch(LaunchRule rule) {
