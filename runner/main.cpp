@@ -56,9 +56,11 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   CLI::App app{"Runs an AOTInductor package (.pt2) that uses opforge ops, with no Python.", "opforge-runner"};
-  app.add_option("package", o.package, "model.pt2 written by opforge.aoti.package, its op manifest beside it")
+  app.add_option("package", o.package,
+                 "model.pt2 written by opforge.aoti.package, its op manifest beside it, or the package folder that "
+                 "holds them")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   app.add_option("--inputs", o.inputs, "the model's inputs: a tensor or a list of tensors saved with torch.save")
       ->required()
       ->check(CLI::ExistingFile);
@@ -77,6 +79,12 @@ Options parse(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     std::exit(app.exit(e));
+  }
+  if (fs::is_directory(o.package)) {  // the folder opforge.aoti.package wrote
+    const fs::path model = fs::path(o.package) / "model.pt2";
+    if (!fs::is_regular_file(model))
+      fail("the package folder " + o.package + " holds no model.pt2 (opforge.aoti.package writes one there)");
+    o.package = model.string();
   }
   return o;
 }

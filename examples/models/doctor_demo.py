@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: {problem}\n")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    try:  # the plot at the end needs matplotlib: say so before the minute of work
+        plot = opforge.checked_plot_file(out / "timelines.png")
+    except ImportError as e:
+        parser.exit(2, f"{parser.prog}: {e}\n")
     opforge.load_library(opforge.build_library("mish", folder=FOLDER, build_dir=opforge.build_dir() / "doctor_demo"))
 
     torch.manual_seed(0)
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         reports[name].print_table()
     times = {name: r.step_ms for name, r in reports.items()}  # the step times the tables show
     print(comparison(times["before"], times["after"]))
-    opforge.plot_timelines({f"{name} ({args.device})": r for name, r in reports.items()}, out / "timelines.png")
+    opforge.plot_timelines({f"{name} ({args.device})": r for name, r in reports.items()}, plot)
 
     kinds = {name: {f.kind for f in r.findings} for name, r in reports.items()}
     expected_before = {"graph_break"} | ({"copy", "gpu_idle", "sync"} if args.device == "cuda" else set())

@@ -176,7 +176,10 @@ def _new(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     folder = written[0].parent
-    print(f"next: edit {written[0].name} and kernels/{written[1].name}, then `pytest {folder / written[2].name}`")
+    print(
+        f"next: edit {written[0].name} and kernels/{written[1].name}, then `opforge verify {folder}` and "
+        f"`pytest {folder / written[2].name}`"
+    )
     if importlib.util.find_spec("pytest") is None:
         print(f"pytest is not installed in this Python: {install('test')}")
     return EXIT_OK
@@ -209,13 +212,13 @@ def _load_model(spec: str):
 
 def _doctor(args: argparse.Namespace) -> int:
     import opforge
-    from opforge._doctor import plot_file, writable_file
+    from opforge._doctor import checked_plot_file, writable_file
 
     try:
         if args.json:
             writable_file(args.json, "json report")
         if args.plot:
-            plot_file(args.plot)
+            checked_plot_file(args.plot)
         model, inputs = _load_model(args.model)
         report = opforge.doctor(model, inputs, trace=args.trace, plot=args.plot)
     except (ValueError, TypeError, ImportError, OSError) as e:

@@ -454,7 +454,7 @@ def writable_file(path: str | os.PathLike, what: str, suffix: str | None = None)
     return path
 
 
-def plot_file(path: str | os.PathLike) -> Path:
+def checked_plot_file(path: str | os.PathLike) -> Path:
     """`path` checked as the PNG a plot is written to, before any work: a writable .png file, and
     matplotlib installed.
 
@@ -509,7 +509,7 @@ def doctor(
             f"got {type(inputs).__name__}"
         )
     trace = None if trace is None else writable_file(trace, "trace")
-    plot = None if plot is None else plot_file(plot)
+    plot = None if plot is None else checked_plot_file(plot)
     by_source = _module_locator(model)
     on_cuda = _lives_on_cuda(model, inputs)
     sync = torch.cuda.synchronize if on_cuda else (lambda: None)

@@ -328,7 +328,7 @@ def run(
     ``OPFORGE_TRITON_PYTHON``): it runs the variants the package carries.
 
     Args:
-        package_path: ``model.pt2`` written by :func:`package`.
+        package_path: ``model.pt2`` written by :func:`package`, or the folder it was written to.
         inputs: the model's inputs (moved to ``device`` by the runner).
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         warmup: untimed runs first (0 or more).

@@ -160,11 +160,23 @@ def test_runner_rejects_bad_command_lines(tmp_path, args, expected):
 def test_runner_names_a_missing_package_and_lists_its_flags(tmp_path):
     proc = run_runner(tmp_path / "absent.pt2", tmp_path / "in.pt", tmp_path / "out.pt")
     assert proc.returncode != 0
-    assert f"File does not exist: {tmp_path / 'absent.pt2'}" in proc.stderr
+    assert f"package: Path does not exist: {tmp_path / 'absent.pt2'}" in proc.stderr
     usage = subprocess.run([str(runner_path()), "--help"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 0
     for flag in ("--inputs", "--output", "--device TEXT=cpu", "--warmup", "--iters"):
         assert flag in usage.stdout
+
+
+def test_the_runner_takes_the_package_folder(packaged, tmp_path):
+    """The folder opforge.aoti.package wrote names the package as well as its model.pt2 does."""
+    _, package, device = packaged
+    x = torch.randn(3, 24)
+    by_folder = aoti.run(package.parent, [x], device=device).outputs
+    torch.testing.assert_close(by_folder, aoti.run(package, [x], device=device).outputs, rtol=0, atol=0)
+    (tmp_path / "in.pt").write_bytes(b"")
+    proc = run_runner(tmp_path, tmp_path / "in.pt", tmp_path / "out.pt")
+    assert proc.returncode == 2
+    assert f"the package folder {tmp_path} holds no model.pt2 (opforge.aoti.package writes one there)" in proc.stderr
 
 
 def test_run_reports_the_runners_complaint(packaged):

@@ -64,6 +64,22 @@ def test_doctor_s_plot_without_matplotlib_fails_before_profiling_naming_the_extr
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_doctor_demo_without_matplotlib_stops_before_its_work(tmp_path):
+    script = f"""
+    import runpy, opforge
+    opforge.load_library = lambda *a, **k: (_ for _ in ()).throw(AssertionError("the demo built its op"))
+    sys.argv = ["doctor_demo.py", "--device", "cpu", "--out", sys.argv[1]]
+    runpy.run_path({str(ROOT / "examples" / "models" / "doctor_demo.py")!r}, run_name="__main__")
+    """
+    proc = without("matplotlib", script, str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        "doctor_demo.py: opforge.doctor's plot needs matplotlib, which this Python does not have "
+        "(import of matplotlib halted; None in sys.modules): pip install 'opforge[doctor]'\n"
+    )
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_doctor_s_api_checks_matplotlib_before_the_model_runs(tmp_path):
     script = """
     import torch, opforge
@@ -97,7 +113,8 @@ def test_new_without_pytest_says_which_extra_brings_it(tmp_path):
     assert proc.returncode == 0, proc.stderr
     folder = tmp_path / "scaled"
     assert proc.stdout.splitlines()[-2:] == [
-        f"next: edit scaled.cpp and kernels/scaled.cu, then `pytest {folder / 'test_scaled.py'}`",
+        f"next: edit scaled.cpp and kernels/scaled.cu, then `opforge verify {folder}` and "
+        f"`pytest {folder / 'test_scaled.py'}`",
         "pytest is not installed in this Python: pip install 'opforge[test]'",
     ]
     with_pytest = subprocess.run(

@@ -247,7 +247,7 @@ def test_quick_start_from_install_to_the_cpp_runner(tmp_path):
         ran = _run(f"python - <<'README'\n{from_jax.text}README\n", ROOT, env, "the JAX example")
         assert ran.stdout.strip().endswith(tuple("0123456789")), ran.stdout
 
-    verify = command("opforge verify build/")
+    verify = command("opforge verify examples/")
     out = _run(verify, ROOT, env, "opforge verify")
     assert "examples::softshrink" in out.stdout
 
