@@ -10,6 +10,7 @@ data comes from the test's seed (run_options.py): jax.random.key(seed), verify's
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -130,6 +131,26 @@ def test_every_example_op_gives_the_same_result_through_jax_as_through_torch(lib
                 assert ok, f"{where}: {why or err}"
             ran += 1
     assert ran > 0
+
+
+def test_arrays_on_the_cpu_are_checked_as_cpu_arrays_where_the_default_backend_is_a_gpu(monkeypatch):
+    """Where JAX's default backend is a GPU, an op called on arrays committed to the CPU runs there
+    (the CPU reference, which takes float32), so the core checks them as CPU arrays; arrays being
+    traced are checked for the default device, the default backend's where none is set (the
+    attention kernel on CUDA takes float16 and bfloat16 only)."""
+    opforge.load_library(opforge.example_library("attention"))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    cpu = jax.devices("cpu")[0]
+    q, k, v = (jax.device_put(jnp.full((1, 2, 8, 64), 0.1 * i, jnp.float32), cpu) for i in (1, 2, 3))
+    expected = torch.ops.examples.attention(*(to_torch(a) for a in (q, k, v)), 64, None, causal=True, scale=0.125)
+    attention = functools.partial(ojax.ops.examples.attention, head_dim=64, causal=True, scale=0.125)
+    with jax.default_device(None):
+        got = attention(q, k, v)
+        with pytest.raises(ValueError, match=r"q: expected dtype one of \{float16, bfloat16\} on cuda"):
+            jax.jit(attention)(q, k, v)
+    assert all(torch.equal(to_torch(g), e) for g, e in zip(got, expected, strict=True))
+    traced_on_cpu = jax.jit(attention)(q, k, v)  # under the module's default device, the CPU
+    assert all(torch.equal(to_torch(g), e) for g, e in zip(traced_on_cpu, expected, strict=True))
 
 
 def test_a_result_below_the_smallest_normal_is_the_same_bits_through_jax_and_torch():

@@ -127,9 +127,17 @@ def _attribute(param: Param, value: Any) -> Any:
     return str(value)
 
 
-def _device() -> str:
-    """The device name checks give arrays being traced: that of JAX's default backend."""
-    return "cuda" if jax.default_backend() == "gpu" else "cpu"
+def _device(tensors) -> str:
+    """The device name the core's checks get for a call on `tensors`: that of the first concrete
+    array's devices (XLA runs a call on committed arrays where they live, as on the CPU of a
+    machine whose default backend is a GPU), else, for arrays being traced, that of JAX's
+    default device (``jax.default_device``) or default backend."""
+    for t in tensors:
+        if isinstance(t, jax.Array) and not isinstance(t, jax.core.Tracer):
+            return "cpu" if all(d.platform == "cpu" for d in t.devices()) else "cuda"
+    default = jax.config.jax_default_device
+    platform = getattr(default, "platform", default) or jax.default_backend()
+    return "cpu" if platform == "cpu" else "cuda"
 
 
 class JaxOp:
@@ -183,16 +191,17 @@ class JaxOp:
             else:
                 present.append(True)
                 tensors.append(value if isinstance(value, jax.Array) else jnp.asarray(value))
-        outs = _check(op, params, tuple(present), tensors)  # every check, before anything is built
+        device = _device(tensors)  # where the call runs; its traced checks assume the same
+        outs = _check(op, params, tuple(present), tensors, device)  # every check, before anything is built
         params_key = tuple((k, _key(v)) for k, v in params.items())
-        flat = list(_function(self, params_key, tuple(present))(*tensors))
+        flat = list(_function(self, params_key, tuple(present), device)(*tensors))
         results = [None if o is None else flat.pop(0) for o in outs] + flat  # then the written inputs
         return results[0] if len(results) == 1 else tuple(results)
 
 
-def _check(op: Op, params: dict, present: tuple[bool, ...], tensors) -> list[dict | None]:
-    """The outputs' specs for a call (the core's output_shapes: every check of the call), None
-    for an output the call does not have.
+def _check(op: Op, params: dict, present: tuple[bool, ...], tensors, device: str) -> list[dict | None]:
+    """The outputs' specs for a call on `device` ("cpu" or "cuda", :func:`_device`) (the core's
+    output_shapes: every check of the call), None for an output the call does not have.
 
     Raises:
         ValueError: the call's check fails, with the message a PyTorch call gives.
@@ -208,7 +217,7 @@ def _check(op: Op, params: dict, present: tuple[bool, ...], tensors) -> list[dic
         avals.append((str(jnp.dtype(t.dtype)), tuple(int(d) for d in t.shape)))
     params_key = tuple((k, _key(v)) for k, v in params.items())
     names = tuple(a.name for a in op.tensors)
-    return _checked(op.name, names, params_key, present, tuple(avals), _device())
+    return _checked(op.name, names, params_key, present, tuple(avals), device)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -244,8 +253,9 @@ def _result_index(op: Op, outs: list[dict | None], present: tuple[bool, ...]) ->
 
 
 @functools.lru_cache(maxsize=4096)
-def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
-    """The JAX function of one op and set of static parameter values: jit(custom_vjp(custom_vmap(ffi_call)))."""
+def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...], device: str):
+    """The JAX function of one op and set of static parameter values for calls on `device`, whose
+    traced arrays are checked for it: jit(custom_vjp(custom_vmap(ffi_call)))."""
     op = jop.op
     params = {k: _value(v) for k, v in params_key}
     # A parameter left at None is no attribute: the handler takes its default, as the core did.
@@ -255,7 +265,7 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
     written = [i for i, a in enumerate(a for a, here in zip(op.tensors, present, strict=True) if here) if a.mutated]
 
     def ffi(*tensors):
-        outs = _check(op, params, present, tensors)
+        outs = _check(op, params, present, tensors, device)
         like = tensors[0] if tensors else None
         shapes = [_result_type(o["shape"], jnp.dtype(o["dtype"]), like) for o in outs if o is not None]
         aliases = {}
@@ -320,7 +330,7 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
             jnp.zeros(g.shape, g.dtype) if isinstance(g, jax.custom_derivatives.SymbolicZero) else g for g in grads
         )
         bwd = jop._resolve(op.backward)
-        outs = _check(op, params, present, tensors)
+        outs = _check(op, params, present, tensors, device)
         flat = _result_index(op, outs, present)
         arg_tensor = dict(zip(names, tensors, strict=True))
         values = []
@@ -353,7 +363,7 @@ def _function(jop: JaxOp, params_key: tuple, present: tuple[bool, ...]):
             return out
         # A result whose gradient the backward op does not take is not differentiable: its
         # cotangent is stopped, as JAX does for the integer results of its own primitives.
-        flat = _result_index(op, _check(op, params, present, tensors), present)
+        flat = _result_index(op, _check(op, params, present, tensors, device), present)
         stop = {flat[k] for k, d in enumerate(op.differentiable_results) if not d and k in flat}
         return tuple(jax.lax.stop_gradient(r) if i in stop else r for i, r in enumerate(out))
 
