@@ -231,15 +231,19 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _stubs(args: argparse.Namespace) -> int:
+    import opforge
     from opforge import _core
     from opforge.stubs import write_stubs
 
-    if not Path(args.library).exists():
-        return _fail("stubs", f"{args.library} does not exist; build it with `opforge build`")
     try:
-        written = write_stubs(_core.load_library(args.library), args.out)
-    except (ValueError, _core.OpforgeError) as e:
+        library = _library(args.library)
+        if not Path(library).exists():
+            return _fail("stubs", f"{args.library} does not exist; build it with `opforge build`")
+        written = write_stubs(_core.load_library(library), args.out)
+    except (ValueError, FileNotFoundError, _core.OpforgeError) as e:
         return _fail("stubs", e)
+    except opforge.BuildError as e:
+        return _fail("stubs", e, EXIT_FAILED)
     for path in written:
         print(path)
     return EXIT_OK
@@ -359,7 +363,11 @@ def parser() -> argparse.ArgumentParser:
         description="Write <ns>.py (torch.ops.<ns> at run time) and <ns>.pyi (each op's signature and doc) "
         "for each namespace of an op library, so editors complete the ops.",
     )
-    s.add_argument("library", help="the op library (lib<name>.so)")
+    s.add_argument(
+        "library",
+        help="an op folder (built first), an op library (lib<name>.so), or its name <name> (as `opforge verify` "
+        "takes them); the stubs' module needs the library loaded (opforge.load_library) before its ops are called",
+    )
     s.add_argument("-o", "--out", default=".", help="folder to write the stubs into (default: .)")
     s.set_defaults(func=_stubs)
     return top

@@ -32,8 +32,12 @@ OPFORGE_OP(cli, twice)
 """
 
 
-def opforge_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OPFORGE_QUIET": "1"}
+def opforge_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600, cache: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m opforge *args``; with ``cache``, that is its cache folder (``$OPFORGE_CACHE_DIR``):
+    a library name then means the checkout's example op alone, whatever this machine built before."""
+    env = {**os.environ, "OPFORGE_QUIET": "1", **({"OPFORGE_CACHE_DIR": str(cache)} if cache else {})}
     return subprocess.run(
         [sys.executable, "-m", "opforge", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
     )
@@ -140,6 +144,7 @@ def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
             "opforge verify: opforge: cannot open the op library /nonexistent/libx.so: No such file or directory",
         ),
         (["stubs", "/nonexistent/libx.so"], "opforge stubs: /nonexistent/libx.so does not exist"),
+        (["stubs", "nosuchlib"], "opforge stubs: no op library named 'nosuchlib': give its op folder"),
         (["nonsense"], "invalid choice: 'nonsense'"),
         (["verify"], "the following arguments are required: targets"),
         (
@@ -154,8 +159,16 @@ def test_bad_input_exits_2_and_says_what_is_wrong(args, message):
     assert message in proc.stderr
 
 
-def test_verify_of_a_dtype_the_op_does_not_take_says_which_it_takes():
-    proc = opforge_cli("verify", "softshrink", "--device", "cpu", "--dtype", "int8")
+def test_stubs_take_a_library_by_name_as_verify_does(tmp_path):
+    proc = opforge_cli("stubs", "softshrink", "-o", str(tmp_path / "typed"), cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "typed").iterdir()) == ["examples.py", "examples.pyi"]
+    stub = (tmp_path / "typed" / "examples.pyi").read_text()
+    assert "def __call__(self, x: Tensor, lambd: float = 0.5) -> Tensor:" in stub
+
+
+def test_verify_of_a_dtype_the_op_does_not_take_says_which_it_takes(tmp_path):
+    proc = opforge_cli("verify", "softshrink", "--device", "cpu", "--dtype", "int8", cache=tmp_path)
     assert proc.returncode == 2
     assert "examples::softshrink: no dtype combination has x in int8; x takes float32, float64" in proc.stderr
     assert "pass the op library's path" not in proc.stderr  # the op is loaded: no hint about loading it
