@@ -3,7 +3,7 @@
 # included), compute-sanitizer on the example kernels, the demo on CUDA, and the benchmarks.
 # Logs go to $OUT (or ./out/device when run elsewhere). Usage: tools/device_check.sh [steps...]
 # with steps from: build test verify sanitize demo bench (default: all), cpp (the C++ unit tests),
-# tests K/N (the build, then the K-th of N groups of the Python tests), pytest (the tests
+# tests K/N (the build, then the K-th of N groups of the Python tests, in $PYTEST_WORKERS processes), pytest (the tests
 # named by $PYTEST_SELECT), bench_elementwise, bench_norms, bench_attention, bench_autograd, bench_backward, bench_training,
 # bench_serving, bench_triton, bench_int8_linear, bench_jax, bench_aoti_shims, bench_minilm, bench_decode and
 # bench_cache_write (with $BENCH_ARGS, e.g. "--graphs" or "--tokens 4096 65536"), bench_call_cost,
@@ -12,12 +12,14 @@
 # $NCU_GROUP whose names match $NCU_KERNELS).
 #
 # The whole suite does not fit one call of the GPU machine (10 minutes; DESIGN.md, "Where things
-# run"). Run it as three calls, each well under the limit:
-#   tools/device_check.sh cpp tests 1/3;  tools/device_check.sh tests 2/3;  tools/device_check.sh tests 3/3
+# run"): one after the other its tests take over an hour there, most of it compiling on the CPU, so
+# a group runs them in $PYTEST_WORKERS processes (pytest-xdist, default 14 of the 16 cores; they
+# share the one GPU). Run it as two calls, each well under the limit:
+#   tools/device_check.sh cpp tests 1/2;  tools/device_check.sh tests 2/2
 # A group is pytest's own selection (--group K/N, tests/python/run_options.py): the collected tests
 # in collection order (files by name, tests in file order) dealt out in turn, so the N groups take
 # every test once and each about an N-th of every file, whatever files are added. Where a group
-# comes near the limit, run more groups (tests 1/4 ... 4/4).
+# comes near the limit, run more groups (tests 1/3 ... 3/3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out/device}"
@@ -58,7 +60,8 @@ while [ $# -gt 0 ]; do
       fi
       shift
       run build make build
-      run "tests_${group%/*}_of_${group#*/}" python3 -m pytest -q -rs -p no:logging tests/python --group "$group" ;;
+      run "tests_${group%/*}_of_${group#*/}" python3 -m pytest -q -rfEs -p no:logging -n "${PYTEST_WORKERS:-14}" \
+        tests/python --group "$group" ;;
     pytest) run pytest python3 -m pytest -q -rs -p no:logging ${PYTEST_SELECT:-tests/python} ;;
     verify) run verify python3 -m opforge verify $(ls examples/ops) --json "$OUT/verify.json" ;;
     sanitize) sanitizer memcheck; sanitizer racecheck ;;
