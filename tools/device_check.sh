@@ -54,7 +54,7 @@ while [ $# -gt 0 ]; do
     tests)
       group=${1:-}
       if [[ ! $group =~ ^[0-9]+/[0-9]+$ ]]; then
-        echo "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/3), got '$group'" >&2
+        echo "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/2), got '$group'" >&2
         status=1
         continue
       fi

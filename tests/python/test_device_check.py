@@ -31,7 +31,9 @@ def test_tests_k_of_n_builds_then_runs_that_group_of_the_python_tests(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert (out / "cpp.log").read_text() == "make test-cpp\n"
     assert (out / "build.log").read_text() == "make build\n"
-    assert (out / "tests_2_of_3.log").read_text() == "python3 -m pytest -q -rs -p no:logging tests/python --group 2/3\n"
+    assert (out / "tests_2_of_3.log").read_text() == (
+        "python3 -m pytest -q -rfEs -p no:logging -n 14 tests/python --group 2/3\n"
+    )
     assert run.stdout.index("=== build:") < run.stdout.index("=== tests_2_of_3:")
 
 
@@ -40,6 +42,6 @@ def test_tests_without_its_group_is_refused(tmp_path):
     assert run.returncode == 1
     assert (
         run.stderr
-        == "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/3), got 'cpp'\n"
+        == "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/2), got 'cpp'\n"
     )
     assert (out / "cpp.log").exists()  # the next step still runs
