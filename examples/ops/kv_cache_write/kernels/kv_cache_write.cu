@@ -6,8 +6,19 @@
 // (opforge::kernel::store_float8: CUDA's saturating conversion, as vLLM's scaled_convert),
 // 16 / sizeof(T) bytes per store. Stores wait for the device value check of slot_mapping
 // (opforge::kernel::wait_for_value_checks; the ops declare .waits_for_value_checks()): the
-// kernel may start while the check runs, and loads its rows meanwhile.
+// kernel may start while the check runs, and loads its rows meanwhile. A block issues the loads
+// of its slot, its rows (and the scales) before it uses any of them: one memory latency per
+// block, not a slot's and then the rows'.
 #include <opforge/kernel.cuh>
+
+/// The 16 bytes at `p` (global memory this kernel does not write), loaded where the call stands:
+/// asm volatile, so the compiler neither drops the load of a token that writes nothing nor
+/// moves the slot's test ahead of it.
+__device__ __forceinline__ uint4 load_row_vector(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
 
 template <class T, class C>
 __device__ __forceinline__ void write_token(const T* __restrict__ key, const T* __restrict__ value,
@@ -18,37 +29,38 @@ __device__ __forceinline__ void write_token(const T* __restrict__ key, const T* 
                                             int64_t value_token_stride, int64_t value_head_stride) {
   constexpr int kWidth = 16 / sizeof(T);
   const int64_t t = blockIdx.x;
-  const int64_t slot = slot_mapping[t];
-  if (slot < 0) return;
+  const int64_t slot = slot_mapping[t];  // used only after the rows' loads are issued
   const int64_t per_head = head_dim / kWidth, vectors = heads * per_head;
   const T* k = key + t * key_token_stride;
   const T* v = value + t * value_token_stride;
-  C* kc = key_cache + slot * heads * head_dim;
-  C* vc = value_cache + slot * heads * head_dim;
   if constexpr (opforge::kernel::is_same<T, C>::value) {
     for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
       const int64_t h = i / per_head, e = (i % per_head) * kWidth;
-      const uint4 kv = *reinterpret_cast<const uint4*>(k + h * key_head_stride + e);
-      const uint4 vv = *reinterpret_cast<const uint4*>(v + h * value_head_stride + e);
+      const uint4 kv = load_row_vector(k + h * key_head_stride + e);
+      const uint4 vv = load_row_vector(v + h * value_head_stride + e);
+      if (slot < 0) return;
       opforge::kernel::wait_for_value_checks();
-      reinterpret_cast<uint4*>(kc)[i] = kv;
-      reinterpret_cast<uint4*>(vc)[i] = vv;
+      reinterpret_cast<uint4*>(key_cache + slot * heads * head_dim)[i] = kv;
+      reinterpret_cast<uint4*>(value_cache + slot * heads * head_dim)[i] = vv;
     }
   } else {
     const float ks = *k_scale, vs = *v_scale;
     for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
       const int64_t h = i / per_head, e = (i % per_head) * kWidth;
+      const uint4 kv = load_row_vector(k + h * key_head_stride + e);
+      const uint4 vv = load_row_vector(v + h * value_head_stride + e);
+      if (slot < 0) return;
       float kf[kWidth], vf[kWidth];
-      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(k + h * key_head_stride + e), kf);
-      opforge::kernel::unpack<T>(*reinterpret_cast<const uint4*>(v + h * value_head_stride + e), vf);
+      opforge::kernel::unpack<T>(kv, kf);
+      opforge::kernel::unpack<T>(vv, vf);
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
         kf[j] = kf[j] / ks;
         vf[j] = vf[j] / vs;
       }
       opforge::kernel::wait_for_value_checks();
-      opforge::kernel::store_float8<C, kWidth>(kc + i * kWidth, kf);
-      opforge::kernel::store_float8<C, kWidth>(vc + i * kWidth, vf);
+      opforge::kernel::store_float8<C, kWidth>(key_cache + slot * heads * head_dim + i * kWidth, kf);
+      opforge::kernel::store_float8<C, kWidth>(value_cache + slot * heads * head_dim + i * kWidth, vf);
     }
   }
 }
