@@ -110,8 +110,10 @@ __device__ __forceinline__ int64_t global_index() {
 /// Waits until the device value check of this call (Note [Device value checks] in
 /// src/core/device_checks.h) has completed: a kernel declared `.waits_for_value_checks()` calls
 /// it before its first load or store through a checked index (it may read the index itself and
-/// any input before). PTX `griddepcontrol.wait`; returns at once where the kernel was not
-/// launched as the check's dependent (checks off, nothing to check, a GPU before sm_90).
+/// any input before), as does a kernel a `.cuda()` host function launches by
+/// opforge::cuda::launch_after where opforge::Context::after_value_check() is true. PTX
+/// `griddepcontrol.wait`; returns at once where the kernel was not launched as the check's
+/// dependent (checks off, nothing to check, a GPU before sm_90).
 __device__ __forceinline__ void wait_for_value_checks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -98,6 +98,16 @@ class Context {
     if (p == nullptr && bytes > 0) throw InternalError("opforge: scratch allocation failed");
     return p;
   }
+  /// True where the core launched the device value check of this call's inputs (Note [Device
+  /// value checks] in src/core/device_checks.h) on stream() just before calling this kernel. A
+  /// host function may then launch its first kernel, before any other work on stream(), as the
+  /// check's programmatic dependent (opforge::cuda::launch_after): that kernel starts while the
+  /// check runs and calls opforge::kernel::wait_for_value_checks() before it touches memory
+  /// through a checked index (it may read the indices and any input before). False where checks
+  /// are off, no input has a value domain, or the core predates ABI 10.
+  bool after_value_check() const {
+    return OPFORGE_HAS_FIELD(OpforgeContext, c_, after_value_check) && c_.after_value_check != 0;
+  }
 
  private:
   OpforgeContext c_;

@@ -31,6 +31,19 @@ def run_bad_call(body: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
 
 
+def assert_stopped_by_the_check(done: subprocess.CompletedProcess, message: str, before: str = "") -> None:
+    """The bad call's process printed ``before`` (the good call's line, where given), then ended in
+    the device value check's assertion with ``message``: never past the bad call ("no error"),
+    never in an illegal address from the op's kernel."""
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert before in output, output
+    assert "device-side assert triggered" in output, output
+    assert message in output, output
+    assert "illegal memory access" not in output, output
+    assert "no error" not in output
+
+
 @requires_cuda
 def test_a_position_past_the_cache_stops_the_rotary_kernel():
     done = run_bad_call(
@@ -43,14 +56,11 @@ def test_a_position_past_the_cache_stops_the_rotary_kernel():
         print("no error")
         """
     )
-    output = done.stdout + done.stderr
-    assert done.returncode != 0, output
-    assert "device-side assert triggered" in output, output
-    assert (
+    assert_stopped_by_the_check(
+        done,
         "examples::rotary_embedding: positions: expected values in [0, cos_sin_cache.size(0)) = [0, 10), "
-        "got 16 at flat index 3"
-    ) in output, output
-    assert "no error" not in output
+        "got 16 at flat index 3",
+    )
 
 
 @requires_cuda
@@ -75,11 +85,7 @@ def test_a_slot_past_the_cache_stops_the_cache_write_inside_a_cuda_graph():
         print("no error")
         """
     )
-    output = done.stdout + done.stderr
-    assert "good replay" in output, output
-    assert "device-side assert triggered" in output, output
-    assert "examples::kv_cache_write: slot_mapping: expected values in" in output, output
-    assert "no error" not in output
+    assert_stopped_by_the_check(done, "examples::kv_cache_write: slot_mapping: expected values in", "good replay")
 
 
 @requires_cuda
@@ -103,15 +109,46 @@ def test_a_kernel_launched_beside_the_check_waits_for_its_verdict():
         print("no error")
         """
     )
-    output = done.stdout + done.stderr
-    assert "good call" in output, output
-    assert "device-side assert triggered" in output, output
-    assert (
+    assert_stopped_by_the_check(
+        done,
         "examples::reshape_and_cache_flash: slot_mapping: expected values in "
-        "[0, key_cache.size(0) * key_cache.size(1)) = [0, 65536) or -1, got 1099511627776 at flat index 65535"
-    ) in output, output
-    assert "illegal memory access" not in output, output
-    assert "no error" not in output
+        "[0, key_cache.size(0) * key_cache.size(1)) = [0, 65536) or -1, got 1099511627776 at flat index 65535",
+        "good call",
+    )
+
+
+@requires_cuda
+def test_a_host_launched_kernel_beside_the_check_waits_for_its_verdict():
+    """paged_decode_attention's host function launches its split kernel as the check's
+    programmatic dependent (Context::after_value_check): on sm_90 or newer the kernel loads its
+    block ids while the check of block_tables runs and must not read a page before the verdict.
+    One sequence of 4096 tokens, its last block id far past the cache (the check reads it last):
+    the call ends in the check's assertion, never in an illegal address from the kernel's read."""
+    done = run_bad_call(
+        """
+        import opforge
+        opforge.load_library(opforge.example_library("paged_decode_attention"))
+        blocks = 257
+        query = torch.randn(1, 32, 128, dtype=torch.bfloat16, device="cuda")
+        key_cache = torch.randn(blocks, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
+        value_cache = torch.randn_like(key_cache)
+        tables = torch.randperm(blocks, device="cuda")[:256].view(1, 256).int()
+        lens = torch.tensor([4096], dtype=torch.int32, device="cuda")
+        torch.ops.examples.paged_decode_attention(query, key_cache, value_cache, tables, lens, 0.0)
+        torch.cuda.synchronize()
+        print("good call")
+        tables[0, -1] = 1 << 30  # 32 KiB a block: 2**45 bytes past the cache
+        torch.ops.examples.paged_decode_attention(query, key_cache, value_cache, tables, lens, 0.0)
+        torch.cuda.synchronize()
+        print("no error")
+        """
+    )
+    assert_stopped_by_the_check(
+        done,
+        "examples::paged_decode_attention: block_tables: expected values in "
+        "[0, key_cache.size(0)) = [0, 257), got 1073741824 at flat index 255",
+        "good call",
+    )
 
 
 @requires_cuda

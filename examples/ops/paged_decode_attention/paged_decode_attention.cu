@@ -122,9 +122,15 @@ void launch(const opforge::Context& ctx, Params p, int64_t seqs, const Tuning& t
       OPFORGE_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, counters, stream));
     }
   }
-  split_kernel<T, C, kVec, kLanes, kHeads>
-      <<<static_cast<unsigned>(items * p.splits), kThreads, Layout<kVec, kLanes, kHeads>::kBytes, stream>>>(p);
-  opforge::cuda::check_launch("paged_decode_attention::split_kernel");
+  constexpr auto kSplit = split_kernel<T, C, kVec, kLanes, kHeads>;
+  const dim3 grid(static_cast<unsigned>(items * p.splits));
+  constexpr size_t kSmem = Layout<kVec, kLanes, kHeads>::kBytes;
+  if (ctx.after_value_check() && !last_block) {  // nothing between the check and this launch
+    opforge::cuda::launch_after<kSplit>(grid, dim3(kThreads), kSmem, stream, "paged_decode_attention::split_kernel", p);
+  } else {
+    kSplit<<<grid, kThreads, kSmem, stream>>>(p);
+    opforge::cuda::check_launch("paged_decode_attention::split_kernel");
+  }
   if (p.splits > 1 && !last_block)
     opforge::cuda::launch_after<combine_kernel<T>>(dim3(static_cast<unsigned>(seqs * p.heads)), dim3(kThreads), 0,
                                                    stream, "paged_decode_attention::combine_kernel", p);

@@ -36,7 +36,10 @@
 //         stream before the launch); the block that draws the last ticket fences again, reads the
 //         other blocks' partial sums past L1 (__ldcg) and writes the output. No second launch.
 //   - the block ids of a split are loaded before its context length is known (every entry of
-//     block_tables is a block index), so the two loads overlap.
+//     block_tables is a block index), so the two loads overlap. Where the core checked the block
+//     ids and context lengths on the device just before (Context::after_value_check), split_kernel
+//     is launched as the check's programmatic dependent: it loads its ids, lengths and queries
+//     while the check runs and waits for its verdict before the first page is read.
 // Special values follow the CPU reference: a NaN score makes the head's output NaN, a sequence
 // with no token or only -inf scores gets zeros.
 #pragma once
@@ -308,6 +311,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const Params p) {
     l[g] = 0.f;
   }
   __syncthreads();  // the block ids
+  // Launched beside the device value check of block_tables and seq_lens (where the host saw
+  // Context::after_value_check()): its verdict comes before the first read through a block id.
+  opforge::kernel::wait_for_value_checks();
 
   const C* const key_cache = static_cast<const C*>(p.key_cache) + kv_head * dim + vec * kVec;
   const C* const value_cache = static_cast<const C*>(p.value_cache) + kv_head * dim + vec * kVec;
