@@ -14,8 +14,10 @@
 # The whole suite does not fit one call of the GPU machine (10 minutes; DESIGN.md, "Where things
 # run"): one after the other its tests take over an hour there, most of it compiling on the CPU, so
 # a group runs them in $PYTEST_WORKERS processes (pytest-xdist, default 14 of the 16 cores; they
-# share the one GPU). Run it as two calls, each well under the limit:
-#   tools/device_check.sh cpp tests 1/2;  tools/device_check.sh tests 2/2
+# share the one GPU). Run it as three calls, each under the limit:
+#   tools/device_check.sh cpp tests 1/3;  tools/device_check.sh tests 2/3;  tools/device_check.sh tests 3/3
+# A group past $PYTEST_LIMIT seconds (default 480) is interrupted (SIGINT), so that pytest still
+# prints its summary, which names the failures so far, before the call's own limit stops it.
 # A group is pytest's own selection (--group K/N, tests/python/run_options.py): the collected tests
 # in collection order (files by name, tests in file order) dealt out in turn, so the N groups take
 # every test once and each about an N-th of every file, whatever files are added. Where a group
@@ -54,14 +56,14 @@ while [ $# -gt 0 ]; do
     tests)
       group=${1:-}
       if [[ ! $group =~ ^[0-9]+/[0-9]+$ ]]; then
-        echo "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/2), got '$group'" >&2
+        echo "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/3), got '$group'" >&2
         status=1
         continue
       fi
       shift
       run build make build
-      run "tests_${group%/*}_of_${group#*/}" python3 -m pytest -q -rfEs -p no:logging -n "${PYTEST_WORKERS:-14}" \
-        tests/python --group "$group" ;;
+      run "tests_${group%/*}_of_${group#*/}" timeout --signal=INT --kill-after=30 "${PYTEST_LIMIT:-480}" \
+        python3 -m pytest -q -rfEs -p no:logging -n "${PYTEST_WORKERS:-14}" tests/python --group "$group" ;;
     pytest) run pytest python3 -m pytest -q -rs -p no:logging ${PYTEST_SELECT:-tests/python} ;;
     verify) run verify python3 -m opforge verify $(ls examples/ops) --json "$OUT/verify.json" ;;
     sanitize) sanitizer memcheck; sanitizer racecheck ;;

@@ -35,6 +35,8 @@ def test_tests_k_of_n_builds_then_runs_that_group_of_the_python_tests(tmp_path):
         "python3 -m pytest -q -rfEs -p no:logging -n 14 tests/python --group 2/3\n"
     )
     assert run.stdout.index("=== build:") < run.stdout.index("=== tests_2_of_3:")
+    # Interrupted before the call's limit, so that pytest's summary names the failures so far.
+    assert "=== tests_2_of_3: timeout --signal=INT --kill-after=30 480 python3 -m pytest" in run.stdout
 
 
 def test_tests_without_its_group_is_refused(tmp_path):
@@ -42,6 +44,6 @@ def test_tests_without_its_group_is_refused(tmp_path):
     assert run.returncode == 1
     assert (
         run.stderr
-        == "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/2), got 'cpp'\n"
+        == "device_check.sh: tests takes the group to run, K/N (tools/device_check.sh tests 1/3), got 'cpp'\n"
     )
     assert (out / "cpp.log").exists()  # the next step still runs
