@@ -17,7 +17,8 @@
 # share the one GPU). Run it as three calls, each under the limit:
 #   tools/device_check.sh cpp tests 1/3;  tools/device_check.sh tests 2/3;  tools/device_check.sh tests 3/3
 # A group past $PYTEST_LIMIT seconds (default 480) is interrupted (SIGINT), so that pytest still
-# prints its summary, which names the failures so far, before the call's own limit stops it.
+# prints its summary, which names the failures so far, before the call's own limit stops it. The
+# log ends with the group's 30 slowest tests: what to make quicker when a group nears the limit.
 # A group is pytest's own selection (--group K/N, tests/python/run_options.py): the collected tests
 # in collection order (files by name, tests in file order) dealt out in turn, so the N groups take
 # every test once and each about an N-th of every file, whatever files are added. Where a group
@@ -63,7 +64,7 @@ while [ $# -gt 0 ]; do
       shift
       run build make build
       run "tests_${group%/*}_of_${group#*/}" timeout --signal=INT --kill-after=30 "${PYTEST_LIMIT:-480}" \
-        python3 -m pytest -q -rfEs -p no:logging -n "${PYTEST_WORKERS:-14}" tests/python --group "$group" ;;
+        python3 -m pytest -q -rfEs --durations=30 -p no:logging -n "${PYTEST_WORKERS:-14}" tests/python --group "$group" ;;
     pytest) run pytest python3 -m pytest -q -rs -p no:logging ${PYTEST_SELECT:-tests/python} ;;
     verify) run verify python3 -m opforge verify $(ls examples/ops) --json "$OUT/verify.json" ;;
     sanitize) sanitizer memcheck; sanitizer racecheck ;;

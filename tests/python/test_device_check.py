@@ -32,7 +32,7 @@ def test_tests_k_of_n_builds_then_runs_that_group_of_the_python_tests(tmp_path):
     assert (out / "cpp.log").read_text() == "make test-cpp\n"
     assert (out / "build.log").read_text() == "make build\n"
     assert (out / "tests_2_of_3.log").read_text() == (
-        "python3 -m pytest -q -rfEs -p no:logging -n 14 tests/python --group 2/3\n"
+        "python3 -m pytest -q -rfEs --durations=30 -p no:logging -n 14 tests/python --group 2/3\n"
     )
     assert run.stdout.index("=== build:") < run.stdout.index("=== tests_2_of_3:")
     # Interrupted before the call's limit, so that pytest's summary names the failures so far.
