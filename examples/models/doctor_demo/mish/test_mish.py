@@ -18,8 +18,9 @@ def library(tmp_path_factory):
     return opforge.load_library(opforge.build_library("mish", folder=FOLDER, build_dir=tmp_path_factory.mktemp("b")))
 
 
-def test_mish_passes_verify(library):
-    report = verify.verify_op("demo::mish", device="cuda" if torch.cuda.is_available() else "cpu", seed=0)
+@pytest.mark.parametrize("name", ["demo::mish", "demo::mish_backward"])
+def test_mish_passes_verify(library, name):
+    report = verify.verify_op(name, device="cuda" if torch.cuda.is_available() else "cpu", seed=0)
     verify.print_report(report)
     assert report.ok, [(r.check, r.case, r.message) for r in report.failures]
 
