@@ -181,8 +181,8 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f, const char* (*ty
   g.shared_bytes = cfg.shared_bytes;
   // The value check just queued on this stream lets the kernel start (sm_90 or newer: programmatic
   // dependent launch); the kernel waits for its verdict (OpforgeContext::after_value_check).
-  g.pdl = rk.waits_for_value_checks && OPFORGE_HAS_FIELD(OpforgeContext, *f->ctx, after_value_check) &&
-          f->ctx->after_value_check != 0 && compute_capability(f->ctx->device_index) >= 90;
+  g.pdl = rk.waits_for_value_checks && opforge::Context(*f->ctx).after_value_check() &&
+          compute_capability(f->ctx->device_index) >= 90;
   launch_function(target.fn, g, static_cast<CUstream>(f->ctx->stream), args.params(), target.name.c_str());
 }
 
