@@ -36,16 +36,18 @@ def kv_cache_write():
 
 def inputs(tokens: int, kv_cache_dtype: str, dtype: torch.dtype, device: str = "cpu", heads: int = 2, dim: int = 16):
     """key, value [tokens, heads, dim] (values past float8's range, a NaN and an infinity), caches of
-    4 blocks of 4 slots in the dtype kv_cache_dtype selects, filled with a marker (so a slot not
-    written keeps it), distinct slots with every third token padding (-1), scales 0.37 and 1.7."""
+    blocks of 4 slots (4 blocks, or one a token past 16 tokens) in the dtype kv_cache_dtype
+    selects, filled with a marker (so a slot not written keeps it), distinct slots with every
+    third token padding (-1), scales 0.37 and 1.7."""
     g = torch.Generator().manual_seed(tokens)
     key = (torch.randn(tokens, heads, dim, generator=g) * 300).to(dtype)
     value = (torch.randn(tokens, heads, dim, generator=g) * 300).to(dtype)
     key[0, 0, 1], value[0, 1, 2] = float("nan"), float("inf")
     cache = CACHE[kv_cache_dtype] or dtype
-    key_cache = torch.full((4, 4, heads, dim), 7.0).to(cache)
-    value_cache = torch.full((4, 4, heads, dim), -7.0).to(cache)
-    slots = torch.randperm(16, generator=g)[:tokens]
+    blocks = 4 if tokens <= 16 else tokens
+    key_cache = torch.full((blocks, 4, heads, dim), 7.0).to(cache)
+    value_cache = torch.full((blocks, 4, heads, dim), -7.0).to(cache)
+    slots = torch.randperm(blocks * 4, generator=g)[:tokens]
     slots[::3] = -1
     args = [key, value, key_cache, value_cache, slots, kv_cache_dtype, torch.tensor(0.37), torch.tensor(1.7)]
     return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
@@ -219,6 +221,20 @@ def test_cuda_kernel_matches_the_reference_bit_for_bit(kv_cache_dtype, dtype, to
     want = vllms_rule(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
     torch.ops.examples.reshape_and_cache_flash(*args)
     for got, expected in zip(args[2:4], want, strict=True):
+        assert same_bytes(got, expected)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("tokens", [2047, 3071, 4097])
+def test_cuda_blocks_of_several_tokens_match_the_reference(kv_cache_dtype, tokens):
+    """From 2048 tokens a block writes 2 to 4 of them (the last block fewer): the caches equal the
+    CPU reference's, padding slots and all."""
+    args = inputs(tokens, kv_cache_dtype, torch.bfloat16, "cuda", heads=8, dim=128)
+    want = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+    torch.ops.examples.reshape_and_cache_flash(*want)
+    torch.ops.examples.reshape_and_cache_flash(*args)
+    for got, expected in zip(args[2:4], want[2:4], strict=True):
         assert same_bytes(got, expected)
 
 
