@@ -250,32 +250,107 @@ __device__ __forceinline__ uint4 pack(const acc_t<T> (&in)[16 / sizeof(T)]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+/// N float8 values (N = 2, 4, 8 or 16) as memory holds them, element i in byte i of the words:
+/// what pack_float8 returns and store_float8 writes as one N-byte access.
+template <int N>
+struct Float8Pack {
+  uint32_t w[N >= 4 ? N / 4 : 1];
+};
+
 /// Rounds N floats (N = 2, 4, 8 or 16) to the float8 type T (__nv_fp8_e4m3 or __nv_fp8_e5m2) as
 /// CUDA's conversions do (from_acc: nearest even, saturating to the largest finite value, NaN
-/// kept), two per instruction, and stores them at `p` as one N-byte access (`p` aligned to N
-/// bytes): what a kernel writing float8 from 16-byte vectors of its input needs.
+/// kept), two per instruction: a kernel that converts before it may store (e.g. before
+/// wait_for_value_checks) holds the N bytes in N / 4 registers instead of N floats.
 template <class T, int N>
-__device__ __forceinline__ void store_float8(T* p, const float (&v)[N]) {
+__device__ __forceinline__ Float8Pack<N> pack_float8(const float (&v)[N]) {
   static_assert(is_same<T, __nv_fp8_e4m3>::value || is_same<T, __nv_fp8_e5m2>::value,
-                "opforge::kernel::store_float8: __nv_fp8_e4m3 or __nv_fp8_e5m2");
-  static_assert(N == 2 || N == 4 || N == 8 || N == 16, "opforge::kernel::store_float8: N = 2, 4, 8 or 16");
+                "opforge::kernel::pack_float8: __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  static_assert(N == 2 || N == 4 || N == 8 || N == 16, "opforge::kernel::pack_float8: N = 2, 4, 8 or 16");
   constexpr __nv_fp8_interpretation_t kind = is_same<T, __nv_fp8_e4m3>::value ? __NV_E4M3 : __NV_E5M2;
-  uint32_t w[N >= 4 ? N / 4 : 1] = {};
+  Float8Pack<N> packed = {};
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) {  // element 2i in the low byte, as memory holds it
     const uint32_t pair = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, kind);
-    w[i / 2] |= pair << (16 * (i % 2));
+    packed.w[i / 2] |= pair << (16 * (i % 2));
   }
+  return packed;
+}
+
+/// Stores N packed float8 values of type T at `p` as one N-byte access (`p` aligned to N bytes).
+template <class T, int N>
+__device__ __forceinline__ void store_float8(T* p, const Float8Pack<N>& packed) {
   if constexpr (N == 16) {
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(p) = make_uint4(packed.w[0], packed.w[1], packed.w[2], packed.w[3]);
   } else if constexpr (N == 8) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    *reinterpret_cast<uint2*>(p) = make_uint2(packed.w[0], packed.w[1]);
   } else if constexpr (N == 4) {
-    *reinterpret_cast<uint32_t*>(p) = w[0];
+    *reinterpret_cast<uint32_t*>(p) = packed.w[0];
   } else {
-    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(w[0]);
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(packed.w[0]);
   }
 }
+
+/// Rounds N floats (N = 2, 4, 8 or 16) to the float8 type T (pack_float8) and stores them at `p`
+/// as one N-byte access (`p` aligned to N bytes): what a kernel writing float8 from 16-byte
+/// vectors of its input needs.
+template <class T, int N>
+__device__ __forceinline__ void store_float8(T* p, const float (&v)[N]) {
+  store_float8<T, N>(p, pack_float8<T, N>(v));
+}
+
+/// x / s rounded to the nearest float (IEEE division, bit for bit), for many x and one s, in
+/// three instructions instead of a division's ten-odd: q = x * r with r = 1 / s rounded once,
+/// then q + r * (x - q * s) in two fused multiply-adds. By Markstein's theorem (P. Markstein,
+/// "Computation of elementary functions on the IBM RISC System/6000 processor", IBM J. Res.
+/// Dev. 34(1), 1990; J.-M. Muller et al., Handbook of Floating-Point Arithmetic, on division
+/// with an FMA) this is the correctly rounded quotient when r is 1 / s correctly rounded, q is
+/// within an ulp, and nothing overflows or underflows; where that may not hold (s or r not a
+/// normal float, |x| < 2^-100 or zero, x / s overflowing, x infinite or NaN) it divides.
+/// tests/python/test_float8.py compares it bit for bit with division over every bfloat16 and
+/// float16 x and random float32 x, each with 233 divisors (powers of two and their neighbours,
+/// random, both signs, and those the fast form leaves to division). r is computed where the
+/// Divider is constructed and never hoisted above it (asm volatile): a kernel that constructs
+/// it after issuing its loads keeps those loads first.
+struct Divider {
+  float s, r;
+  bool fast;
+  __device__ __forceinline__ explicit Divider(float scale) : s(scale) {
+    asm volatile("rcp.rn.f32 %0, %1;" : "=f"(r) : "f"(scale));
+    fast = normal(s) & normal(r);
+  }
+  /// x / s.
+  __device__ __forceinline__ float operator()(float x) const {
+    const float q = __fmul_rn(x, r);
+    if (!(fast && usable(x, q))) return __fdiv_rn(x, s);
+    return __fmaf_rn(__fmaf_rn(-q, s, x), r, q);
+  }
+  /// Divides each of the N values by s in place: one test (and one branch) for all of them.
+  template <int N>
+  __device__ __forceinline__ void operator()(float (&v)[N]) const {
+    float q[N];
+    bool ok = fast;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      q[j] = __fmul_rn(v[j], r);
+      ok = ok & usable(v[j], q[j]);
+    }
+    if (ok) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[j] = __fmaf_rn(__fmaf_rn(-q[j], s, v[j]), r, q[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[j] = __fdiv_rn(v[j], s);
+    }
+  }
+
+ private:
+  static __device__ __forceinline__ bool normal(float x) {
+    return (fabsf(x) >= 1.17549435e-38f) & (fabsf(x) <= 3.40282347e38f);  // FLT_MIN, FLT_MAX; NaN fails
+  }
+  static __device__ __forceinline__ bool usable(float x, float q) {  // no underflow in x - q s, q finite
+    return (fabsf(x) >= 0x1p-100f) & (fabsf(q) <= 3.40282347e38f);
+  }
+};
 
 /// Loads the N elements of W at `p` into accumulator values of type A (a wider or equal type,
 /// e.g. float weights beside 16-bit activations): as 16-byte loads when they fill whole vectors

@@ -234,10 +234,14 @@ CASES = {
 @pytest.fixture(scope="session")
 def float8_ops(tmp_path_factory):
     """fixtures/float8_ops.cpp (float8 conversions, an output of float8_e8m0fnu, a float8 input
-    under autocast), built and loaded once per session for the files that use it."""
+    under autocast, the device Divider's quotient), built and loaded once per session for the
+    files that use it."""
     fixtures = Path(__file__).resolve().parent / "fixtures"
     path = opforge.build_library(
-        "float8_ops", [fixtures / "float8_ops.cpp"], build_dir=tmp_path_factory.mktemp("float8")
+        "float8_ops",
+        [fixtures / "float8_ops.cpp"],
+        kernels=[fixtures / "kernels" / "divider_kernels.cu"],
+        build_dir=tmp_path_factory.mktemp("float8"),
     )
     return opforge.load_library(path)
 

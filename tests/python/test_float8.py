@@ -147,3 +147,42 @@ def test_autocast_never_casts_a_float8_input(float8_ops):
         y = torch.ops.fixture.dequantise(x, scale)  # the scale is cast to float32, x stays float8
     assert y.dtype == torch.float32
     assert y.tolist() == [0.5, -1.0, 224.0]
+
+
+def _dividends() -> torch.Tensor:
+    """float32 values for a quotient: every bfloat16 and every float16 value, 2^18 random float32
+    bit patterns, and 2^-100 (the smallest |x| the Divider's three-instruction form takes) with
+    its neighbours; 4k + 3 of them, so both forms of the kernel run."""
+    every16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    bits = torch.randint(-(2**31), 2**31, (1 << 18,), generator=torch.Generator().manual_seed(0))
+    edge = torch.tensor([2.0**-100, -(2.0**-100)])
+    edge = torch.cat([edge, torch.nextafter(edge, torch.zeros(2)), torch.nextafter(edge, edge * 2)])
+    x = torch.cat([every16.view(torch.bfloat16).float(), every16.view(torch.float16).float(), bits.view(torch.float32)])
+    x = torch.cat([x, edge])
+    return x[: x.numel() // 4 * 4 - 1]
+
+
+def _scales() -> list[float]:
+    """Divisors: powers of two over the normal range, their neighbours (a reciprocal's hardest
+    cases), random floats, both signs; and the ones the fast form leaves to division (zero, a
+    subnormal, the largest float, whose reciprocal is subnormal, infinity, NaN)."""
+    scales = []
+    for k in range(-126, 128, 9):
+        p = torch.tensor(2.0**k)
+        scales += [p, torch.nextafter(p, p * 2), torch.nextafter(p, p / 2)]
+    scales += list(torch.rand(24, generator=torch.Generator().manual_seed(1)).exp2() * 10.0 ** torch.arange(-12, 12))
+    scales = [float(s) for s in scales] + [0.37, 1.7, 0.05]
+    return scales + [-s for s in scales] + [0.0, 1e-40, 3.4028234663852886e38, float("inf"), float("nan")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+def test_the_device_divider_is_ieee_division_bit_for_bit(float8_ops):
+    """opforge::kernel::Divider (the float8 writers' x / scale) against the CPU's division."""
+    x = _dividends()
+    x_cuda = x.cuda()
+    for s in _scales():
+        got = torch.ops.fixture.divide_by_scale(x_cuda, torch.tensor(s, device="cuda")).cpu()
+        want = x / torch.tensor(s)
+        same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+        bad = same.logical_not().nonzero().flatten()[:3].tolist()
+        assert not bad, [(s, float(x[i]), float(got[i]), float(want[i])) for i in bad]

@@ -62,22 +62,14 @@ static void reshape_and_cache_flash_cpu(opforge::Tensor key, opforge::Tensor val
   });
 }
 
-// Blocks of up to 4 tokens (the kernel's kMaxTokensPerBlock): one token a block below 2048
-// tokens (a decode step's few tokens spread over as many SMs as they can), then tokens / 1024
-// a block, so that from 4096 tokens 1024-odd blocks of 128 threads (8 KV heads of 128, 16-bit)
-// are all resident on a Hopper GPU at once: every block loads its rows while the value check
-// runs, and no second wave waits for the first. The kernel's arguments after the pointers:
-// tokens, heads, head_dim, the token and head strides of key and value (elements; they may be
-// views), and the tokens a block writes.
+// One block per token; the kernel's arguments after the pointers: tokens, heads, head_dim, and
+// the token and head strides of key and value (elements), which may be views.
 static opforge::LaunchConfig token_grid(opforge::Tensor key, opforge::Tensor value) {
   opforge::LaunchConfig cfg;
-  const int64_t tokens = key.size(0);
   const int64_t vectors = key.size(1) * key.size(2) * static_cast<int64_t>(opforge::dtype_size(key.dtype())) / 16;
-  const int64_t per_block = std::clamp<int64_t>(tokens / 1024, 1, 4);
-  cfg.grid[0] = static_cast<unsigned>((tokens + per_block - 1) / per_block);
+  cfg.grid[0] = static_cast<unsigned>(key.size(0));
   cfg.block[0] = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(32, (vectors + 31) / 32 * 32)));
-  cfg.args = {tokens,        key.size(1),     key.size(2),     key.stride(0),
-              key.stride(1), value.stride(0), value.stride(1), per_block};
+  cfg.args = {key.size(0), key.size(1), key.size(2), key.stride(0), key.stride(1), value.stride(0), value.stride(1)};
   return cfg;
 }
 static opforge::LaunchConfig kv_cache_grid(opforge::Tensor key, opforge::Tensor value, opforge::MutableTensor,
