@@ -9,17 +9,22 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The environment variables that tune device_check.sh's steps (its header names them).
+SETTINGS = ("PYTEST_LIMIT", "PYTEST_WORKERS", "PYTEST_SELECT", "SANITIZE_GROUPS", "BENCH_ARGS")
+SETTINGS += ("NCU_GROUP", "NCU_KERNELS")
 
 
 def device_check(tmp_path: Path, *steps: str) -> tuple[subprocess.CompletedProcess, Path]:
     """Runs tools/device_check.sh with ``steps``, its logs in ``tmp_path/out``, with make, python3
-    and nvidia-smi replaced by scripts that print their arguments."""
+    and nvidia-smi replaced by scripts that print their arguments, and the script's settings
+    (SETTINGS) at their defaults even where the caller's environment sets them."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in ("make", "python3", "nvidia-smi"):
         (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*"\n')
         (bin_dir / tool).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS}  # the script's defaults, whoever runs it
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"))
     run = subprocess.run(
         ["bash", str(ROOT / "tools" / "device_check.sh"), *steps], env=env, capture_output=True, text=True
     )
