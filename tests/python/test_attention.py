@@ -8,6 +8,8 @@ opforge::kernel_dtypes)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -311,24 +313,36 @@ def test_lse_is_not_differentiable():
 @pytest.mark.parametrize("mask", [False, True])
 @pytest.mark.parametrize("sq, sk", [(1, 1), (63, 65), (129, 129), (300, 257), (40, 700)])
 def test_cuda_gradients_match_sdpa(dtype, head_dim, causal, mask, sq, sk):
-    """Each gradient's error against float64 is at most twice that of SDPA's own backward in the
-    same dtype on the GPU, plus a small floor (FlashAttention's test criterion)."""
+    """FlashAttention's test criterion (tests/test_flash_attn.py of its repository): each
+    gradient's largest error against float64 SDPA is at most twice that of attention written in
+    plain torch in the same dtype on the GPU (plain_torch_grads), plus twice the float32 rounding
+    of the reference at 0.3 (its atol)."""
     q, k, v, m = inputs(2, 3, sq, sk, head_dim, dtype, "cuda", mask)
     grad_o = torch.randn_like(q)
     got = op_grads(q, k, v, grad_o, head_dim, m, causal=causal)
     want = sdpa_grads(q, k, v, grad_o, m, causal=causal)
-    bias = torch.zeros(sq, sk, dtype=dtype, device="cuda")
-    if causal:
-        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
-    if m is not None:
-        bias = bias + m[:, None, None, :]
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    theirs = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, attn_mask=bias), leaves, grad_o)
+    theirs = plain_torch_grads(q, k, v, grad_o, m, causal=causal)
     for name, g, w, t in zip("qkv", got, want, theirs):
         assert g.dtype == dtype and g.shape == w.shape
         ours_err = (g.double().cpu() - w).abs().max().item()
-        sdpa_err = (t.double().cpu() - w).abs().max().item()
-        assert ours_err <= 2 * sdpa_err + 1e-3 * w.abs().max().item() + 1e-6, (name, ours_err, sdpa_err)
+        torch_err = (t.double().cpu() - w).abs().max().item()
+        atol = 2 * (w.float() + 0.3 - 0.3 - w.float()).abs().max().item()
+        assert ours_err <= 2 * torch_err + atol, (name, ours_err, torch_err, atol)
+
+
+def plain_torch_grads(q, k, v, grad_o, mask=None, causal=False):
+    """The gradients of q, k and v through attention in plain torch, in the inputs' dtype on their
+    device: softmax(q / sqrt(D) k^T + bias) v with every product rounded to the dtype
+    (FlashAttention's attention_ref with upcast=False, the baseline of its tests)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    bias = torch.zeros(q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
+    if causal:
+        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
+    if mask is not None:
+        bias = bias + mask[:, None, None, :]
+    scores = (leaves[0] / math.sqrt(q.shape[-1])) @ leaves[1].transpose(-1, -2) + bias
+    out = scores.softmax(-1) @ leaves[2]
+    return torch.autograd.grad(out, leaves, grad_o)
 
 
 @requires_cuda
