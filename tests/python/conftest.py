@@ -21,6 +21,15 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # one and the processes tests start); its probes of extensions (bfloat16, VNNI, AMX) still run.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
+# Under pytest-xdist, each worker's share of the CPU's cores for torch's intra-op threads, OpenMP
+# in the processes tests start and Inductor's compile workers, so that N workers on C cores run
+# about C threads, not N x C (15 workers on the GPU machine's 16 cores took 16 threads each).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _SHARE = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    for _name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+        os.environ.setdefault(_name, _SHARE)
+
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
