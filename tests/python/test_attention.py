@@ -316,7 +316,9 @@ def test_cuda_gradients_match_sdpa(dtype, head_dim, causal, mask, sq, sk):
     """FlashAttention's test criterion (tests/test_flash_attn.py of its repository): each
     gradient's largest error against float64 SDPA is at most twice that of attention written in
     plain torch in the same dtype on the GPU (plain_torch_grads), plus twice the float32 rounding
-    of the reference at 0.3 (its atol)."""
+    of the reference at 0.3 (its atol), plus 1e-6: with one key softmax's gradient is exactly 0
+    in torch, while the kernel's float32 dP - delta (two sums in different orders) may leave a
+    rounding's worth."""
     q, k, v, m = inputs(2, 3, sq, sk, head_dim, dtype, "cuda", mask)
     grad_o = torch.randn_like(q)
     got = op_grads(q, k, v, grad_o, head_dim, m, causal=causal)
@@ -326,7 +328,7 @@ def test_cuda_gradients_match_sdpa(dtype, head_dim, causal, mask, sq, sk):
         assert g.dtype == dtype and g.shape == w.shape
         ours_err = (g.double().cpu() - w).abs().max().item()
         torch_err = (t.double().cpu() - w).abs().max().item()
-        atol = 2 * (w.float() + 0.3 - 0.3 - w.float()).abs().max().item()
+        atol = 2 * (w.float() + 0.3 - 0.3 - w.float()).abs().max().item() + 1e-6
         assert ours_err <= 2 * torch_err + atol, (name, ours_err, torch_err, atol)
 
 
