@@ -32,10 +32,16 @@ if [[ ! -f "$venv/.complete" ]]; then
   quiet=(--quiet)
   [[ -t 2 ]] && quiet=()
   step() {  # step MESSAGE COMMAND...: says MESSAGE, runs COMMAND (its output on stderr), says how long it took
-    local message="$1" start=$SECONDS
+    local message="$1" start=$SECONDS status=0
     shift
     echo "opforge: $message" >&2
-    "$@" >&2
+    "$@" >&2 || status=$?
+    if [[ $status -ne 0 ]]; then
+      echo "opforge:   failed (exit $status): the environment is incomplete; the next run creates it again." >&2
+      echo "opforge: a Python that already has $(grep -m1 -E '^torch==' "$root/requirements.txt" || echo torch) (the" \
+        "way on a machine without the package index) can be used instead: OPFORGE_PYTHON=python3 make test" >&2
+      exit 1
+    fi
     echo "opforge:   done in $((SECONDS - start)) s" >&2
   }
   echo "opforge: creating the Python environment $venv for requirements.txt (first run only;" \

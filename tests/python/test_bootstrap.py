@@ -22,18 +22,33 @@ printf '#!/bin/sh\\necho "pip $*" >> "%s/pip.log"\\n' "$3" > "$3/bin/python"
 chmod +x "$3/bin/python"
 """
 
+#: The same, whose pip fails (exit 7) to install requirements.txt, as without the package index.
+FAILING_PIP_PYTHON3 = """#!/bin/sh
+[ "$1 $2" = "-m venv" ] || exit 3
+mkdir -p "$3/bin"
+printf '#!/bin/sh\\ncase "$*" in *-r*) exit 7;; esac\\n' > "$3/bin/python"
+chmod +x "$3/bin/python"
+"""
 
-def test_creating_the_environment_says_each_step_and_a_second_run_nothing(tmp_path):
+
+def fake_clone(tmp_path: Path, python3: str) -> tuple[Path, dict[str, str]]:
+    """A copy of bootstrap.sh beside a small requirements.txt, and an environment whose python3
+    is the stand-in ``python3`` (script text), its environments under ``tmp_path/venvs``."""
     clone = tmp_path / "clone"
     (clone / "tools").mkdir(parents=True)
     shutil.copy(ROOT / "tools" / "bootstrap.sh", clone / "tools" / "bootstrap.sh")
     (clone / "requirements.txt").write_text("# the environment\ntorch==2.11.0\n\nnumpy>=2.0\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").write_text(FAKE_PYTHON3)
+    (bin_dir / "python3").write_text(python3)
     (bin_dir / "python3").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "OPFORGE_PYTHON"}
     env.update(PATH=f"{bin_dir}:{env['PATH']}", OPFORGE_VENV_ROOT=str(tmp_path / "venvs"))
+    return clone, env
+
+
+def test_creating_the_environment_says_each_step_and_a_second_run_nothing(tmp_path):
+    clone, env = fake_clone(tmp_path, FAKE_PYTHON3)
 
     def bootstrap() -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -62,3 +77,23 @@ def test_creating_the_environment_says_each_step_and_a_second_run_nothing(tmp_pa
     ]
     second = bootstrap()
     assert (second.returncode, second.stdout, second.stderr) == (0, first.stdout, "")
+
+
+def test_a_failed_install_says_so_and_names_the_interpreter_way(tmp_path):
+    """pip failing (no package index, as on the GPU machine) ends the script with the step that
+    failed and how to use a Python that has torch instead; nothing on standard output, so make
+    stops; the next run starts the environment again."""
+    clone, env = fake_clone(tmp_path, FAILING_PIP_PYTHON3)
+    run = subprocess.run(
+        ["bash", str(clone / "tools" / "bootstrap.sh")], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert (run.returncode, run.stdout) == (1, "")
+    said = re.sub(r"done in \d+ s", "done in N s", run.stderr).splitlines()
+    assert said[-3:] == [
+        "opforge: installing 2 packages of requirements.txt with their dependencies",
+        "opforge:   failed (exit 7): the environment is incomplete; the next run creates it again.",
+        "opforge: a Python that already has torch==2.11.0 (the way on a machine without the package index) can be "
+        "used instead: OPFORGE_PYTHON=python3 make test",
+    ]
+    (venv,) = [p for p in (tmp_path / "venvs").glob("venv-*") if p.is_dir()]
+    assert not (venv / ".complete").exists()
