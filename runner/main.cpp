@@ -51,8 +51,8 @@ struct Options {
 }
 
 /// The command line, parsed with CLI11; a bad one prints CLI11's message and a pointer to
-/// --help, and exits non-zero with CLI11's code (105 for a value out of range, 106 for a
-/// missing required option, 109 for an unexpected argument, ...).
+/// --help and exits 2, the `opforge` command's code for bad arguments (CLI11's own codes, 105
+/// for a value out of range, 106 for a missing required option, ..., are not passed on).
 Options parse(int argc, char** argv) {
   Options o;
   CLI::App app{"Runs an AOTInductor package (.pt2) that uses opforge ops, with no Python.", "opforge-runner"};
@@ -78,7 +78,7 @@ Options parse(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
+    std::exit(app.exit(e) == 0 ? 0 : 2);  // 0: --help
   }
   if (fs::is_directory(o.package)) {  // the folder opforge.aoti.package wrote
     const fs::path model = fs::path(o.package) / "model.pt2";

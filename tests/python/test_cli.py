@@ -195,6 +195,11 @@ def test_run_passes_its_arguments_to_the_runner(tmp_path):
     proc = opforge_cli("run", str(tmp_path / "missing.pt2"), "--inputs", "x.pt", "--output", "y.pt")
     assert proc.returncode != 0
     assert "missing.pt2" in proc.stderr
+    # Bad arguments exit 2, as every verb's (CLI11's own code for a missing option is 106).
+    for args in (["model.pt2"], ["model.pt2", "--inputs", "x.pt", "--output", "y.pt", "--iters", "0"]):
+        proc = opforge_cli("run", *args)
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+        assert "Run with --help for more information." in proc.stderr
 
 
 def test_run_without_a_built_runner_says_how_to_build_it(tmp_path):
