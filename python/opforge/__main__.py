@@ -67,18 +67,27 @@ def _library(target: str) -> Path:
         return opforge.build_library(path.resolve().name, folder=path)
     if path.suffix == ".so" or path.exists() or not target.isidentifier():
         return path
-    found = _build.built_libraries(target)
-    if not _paths.installed() and (_paths.build_dir() / "lib" / f"lib{target}.so").exists():
-        found.append(_paths.build_dir() / "lib" / f"lib{target}.so")
+
+    def named(name: str) -> list[Path]:
+        found = _build.built_libraries(name)
+        if not _paths.installed() and (_paths.build_dir() / "lib" / f"lib{name}.so").exists():
+            found.append(_paths.build_dir() / "lib" / f"lib{name}.so")
+        return found
+
+    name, found = target, named(target)
+    if not found and target.startswith("lib") and target[3:].isidentifier():  # libX, the file's stem: X
+        name, found = target[3:], named(target[3:])
     if not found:
         raise FileNotFoundError(
-            f"no op library named {target!r}: give its op folder, its lib{target}.so, or an op name ns::op "
-            f"(`opforge build <folder>` builds lib{target}.so from an op folder named {target})"
+            f"no op library named {name!r}: give its op folder, its lib{name}.so, or an op name ns::op "
+            f"(`opforge build <folder>` builds lib{name}.so from an op folder named {name})"
         )
     if len(found) > 1:
         raise ValueError(
-            f"{len(found)} op libraries are named {target!r}; give the op folder or the path of one:\n"
-            + "\n".join(f"  {p}" for p in found)
+            f"{len(found)} op libraries are named {name!r}; give the op folder or the path of one:\n"
+            + "\n".join(
+                f"  {p}" + (f" (from {', '.join(src)})" if (src := _build.built_from(p)) else "") for p in found
+            )
         )
     return found[0]
 
@@ -106,7 +115,7 @@ def _verify(args: argparse.Namespace) -> int:
             try:
                 opforge.find_op(name)
             except ValueError as e:  # a qualified name whose library was not given
-                return _fail("verify", f"{e} (pass the op library's path to load it)")
+                return _fail("verify", f"{str(e).removeprefix('opforge: ')} (pass the op library's path to load it)")
             report = verify.verify_op(name, device=args.device, seed=args.seed, dtypes=args.dtype, report=report)
     except (ValueError, opforge.OpforgeError) as e:
         return _fail("verify", e)

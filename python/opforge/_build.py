@@ -210,7 +210,20 @@ def build_library(
     )
     with _locked(build_dir, f"lib{name}.so"):
         _configure_and_build(name, build_dir, cmakelists, verbose)
+        (build_dir / SOURCES_FILE).write_text("".join(f"{p}\n" for p in inputs))  # for built_from
     return build_dir / f"lib{name}.so"
+
+
+#: What build_library writes beside a library it built: its op folder, or its source files, a line each.
+SOURCES_FILE = "sources.txt"
+
+
+def built_from(library: Path) -> list[str]:
+    """The op folder (or the op files and kernels) that :func:`build_library` built ``library``
+    from, as absolute paths; empty for a library it did not build (or built before it recorded
+    them)."""
+    record = Path(library).parent / SOURCES_FILE
+    return record.read_text().splitlines() if record.is_file() else []
 
 
 def built_libraries(name: str) -> list[Path]:

@@ -149,7 +149,7 @@ def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
         (["verify"], "the following arguments are required: targets"),
         (
             ["verify", "examples::nothing"],
-            "opforge verify: opforge: no loaded op named 'examples::nothing' (pass the op library's path to load it)",
+            "opforge verify: no loaded op named 'examples::nothing' (pass the op library's path to load it)",
         ),
     ],
 )
@@ -265,6 +265,8 @@ def test_verify_takes_a_library_s_name_or_its_op_folder(tmp_path):
     proc = opforge_cli("verify", "twice", str(first), "--device", "cpu", "--seed", "1")  # its op, verified once
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 op," in proc.stdout and "cli::twice" in proc.stdout
+    proc = opforge_cli("verify", "libtwice", "--device", "cpu", "--seed", "1")  # the library file's stem
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
     second = twice_folder(tmp_path / "second")
     assert opforge_cli("build", str(second)).returncode == 0
@@ -273,8 +275,11 @@ def test_verify_takes_a_library_s_name_or_its_op_folder(tmp_path):
     built = sorted(Path(os.environ["OPFORGE_CACHE_DIR"]).glob("build/twice-*/libtwice.so"), key=os.path.getmtime)
     assert proc.stderr == (
         "opforge verify: 2 op libraries are named 'twice'; give the op folder or the path of one:\n"
-        f"  {built[1]}\n  {built[0]}\n"
+        f"  {built[1]} (from {second.resolve()})\n  {built[0]} (from {first.resolve()})\n"
     )
+    proc = opforge_cli("verify", "libthrice")  # the library file's stem names it too
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("opforge verify: no op library named 'thrice': give its op folder, its libthrice.so")
     proc = opforge_cli("verify", "thrice")
     assert proc.returncode == 2
     assert proc.stderr == (
