@@ -4,8 +4,10 @@ Note [Long steps say what they do]: a step that can take more than a moment says
 error, whatever standard output is: on a terminal, its message with a spinner and the elapsed
 time (rich), gone when the step ends; elsewhere (a log, CI, a pipe, a notebook), its message as
 one line, printed once the step has run ``after_s`` seconds, so that a step with nothing to do
-(an op library already up to date) prints nothing. A step known to be long (building the adapter)
-passes ``after_s=0``. ``$OPFORGE_QUIET`` (any non-empty value) silences both.
+(an op library already up to date) prints nothing, and then "opforge:   still running after N s"
+every HEARTBEAT_S seconds until it ends (as pip does in a log), so that no minute passes silent.
+A step known to be long (building the adapter) passes ``after_s=0``. ``$OPFORGE_QUIET`` (any
+non-empty value) silences all of it.
 """
 
 from __future__ import annotations
@@ -18,10 +20,26 @@ from collections.abc import Iterator
 
 #: Seconds a step runs before it is announced off a terminal (see the module docstring).
 ANNOUNCE_AFTER_S = 1.0
+#: Seconds between the lines that say an announced step is still running, off a terminal.
+HEARTBEAT_S = 30.0
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _announce(message: str, after_s: float, done: threading.Event) -> None:
+    """Off a terminal: ``message`` once the step has run ``after_s`` seconds (at once, by the
+    caller, where ``after_s`` <= 0), then a line every HEARTBEAT_S seconds, until ``done`` is set."""
+    after_s = max(after_s, 0.0)
+    if after_s > 0:
+        if done.wait(after_s):
+            return
+        _say(message)
+    beats = 0
+    while not done.wait(HEARTBEAT_S):
+        beats += 1
+        _say(f"opforge:   still running after {after_s + beats * HEARTBEAT_S:.0f} s")
 
 
 @contextlib.contextmanager
@@ -38,16 +56,15 @@ def status(message: str, *, after_s: float = ANNOUNCE_AFTER_S) -> Iterator[None]
         return
     if not sys.stderr.isatty():
         if after_s <= 0:
-            _say(message)
-            yield
-            return
-        timer = threading.Timer(after_s, _say, (message,))
-        timer.daemon = True
-        timer.start()
+            _say(message)  # before the step's own output
+        done = threading.Event()
+        announcer = threading.Thread(target=_announce, args=(message, after_s, done), daemon=True)
+        announcer.start()
         try:
             yield
         finally:
-            timer.cancel()
+            done.set()
+            announcer.join()
         return
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,33 @@ def test_off_a_terminal_a_long_step_says_one_line_and_a_quick_one_nothing():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "done\n"
     assert proc.stderr == "opforge: a long step\nopforge: a step known to be long\n"
+
+
+def test_off_a_terminal_a_step_says_every_heartbeat_that_it_still_runs():
+    """Beats every 0.3 s here: a 1.5 s step announced at 0.2 s has four nominally; a loaded machine
+    may wake the thread late, so between two and four, their times rising."""
+    steps = textwrap.dedent(
+        """
+        import time
+        from opforge import _progress
+
+        _progress.HEARTBEAT_S = 0.3
+        with _progress.status("opforge: a long step", after_s=0.2):
+            time.sleep(1.5)
+        with _progress.status("opforge: a step known to be long", after_s=0):
+            time.sleep(1.0)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", steps], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    second = lines.index("opforge: a step known to be long")
+    for step, beats in (("opforge: a long step", lines[1:second]), (lines[second], lines[second + 1 :])):
+        assert step.startswith("opforge: a ")
+        times = [int(m.group(1)) for m in map(re.compile(r"opforge:   still running after (\d+) s").fullmatch, beats)]
+        assert len(times) == len(beats) and times == sorted(times), beats
+    assert lines[0] == "opforge: a long step" and 2 <= second - 1 <= 4, lines
+    assert 1 <= len(lines) - second - 1 <= 3, lines
 
 
 def test_opforge_quiet_silences_every_step():
