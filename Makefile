@@ -10,7 +10,8 @@ PY := $(shell tools/bootstrap.sh)
 ifeq ($(PY),)
 $(error tools/bootstrap.sh failed to provide a Python environment)
 endif
-PYBIN := $(shell dirname "$$(command -v $(PY))")
+PYEXE := $(shell command -v $(PY))
+PYBIN := $(shell dirname "$(PYEXE)")
 CMAKE := $(shell [ -x "$(PYBIN)/cmake" ] && echo "$(PYBIN)/cmake" || command -v cmake)
 CTEST := $(shell [ -x "$(PYBIN)/ctest" ] && echo "$(PYBIN)/ctest" || command -v ctest)
 NINJA := $(shell [ -x "$(PYBIN)/ninja" ] && echo "$(PYBIN)/ninja" || command -v ninja)
@@ -33,7 +34,7 @@ DEMO_TARGETS := opforge_torch opforge-runner bias_gelu
 .PHONY: build build-demo demo test test-cpp test-python clean
 
 $(BUILD)/build.ninja:
-	$(CMAKE) -S . -B $(BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(NINJA) -DPython3_EXECUTABLE=$$(command -v $(PY))
+	$(CMAKE) -S . -B $(BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(NINJA) -DPython3_EXECUTABLE=$(PYEXE)
 
 build-demo: $(BUILD)/build.ninja
 	$(CMAKE) --build $(BUILD) --target $(DEMO_TARGETS)
