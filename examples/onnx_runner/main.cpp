@@ -260,7 +260,11 @@ int main(int argc, char** argv) {
   app.add_option("--input", inputs, "a .npy file per model input, in the model's order");
   app.add_option("--output-dir", output_dir, "where <output name>.npy files are written");
   app.add_flag("--cuda", cuda, "run on the CUDA execution provider (device 0)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // 0: --help; CLI11's own codes (106: a missing option) are not passed on
+  }
   try {
     return run(onnxruntime, adapter, op_libraries, model, inputs, output_dir, cuda);
   } catch (const std::invalid_argument& e) {

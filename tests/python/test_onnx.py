@@ -328,6 +328,16 @@ def _libonnxruntime() -> Path:
     return found[0]
 
 
+def test_the_cpp_runner_exits_2_on_bad_arguments():
+    for args in ([], ["--help"]):
+        done = subprocess.run([str(_runner()), *args], capture_output=True, text=True, timeout=60)
+        if args:
+            assert done.returncode == 0 and "--onnxruntime" in done.stdout
+        else:
+            assert done.returncode == 2, (done.returncode, done.stderr)
+            assert "--onnxruntime is required" in done.stderr
+
+
 def test_the_cpp_runner_runs_an_exported_model_without_python(tmp_path):
     lib = library("softshrink")
     x = torch.randn(5, 8)
