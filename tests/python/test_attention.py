@@ -27,13 +27,20 @@ def library():
     return opforge.load_library(opforge.example_library("attention"))
 
 
-def expected(q, k, v, mask=None, causal=False, scale=None):
-    """SDPA in float64 on the CPU with the op's masks as one additive bias."""
-    bias = torch.zeros(q.shape[2], k.shape[2], dtype=torch.float64)
+def additive_bias(sq, sk, mask, causal, dtype, device):
+    """The op's masks as one additive bias [batch, 1, sq, sk] (or [sq, sk] without a key mask):
+    -inf above the diagonal where causal, plus the key mask [batch, sk]."""
+    bias = torch.zeros(sq, sk, dtype=dtype, device=device)
     if causal:
         bias = bias + torch.full_like(bias, float("-inf")).triu(1)
     if mask is not None:
-        bias = bias + mask.double().cpu()[:, None, None, :]
+        bias = bias + mask.to(dtype=dtype, device=device)[:, None, None, :]
+    return bias
+
+
+def expected(q, k, v, mask=None, causal=False, scale=None):
+    """SDPA in float64 on the CPU with the op's masks as one additive bias."""
+    bias = additive_bias(q.shape[2], k.shape[2], mask, causal, torch.float64, "cpu")
     return F.scaled_dot_product_attention(
         q.double().cpu(), k.double().cpu(), v.double().cpu(), attn_mask=bias, scale=scale
     )
@@ -41,11 +48,7 @@ def expected(q, k, v, mask=None, causal=False, scale=None):
 
 def expected_lse(q, k, mask=None, causal=False, scale=None):
     """Each query row's log-sum-exp of its scores in float64 on the CPU (expected()'s masks)."""
-    bias = torch.zeros(q.shape[2], k.shape[2], dtype=torch.float64)
-    if causal:
-        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
-    if mask is not None:
-        bias = bias + mask.double().cpu()[:, None, None, :]
+    bias = additive_bias(q.shape[2], k.shape[2], mask, causal, torch.float64, "cpu")
     s = scale or q.shape[-1] ** -0.5
     return torch.logsumexp(q.double().cpu() @ k.double().cpu().mT * s + bias, -1)
 
@@ -337,11 +340,7 @@ def plain_torch_grads(q, k, v, grad_o, mask=None, causal=False):
     device: softmax(q / sqrt(D) k^T + bias) v with every product rounded to the dtype
     (FlashAttention's attention_ref with upcast=False, the baseline of its tests)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    bias = torch.zeros(q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
-    if causal:
-        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
-    if mask is not None:
-        bias = bias + mask[:, None, None, :]
+    bias = additive_bias(q.shape[2], k.shape[2], mask, causal, q.dtype, q.device)
     scores = (leaves[0] / math.sqrt(q.shape[-1])) @ leaves[1].transpose(-1, -2) + bias
     out = scores.softmax(-1) @ leaves[2]
     return torch.autograd.grad(out, leaves, grad_o)
@@ -395,11 +394,7 @@ def fa2_grads(grad_o, q, k, v, o, lse, mask=None, causal=False, scale=None):
     softmax's row sums from o."""
     grad_o, q, k, v, o, lse = (t.double().cpu() for t in (grad_o, q, k, v, o, lse))
     s = scale or q.shape[-1] ** -0.5
-    bias = torch.zeros(q.shape[2], k.shape[2], dtype=torch.float64)
-    if causal:
-        bias = bias + torch.full_like(bias, float("-inf")).triu(1)
-    if mask is not None:
-        bias = bias + mask.double().cpu()[:, None, None, :]
+    bias = additive_bias(q.shape[2], k.shape[2], mask, causal, torch.float64, "cpu")
     p = (q @ k.mT * s + bias - lse[..., None]).exp()
     ds = p * (grad_o @ v.mT - (grad_o * o).sum(-1, keepdim=True))
     return s * ds @ k, s * ds.mT @ q, p.mT @ grad_o
