@@ -31,6 +31,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,18 @@ struct Options {
   int warmup = 1, iters = 1;
 };
 
-[[noreturn]] void fail(const std::string& msg) {
+/// What the runner refuses or what failed: main prints "opforge-runner: <message>" and returns 2.
+/// Thrown rather than exited on, so that destructors run: AOTIModelPackageLoader's removes the
+/// copy of the package it extracted into /tmp.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string& msg) { throw Failure(msg); }
+
+int report(const std::string& msg) {
   std::cerr << "opforge-runner: " << msg << "\n";
-  std::exit(2);
+  return 2;
 }
 
 /// The command line, parsed with CLI11; a bad one prints CLI11's message and a pointer to
@@ -82,8 +92,10 @@ Options parse(int argc, char** argv) {
   }
   if (fs::is_directory(o.package)) {  // the folder opforge.aoti.package wrote
     const fs::path model = fs::path(o.package) / "model.pt2";
-    if (!fs::is_regular_file(model))
-      fail("the package folder " + o.package + " holds no model.pt2 (opforge.aoti.package writes one there)");
+    if (!fs::is_regular_file(model)) {
+      report("the package folder " + o.package + " holds no model.pt2 (opforge.aoti.package writes one there)");
+      std::exit(2);
+    }
     o.package = model.string();
   }
   return o;
@@ -244,9 +256,9 @@ int main(int argc, char** argv) {
               << ", \"iters\": " << ms.size() << ", \"latency_ms\": {\"median\": " << ms[ms.size() / 2]
               << ", \"min\": " << ms.front() << ", \"max\": " << ms.back() << "}}" << std::endl;
   } catch (const c10::Error& e) {
-    fail(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    fail(e.what());
+    return report(e.what_without_backtrace());
+  } catch (const std::exception& e) {  // a Failure among them
+    return report(e.what());
   }
   return 0;
 }

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import struct
 import subprocess
+import time
 import warnings
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -81,8 +83,10 @@ def test_the_runner_refuses_inputs_the_package_was_not_compiled_for(packaged):
     """AOTInductor's input checks, which the runner turns on: a size past the export's bound and
     a dtype the graph was not compiled for fail with AOTInductor's message naming the input (a
     float64 input was read as float32 before); a batch of 1, under Inductor's lower bound of 2,
-    still runs."""
+    still runs. A failed run, like a passing one, removes the copy of the package that
+    AOTInductor's loader extracted (into /tmp/XXXXXX/, whatever TMPDIR says)."""
     model, package, device = packaged
+    start = time.time()
     for x, message in (
         (torch.randn(4097, 24, device=device), "input_handles[0]: dim value is too large at 0, expected to be <= 4096"),
         (torch.randn(3, 24, device=device, dtype=torch.float64), "input_handles[0]: unmatched dtype"),
@@ -91,6 +95,12 @@ def test_the_runner_refuses_inputs_the_package_was_not_compiled_for(packaged):
             aoti.run(package, [x], device=device)
         assert message in str(err.value) and "failed (AOTInductor's message is above)" in str(err.value)
     assert aoti.run(package, [torch.randn(1, 24, device=device)], device=device).outputs[0].shape == (1, 40)
+    # The model's compiled library, named by a hash of its code: no other test's package has it.
+    with zipfile.ZipFile(package) as archive:
+        libraries = {Path(name).name for name in archive.namelist() if name.endswith(".so")}
+    extracted = Path("/tmp").glob("*/model/data/aotinductor/model/*.so")
+    left = [p for p in extracted if p.name in libraries and p.stat().st_mtime >= start - 1]
+    assert libraries and not left
 
 
 @requires_two_gpus
