@@ -7,7 +7,8 @@ builds the adapter (and, when asked for, the runner) into
 ``~/.cache/opforge/adapter/torch-<version>-<key>/`` (``$OPFORGE_CACHE_DIR`` replaces
 ``~/.cache/opforge``); later uses find it there. The key holds what the build depends on: torch's
 version, C++ ABI and installation, the interpreter (its real file: ``python``, ``python3`` and
-``python3.11`` of one environment share a build), this opforge and its sources.
+``python3.11`` of one environment share a build), this opforge and its sources. A new build
+removes the one an earlier opforge made for the same torch and interpreter (an upgrade).
 """
 
 from __future__ import annotations
@@ -29,19 +30,28 @@ def _outputs(target: str) -> Path:
 
 
 @functools.cache
-def build_folder() -> Path:
-    """The folder the adapter and runner for this Python's torch are built in (not created), keyed
-    by torch (version, C++ ABI, installation), the interpreter's real file, this opforge and the
-    sources built."""
+def environment() -> str:
+    """What the adapter is built for apart from opforge: torch (version, C++ ABI, installation)
+    and the interpreter's real file, a line each."""
     import torch
 
-    key = cache_key(
-        torch.__version__,
-        f"cxx11abi={int(torch.compiled_with_cxx11_abi())}",
-        os.path.realpath(Path(torch.__file__).parent),
-        os.path.realpath(sys.executable),
+    return "\n".join(
+        [
+            f"torch {torch.__version__}",
+            f"cxx11abi={int(torch.compiled_with_cxx11_abi())}",
+            os.path.realpath(Path(torch.__file__).parent),
+            os.path.realpath(sys.executable),
+        ]
     )
-    return cache_dir() / "adapter" / f"torch-{torch.__version__}-{key}"
+
+
+@functools.cache
+def build_folder() -> Path:
+    """The folder the adapter and runner for this Python's torch are built in (not created), keyed
+    by :func:`environment`, this opforge and the sources built."""
+    import torch
+
+    return cache_dir() / "adapter" / f"torch-{torch.__version__}-{cache_key(environment())}"
 
 
 def ensure_built(target: str = ADAPTER) -> Path:
@@ -64,6 +74,7 @@ def ensure_built(target: str = ADAPTER) -> Path:
         _outputs(target),
         [f"-DPython3_EXECUTABLE={sys.executable}"],
         f"{what} for torch {torch.__version__}",
+        environment(),
     )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import _paths
-from ._progress import status
+from ._progress import note, status
 
 
 class BuildError(RuntimeError):
@@ -82,9 +82,37 @@ def _locked(folder: Path, what: str) -> Iterator[None]:
         yield
 
 
-def cmake_build(source: Path, folder: Path, target: str, output: Path, defines: list[str], what: str) -> Path:
+#: What an adapter build folder was built for (cmake_build's ``environment``), written in it.
+ENVIRONMENT_FILE = "environment.txt"
+
+
+def _remove_replaced(folder: Path, environment: str) -> None:
+    """Removes the sibling folders of ``folder`` built for the same ``environment`` (the same
+    interpreter and framework) by another opforge: an upgrade's adapter replaces the one before
+    it instead of adding a few hundred MB to the cache with each version. A folder whose lock
+    another process holds (it is building there) is left alone."""
+    for sibling in folder.parent.iterdir():
+        record = sibling / ENVIRONMENT_FILE
+        if sibling == folder or not record.is_file() or record.read_text() != environment:
+            continue
+        with open(sibling / ".lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(sibling, ignore_errors=True)
+        note(f"opforge: removed {sibling}, built for this environment by another opforge")
+
+
+def cmake_build(
+    source: Path, folder: Path, target: str, output: Path, defines: list[str], what: str, environment: str
+) -> Path:
     """Configure (once) the CMake project ``source`` in ``folder`` and build ``target`` unless
     ``folder / output`` exists, one builder at a time per folder; returns ``folder``.
+
+    ``environment`` names what the build is for apart from opforge itself (the interpreter, the
+    framework's version and installation); a new build removes the folders beside it built for
+    the same environment by another opforge (:data:`ENVIRONMENT_FILE` records it).
 
     Raises:
         BuildError: CMake or the compiler failed (the message holds their output and the
@@ -121,6 +149,8 @@ def cmake_build(source: Path, folder: Path, target: str, output: Path, defines: 
                     raise BuildError(
                         f"opforge: building {what} failed (remove {folder} to start over):\n{proc.stdout}{proc.stderr}"
                     )
+        (folder / ENVIRONMENT_FILE).write_text(environment)
+    _remove_replaced(folder, environment)
     return folder
 
 

@@ -28,6 +28,13 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def note(line: str) -> None:
+    """Say ``line`` on standard error once, unless ``$OPFORGE_QUIET`` is set: something opforge
+    did that the user did not ask for (a stale build removed)."""
+    if not os.environ.get("OPFORGE_QUIET"):
+        _say(line)
+
+
 def _announce(message: str, after_s: float, done: threading.Event) -> None:
     """Off a terminal: ``message`` once the step has run ``after_s`` seconds (at once, by the
     caller, where ``after_s`` <= 0), then a line every HEARTBEAT_S seconds, until ``done`` is set."""

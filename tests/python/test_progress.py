@@ -156,3 +156,32 @@ def test_the_first_build_says_what_and_why_and_other_spellings_of_the_interprete
         )
         assert (again.returncode, again.stdout.strip(), again.stderr) == (0, str(runner), "")
     assert len(log.read_text().splitlines()) == 2
+
+
+def test_a_new_build_replaces_the_one_an_earlier_opforge_made_for_this_environment(tmp_path):
+    from opforge import _adapter
+    from opforge._build import ENVIRONMENT_FILE
+
+    cmake = tmp_path / "cmake"
+    cmake.write_text(FAKE_CMAKE)
+    cmake.chmod(0o755)
+    adapters = tmp_path / "cache" / "adapter"
+    earlier, other_python, unrecorded = (adapters / f"torch-{torch.__version__}-{d * 12}" for d in "012")
+    for folder, environment in (
+        (earlier, _adapter.environment()),
+        (other_python, _adapter.environment() + "2"),
+        (unrecorded, None),
+    ):
+        (folder / "bin").mkdir(parents=True)
+        (folder / "bin" / "opforge-runner").touch()
+        if environment is not None:
+            (folder / ENVIRONMENT_FILE).write_text(environment)
+    env = _env(OPFORGE_CACHE_DIR=str(tmp_path / "cache"), OPFORGE_FAKE_CMAKE_LOG=str(tmp_path / "cmake.log"))
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD_RUNNER, str(cmake)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    built = Path(proc.stdout.strip()).parents[1]
+    assert sorted(adapters.iterdir()) == sorted([built, other_python, unrecorded])
+    assert (built / ENVIRONMENT_FILE).read_text() == _adapter.environment()
+    assert proc.stderr.splitlines()[-1] == f"opforge: removed {earlier}, built for this environment by another opforge"

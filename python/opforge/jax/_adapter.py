@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import sys
 import threading
 from pathlib import Path
 
@@ -42,7 +44,8 @@ def adapter() -> ctypes.CDLL:
     """
     if _paths.installed():
         include = jax.ffi.include_dir()
-        folder = cache_dir() / "adapter" / f"jax-{jaxlib.__version__}-{cache_key(jaxlib.__version__, include)}"
+        environment = "\n".join([f"jaxlib {jaxlib.__version__}", include, os.path.realpath(sys.executable)])
+        folder = cache_dir() / "adapter" / f"jax-{jaxlib.__version__}-{cache_key(environment)}"
         path = (
             cmake_build(
                 _paths.PACKAGE / "_src" / "src" / "jax",
@@ -51,6 +54,7 @@ def adapter() -> ctypes.CDLL:
                 _OUTPUT,
                 [f"-DOPFORGE_JAX_INCLUDE_DIR={include}"],
                 f"the JAX adapter for jaxlib {jaxlib.__version__}",
+                environment,
             )
             / _OUTPUT
         )
