@@ -411,7 +411,7 @@ def _minilm():
     return minilm, bert, tokenizer
 
 
-def test_minilm_with_opforge_ops_runs_in_onnxruntime_like_the_unmodified_model():
+def test_minilm_with_opforge_ops_runs_in_onnxruntime_like_the_unmodified_model(tmp_path):
     import copy
 
     from opforge.verify import verify_model
@@ -424,13 +424,15 @@ def test_minilm_with_opforge_ops_runs_in_onnxruntime_like_the_unmodified_model()
     model.bert = minilm.OpforgeBert(model.bert)  # float32: the ops' CPU references
     tokens = tokenizer(minilm.SENTENCES[:3], padding="max_length", max_length=16, return_tensors="pt")
     inputs = [tokens["input_ids"], tokens["attention_mask"]]
-    (report,) = verify_model(model, inputs, device="cpu", reference=reference, runtime="onnxruntime", iters=1)
+    (report,) = verify_model(
+        model, inputs, device="cpu", reference=reference, runtime="onnxruntime", package_dir=tmp_path, iters=1
+    )
     assert report.ok, report.outputs
     assert report.outputs[0].cosine > 0.9999 and report.package.endswith(".onnx")
 
 
 @requires_ort_cuda
-def test_minilm_in_float16_with_opforge_ops_runs_in_onnxruntime_on_cuda():
+def test_minilm_in_float16_with_opforge_ops_runs_in_onnxruntime_on_cuda(tmp_path):
     import copy
 
     from opforge.verify import verify_model
@@ -440,7 +442,9 @@ def test_minilm_in_float16_with_opforge_ops_runs_in_onnxruntime_on_cuda():
     model = minilm.with_opforge_ops(copy.deepcopy(reference), torch.float16)
     tokens = tokenizer(minilm.SENTENCES[:3], padding="max_length", max_length=16, return_tensors="pt")
     inputs = [tokens["input_ids"], tokens["attention_mask"]]
-    (report,) = verify_model(model, inputs, device="cuda", reference=reference, runtime="onnxruntime", iters=1)
+    (report,) = verify_model(
+        model, inputs, device="cuda", reference=reference, runtime="onnxruntime", package_dir=tmp_path, iters=1
+    )
     assert report.ok, report.outputs
     assert report.outputs[0].cosine > 0.999 and report.package.endswith(".onnx")
 
