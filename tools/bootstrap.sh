@@ -4,6 +4,7 @@
 # The environment lives outside the clone, keyed by the hash of requirements.txt, so clean clones
 # and CI runs reuse it and a change of requirements builds a new one:
 #   ${OPFORGE_VENV_ROOT:-$HOME/.cache/opforge}/venv-<sha256[:16]>
+# and removes those of earlier requirements but the most recently used one.
 # Set OPFORGE_PYTHON to use an existing interpreter instead (the GPU machine's python3, which
 # already has torch); then nothing is installed.
 #
@@ -52,5 +53,23 @@ if [[ ! -f "$venv/.complete" ]]; then
   step "installing $(grep -cvE '^\s*(#|$)' "$root/requirements.txt") packages of requirements.txt with their dependencies" \
     "$venv/bin/python" -m pip install "${quiet[@]}" -r "$root/requirements.txt"
   touch "$venv/.complete"
+  # The environments of earlier requirements.txt files (a few GB each): the most recently used one
+  # stays (another checkout on another branch may be running with it), older ones go, except one
+  # being created (its lock is held).
+  keep=1
+  while IFS= read -r stamp; do
+    old="$(dirname "$stamp")"
+    [[ "$old" == "$venv" ]] && continue
+    if ((keep > 0)); then
+      keep=$((keep - 1))
+      continue
+    fi
+    (
+      flock --nonblock 8 || exit 0
+      echo "opforge: removing $old, the environment of an earlier requirements.txt" >&2
+      rm -rf "$old" "$old.lock"
+    ) 8>"$old.lock"
+  done < <(ls -1dt "$(dirname "$venv")"/venv-????????????????/.complete 2>/dev/null)
 fi
+touch "$venv/.complete"  # when it was last used: the order in which environments are removed
 echo "$venv/bin/python"

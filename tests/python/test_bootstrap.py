@@ -97,3 +97,26 @@ def test_a_failed_install_says_so_and_names_the_interpreter_way(tmp_path):
     ]
     (venv,) = [p for p in (tmp_path / "venvs").glob("venv-*") if p.is_dir()]
     assert not (venv / ".complete").exists()
+
+
+def test_a_new_environment_removes_all_but_the_most_recently_used_earlier_one(tmp_path):
+    """Each requirements.txt has its environment (a few GB); creating one removes those of earlier
+    requirements except the most recently used, and leaves other folders alone."""
+    clone, env = fake_clone(tmp_path, FAKE_PYTHON3)
+    venvs = tmp_path / "venvs"
+    earlier = [venvs / f"venv-{d * 16}" for d in "abc"]
+    for age, folder in enumerate(earlier):  # venv-aaaa... used last, venv-cccc... first
+        folder.mkdir(parents=True)
+        (folder / ".complete").touch()
+        os.utime(folder / ".complete", (1e9 - age, 1e9 - age))
+    other = venvs / "torch-check-2.10.0"
+    other.mkdir()
+    run = subprocess.run(
+        ["bash", str(clone / "tools" / "bootstrap.sh")], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    created = Path(run.stdout.strip()).parents[1]
+    assert sorted(p for p in venvs.iterdir() if p.is_dir()) == sorted([created, earlier[0], other])
+    assert [line for line in run.stderr.splitlines() if "removing" in line] == [
+        f"opforge: removing {folder}, the environment of an earlier requirements.txt" for folder in earlier[1:]
+    ]
