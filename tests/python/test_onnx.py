@@ -59,6 +59,17 @@ def export(model, args, **kwargs) -> onnx.ModelProto:
     return program.model_proto
 
 
+def test_a_model_needs_the_libraries_of_the_ops_its_nodes_call_and_no_other():
+    """verify_model's onnxruntime session registers these, not every library loaded (one whose
+    file is gone since would fail the session)."""
+    from opforge.onnx._runtime import libraries_serving
+
+    softshrink, bias_gelu = library("softshrink"), library("bias_gelu")
+    model = export(Softshrink(), (torch.randn(4, 8),))
+    assert libraries_serving(model, [bias_gelu, softshrink]) == [softshrink]
+    assert libraries_serving(model, [bias_gelu]) == []
+
+
 def test_export_writes_a_node_of_the_namespace_domain_with_typed_attributes():
     library("softshrink")
     x = torch.randn(4, 8)
@@ -474,11 +485,15 @@ def test_an_op_with_an_output_onnx_has_no_type_for_is_refused_by_name_beside_its
     assert onnx.defs.has("dequantise", "fixture") and not onnx.defs.has("to_float8", "fixture")
 
 
-def test_verify_model_refuses_an_unknown_runtime():
+def test_verify_model_refuses_an_unknown_runtime_before_it_makes_a_folder(tmp_path, monkeypatch):
+    import tempfile
+
     from opforge.verify import verify_model
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(ValueError, match="opforge.verify: runtime must be 'aoti' or 'onnxruntime', got 'tvm'"):
         verify_model(Softshrink(), [torch.randn(2, 8)], device="cpu", runtime="tvm")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_docs_blocks_run_as_written():

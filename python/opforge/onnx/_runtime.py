@@ -52,6 +52,16 @@ def library_paths(libraries: Iterable[str | Path | Library]) -> list[str]:
     return paths
 
 
+def libraries_serving(model, libraries: Iterable[Library]) -> list[Library]:
+    """The libraries of ``libraries`` that declare an op a node of ``model`` (an
+    ``onnx.ModelProto``, its graph and its functions) calls, domain ``ns`` and op type ``name``
+    for ``ns::name``: what :func:`session_options` needs for it, and no library it does not (one
+    loaded earlier whose file is gone fails the session)."""
+    nodes = [*model.graph.node, *(node for function in model.functions for node in function.node)]
+    called = {f"{node.domain}::{node.op_type}" for node in nodes if node.domain}
+    return [lib for lib in libraries if any(op.name in called for op in lib.ops)]
+
+
 def session_options(libraries: Iterable[str | Path | Library], options=None):
     """``onnxruntime.SessionOptions`` (``options``, or new ones) with the opforge adapter
     registered to serve every op of ``libraries`` (paths or loaded :class:`~opforge.Library`

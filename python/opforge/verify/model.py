@@ -106,9 +106,9 @@ def verify_model(
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.eval()
-    package_dir = Path(package_dir or tempfile.mkdtemp(prefix="opforge-verify-"))
     if runtime not in ("aoti", "onnxruntime"):
         raise ValueError(f"opforge.verify: runtime must be 'aoti' or 'onnxruntime', got {runtime!r}")
+    package_dir = Path(package_dir or tempfile.mkdtemp(prefix="opforge-verify-"))
     if runtime == "onnxruntime":
         return _verify_onnxruntime(
             model,
@@ -158,6 +158,7 @@ def _verify_onnxruntime(
 
     from .. import _torch
     from .. import onnx as opforge_onnx
+    from ..onnx._runtime import libraries_serving
 
     providers = ["CPUExecutionProvider"]
     if device == "cuda":
@@ -173,8 +174,9 @@ def _verify_onnxruntime(
             model.to(device), tuple(t.to(device) for t in example_inputs), dynamic_shapes=dynamic_shapes
         )
     program.save(str(path))
-    libraries = _torch.loaded_libraries()
-    session = onnxruntime.InferenceSession(str(path), opforge_onnx.session_options(libraries), providers=providers)
+    libraries = libraries_serving(program.model_proto, _torch.loaded_libraries())
+    options = opforge_onnx.session_options(libraries) if libraries else onnxruntime.SessionOptions()
+    session = onnxruntime.InferenceSession(str(path), options, providers=providers)
     names = [i.name for i in session.get_inputs()]
     reference = (reference or model).cpu().eval()
     reports = []
