@@ -14,6 +14,7 @@ file that the tests build.
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import torch
 
 import opforge
 from conftest import ISA_PROBES
+from opforge._build import ENVIRONMENT_FILE
 from readme_blocks import ROOT, all_blocks, blocks, command
 
 KNOWN = {"sh", "cpp", "python", "text"}
@@ -185,6 +187,11 @@ def _installed_env() -> tuple[Path, dict[str, str]]:
     the adapter and runner it builds on first use are reused while their sources are unchanged."""
     cache = Path(os.environ.get("OPFORGE_TEST_CACHE", Path.home() / ".cache" / "opforge"))
     venv = cache / f"readme-venv-py{sys.version_info.major}{sys.version_info.minor}"
+    # Adapter builds of opforge versions that did not record their environment (a new build
+    # removes those that did: _build.ENVIRONMENT_FILE); this cache is the test's own.
+    for folder in (cache / "readme-cache" / "adapter").glob("*"):
+        if not (folder / ENVIRONMENT_FILE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
     if not (venv / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     purelib = subprocess.run(
