@@ -615,7 +615,8 @@ def test_cli_exit_code_and_json(broken_ops, tmp_path):
     lib = str(broken_ops.path)
     out = tmp_path / "report.json"
     proc = subprocess.run(
-        env_python + [lib, "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)],
+        env_python
+        + [lib, "fixture::off_by_one", "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)],
         capture_output=True,
         text=True,
     )
