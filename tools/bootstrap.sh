@@ -9,7 +9,8 @@
 # already has torch); then nothing is installed.
 #
 # Creating it downloads and installs a few GB (torch among them): it says so on stderr, step by
-# step with each step's time, and on a terminal pip shows its own progress bars.
+# step with each step's time; on a terminal pip shows its own progress bars, elsewhere a line
+# every 30 s says the step is still running.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -n "${OPFORGE_PYTHON:-}" ]]; then
@@ -32,11 +33,29 @@ if [[ ! -f "$venv/.complete" ]]; then
   # pip's progress bars on a terminal; its summary alone elsewhere (a log gets no bars).
   quiet=(--quiet)
   [[ -t 2 ]] && quiet=()
+  # Off a terminal (a log, CI), where pip prints nothing until it ends: a line every
+  # OPFORGE_HEARTBEAT_S seconds (30) while a step runs, as opforge's own long steps do
+  # (python/opforge/_progress.py), so that no minute passes silent.
+  heartbeat() {
+    local period="${OPFORGE_HEARTBEAT_S:-30}" waited=0
+    while sleep "$period" </dev/null >/dev/null 2>&1; do
+      waited=$((waited + period))
+      echo "opforge:   still running after $waited s" >&2
+    done
+  }
   step() {  # step MESSAGE COMMAND...: says MESSAGE, runs COMMAND (its output on stderr), says how long it took
-    local message="$1" start=$SECONDS status=0
+    local message="$1" start=$SECONDS status=0 beat=""
     shift
     echo "opforge: $message" >&2
+    if [[ ! -t 2 ]]; then
+      heartbeat &
+      beat=$!
+    fi
     "$@" >&2 || status=$?
+    if [[ -n "$beat" ]]; then
+      kill "$beat" 2>/dev/null || true
+      wait "$beat" 2>/dev/null || true
+    fi
     if [[ $status -ne 0 ]]; then
       echo "opforge:   failed (exit $status): the environment is incomplete; the next run creates it again." >&2
       echo "opforge: a Python that already has $(grep -m1 -E '^torch==' "$root/requirements.txt" || echo torch) (the" \

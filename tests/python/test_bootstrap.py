@@ -31,6 +31,15 @@ chmod +x "$3/bin/python"
 """
 
 
+#: The same, whose pip takes 3.5 s to install requirements.txt.
+SLOW_PIP_PYTHON3 = """#!/bin/sh
+[ "$1 $2" = "-m venv" ] || exit 3
+mkdir -p "$3/bin"
+printf '#!/bin/sh\\ncase "$*" in *-r*) sleep 3.5;; esac\\n' > "$3/bin/python"
+chmod +x "$3/bin/python"
+"""
+
+
 def fake_clone(tmp_path: Path, python3: str) -> tuple[Path, dict[str, str]]:
     """A copy of bootstrap.sh beside a small requirements.txt, and an environment whose python3
     is the stand-in ``python3`` (script text), its environments under ``tmp_path/venvs``."""
@@ -120,3 +129,20 @@ def test_a_new_environment_removes_all_but_the_most_recently_used_earlier_one(tm
     assert [line for line in run.stderr.splitlines() if "removing" in line] == [
         f"opforge: removing {folder}, the environment of an earlier requirements.txt" for folder in earlier[1:]
     ]
+
+
+def test_off_a_terminal_a_long_step_says_it_is_still_running(tmp_path):
+    """pip prints nothing in a log until it ends (minutes for torch): the step says it is still
+    running every OPFORGE_HEARTBEAT_S seconds (30 by default), and a step's end ends the lines."""
+    clone, env = fake_clone(tmp_path, SLOW_PIP_PYTHON3)
+    env["OPFORGE_HEARTBEAT_S"] = "1"
+    run = subprocess.run(
+        ["bash", str(clone / "tools" / "bootstrap.sh")], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    said = re.sub(r"done in \d+ s", "done in N s", run.stderr).splitlines()
+    install = said.index("opforge: installing 2 packages of requirements.txt with their dependencies")
+    beats = said[install + 1 : -1]
+    assert len(beats) >= 2 and beats == [f"opforge:   still running after {k} s" for k in range(1, len(beats) + 1)]
+    assert said[-1] == "opforge:   done in N s"
+    assert not any("still running" in line for line in said[:install])
