@@ -23,9 +23,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -90,6 +92,14 @@ Options parse(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::exit(app.exit(e) == 0 ? 0 : 2);  // 0: --help
   }
+  // Where the results go is checked before the model runs, not found unwritable after it.
+  for (const std::string* path : {&o.output, &o.inputs_after}) {
+    const fs::path parent = fs::path(*path).parent_path();
+    if (!path->empty() && !parent.empty() && !fs::is_directory(parent)) {
+      report("cannot write " + *path + ": the folder " + parent.string() + " does not exist");
+      std::exit(2);
+    }
+  }
   if (fs::is_directory(o.package)) {  // the folder opforge.aoti.package wrote
     const fs::path model = fs::path(o.package) / "model.pt2";
     if (!fs::is_regular_file(model)) {
@@ -107,7 +117,10 @@ void save(const std::vector<at::Tensor>& tensors, const std::string& path) {
   std::vector<c10::IValue> cpu;
   for (const auto& t : tensors) cpu.emplace_back(t.defined() ? c10::IValue(t.cpu()) : c10::IValue());
   const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(std::move(cpu)));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  f.close();
+  if (!f) fail("cannot write " + path + ": " + std::strerror(errno));
 }
 
 std::vector<char> read_file(const std::string& path) {

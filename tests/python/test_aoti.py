@@ -103,6 +103,24 @@ def test_the_runner_refuses_inputs_the_package_was_not_compiled_for(packaged):
     assert libraries and not left
 
 
+def test_the_runner_refuses_an_output_it_cannot_write(packaged, tmp_path):
+    """An output in a folder that does not exist is refused before the run; one the system will
+    not create fails the run; neither exits 0 with nothing written."""
+    model, package, device = packaged
+    inputs = tmp_path / "x.pt"
+    inputs.write_bytes(torch._C._pickle_save((torch.randn(2, 24),)))
+    missing = tmp_path / "results" / "y.pt"
+    for flags in ((), ("--inputs-after", str(missing))):
+        output = missing if not flags else tmp_path / "y.pt"
+        proc = run_runner(package, inputs, output, "--device", device, *flags)
+        assert (proc.returncode, proc.stderr) == (
+            2,
+            f"opforge-runner: cannot write {missing}: the folder {missing.parent} does not exist\n",
+        )
+    proc = run_runner(package, inputs, "/proc/y.pt", "--device", device)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("opforge-runner: cannot write /proc/y.pt: ")
+
+
 @requires_two_gpus
 def test_cuda_package_runs_on_the_second_gpu(packaged):
     """A package exported on cuda:0, run by the C++ runner on cuda:1: the custom ops compute on
