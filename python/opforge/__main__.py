@@ -48,6 +48,10 @@ def _build(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: Files of an op folder that a user may give `opforge verify` for the folder itself.
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp", ".py")
+
+
 def _library(target: str) -> Path:
     """The op library a target of ``opforge verify`` names: an op folder (built as ``opforge
     build`` builds it: at once when it is up to date), a library file, or a library's name, which
@@ -65,6 +69,11 @@ def _library(target: str) -> Path:
     path = Path(target)
     if path.is_dir():
         return opforge.build_library(path.resolve().name, folder=path)
+    if path.is_file() and path.suffix in SOURCE_SUFFIXES:
+        raise ValueError(
+            f"{target} is a source file, not an op library: give its op folder ({path.resolve().parent}) or the "
+            "lib<name>.so built from it"
+        )
     if path.suffix == ".so" or path.exists() or not target.isidentifier():
         return path
 
@@ -95,23 +104,30 @@ def _library(target: str) -> Path:
 def _verify(args: argparse.Namespace) -> int:
     import opforge
     from opforge import verify
+    from opforge._doctor import writable_file
 
     if args.device is not None and (problem := opforge.missing_device(args.device)) is not None:
         return _fail("verify", problem)
     names: list[str] = []
+    given: list[str] = []  # the ops of the libraries given
     try:
+        if args.json:
+            writable_file(args.json, "json report")
         for target in args.targets:
             if "::" in target:
                 names.append(target)
             else:
-                names += opforge.load_library(_library(target)).op_names
+                given += opforge.load_library(_library(target)).op_names
+        names = names if names else given
     except (ValueError, FileNotFoundError, opforge.OpforgeError) as e:
-        return _fail("verify", e)
+        return _fail("verify", str(e).removeprefix("opforge.doctor: ").removeprefix("opforge: "))
     except opforge.BuildError as e:
         return _fail("verify", e, EXIT_FAILED)
     report = None
     try:
         for name in dict.fromkeys(names):  # an op named twice (its library and its name) is verified once
+            if given and name not in given:
+                return _fail("verify", f"no op {name!r} in the op libraries given; they declare {', '.join(given)}")
             try:
                 opforge.find_op(name)
             except ValueError as e:  # a qualified name whose library was not given
@@ -329,7 +345,8 @@ def parser() -> argparse.ArgumentParser:
         "targets",
         nargs="+",
         help="an op folder (built first), an op library (lib<name>.so, or its name <name>: the one `opforge build` "
-        "built, or in a checkout the example op's), or a qualified op name (ns::op) from a library also given",
+        "built, or in a checkout the example op's), or a qualified op name (ns::op) from a library also given: "
+        "then only the ops named are verified",
     )
     v.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     v.add_argument("--seed", type=int, default=None, help="seed of the run (printed; default random)")

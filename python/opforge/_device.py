@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+#: What the message of a machine without CUDA suggests instead.
+_ON_THE_CPU = "; --device cpu runs on the CPU"
+
 
 def missing_device(device: str | torch.device) -> str | None:
     """Why torch cannot run on ``device`` here, in one line, or None when it can.
@@ -29,9 +32,11 @@ def missing_device(device: str | torch.device) -> str | None:
     if dev.type != "cuda":
         return None
     if torch.version.cuda is None:
-        return f"no CUDA device: this torch ({torch.__version__}) is built without CUDA"
+        return f"no CUDA device: this torch ({torch.__version__}) is built without CUDA{_ON_THE_CPU}"
     if not torch.cuda.is_available():
-        return f"no CUDA device: torch {torch.__version__} finds no GPU (torch.cuda.is_available() is False)"
+        return (
+            f"no CUDA device: torch {torch.__version__} finds no GPU (torch.cuda.is_available() is False){_ON_THE_CPU}"
+        )
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
         return f"no CUDA device {dev}: torch finds {count} GPU{'s' * (count != 1)} (cuda:0 to cuda:{count - 1})"

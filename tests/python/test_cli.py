@@ -141,7 +141,7 @@ def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
         ),
         (
             ["verify", "/nonexistent/libx.so"],
-            "opforge verify: opforge: cannot open the op library /nonexistent/libx.so: No such file or directory",
+            "opforge verify: cannot open the op library /nonexistent/libx.so: No such file or directory",
         ),
         (["stubs", "/nonexistent/libx.so"], "opforge stubs: /nonexistent/libx.so does not exist"),
         (["stubs", "nosuchlib"], "opforge stubs: no op library named 'nosuchlib': give its op folder"),
@@ -157,6 +157,35 @@ def test_bad_input_exits_2_and_says_what_is_wrong(args, message):
     proc = opforge_cli(*args)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_verify_says_what_a_newcomer_s_wrong_target_is_before_any_work(tmp_path):
+    source = Path(__file__).resolve().parents[2] / "examples" / "ops" / "softshrink" / "softshrink.cpp"
+    for args, message in (
+        (
+            [str(source)],
+            f"opforge verify: {source} is a source file, not an op library: give its op folder ({source.parent}) "
+            "or the lib<name>.so built from it\n",
+        ),
+        (
+            ["examples::softshrnk", "softshrink"],
+            "opforge verify: no op 'examples::softshrnk' in the op libraries given; they declare "
+            "examples::softshrink, examples::softshrink_backward\n",
+        ),
+        (
+            ["softshrink", "--json", str(tmp_path / "reports" / "v.json")],
+            f"opforge verify: cannot write the json report {tmp_path / 'reports' / 'v.json'}: the folder "
+            f"{tmp_path / 'reports'} does not exist\n",
+        ),
+    ):
+        proc = opforge_cli("verify", *args, cache=tmp_path)
+        assert (proc.returncode, proc.stderr) == (2, message), args
+
+
+def test_verify_of_a_library_and_one_of_its_ops_verifies_that_op(tmp_path):
+    proc = opforge_cli("verify", "bias_gelu", "examples::bias_gelu_backward", "--device", "cpu", cache=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 op," in proc.stdout.splitlines()[-1] and "examples::bias_gelu " not in proc.stdout
 
 
 def test_stubs_take_a_library_by_name_as_verify_does(tmp_path):

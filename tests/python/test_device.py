@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def no_cuda() -> str:
     """What opforge.missing_device("cuda") says in a process where torch finds no GPU."""
     if torch.version.cuda is None:
-        return f"no CUDA device: this torch ({torch.__version__}) is built without CUDA"
-    return f"no CUDA device: torch {torch.__version__} finds no GPU (torch.cuda.is_available() is False)"
+        return f"no CUDA device: this torch ({torch.__version__}) is built without CUDA; --device cpu runs on the CPU"
+    return (
+        f"no CUDA device: torch {torch.__version__} finds no GPU (torch.cuda.is_available() is False); "
+        "--device cpu runs on the CPU"
+    )
 
 
 def test_missing_device_says_what_is_missing(monkeypatch):
@@ -37,7 +40,9 @@ def test_missing_device_says_what_is_missing(monkeypatch):
     assert opforge.missing_device("cuda") is None and opforge.missing_device("cuda:0") is None
     assert opforge.missing_device("cuda:3") == "no CUDA device cuda:3: torch finds 1 GPU (cuda:0 to cuda:0)"
     monkeypatch.setattr(torch.version, "cuda", None)
-    assert opforge.missing_device("cuda") == (f"no CUDA device: this torch ({torch.__version__}) is built without CUDA")
+    assert opforge.missing_device("cuda") == (
+        f"no CUDA device: this torch ({torch.__version__}) is built without CUDA; --device cpu runs on the CPU"
+    )
 
 
 #: (command line after the interpreter, what it prints before its message)
