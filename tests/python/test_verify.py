@@ -652,6 +652,16 @@ def test_the_report_ends_with_one_summary_line():
     console = Console(record=True, width=200)
     verify.print_report(report, console)
     assert console.export_text().rstrip().splitlines()[-1] == report.summary()
+    # On the CPU, where kernels were compiled (check "nvrtc"), the line before says they did not run.
+    report.results.append(result("ns::b", "nvrtc", "float16", "pass"))
+    console = Console(record=True, width=400)
+    verify.print_report(report, console)
+    *_, said, summary = console.export_text().rstrip().splitlines()
+    assert summary == report.summary()
+    assert said == (
+        "on the CPU, the device kernels of ns::b were compiled, not run: the values are the CPU reference against "
+        "the op's .equivalent() torch expression (on a GPU, the kernels against the reference)"
+    )
 
 
 def test_model_in_the_cpp_runner(tmp_path):

@@ -78,6 +78,10 @@ class Report:
         }
 
 
+#: The checks that compile an op's device kernels without a GPU (checks.py): the kernels do not run.
+COMPILED_NOT_RUN = ("nvrtc", "binary", "triton")
+
+
 def print_report(report: Report, console=None) -> None:
     """A table with a row per op, check and dtype combination (its number of cases, failures and
     largest errors), each failure with how to reproduce it, the tolerances, and last the
@@ -119,4 +123,12 @@ def print_report(report: Report, console=None) -> None:
         + "; an output passed by its op's .tolerance_vs_equivalent counts its error over that bound",
         soft_wrap=True,
     )
+    compiled = sorted({r.op for r in report.results if r.check in COMPILED_NOT_RUN})
+    if report.device == "cpu" and compiled:
+        console.print(
+            f"on the CPU, the device kernels of {', '.join(compiled)} were compiled, not run: the values are the "
+            "CPU reference against the op's .equivalent() torch expression (on a GPU, the kernels against the "
+            "reference)",
+            soft_wrap=True,
+        )
     console.print(escape(report.summary()), soft_wrap=True)
