@@ -196,13 +196,19 @@ def package(
         c_shims: call the opforge ops through generated C shims (above).
 
     Returns:
-        Path of ``model.pt2``.
+        The absolute path of ``model.pt2``.
 
     Raises:
+        ValueError: ``package_dir`` names a ``.pt2`` file instead of the folder to write.
         OpforgeError: a run-time kernel fails to compile (the message holds NVRTC's log, or
             Triton's message with the op, the variant and the file).
     """
-    package_dir = Path(package_dir)
+    package_dir = Path(package_dir).absolute()
+    if package_dir.suffix == ".pt2":
+        raise ValueError(
+            f"opforge.aoti.package: package_dir {package_dir} names a .pt2 file; give the folder to write "
+            f"model.pt2 and its op libraries into (e.g. {package_dir.with_suffix('')})"
+        )
     package_dir.mkdir(parents=True, exist_ok=True)
     pt2 = package_dir / "model.pt2"
     configs, shims = dict(inductor_configs or {}), None

@@ -58,6 +58,18 @@ def test_packaging_warns_of_nothing(packaged):
     assert PACKAGING_WARNINGS[packaged[2]] == []
 
 
+def test_a_package_folder_named_like_a_pt2_file_is_refused(packaged, tmp_path):
+    model, package, device = packaged
+    program = torch.export.export(model, (torch.randn(3, 24, device=device),))
+    with pytest.raises(ValueError) as err:
+        aoti.package(program, tmp_path / "model.pt2")
+    assert str(err.value) == (
+        f"opforge.aoti.package: package_dir {tmp_path / 'model.pt2'} names a .pt2 file; give the folder to write "
+        f"model.pt2 and its op libraries into (e.g. {tmp_path / 'model'})"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_round_trip_in_cpp_runner(packaged, tmp_path, monkeypatch):
     model, package, device = packaged
     manifest = (package.parent / aoti.MANIFEST).read_text().splitlines()
