@@ -61,7 +61,8 @@ from ._timeline import (
     user_source,
 )
 from ._timeline import plot_timelines as _plot
-from ._torch import TORCH_NAMESPACES, find_op
+from ._torch import find_op
+from .description import TORCH_NAMESPACES
 
 
 @dataclass

@@ -104,11 +104,6 @@ def loaded_libraries() -> list[Library]:
         return list(_libraries.values())
 
 
-#: Namespaces of torch's own operators: doctor treats ops of any other as custom, and
-#: ``opforge new`` refuses them for new ops.
-TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "torch", "_c10d_functional", "c10d", "profiler", "inductor"})
-
-
 def find_op(name: str) -> Op:
     """The declaration of loaded op ``name`` ("ns::op").
 

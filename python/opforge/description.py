@@ -489,3 +489,8 @@ def library_from_json(path: Path, description: dict) -> Library:
         kernel_dir=Path(kernel_dir) if kernel_dir else None,
         classes=classes,
     )
+
+
+#: Namespaces of torch's own operators: doctor treats ops of any other as custom, and
+#: ``opforge new`` refuses them for new ops.
+TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "torch", "_c10d_functional", "c10d", "profiler", "inductor"})

@@ -24,7 +24,7 @@ import math
 import re
 from pathlib import Path
 
-from ._torch import TORCH_NAMESPACES
+from .description import TORCH_NAMESPACES
 
 #: dtype names on the command line -> the opforge/dtype.h constant.
 DTYPES = {

@@ -116,3 +116,15 @@ def test_an_existing_folder_is_never_overwritten(tmp_path, capsys):
     assert main(["new", "ns::x", "--dir", str(tmp_path)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert (tmp_path / "x" / "mine.txt").read_text() == "keep"
+
+
+def test_opforge_new_does_not_import_torch(tmp_path):
+    """Writing a folder takes a moment, not torch's seconds of import (a refused name too)."""
+    script = (
+        "import sys\nfrom opforge.__main__ import main\n"
+        "codes = [main(['new', 'my_ops::my_op', '--dir', sys.argv[1]]), main(['new', 'my_op'])]\n"
+        "print(codes, 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines()[-1] == "[0, 2] False", proc.stdout + proc.stderr
+    assert (tmp_path / "my_op" / "my_op.cpp").is_file()
