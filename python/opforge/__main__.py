@@ -18,7 +18,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _fail(verb: str, message: object, code: int = EXIT_USAGE) -> int:
-    print(f"opforge {verb}: {message}", file=sys.stderr)
+    """Prints "opforge <verb>: <message>" (without the "opforge: " the core's messages start with)
+    on standard error and returns ``code``."""
+    print(f"opforge {verb}: {str(message).removeprefix('opforge: ')}", file=sys.stderr)
     return code
 
 
@@ -120,7 +122,7 @@ def _verify(args: argparse.Namespace) -> int:
                 given += opforge.load_library(_library(target)).op_names
         names = names if names else given
     except (ValueError, FileNotFoundError, opforge.OpforgeError) as e:
-        return _fail("verify", str(e).removeprefix("opforge.doctor: ").removeprefix("opforge: "))
+        return _fail("verify", str(e).removeprefix("opforge.doctor: "))
     except opforge.BuildError as e:
         return _fail("verify", e, EXIT_FAILED)
     report = None
@@ -131,7 +133,7 @@ def _verify(args: argparse.Namespace) -> int:
             try:
                 opforge.find_op(name)
             except ValueError as e:  # a qualified name whose library was not given
-                return _fail("verify", f"{str(e).removeprefix('opforge: ')} (pass the op library's path to load it)")
+                return _fail("verify", f"{e} (pass the op library's path to load it)")
             report = verify.verify_op(name, device=args.device, seed=args.seed, dtypes=args.dtype, report=report)
     except (ValueError, opforge.OpforgeError) as e:
         return _fail("verify", e)
