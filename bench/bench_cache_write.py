@@ -16,7 +16,10 @@ element under "auto", 1 under "fp8"), and the slots read (8 bytes a token). Each
 twice: as eager calls (triton.testing.do_bench: CUDA events, L2 flushed before each call) and
 as CUDA graph replays (do_bench_cudagraph: no launch gaps, as a serving stack runs its steps;
 torch.compile is left out there). opforge is timed with its device value check of slot_mapping
-(Note [Device value checks], one extra launch) on, the default, and off. Inputs random.
+(Note [Device value checks]) on, the default, and off: reshape_and_cache_flash checks each slot
+in its own kernel (.checks_values_in_kernel(), one launch); under "auto", examples::kv_cache_write
+(the same kernel waiting for a separate check kernel, two launches) shows the other way in the
+same run. Inputs random.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ def groups(rows: list[dict], T: int, H: int, D: int, compiled) -> None:
         target = str(cache_dtype).removeprefix("torch.")
         name = f"reshape_and_cache_flash {kv_cache_dtype}: bf16 -> {target} [{T}, {H}, {D}]"
         op = [lambda call=call: torch.ops.examples.reshape_and_cache_flash(*call) for call in calls]
+        # kv_cache_write: the same write beside a separate check kernel ("auto" only: no scales)
+        beside = [lambda call=call: torch.ops.examples.kv_cache_write(*call[:5]) for call in calls]
+        separate = kv_cache_dtype == "auto"
         eager = [lambda call=call: write_torch(*call) for call in calls]
         compiled(*calls[0])
         bandwidth_group(
@@ -71,6 +77,7 @@ def groups(rows: list[dict], T: int, H: int, D: int, compiled) -> None:
             [
                 ("opforge examples::reshape_and_cache_flash", op[0]),
                 ("opforge, device value check off", unchecked(op[0])),
+                *([("opforge kv_cache_write, check kernel beside", beside[0])] if separate else []),
                 ("torch eager", eager[0]),
                 ("torch.compile of the same", lambda call=calls[0]: compiled(*call)),
             ],
@@ -82,6 +89,7 @@ def groups(rows: list[dict], T: int, H: int, D: int, compiled) -> None:
             [
                 ("opforge examples::reshape_and_cache_flash", rotating(op)),
                 ("opforge, device value check off", unchecked(rotating(op))),
+                *([("opforge kv_cache_write, check kernel beside", rotating(beside))] if separate else []),
                 ("torch eager", rotating(eager)),
             ],
             timer=graph_ms,

@@ -64,6 +64,10 @@
  * spec, which is then only the rule of the values no case names); appended:
  * OpforgeOpSpec::num_rule_cases and rule_cases (OpforgeRuleCase).
  * Appended in version 10: OpforgeContext::after_value_check.
+ * Version 11: OpforgeKernel::checks_values (in the tail padding of version 10's struct, which an
+ * older library need not have zeroed: a reader would take its kernel for one that checks its own
+ * indices, and launch no value check); appended: OpforgeContext::value_domains and
+ * num_value_domains (OpforgeValueDomain).
  */
 #ifndef OPFORGE_C_API_H_
 #define OPFORGE_C_API_H_
@@ -75,7 +79,7 @@
 extern "C" {
 #endif
 
-#define OPFORGE_ABI_VERSION 10
+#define OPFORGE_ABI_VERSION 11
 
 /* Whether `record`, a struct of type `type` that starts with `struct_size`, carries `field`:
  * its struct_size reaches past the field's end. Readers test a field appended after the
@@ -302,6 +306,26 @@ typedef struct OpforgeOutputSpec {
   int32_t size_from;
 } OpforgeOutputSpec;
 
+/* The bytes of an OpforgeValueDomain's message, NUL included. */
+#define OPFORGE_VALUE_DOMAIN_MESSAGE_BYTES 192
+
+/* One input's value domain for one call (Note [Device value checks] in src/core/device_checks.h):
+ * each element in [low, high), or equal to `sentinel` where has_sentinel. A kernel that checks
+ * its own values (OpforgeKernel::checks_values) takes one by value per input declaring a domain,
+ * as opforge::kernel::ValueDomain (opforge/kernel.cuh, the same layout). Where device value
+ * checks are off, or the input is absent, the domain admits every value. Passed by value to
+ * kernels: never grows. Since ABI 11. */
+typedef struct OpforgeValueDomain {
+  int64_t low;
+  int64_t high;
+  int64_t sentinel;
+  int32_t has_sentinel;
+  int32_t arg; /* the input's argument index */
+  /* "ns::op: name: expected values in [rule) = [low, high)", which the kernel prints before the
+   * value and its flat index (NUL-terminated, cut to fit). */
+  char message[OPFORGE_VALUE_DOMAIN_MESSAGE_BYTES];
+} OpforgeValueDomain;
+
 /* What a kernel is given besides its arguments. */
 typedef struct OpforgeContext {
   size_t struct_size;
@@ -319,6 +343,12 @@ typedef struct OpforgeContext {
    * sm_90 or newer), so that its launch and its other loads overlap the check. Read it only
    * where OPFORGE_HAS_FIELD says the context carries it. Since ABI 10. */
   int32_t after_value_check;
+  /* For a kernel that checks its own values (OpforgeKernel::checks_values), one domain per
+   * input that declares opforge::values_in(...), in argument order, valid until the kernel
+   * returns; the core launched no value check for the call. NULL and 0 for other kernels. Read
+   * them only where OPFORGE_HAS_FIELD says the context carries them. Since ABI 11. */
+  const OpforgeValueDomain* value_domains;
+  int32_t num_value_domains;
 } OpforgeContext;
 
 typedef enum OpforgeStatus {
@@ -420,6 +450,11 @@ typedef struct OpforgeKernel {
   uint32_t dtypes;
   /* How the kernel was made: OpforgeKernelBackend. Since ABI 7. */
   int32_t backend;
+  /* Nonzero where the kernel checks every element of each input that declares a value domain
+   * itself, before it uses it (opforge::kernel::check_value, as torch's index kernels do with
+   * CUDA_KERNEL_ASSERT): a device call then launches no separate value check, and the domains
+   * reach the kernel through OpforgeContext::value_domains. Since ABI 11. */
+  int32_t checks_values;
 } OpforgeKernel;
 
 /* A tolerance of opforge verify for an op's results in one dtype, against float64:

@@ -23,6 +23,7 @@ typedef unsigned long long uint64_t;
 typedef unsigned long long uintptr_t;
 #else
 #include <cstdint>
+#include <cstdio>  // printf
 #endif
 
 #include <cuda_bf16.h>
@@ -118,6 +119,46 @@ __device__ __forceinline__ void wait_for_value_checks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+/// One input's value domain for one call, as a kernel declared `.checks_values_in_kernel()`
+/// (opforge/op_builder.h) takes it: by value, `const __grid_constant__ opforge::kernel::ValueDomain
+/// slots`, one per input that declares opforge::values_in(...), in argument order, after the
+/// op's parameters. Each element in [low, high), or equal to `sentinel` where has_sentinel; where
+/// device value checks are off, or the input is absent, it admits every value. The layout of
+/// OpforgeValueDomain (opforge/c_api.h).
+struct ValueDomain {
+  int64_t low, high, sentinel;
+  int32_t has_sentinel, arg;
+  char message[192];  ///< "ns::op: name: expected values in [rule) = [low, high)"
+
+  __device__ __forceinline__ bool admits(int64_t v) const {
+    return (v >= low && v < high) || (has_sentinel && v == sentinel);
+  }
+};
+static_assert(sizeof(ValueDomain) == 224 && alignof(ValueDomain) == 8,
+              "opforge::kernel::ValueDomain has the layout of OpforgeValueDomain (opforge/c_api.h)");
+
+/// Checks `v`, element `flat` (row-major) of an input with domain `domain`, before the kernel
+/// uses it: outside the domain, it prints the domain's message with the value and its index
+/// ("ns::op: slot_mapping: expected values in [0, 65536) or -1, got 70000 at flat index 3"),
+/// as the separate value check does, and fails a device-side assertion, as torch's index
+/// kernels do (CUDA_KERNEL_ASSERT): the context is then in error, and the caller's next
+/// synchronisation raises "device-side assert triggered". A kernel declared
+/// `.checks_values_in_kernel()` calls it on every element of each such input, each before its
+/// first use: the core then launches no separate check (Note [Device value checks]).
+__device__ __forceinline__ void check_value(const ValueDomain& domain, int64_t v, int64_t flat) {
+  if (!domain.admits(v)) {
+    printf("%s, got %lld at flat index %lld\n", domain.message, static_cast<long long>(v),
+           static_cast<long long>(flat));
+    // The assertion's failure itself, as torch's CUDA_KERNEL_ASSERT calls it: assert() would be
+    // compiled out under NDEBUG.
+#if defined(__CUDACC_RTC__)
+    __assertfail("opforge: an index outside its declared value domain", __FILE__, __LINE__, __func__, sizeof(char));
+#elif defined(__CUDA_ARCH__)  // CUDA's device headers declare it in the device pass
+    __assert_fail("opforge: an index outside its declared value domain", __FILE__, __LINE__, __func__);
+#endif
+  }
 }
 
 /// Sum of `v` (float or double) over the thread block (blockDim.x a multiple of 32, at most

@@ -365,6 +365,22 @@ class OpBuilder {
     return std::move(*this);
   }
 
+  /// The last `.cuda_source()` or `.cuda_binary()` kernel checks every element of each input
+  /// declared with opforge::values_in(...) itself, with opforge::kernel::check_value (opforge/
+  /// kernel.cuh), before its first use of it, as torch's index kernels assert their indices
+  /// (CUDA_KERNEL_ASSERT). It takes one `const __grid_constant__ opforge::kernel::ValueDomain` per
+  /// such input, in argument order, after the op's parameters; CUDA calls then launch no
+  /// separate value check (Note [Device value checks] in src/core/device_checks.h): one launch
+  /// instead of two, where the check's own launch is a visible part of a small call. A value
+  /// outside its domain prints the same message as the separate check and fails a device-side
+  /// assertion. A kernel that skips an element, or uses one before checking it, lets a bad index
+  /// through: what the separate check exists to prevent. Declaration errors: no such kernel
+  /// before it; no input with a value domain; `.waits_for_value_checks()` on the same kernel.
+  OpBuilder checks_values_in_kernel() && {
+    def_->set_checks_values_in_kernel();
+    return std::move(*this);
+  }
+
   /// A Triton kernel (Note [Triton kernels] in opforge/op_launch.h): `file` is a Python file
   /// shipped in the library's kernel folder, `function` the name of an unmodified `@triton.jit`
   /// function in it (under `@triton.autotune` or not), e.g. `.triton_source("rms_norm.py",

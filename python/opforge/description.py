@@ -208,11 +208,14 @@ class RuntimeKernel:
     """A run-time kernel: its file (in the library's kernel folder), its name (a CUDA name
     template, a Triton function's name, or a prebuilt kernel's symbol) and how it is made:
     ``"nvrtc"`` (CUDA C++), ``"triton"`` (Note [Triton kernels] in ``opforge/op_launch.h``) or
-    ``"binary"`` (a prebuilt cubin, fatbin or PTX file: Note [Prebuilt kernels])."""
+    ``"binary"`` (a prebuilt cubin, fatbin or PTX file: Note [Prebuilt kernels]);
+    ``checks_values``: the kernel checks its indices itself (``.checks_values_in_kernel()``), so
+    device calls launch no separate value check."""
 
     source: str
     name: str
     backend: str = "nvrtc"
+    checks_values: bool = False
 
 
 @dataclass(frozen=True)
@@ -460,7 +463,8 @@ def _op(o: dict) -> Op:
         ),
         devices=tuple(o["devices"]),
         runtime_kernels=tuple(
-            RuntimeKernel(k["source"], k["name"], k.get("backend", "nvrtc")) for k in o["runtime_kernels"]
+            RuntimeKernel(k["source"], k["name"], k.get("backend", "nvrtc"), k.get("checks_values", False))
+            for k in o["runtime_kernels"]
         ),
         dtype_combinations=tuple(o["dtype_combinations"]),
         dtype_combinations_on={d: tuple(cs) for d, cs in o["dtype_combinations_on"].items()},

@@ -361,9 +361,15 @@ bool run_call(const Call& c, CallHooks& hooks, Span<OpforgeTensor> outputs) {
   }
   // 7. domains
   OpforgeContext ctx = hooks.context();
+  std::vector<OpforgeValueDomain> kernel_domains;  // read by the kernel through ctx
   if (c.device_type == OPFORGE_DEVICE_CPU) {
     const std::vector<std::string> bad = value_problems(op, c.args);
     if (!bad.empty()) throw InvalidArgument(invalid_arguments_message(op, bad, c.out_overload));
+  } else if (c.kernel->checks_values != 0) {  // the kernel checks its indices itself: no launch
+    kernel_domains = kernel_value_domains(op, c.args, device_value_checks());
+    ctx.struct_size = std::max(ctx.struct_size, offsetof(OpforgeContext, num_value_domains) + sizeof(int32_t));
+    ctx.value_domains = kernel_domains.data();
+    ctx.num_value_domains = static_cast<int32_t>(kernel_domains.size());
   } else if (device_value_checks()) {
     const std::vector<ValueDomain> domains = value_domains(op, c.args);
     if (!domains.empty() && launch_value_checks(op, c.args, domains, ctx.stream)) {

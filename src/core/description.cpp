@@ -273,7 +273,10 @@ json op_json(const OpforgeLibrary& lib, const OpforgeOpSpec& op) {
     devices.push_back(device);
     if (!on.contains(device)) on[device] = combinations_json(dtype_combinations_on(op, k.device_type));
     if (has_runtime_source(k))
-      kernels.push_back({{"source", k.source}, {"name", k.name}, {"backend", backend_name(k.backend)}});
+      kernels.push_back({{"source", k.source},
+                         {"name", k.name},
+                         {"backend", backend_name(k.backend)},
+                         {"checks_values", k.checks_values != 0}});
   }
   j["devices"] = std::move(devices);
   j["dtype_combinations_on"] = std::move(on);

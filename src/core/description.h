@@ -30,7 +30,8 @@ namespace opforge::core {
 ///        (batchable_args in sharding.h), "rules": [{"text":
 ///        "a.size(0) <= b.size(1)", "op": "<="}...],
 ///        "args": [arg...], "outputs": [output...], "devices": ["cpu", "cuda"],
-///        "runtime_kernels": [{"source", "name"}], "dtype_combinations": [{tensor name: dtype,
+///        "runtime_kernels": [{"source", "name", "backend",
+///        "checks_values"}], "dtype_combinations": [{tensor name: dtype,
 ///        name of a parameter a dtype rule follows: typed value}...]
 ///        (dtype_combinations in dtypes.h), "dtype_combinations_on": {device: [those its kernel
 ///        takes...]} (dtype_combinations_on, Note [Kernel dtypes])}

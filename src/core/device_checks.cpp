@@ -193,4 +193,31 @@ bool launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, c
   return launched;
 }
 
+std::vector<OpforgeValueDomain> kernel_value_domains(const OpforgeOpSpec& op, Span<const OpforgeArg> args,
+                                                     bool checked) {
+  const std::vector<ValueDomain> evaluated = checked ? value_domains(op, args) : std::vector<ValueDomain>{};
+  std::vector<OpforgeValueDomain> out;
+  for (int32_t i = 0; i < op.num_args; ++i) {
+    if (op.args[i].kind != OPFORGE_ARG_TENSOR || !op.args[i].tensor.has_values) continue;
+    OpforgeValueDomain d{};
+    d.arg = i;
+    const auto it = std::find_if(evaluated.begin(), evaluated.end(), [&](const ValueDomain& v) { return v.arg == i; });
+    if (it == evaluated.end()) {  // every value: [INT64_MIN, INT64_MAX) and INT64_MAX as the sentinel
+      d.low = INT64_MIN;
+      d.high = d.sentinel = INT64_MAX;
+      d.has_sentinel = 1;
+    } else {
+      d.low = it->low;
+      d.high = it->high;
+      d.has_sentinel = it->has_sentinel;
+      d.sentinel = it->sentinel;
+    }
+    const std::string text =
+        qualified_name(op) + ": " + (it == evaluated.end() ? std::string(op.args[i].name) : it->message);
+    std::strncpy(d.message, text.c_str(), sizeof(d.message) - 1);
+    out.push_back(d);
+  }
+  return out;
+}
+
 }  // namespace opforge::core

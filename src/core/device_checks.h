@@ -26,6 +26,12 @@
 //     (OpforgeContext::after_value_check): it starts while the check runs and loads what it
 //     needs, and its wait returns only after the whole check grid has completed (or never, if
 //     the check asserts), so the guarantee above holds and most of the check's time is hidden.
+//   - a kernel declared .checks_values_in_kernel() checks every element itself before it uses
+//     it (opforge::kernel::check_value, as torch's index kernels use CUDA_KERNEL_ASSERT): the
+//     core launches no check and hands the kernel the domains (kernel_value_domains, through
+//     OpforgeContext::value_domains) with the same bounds and message. One launch instead of
+//     two; other threads may have stored through good indices before the assertion stops the
+//     context, which no later work on it can observe.
 // It is on by default; set_device_value_checks(false), or OPFORGE_DEVICE_VALUE_CHECKS=0 in the
 // environment, turns it off for a process that trusts its indices.
 #pragma once
@@ -64,5 +70,13 @@ std::vector<ValueDomain> value_domains(const OpforgeOpSpec& op, Span<const Opfor
 /// OPFORGE_VALUE_CHECK_MAX_DIMS dims).
 bool launch_value_checks(const OpforgeOpSpec& op, Span<const OpforgeArg> args, const std::vector<ValueDomain>& domains,
                          void* stream);
+
+/// What a kernel that checks its own values (OpforgeKernel::checks_values) takes instead of the
+/// check kernel's launch: one domain per input of `op` that declares one, in argument order,
+/// with the bounds and the message ("ns::op: name: expected values in ...") the check kernel
+/// would have used; a domain that admits every value where the input is absent, its bounds
+/// cannot be evaluated, or `checked` is false (device value checks off).
+std::vector<OpforgeValueDomain> kernel_value_domains(const OpforgeOpSpec& op, Span<const OpforgeArg> args,
+                                                     bool checked);
 
 }  // namespace opforge::core

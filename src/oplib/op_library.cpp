@@ -214,11 +214,22 @@ void resolve_launch_rules(OpDef& def, Resolver& r, const std::vector<OpforgeOutp
   if (def.launch_without_source) r.error("", ".launch() comes after the .cuda_source() it applies to");
   if (def.waits_without_cuda_source)
     r.error("", ".waits_for_value_checks() comes after the .cuda_source() or .cuda_binary() kernel it applies to");
+  if (def.checks_without_cuda_source)
+    r.error("", ".checks_values_in_kernel() comes after the .cuda_source() or .cuda_binary() kernel it applies to");
   const bool any_values = std::any_of(args.begin(), args.end(), [](const ArgDecl& a) { return a.tensor.has_values; });
-  for (const auto& rk : def.runtime_kernels)
+  for (const auto& rk : def.runtime_kernels) {
+    const std::string step = std::string(backend_step(rk->backend)) + "(\"" + rk->file + "\"): ";
     if (rk->waits_for_value_checks && !any_values)
-      r.error(std::string(backend_step(rk->backend)) + "(\"" + rk->file + "\"): ",
+      r.error(step,
               ".waits_for_value_checks() but no input declares opforge::values_in(...): there is no check to wait for");
+    if (rk->checks_values && !any_values)
+      r.error(step,
+              ".checks_values_in_kernel() but no input declares opforge::values_in(...): there is no value to check");
+    if (rk->checks_values && rk->waits_for_value_checks)
+      r.error(step,
+              ".checks_values_in_kernel() and .waits_for_value_checks(): a kernel that checks its own values has no "
+              "separate check to wait for; keep one");
+  }
   for (auto& rk : def.runtime_kernels) {
     const std::string ctx = std::string(backend_step(rk->backend)) + "(\"" + rk->file + "\"): ";
     const LaunchRule& rule = rk->rule;
@@ -606,6 +617,16 @@ void OpDef::set_waits_for_value_checks() {
       kernels.back().user == runtime_kernels.back().get())
     runtime_kernels.back()->waits_for_value_checks = true;
   else waits_without_cuda_source = true;
+}
+
+void OpDef::set_checks_values_in_kernel() {
+  if (!runtime_kernels.empty() && runtime_kernels.back()->backend != RuntimeKernel::kTriton &&
+      kernels.back().user == runtime_kernels.back().get()) {
+    runtime_kernels.back()->checks_values = true;
+    kernels.back().checks_values = 1;
+  } else {
+    checks_without_cuda_source = true;
+  }
 }
 
 void OpDef::set_launch(LaunchRule rule) {

@@ -422,6 +422,10 @@ std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const st
                                                    : KernelParameter::kInt64;
     out.push_back({kind, "parameter " + a.name});
   }
+  if (rk.checks_values)
+    for (const ArgDecl& a : def.args)
+      if (a.kind == OPFORGE_ARG_TENSOR && a.tensor.has_values)
+        out.push_back({KernelParameter::kValueDomain, "value domain of " + a.name});
   return out;
 }
 
@@ -429,6 +433,8 @@ namespace {
 
 /// The device type of a tensor map parameter (opforge/kernel.cuh), as the demangler prints it.
 constexpr const char* kTensorMapType = "opforge::kernel::TensorMap";
+/// The device type of a value domain parameter (opforge/kernel.cuh), as the demangler prints it.
+constexpr const char* kValueDomainType = "opforge::kernel::ValueDomain";
 
 /// Whether a declared parameter (demangled text) names a tensor map type (opforge's or CUDA's
 /// CUtensorMap), by value or not.
@@ -451,6 +457,8 @@ std::string expected_type(const KernelParameter& p, const char* (*type_name)(int
       return "bool";
     case KernelParameter::kTensorMap:
       return kTensorMapType;
+    case KernelParameter::kValueDomain:
+      return kValueDomainType;
   }
   return "";
 }
@@ -486,6 +494,8 @@ bool matches(const std::string& declared, const KernelParameter& p, const char* 
       return declared == "long long" || declared == "long";
     case KernelParameter::kTensorMap:
       return declared == kTensorMapType;
+    case KernelParameter::kValueDomain:
+      return declared == kValueDomainType;
     case KernelParameter::kDouble:
       return declared == "double";
     case KernelParameter::kBool:
@@ -595,6 +605,8 @@ uint32_t parameter_size(const KernelParameter& p) {
       return 1;
     case KernelParameter::kTensorMap:
       return 128;  // CUtensorMap
+    case KernelParameter::kValueDomain:
+      return sizeof(OpforgeValueDomain);
     case KernelParameter::kPointer:
     case KernelParameter::kInt64:
     case KernelParameter::kDouble:
@@ -644,7 +656,18 @@ std::optional<std::string> demangled_parameters(const std::string& lowered_name)
 KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame* f, const LaunchConfig& cfg) {
   const OpDef& def = *rk.def;
   const int32_t num_args = f->num_args;
-  const size_t most = static_cast<size_t>(num_args + f->num_outputs) + cfg.args.size() + cfg.tensor_maps.size();
+  int32_t domains = 0;  // the value domains a kernel that checks its own values takes
+  if (rk.checks_values) {
+    for (const ArgDecl& a : def.args) domains += a.kind == OPFORGE_ARG_TENSOR && a.tensor.has_values;
+    const OpforgeContext& ctx = *f->ctx;
+    const int32_t given = OPFORGE_HAS_FIELD(OpforgeContext, ctx, num_value_domains) ? ctx.num_value_domains : 0;
+    if (given != domains)
+      throw InternalError(def.ns + "::" + def.name + ": the kernel checks its own values and takes " +
+                          std::to_string(domains) + " value domains, but the call's context carries " +
+                          std::to_string(given));
+  }
+  const size_t most =
+      static_cast<size_t>(num_args + f->num_outputs + domains) + cfg.args.size() + cfg.tensor_maps.size();
   if (most > kInline) {
     heap_slots_.resize(most);
     heap_params_.resize(most);
@@ -676,6 +699,8 @@ KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame
       add(Slot{.integer = v.i});
     }
   }
+  for (int32_t k = 0; k < domains; ++k)  // by value: its bytes
+    params_[n++] = const_cast<OpforgeValueDomain*>(&f->ctx->value_domains[k]);
 }
 
 }  // namespace rtc

@@ -123,9 +123,10 @@ TensorMapLayout tensor_map_layout(const Tensor& t, const uint32_t* box, size_t b
 
 /// One parameter a run-time kernel must declare: what KernelArguments passes in its place.
 struct KernelParameter {
-  enum Kind { kPointer, kInt64, kDouble, kBool, kTensorMap };
+  enum Kind { kPointer, kInt64, kDouble, kBool, kTensorMap, kValueDomain };
   Kind kind = kInt64;
-  std::string what;       ///< "input x", "output y", "launch value n", "tensor map 0", "parameter eps"
+  std::string what;       ///< "input x", "output y", "launch value n", "tensor map 0", "parameter eps",
+                          ///< "value domain of slots"
   int32_t dtype = -1;     ///< kPointer: the tensor's OpforgeDtype; -1: an optional input left out
   bool writes = false;    ///< kPointer: an output or mutated input (the pointee is not const)
   bool optional = false;  ///< kPointer: an opforge::optional input, or an output that exists only with
@@ -140,7 +141,8 @@ int32_t rule_launch_values(const RuntimeKernel& rk);
 /// pointers (inputs, then outputs), `launch_values` int64 values of the launch rule
 /// (elementwise: n; rows: rows, cols; a grid function: its args; -1 when unknown, i.e. a grid
 /// function's before it runs), `tensor_maps` tensor maps (a grid function's; none when
-/// `launch_values` is -1), then the parameters that are not compile-time.
+/// `launch_values` is -1), then the parameters that are not compile-time, then, for a kernel that
+/// checks its own values (.checks_values_in_kernel()), one value domain per input declaring one.
 std::vector<KernelParameter> kernel_parameters(const RuntimeKernel& rk, const std::vector<int32_t>& arg_dtypes,
                                                const std::vector<int32_t>& out_dtypes, int32_t launch_values,
                                                int32_t tensor_maps = 0);
@@ -163,7 +165,8 @@ std::vector<std::string> signature_problems(const std::string& declared, const s
                                             bool launch_values_known, const char* (*type_name)(int32_t dtype));
 
 /// The size in bytes of what KernelArguments passes for `p`: 8 for a pointer, an int64 and a
-/// double, 1 for a bool, 128 for a tensor map (CUtensorMap).
+/// double, 1 for a bool, 128 for a tensor map (CUtensorMap), 224 for a value domain
+/// (OpforgeValueDomain).
 uint32_t parameter_size(const KernelParameter& p);
 
 /// The differences between the parameter sizes a prebuilt kernel records (`sizes`, bytes, in
@@ -190,7 +193,10 @@ std::optional<std::string> demangled_parameters(const std::string& lowered_name)
 /// The kernel's arguments in their order: the tensors' data pointers (inputs, then outputs; an
 /// absent optional input's is null), the launch's int64 values, its tensor maps (pointed to in
 /// `cfg`, which must outlive the launch), then the parameters that are not compile-time, each
-/// with its declared C type (int64_t, double, bool). Held inline for up
+/// with its declared C type (int64_t, double, bool), then the call's value domains for a kernel
+/// that checks its own values (OpforgeContext::value_domains, which must outlive the launch).
+/// Throws InternalError where such a kernel's context carries fewer domains than its inputs
+/// declare. Held inline for up
 /// to kInline arguments (built on every launch: no allocation on that path), else on the heap.
 class KernelArguments {
  public:

@@ -14,7 +14,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "the pinned C ABI layou
 
 namespace {
 
-TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 10); }
+TEST(AbiLayout, Version) { EXPECT_EQ(OPFORGE_ABI_VERSION, 11); }
 
 TEST(AbiLayout, DtypeCodes) {  // opforge's own numbering, stable across versions
   EXPECT_EQ(OPFORGE_DTYPE_BOOL, 9);
@@ -158,7 +158,7 @@ TEST(AbiLayout, OutputSpec) {
 }
 
 TEST(AbiLayout, Context) {
-  EXPECT_EQ(sizeof(OpforgeContext), 48u);
+  EXPECT_EQ(sizeof(OpforgeContext), 64u);
   EXPECT_EQ(offsetof(OpforgeContext, struct_size), 0u);
   EXPECT_EQ(offsetof(OpforgeContext, device_type), 8u);
   EXPECT_EQ(offsetof(OpforgeContext, device_index), 12u);
@@ -166,6 +166,21 @@ TEST(AbiLayout, Context) {
   EXPECT_EQ(offsetof(OpforgeContext, allocate), 24u);
   EXPECT_EQ(offsetof(OpforgeContext, allocator_state), 32u);
   EXPECT_EQ(offsetof(OpforgeContext, after_value_check), 40u);
+  EXPECT_EQ(offsetof(OpforgeContext, value_domains), 48u);
+  EXPECT_EQ(offsetof(OpforgeContext, num_value_domains), 56u);
+}
+
+// Passed by value to kernels as opforge::kernel::ValueDomain (opforge/kernel.cuh), whose own
+// static_asserts hold it to these numbers wherever a kernel is compiled.
+TEST(AbiLayout, ValueDomain) {
+  EXPECT_EQ(sizeof(OpforgeValueDomain), 224u);
+  EXPECT_EQ(alignof(OpforgeValueDomain), 8u);
+  EXPECT_EQ(offsetof(OpforgeValueDomain, low), 0u);
+  EXPECT_EQ(offsetof(OpforgeValueDomain, high), 8u);
+  EXPECT_EQ(offsetof(OpforgeValueDomain, sentinel), 16u);
+  EXPECT_EQ(offsetof(OpforgeValueDomain, has_sentinel), 24u);
+  EXPECT_EQ(offsetof(OpforgeValueDomain, arg), 28u);
+  EXPECT_EQ(offsetof(OpforgeValueDomain, message), 32u);
 }
 
 TEST(AbiLayout, Arg) {
@@ -213,6 +228,7 @@ TEST(AbiLayout, Kernel) {
   EXPECT_EQ(offsetof(OpforgeKernel, dtype_arg), 56u);
   EXPECT_EQ(offsetof(OpforgeKernel, dtypes), 60u);
   EXPECT_EQ(offsetof(OpforgeKernel, backend), 64u);
+  EXPECT_EQ(offsetof(OpforgeKernel, checks_values), 68u);
 }
 
 TEST(AbiLayout, OpSpec) {

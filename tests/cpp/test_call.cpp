@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../../src/core/call.h"
+#include "../../src/core/device_checks.h"
 #include "../../src/core/sizes.h"
 #include "helpers.h"
 
@@ -242,6 +243,61 @@ TEST(RunCall, StepsRunInTheProtocolsOrder) {
   EXPECT_EQ(f.seen.args[0], hooks.memory[1].data());     // the dense copy, not the caller's view
   EXPECT_EQ(f.seen.outputs[0], hooks.memory[0].data());  // the output the hooks made
   EXPECT_EQ(outputs[0].data, hooks.memory[0].data());
+}
+
+/// What a kernel that checks its own values saw of its context's domains.
+struct Domains {
+  std::vector<OpforgeValueDomain> seen;
+};
+int32_t record_domains(const OpforgeCallFrame* f, const void* user) {
+  auto* d = const_cast<Domains*>(static_cast<const Domains*>(user));
+  d->seen.assign(f->ctx->value_domains, f->ctx->value_domains + f->ctx->num_value_domains);
+  return OPFORGE_STATUS_OK;
+}
+
+// A CUDA call of a kernel declared .checks_values_in_kernel(): no check kernel is launched (none
+// could be here: no driver), and the kernel gets one domain per checked input, in argument order,
+// with the bounds and message the check would have used; with checks off, domains that admit
+// every value.
+TEST(RunCall, AKernelThatChecksItsOwnValuesGetsTheDomainsInsteadOfACheck) {
+  auto def = index_op();
+  Domains domains;
+  OpforgeKernel kernel{sizeof(OpforgeKernel), OPFORGE_DEVICE_CUDA, record_domains, &domains};
+  kernel.checks_values = 1;
+  Recorder hooks;
+  float table[12] = {};
+  int64_t rows[3] = {0, 2, 3};
+  int32_t slots[4] = {3, -1, 7, 2};
+  const std::vector<int64_t> ts{4, 3}, tst{3, 1}, rs{3}, rst{1}, ss{4}, sst{1};
+  std::vector<OpforgeArg> args(3);
+  args[0].tensor = {table, OPFORGE_DTYPE_FLOAT32, OPFORGE_DEVICE_CUDA, 0, 2, ts.data(), tst.data()};
+  args[1].tensor = {rows, OPFORGE_DTYPE_INT64, OPFORGE_DEVICE_CUDA, 0, 1, rs.data(), rst.data()};
+  args[2].tensor = {slots, OPFORGE_DTYPE_INT32, OPFORGE_DEVICE_CUDA, 0, 1, ss.data(), sst.data()};
+  std::vector<core::ArgInfo<int64_t>> info;
+  for (const OpforgeArg& a : args) info.push_back(info_of(a.tensor));
+  info[1].dtype = OPFORGE_DTYPE_INT64, info[1].dtype_label = "int64";
+  info[2].dtype = OPFORGE_DTYPE_INT32, info[2].dtype_label = "int32";
+  std::vector<OpforgeTensor> outputs(1);
+  core::Call call{*def->spec(), &kernel, info, args, {}, false, OPFORGE_DEVICE_CUDA, 0};
+  EXPECT_TRUE(core::run_call(call, hooks, outputs));
+  ASSERT_EQ(domains.seen.size(), 2u);
+  EXPECT_EQ(domains.seen[0].arg, 1);
+  EXPECT_EQ(std::make_pair(domains.seen[0].low, domains.seen[0].high), std::make_pair(int64_t{0}, int64_t{4}));
+  EXPECT_EQ(domains.seen[0].has_sentinel, 0);
+  EXPECT_STREQ(domains.seen[0].message, "ns::gather: rows: expected values in [0, table.size(0)) = [0, 4)");
+  EXPECT_EQ(domains.seen[1].arg, 2);
+  EXPECT_EQ(std::make_pair(domains.seen[1].low, domains.seen[1].high), std::make_pair(int64_t{0}, int64_t{8}));
+  EXPECT_EQ(std::make_pair(domains.seen[1].has_sentinel, domains.seen[1].sentinel), std::make_pair(1, int64_t{-1}));
+  EXPECT_STREQ(domains.seen[1].message, "ns::gather: slots: expected values in [0, 8) or -1");
+  core::set_device_value_checks(false);
+  EXPECT_TRUE(core::run_call(call, hooks, outputs));
+  core::set_device_value_checks(true);
+  ASSERT_EQ(domains.seen.size(), 2u);
+  for (const OpforgeValueDomain& d : domains.seen) {  // every int64 value admitted
+    EXPECT_EQ(d.low, INT64_MIN);
+    EXPECT_EQ(d.high, INT64_MAX);
+    EXPECT_EQ(std::make_pair(d.has_sentinel, d.sentinel), std::make_pair(1, INT64_MAX));
+  }
 }
 
 TEST(RunCall, AnInvalidCallAsksNothingOfTheAdapter) {

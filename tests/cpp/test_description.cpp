@@ -818,45 +818,69 @@ TEST(Description, EveryDeclarationRuleHasItsMessage) {
                                      .launch(opforge::elementwise("y"));
                                }),
             (std::vector<std::string>{pre("launch_first") + ".launch() comes after the .cuda_source() it applies to"}));
-  EXPECT_EQ(declaration_errors("waits_first",
+  // The two ways of a kernel beside the device value check: each follows its kernel and needs a
+  // checked input; one kernel takes one of them.
+  for (const bool checks : {false, true}) {
+    const std::string step = checks ? ".checks_values_in_kernel()" : ".waits_for_value_checks()";
+    const auto beside = [checks](auto b) {
+      return checks ? std::move(b).checks_values_in_kernel() : std::move(b).waits_for_value_checks();
+    };
+    const auto op = [&](std::string name) { return (checks ? "checks_" : "waits_") + name; };
+    EXPECT_EQ(
+        declaration_errors(op("first").c_str(),
+                           [&](opforge::OpBuilder<false> b) {
+                             return beside(std::move(b)
+                                               .input("x", opforge::floating)
+                                               .input("i", opforge::kInt64, opforge::values_in(0, opforge::dim("x", 0)))
+                                               .output("y", opforge::like("x"))
+                                               .reference(ref2))
+                                 .cuda_source("k.cu", "k<{T}>")
+                                 .launch(opforge::elementwise("y"));
+                           }),
+        (std::vector<std::string>{pre(op("first").c_str()) + step +
+                                  " comes after the .cuda_source() or .cuda_binary() kernel it applies to"}));
+    EXPECT_EQ(declaration_errors(op("unchecked").c_str(),
+                                 [&](opforge::OpBuilder<false> b) {
+                                   return beside(std::move(b)
+                                                     .input("x", opforge::floating)
+                                                     .input("i", opforge::kInt64)
+                                                     .output("y", opforge::like("x"))
+                                                     .reference(ref2)
+                                                     .cuda_source("k.cu", "k<{T}>")
+                                                     .launch(opforge::elementwise("y")));
+                                 }),
+              (std::vector<std::string>{pre(op("unchecked").c_str()) + "cuda_source(\"k.cu\"): " + step +
+                                        " but no input declares opforge::values_in(...): " +
+                                        (checks ? "there is no value to check" : "there is no check to wait for")}));
+    EXPECT_EQ(
+        declaration_errors(op("ok").c_str(),
+                           [&](opforge::OpBuilder<false> b) {
+                             return beside(std::move(b)
+                                               .input("x", opforge::floating)
+                                               .input("i", opforge::kInt64, opforge::values_in(0, opforge::dim("x", 0)))
+                                               .output("y", opforge::like("x"))
+                                               .reference(ref2)
+                                               .cuda_source("k.cu", "k<{T}>")
+                                               .launch(opforge::elementwise("y")));
+                           }),
+        std::vector<std::string>{});
+  }
+  EXPECT_EQ(declaration_errors("checks_and_waits",
                                [](opforge::OpBuilder<false> b) {
                                  return std::move(b)
                                      .input("x", opforge::floating)
                                      .input("i", opforge::kInt64, opforge::values_in(0, opforge::dim("x", 0)))
                                      .output("y", opforge::like("x"))
                                      .reference(ref2)
-                                     .waits_for_value_checks()
-                                     .cuda_source("k.cu", "k<{T}>")
-                                     .launch(opforge::elementwise("y"));
-                               }),
-            (std::vector<std::string>{pre("waits_first") + ".waits_for_value_checks() comes after the .cuda_source() "
-                                                           "or .cuda_binary() kernel it applies to"}));
-  EXPECT_EQ(declaration_errors("waits_unchecked",
-                               [](opforge::OpBuilder<false> b) {
-                                 return std::move(b)
-                                     .input("x", opforge::floating)
-                                     .input("i", opforge::kInt64)
-                                     .output("y", opforge::like("x"))
-                                     .reference(ref2)
                                      .cuda_source("k.cu", "k<{T}>")
                                      .launch(opforge::elementwise("y"))
+                                     .checks_values_in_kernel()
                                      .waits_for_value_checks();
                                }),
-            (std::vector<std::string>{pre("waits_unchecked") +
-                                      "cuda_source(\"k.cu\"): .waits_for_value_checks() but no input declares "
-                                      "opforge::values_in(...): there is no check to wait for"}));
-  EXPECT_EQ(declaration_errors("waits",
-                               [](opforge::OpBuilder<false> b) {
-                                 return std::move(b)
-                                     .input("x", opforge::floating)
-                                     .input("i", opforge::kInt64, opforge::values_in(0, opforge::dim("x", 0)))
-                                     .output("y", opforge::like("x"))
-                                     .reference(ref2)
-                                     .cuda_source("k.cu", "k<{T}>")
-                                     .launch(opforge::elementwise("y"))
-                                     .waits_for_value_checks();
-                               }),
-            std::vector<std::string>{});
+            (std::vector<std::string>{pre("checks_and_waits") +
+                                      "cuda_source(\"k.cu\"): .checks_values_in_kernel() and "
+                                      ".waits_for_value_checks(): a kernel that checks its own values has no separate "
+                                      "check to wait for; keep one"}));
   EXPECT_EQ(declaration_errors("shapes",
                                [](opforge::OpBuilder<false> b) {
                                  return std::move(b)

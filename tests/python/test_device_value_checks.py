@@ -89,11 +89,11 @@ def test_a_slot_past_the_cache_stops_the_cache_write_inside_a_cuda_graph():
 
 
 @requires_cuda
-def test_a_kernel_launched_beside_the_check_waits_for_its_verdict():
-    """reshape_and_cache_flash declares .waits_for_value_checks(): on sm_90 or newer it starts while
-    the check of slot_mapping runs and must not store through a slot before the check's verdict.
-    One slot far past any allocation, last of many (the check reads it late): the call ends in the
-    check's assertion, never in an illegal address from the kernel's store."""
+def test_a_kernel_that_checks_its_own_slots_stops_before_its_store():
+    """reshape_and_cache_flash declares .checks_values_in_kernel(): no check kernel runs, and the
+    kernel checks each token's slot against the domain it is passed before it stores. One slot
+    far past any allocation, last of many: the call ends in the kernel's assertion with the
+    message the separate check prints, never in an illegal address from the store."""
     done = run_bad_call(
         """
         key, value, key_cache, value_cache, slots = serving.kv_cache(65536, 8, 128, 4096, 16, torch.bfloat16, "cuda")
@@ -115,6 +115,100 @@ def test_a_kernel_launched_beside_the_check_waits_for_its_verdict():
         "[0, key_cache.size(0) * key_cache.size(1)) = [0, 65536) or -1, got 1099511627776 at flat index 65535",
         "good call",
     )
+
+
+@requires_cuda
+def test_a_kernel_launched_beside_the_check_waits_for_its_verdict():
+    """kv_cache_write declares .waits_for_value_checks(): on sm_90 or newer it starts while the
+    check of slot_mapping runs and must not store through a slot before the check's verdict. One
+    slot far past any allocation, last of many (the check reads it late): the call ends in the
+    check's assertion, never in an illegal address from the kernel's store."""
+    done = run_bad_call(
+        """
+        key, value, key_cache, value_cache, slots = serving.kv_cache(65536, 8, 128, 4096, 16, torch.bfloat16, "cuda")
+        slots = torch.arange(65536, device="cuda")
+        torch.ops.examples.kv_cache_write(key, value, key_cache, value_cache, slots)
+        torch.cuda.synchronize()
+        print("good call")
+        slots[-1] = 1 << 40  # [8, 128] bf16 a slot: 2**51 bytes past the cache
+        torch.ops.examples.kv_cache_write(key, value, key_cache, value_cache, slots)
+        torch.cuda.synchronize()
+        print("no error")
+        """
+    )
+    assert_stopped_by_the_check(
+        done,
+        "examples::kv_cache_write: slot_mapping: expected values in "
+        "[0, key_cache.size(0) * key_cache.size(1)) = [0, 65536) or -1, got 1099511627776 at flat index 65535",
+        "good call",
+    )
+
+
+@requires_cuda
+def test_a_negative_slot_that_is_not_the_marker_stops_the_self_checking_kernel():
+    """The kernel skips a token whose slot is negative, but only -1 is padding: -5 must end in its
+    own check's assertion (checked before the skip), inside a CUDA graph as well."""
+    done = run_bad_call(
+        """
+        key, value, key_cache, value_cache, slots = serving.kv_cache(6, 2, 16, 4, 4, torch.float16, "cuda")
+        scale = torch.tensor(1.0, device="cuda")
+        call = lambda: torch.ops.examples.reshape_and_cache_flash(
+            key, value, key_cache, value_cache, slots, "auto", scale, scale)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm up: compile and load the kernel
+            call()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        graph.replay()
+        torch.cuda.synchronize()
+        print("good replay")
+        slots[4] = -5
+        graph.replay()
+        torch.cuda.synchronize()
+        print("no error")
+        """
+    )
+    assert_stopped_by_the_check(
+        done,
+        "examples::reshape_and_cache_flash: slot_mapping: expected values in "
+        "[0, key_cache.size(0) * key_cache.size(1)) = [0, 16) or -1, got -5 at flat index 4",
+        "good replay",
+    )
+
+
+@requires_cuda
+def test_a_self_checking_kernel_with_checks_off_writes_as_with_them_on():
+    """With device value checks off, the kernel is passed domains that admit every value: its
+    writes are those of a checked call, bit for bit."""
+    import opforge
+
+    serving.load()
+    key, value, key_cache, value_cache, slots = serving.kv_cache(37, 4, 64, 8, 16, torch.bfloat16, "cuda")
+    scale = torch.tensor(0.5, device="cuda")
+    caches = {}
+    for checked in (True, False):
+        mine = [torch.zeros(key_cache.shape, dtype=torch.float8_e4m3fn, device="cuda") for _ in range(2)]
+        opforge.set_device_value_checks(checked)
+        try:
+            torch.ops.examples.reshape_and_cache_flash(key, value, *mine, slots, "fp8", scale, scale)
+        finally:
+            opforge.set_device_value_checks(True)
+        caches[checked] = [c.view(torch.uint8) for c in mine]
+    torch.testing.assert_close(caches[True], caches[False], rtol=0, atol=0)
+    assert caches[True][0].count_nonzero() > 0
+
+
+def test_the_description_says_which_kernel_checks_its_own_values():
+    """Without a GPU: the library's description marks the kernel declared
+    .checks_values_in_kernel(), and only it."""
+    import opforge
+
+    library = opforge.load_library(opforge.example_library("kv_cache_write"))
+    checks = {op.name: [k.checks_values for k in op.runtime_kernels] for op in library.ops}
+    assert checks == {"examples::kv_cache_write": [False], "examples::reshape_and_cache_flash": [True]}
 
 
 @requires_cuda

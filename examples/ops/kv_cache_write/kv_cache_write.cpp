@@ -132,4 +132,4 @@ OPFORGE_OP(examples, reshape_and_cache_flash)
     .reference(reshape_and_cache_flash_cpu)
     .cuda_source("kv_cache_write.cu", "reshape_and_cache_flash<{T}, {T_key_cache}>")
     .launch_grid(flash_grid)
-    .waits_for_value_checks();
+    .checks_values_in_kernel();

@@ -257,6 +257,7 @@ struct RuntimeKernel {
                      // binary: the kernel's symbol, e.g. "scale_{T}"
   LaunchRule rule;
   bool waits_for_value_checks = false;  // .waits_for_value_checks(): launched as the value check's dependent
+  bool checks_values = false;           // .checks_values_in_kernel(): takes the value domains, no check launched
   // Resolved by OpDef::finalize:
   int32_t rule_tensor = -1;  // argument index, or num_args + output index
 };
@@ -288,7 +289,8 @@ struct OpDef {
   bool output_after_kernel = false;    // an .output() came after one (kernels take outputs: refused)
   std::vector<std::unique_ptr<RuntimeKernel>> runtime_kernels;
   bool launch_without_source = false;
-  bool waits_without_cuda_source = false;  // .waits_for_value_checks() follows no .cuda_source()/.cuda_binary()
+  bool waits_without_cuda_source = false;   // .waits_for_value_checks() follows no .cuda_source()/.cuda_binary()
+  bool checks_without_cuda_source = false;  // .checks_values_in_kernel() follows no .cuda_source()/.cuda_binary()
   /// .kernel_dtypes() declarations: the device kernel (index into kernels) they follow, -1 if
   /// none came before; resolved into OpforgeKernel::dtype_arg and dtypes by finalize.
   struct KernelDtypes {
@@ -328,6 +330,7 @@ struct OpDef {
   void set_launch(LaunchRule rule);
   void set_kernel_dtypes(std::string input, uint32_t dtypes);
   void set_waits_for_value_checks();
+  void set_checks_values_in_kernel();
 
   /// Resolves names and builds the C ABI structs; returns what kept a record from saying what
   /// was declared (each one line, with this declaration's file:line). The records' meaning is

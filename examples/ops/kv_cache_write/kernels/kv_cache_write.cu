@@ -5,11 +5,14 @@
 // the vectors as they are; a float8 cache takes each element as sat(float(x) / scale)
 // (opforge::kernel::pack_float8: CUDA's saturating conversion, as vLLM's scaled_convert; the
 // quotient by opforge::kernel::Divider, bit for bit IEEE division), 16 / sizeof(T) bytes per
-// store. Stores wait for the device value check of slot_mapping
-// (opforge::kernel::wait_for_value_checks; the ops declare .waits_for_value_checks()): the
-// kernel may start while the check runs, and loads and converts its rows meanwhile. A block
-// issues the loads of its slot, its rows (and the scales) before it uses any of them: one memory
-// latency per block, not a slot's and then the rows'.
+// store. Two ways to keep a bad slot from being written through (Note [Device value checks]):
+// reshape_and_cache_flash checks its token's slot itself (opforge::kernel::check_value against
+// the domain of slot_mapping; declared .checks_values_in_kernel()) before it skips a padding
+// token or stores, one launch per call; kv_cache_write starts beside the separate check and
+// waits for its verdict before it stores (opforge::kernel::wait_for_value_checks; declared
+// .waits_for_value_checks()), converting its rows meanwhile. A block issues the loads of its
+// slot, its rows (and the scales) before it uses any of them: one memory latency per block, not
+// a slot's and then the rows'.
 #include <opforge/kernel.cuh>
 
 /// The 16 bytes at `p` (global memory this kernel does not write), loaded where the call stands:
@@ -55,7 +58,8 @@ __device__ __forceinline__ void write_token(const T* __restrict__ key, const T* 
                                             const int64_t* __restrict__ slot_mapping, const float* __restrict__ k_scale,
                                             const float* __restrict__ v_scale, int64_t heads, int64_t head_dim,
                                             int64_t key_token_stride, int64_t key_head_stride,
-                                            int64_t value_token_stride, int64_t value_head_stride) {
+                                            int64_t value_token_stride, int64_t value_head_stride,
+                                            const opforge::kernel::ValueDomain* slots) {
   constexpr int kWidth = 16 / sizeof(T);
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];  // tested only after the rows' loads are issued
@@ -64,15 +68,17 @@ __device__ __forceinline__ void write_token(const T* __restrict__ key, const T* 
   const int64_t per_head = head_dim / kWidth, vectors = heads * per_head;
   const T* k = key + t * key_token_stride;
   const T* v = value + t * value_token_stride;
+  if (slots != nullptr && vectors == 0 && threadIdx.x == 0) opforge::kernel::check_value(*slots, slot, t);
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
     const int64_t h = i / per_head, e = (i % per_head) * kWidth;
     const uint4 kv = load_row_vector(k + h * key_head_stride + e);
     const uint4 vv = load_row_vector(v + h * value_head_stride + e);
+    if (slots != nullptr) opforge::kernel::check_value(*slots, slot, t);  // -1 (padding) is in the domain
     if (slot < 0) return;
-    CacheVector<T, C> kc, vc;  // converted while the check may still run: after the wait, the stores
+    CacheVector<T, C> kc, vc;  // converted while a separate check may still run
     kc.convert(kv, ks);
     vc.convert(vv, vs);
-    opforge::kernel::wait_for_value_checks();
+    if (slots == nullptr) opforge::kernel::wait_for_value_checks();
     kc.store(key_cache, slot, heads * head_dim, i);
     vc.store(value_cache, slot, heads * head_dim, i);
   }
@@ -85,7 +91,7 @@ __global__ void __launch_bounds__(1024)
                    int64_t head_dim, int64_t key_token_stride, int64_t key_head_stride, int64_t value_token_stride,
                    int64_t value_head_stride) {
   write_token<T, T>(key, value, key_cache, value_cache, slot_mapping, nullptr, nullptr, heads, head_dim,
-                    key_token_stride, key_head_stride, value_token_stride, value_head_stride);
+                    key_token_stride, key_head_stride, value_token_stride, value_head_stride, nullptr);
 }
 
 // vLLM's signature: the per-tensor scales after the slots (read only for a float8 cache).
@@ -95,7 +101,8 @@ __global__ void __launch_bounds__(1024)
                             C* __restrict__ value_cache, const int64_t* __restrict__ slot_mapping,
                             const float* __restrict__ k_scale, const float* __restrict__ v_scale, int64_t tokens,
                             int64_t heads, int64_t head_dim, int64_t key_token_stride, int64_t key_head_stride,
-                            int64_t value_token_stride, int64_t value_head_stride) {
+                            int64_t value_token_stride, int64_t value_head_stride,
+                            const __grid_constant__ opforge::kernel::ValueDomain slots) {
   write_token<T, C>(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, heads, head_dim,
-                    key_token_stride, key_head_stride, value_token_stride, value_head_stride);
+                    key_token_stride, key_head_stride, value_token_stride, value_head_stride, &slots);
 }
