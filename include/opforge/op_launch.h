@@ -199,7 +199,10 @@ inline Elementwise elementwise(std::string tensor) { return Elementwise(std::mov
 /// then `int64_t rows, int64_t cols`, then the runtime parameters. `threads` is the block size
 /// (a multiple of 32, at most 1024); 0 (the default) picks it per call from the row's bytes:
 /// enough warps that each thread holds at most four 16-byte vectors of the row (see
-/// opforge::kernel::RowRegisters), between 32 and 1024 threads.
+/// opforge::kernel::RowRegisters), between 32 and 1024 threads, and never more than the
+/// kernel's registers a thread allow on one SM (CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK), so such a
+/// kernel takes any number of warps. A fixed `threads` above that fails the launch, naming the
+/// kernel's most and its registers a thread.
 inline detail::LaunchRule rows(std::string tensor, int32_t threads = 0) {
   detail::LaunchRule r;
   r.kind = detail::LaunchRule::kRows;

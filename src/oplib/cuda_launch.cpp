@@ -73,6 +73,14 @@ CUfunction load_function(const void* image, const std::string& symbol, const std
   return fn;
 }
 
+int max_threads_per_block(CUfunction fn) {
+  int most = 1024;
+  if (driver().get_attribute == nullptr ||
+      driver().get_attribute(&most, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn) != CUDA_SUCCESS)
+    return 1024;
+  return most;
+}
+
 void launch_function(CUfunction fn, const Geometry& g, CUstream stream, void** params, const char* name) {
   CUlaunchConfig cfg{};
   cfg.gridDimX = g.grid[0];
@@ -104,6 +112,18 @@ void launch_function(CUfunction fn, const Geometry& g, CUstream stream, void** p
   cfg.attrs = attrs;
   cfg.numAttrs = n;
   const CUresult r = driver().launch_ex(&cfg, fn, params, nullptr);
+  if (r == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES) {
+    const unsigned threads = g.block[0] * g.block[1] * g.block[2];
+    const int most = max_threads_per_block(fn);
+    int registers = 0;
+    if (driver().get_attribute != nullptr) driver().get_attribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
+    if (threads > static_cast<unsigned>(most))
+      throw InternalError(driver_error(r, (std::string("cuLaunchKernelEx(") + name + ")").c_str()) + ": a block of " +
+                          std::to_string(threads) + " threads, and the kernel takes at most " + std::to_string(most) +
+                          " (" + std::to_string(registers) + " registers a thread); declare it `__global__ void " +
+                          "__launch_bounds__(" + std::to_string(threads) +
+                          ")` so that the compiler fits that many, or launch fewer threads");
+  }
   if (r != CUDA_SUCCESS) check_cu(r, std::string("cuLaunchKernelEx(") + name + ")");
 }
 
@@ -125,6 +145,7 @@ struct CachedLaunch {
   CUfunction fn = nullptr;
   std::string name;
   size_t shared_allowed = kDefaultSharedBytes;
+  unsigned max_threads = 1024;  ///< max_threads_per_block, whole warps
 };
 
 /// The loaded function for this call. Each thread keeps the instantiations it launched (at most
@@ -158,6 +179,7 @@ CachedLaunch& cached_function(const RuntimeKernel& rk, const OpforgeCallFrame* f
                   static_cast<int32_t>(cfg.tensor_maps.size()));
   probe.generation = generation;
   probe.shared_allowed = kDefaultSharedBytes;
+  probe.max_threads = static_cast<unsigned>(std::max(32, max_threads_per_block(probe.fn) / 32 * 32));
   if (!keyed) return probe;
   if (cache.size() == kEntries) cache.clear();
   cache.push_back(probe);
@@ -178,6 +200,10 @@ void launch(const RuntimeKernel& rk, const OpforgeCallFrame* f, const char* (*ty
   }
   Geometry g;
   for (int k = 0; k < 3; ++k) g.grid[k] = cfg.grid[k], g.block[k] = cfg.block[k];
+  // opforge::rows() picks its threads where the kernel leaves it the choice (threads 0, any
+  // number of warps): never more than the kernel's registers allow.
+  if (rk.rule.kind == LaunchRule::kRows && rk.rule.threads <= 0 && g.block[0] > target.max_threads)
+    g.block[0] = target.max_threads;
   g.shared_bytes = cfg.shared_bytes;
   // The value check just queued on this stream lets the kernel start (sm_90 or newer: programmatic
   // dependent launch); the kernel waits for its verdict (OpforgeContext::after_value_check).

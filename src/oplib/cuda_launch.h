@@ -33,6 +33,7 @@ struct Driver {
   decltype(&::cuModuleGetFunction) get_function = entry<decltype(&::cuModuleGetFunction)>("cuModuleGetFunction");
   decltype(&::cuLaunchKernelEx) launch_ex = entry<decltype(&::cuLaunchKernelEx)>("cuLaunchKernelEx");
   decltype(&::cuFuncSetAttribute) set_attribute = entry<decltype(&::cuFuncSetAttribute)>("cuFuncSetAttribute");
+  decltype(&::cuFuncGetAttribute) get_attribute = entry<decltype(&::cuFuncGetAttribute)>("cuFuncGetAttribute");
   decltype(&::cuCtxGetCurrent) get_current_context = entry<decltype(&::cuCtxGetCurrent)>("cuCtxGetCurrent");
   decltype(&::cuFuncGetParamInfo) func_param_info = entry<decltype(&::cuFuncGetParamInfo)>("cuFuncGetParamInfo", 12040);
   decltype(&::cuMemsetD8Async) memset_async = entry<decltype(&::cuMemsetD8Async)>("cuMemsetD8Async");
@@ -87,9 +88,16 @@ struct Geometry {
   bool cooperative = false;  ///< a cooperative launch (grid-wide synchronisation)
 };
 
+/// The most threads a block of `fn` may have (CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: fewer
+/// than 1024 where its registers a thread do not fit 1024 threads on an SM); 1024 where the
+/// driver cannot tell.
+int max_threads_per_block(CUfunction fn);
+
 /// Launches `fn` on `stream` with `params` (one pointer per kernel parameter, to its value)
 /// through cuLaunchKernelEx. Throws InternalError "cuLaunchKernelEx(<name>) failed: <the
-/// driver's description>" where the driver refuses the launch.
+/// driver's description>" where the driver refuses the launch; a block larger than the kernel's
+/// registers allow adds the block's threads, the kernel's most and its registers a thread, and
+/// how to fit it (__launch_bounds__).
 void launch_function(CUfunction fn, const Geometry& g, CUstream stream, void** params, const char* name);
 
 /// How a backend loads the function of one instantiation: the kernel, its instantiation name

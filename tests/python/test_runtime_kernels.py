@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import subprocess
 import sys
 import textwrap
@@ -393,3 +394,73 @@ def test_tensor_maps_copy_a_strided_view_in_place(tma_copy):
     base = torch.randn(3, 64, 48, device="cuda")
     x = base[:, :, 8:40]  # rows 192 bytes apart, a view the kernel reads in place
     torch.testing.assert_close(torch.ops.rtc_test.tma_copy(x), x.contiguous(), rtol=0, atol=0)
+
+
+HEAVY_OP_FILE = """
+#include <opforge/op.h>
+#include <cstring>
+static void ref(opforge::Tensor x, opforge::MutableTensor y) {
+  std::memcpy(y.raw_data(), x.raw_data(), x.numel() * sizeof(float));
+}
+OPFORGE_OP(rtc_test, heavy_auto)
+    .input("x", opforge::kFloat32)
+    .output("y", opforge::like("x"))
+    .reference(ref)
+    .cuda_source("heavy.cu", "heavy_rows<{T}>")
+    .launch(opforge::rows("x"));
+OPFORGE_OP(rtc_test, heavy_1024)
+    .input("x", opforge::kFloat32)
+    .output("y", opforge::like("x"))
+    .reference(ref)
+    .cuda_source("heavy.cu", "heavy_rows<{T}>")
+    .launch(opforge::rows("x", 1024));
+"""
+
+# y = x, one block per row, any block size: each thread holds 64 of the row's elements in
+# registers (168 registers a thread on sm_90, too many for 1024 threads on an SM).
+HEAVY_KERNEL = """#include <opforge/kernel.cuh>
+template <class T>
+__global__ void heavy_rows(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols) {
+  constexpr int kHeld = 64;
+  const T* in = x + static_cast<int64_t>(blockIdx.x) * cols;
+  T* out = y + static_cast<int64_t>(blockIdx.x) * cols;
+  for (int64_t base = 0; base < cols; base += int64_t(blockDim.x) * kHeld) {
+    T held[kHeld];
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t c = base + int64_t(k) * blockDim.x + threadIdx.x;
+      held[k] = c < cols ? in[c] : T(0);
+    }
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t c = base + int64_t(k) * blockDim.x + threadIdx.x;
+      if (c < cols) out[c] = held[k];
+    }
+  }
+}
+"""
+
+
+@requires_cuda
+def test_rows_picks_no_more_threads_than_the_kernel_s_registers_allow(tmp_path):
+    """opforge::rows() with its threads left to opforge launches at most the kernel's most threads
+    a block (here fewer than the 1024 a 40000-wide row asks for); with 1024 threads fixed by the
+    declaration, the refusal says how many the kernel takes and how to fit more."""
+    (tmp_path / "heavy.cpp").write_text(HEAVY_OP_FILE)
+    (tmp_path / "heavy.cu").write_text(HEAVY_KERNEL)
+    opforge.load_library(
+        opforge.build_library(
+            "heavy_lib", [tmp_path / "heavy.cpp"], kernels=[tmp_path / "heavy.cu"], build_dir=tmp_path / "build"
+        )
+    )
+    x = torch.randn(3, 40000, device="cuda")
+    torch.testing.assert_close(torch.ops.rtc_test.heavy_auto(x), x, rtol=0, atol=0)
+    with pytest.raises(RuntimeError) as err:
+        torch.ops.rtc_test.heavy_1024(x)
+    message = str(err.value)
+    assert "cuLaunchKernelEx(heavy_rows<float>) failed" in message, message
+    assert re.search(
+        r"a block of 1024 threads, and the kernel takes at most \d+ \(\d+ registers a thread\); declare it "
+        r"`__global__ void __launch_bounds__\(1024\)` so that the compiler fits that many, or launch fewer threads",
+        message,
+    ), message
