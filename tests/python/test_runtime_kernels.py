@@ -464,3 +464,66 @@ def test_rows_picks_no_more_threads_than_the_kernel_s_registers_allow(tmp_path):
         r"`__global__ void __launch_bounds__\(1024\)` so that the compiler fits that many, or launch fewer threads",
         message,
     ), message
+
+
+GATHER_OP_FILE = """
+#include <opforge/op.h>
+static void ref(opforge::Tensor table, opforge::Tensor rows, opforge::MutableTensor y) {
+  for (int64_t i = 0; i < rows.numel(); ++i) y.data<float>()[i] = table.data<float>()[rows.data<int64_t>()[i]];
+}
+static opforge::LaunchConfig grid(opforge::Tensor, opforge::Tensor rows, opforge::MutableTensor) {
+  opforge::LaunchConfig cfg;
+  cfg.grid[0] = static_cast<unsigned>((rows.numel() + 255) / 256);
+  cfg.block[0] = 256;
+  cfg.args = {rows.numel()};
+  return cfg;
+}
+OPFORGE_OP(rtc_test, {name})
+    .input("table", opforge::kFloat32, opforge::rank(1))
+    .input("rows", opforge::kInt64, opforge::rank(1), opforge::values_in(0, opforge::dim("table", 0)))
+    .output("y", opforge::shape({opforge::dim("rows", 0)}), opforge::kFloat32)
+    .reference(ref)
+    .cuda_source("gather.cu", "gather")
+    .launch_grid(grid)
+    .checks_values_in_kernel();
+"""
+
+# y[i] = table[rows[i]], each row index checked before the load.
+GATHER_KERNEL = """#include <opforge/kernel.cuh>
+__global__ void gather(const float* table, const int64_t* rows, float* y, int64_t n,
+                       const __grid_constant__ opforge::kernel::ValueDomain domain) {
+  const int64_t i = opforge::kernel::global_index();
+  if (i >= n) return;
+  opforge::kernel::check_value(domain, rows[i], i);
+  y[i] = table[rows[i]];
+}
+"""
+
+
+def test_a_kernel_that_checks_its_own_values_takes_their_domains(tmp_path):
+    """Without a GPU (NVRTC and the signature check): a kernel declared .checks_values_in_kernel()
+    compiles with opforge::kernel::ValueDomain after its launch values; one that leaves the domain
+    out is refused naming the parameter it lacks."""
+    unchecked = GATHER_KERNEL.replace(
+        ",\n                       const __grid_constant__ opforge::kernel::ValueDomain domain", ""
+    ).replace("opforge::kernel::check_value(domain, rows[i], i);", "")
+    assert "ValueDomain" not in unchecked and "check_value" not in unchecked
+    for name, kernel in (("gather_checked", GATHER_KERNEL), ("gather_unchecked", unchecked)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / f"{name}.cpp").write_text(GATHER_OP_FILE.replace("{name}", name))
+        (folder / "gather.cu").write_text(kernel)
+        opforge.load_library(
+            opforge.build_library(
+                f"{name}_lib", [folder / f"{name}.cpp"], kernels=[folder / "gather.cu"], build_dir=folder / "build"
+            )
+        )
+    dtypes = {"table": torch.float32, "rows": torch.int64}
+    shapes = {"table": [10], "rows": [4]}
+    assert (
+        opforge.precompile("rtc_test::gather_checked", dtypes, arch="sm_90", cache_dir=tmp_path / "c", shapes=shapes)
+        is False
+    )
+    with pytest.raises(opforge.OpforgeError) as err:
+        opforge.precompile("rtc_test::gather_unchecked", dtypes, arch="sm_90", cache_dir=tmp_path / "c", shapes=shapes)
+    assert "(value domain of rows): expected opforge::kernel::ValueDomain, found long long" in str(err.value), err.value
