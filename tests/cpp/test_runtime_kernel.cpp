@@ -192,6 +192,54 @@ TEST(KernelArguments, MoreArgumentsThanHeldInlineKeepTheirOrder) {
   EXPECT_EQ(*static_cast<bool*>(p[45]), false);
 }
 
+// A kernel declared .checks_values_in_kernel() takes the call's value domains last, by value (a
+// pointer to each in its context); a context without them (a core that launched a separate
+// check instead) is refused before the launch.
+TEST(KernelArguments, AKernelThatChecksItsValuesTakesTheDomainsLast) {
+  auto def =
+      finalized(opforge::detail::make_op("ns", "gather", "f.cpp", 1)
+                    .input("table", opforge::floating, opforge::rank(1))
+                    .input("rows", opforge::kInt64, opforge::rank(1), opforge::values_in(0, opforge::dim("table", 0)))
+                    .param<double>("alpha", 0.5)
+                    .output("y", opforge::like("table"))
+                    .reference(+[](Tensor, Tensor, double, MutableTensor) {})
+                    .cuda_source("gather.cu", "gather<{T}>")
+                    .launch(opforge::elementwise("y"))
+                    .checks_values_in_kernel()
+                    .release());
+  const auto& rk = *def->runtime_kernels[0];
+  Frame f;
+  f.args.resize(3);
+  f.args[0].tensor = f.tensor({8});
+  f.args[1].tensor = f.tensor({8}, OPFORGE_DTYPE_INT64);
+  f.args[2].value.f = 1.5;
+  f.outputs.push_back(f.tensor({8}));
+  OpforgeValueDomain domain{};
+  domain.high = 8;
+  domain.arg = 1;
+  OpforgeContext ctx{sizeof(OpforgeContext), OPFORGE_DEVICE_CUDA, 0};
+  ctx.value_domains = &domain;
+  ctx.num_value_domains = 1;
+  OpforgeCallFrame* frame = const_cast<OpforgeCallFrame*>(f.get());
+  frame->ctx = &ctx;
+  opforge::LaunchConfig cfg;
+  cfg.args = {8};
+  rtc::KernelArguments args(rk, frame, cfg);
+  void** p = args.params();
+  EXPECT_EQ(*static_cast<double*>(p[4]), 1.5);  // alpha, then the domain of rows
+  EXPECT_EQ(p[5], &domain);
+  EXPECT_EQ(
+      rtc::parameters_text(
+          rtc::kernel_parameters(rk, {OPFORGE_DTYPE_FLOAT32, OPFORGE_DTYPE_INT64, -1}, {OPFORGE_DTYPE_FLOAT32}, 1),
+          +[](int32_t d) { return d == OPFORGE_DTYPE_FLOAT32 ? "float" : "long long"; }),
+      "float const*, long long const*, float*, int64_t, double, opforge::kernel::ValueDomain");
+  ctx.num_value_domains = 0;
+  ctx.value_domains = nullptr;
+  EXPECT_EQ(opforge_test::message_of<opforge::InternalError>([&] { rtc::KernelArguments refused(rk, frame, cfg); }),
+            "ns::gather: the kernel checks its own values and takes 1 value domains, but the call's context "
+            "carries 0");
+}
+
 /// pair_op's instantiation key for x in `x_dtype`, y in `y_dtype`, compile-time k and run-time n.
 std::vector<int64_t> pair_key(const opforge::detail::OpDef& def, int32_t x_dtype, int32_t y_dtype, int64_t k, int64_t n,
                               int32_t capacity = 16) {
