@@ -5,8 +5,8 @@
 #include <opforge/kernel.cuh>
 
 template <class T, class W>
-__global__ void __launch_bounds__(1024) rms_norm(const T* __restrict__ x, const W* __restrict__ weight, T* __restrict__ y, int64_t rows,
-                         int64_t cols, double eps) {
+__global__ void __launch_bounds__(1024) rms_norm(const T* __restrict__ x, const W* __restrict__ weight,
+                                                 T* __restrict__ y, int64_t rows, int64_t cols, double eps) {
   using opforge::kernel::to_acc;
   using A = opforge::kernel::acc_t<T>;
   using Row = opforge::kernel::RowRegisters<T>;
