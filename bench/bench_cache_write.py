@@ -66,8 +66,8 @@ def groups(rows: list[dict], T: int, H: int, D: int, compiled) -> None:
         name = f"reshape_and_cache_flash {kv_cache_dtype}: bf16 -> {target} [{T}, {H}, {D}]"
         op = [lambda call=call: torch.ops.examples.reshape_and_cache_flash(*call) for call in calls]
         # kv_cache_write: the same write beside a separate check kernel ("auto" only: no scales)
-        beside = [lambda call=call: torch.ops.examples.kv_cache_write(*call[:5]) for call in calls]
         separate = kv_cache_dtype == "auto"
+        beside = [lambda call=call: torch.ops.examples.kv_cache_write(*call[:5]) for call in calls] if separate else []
         eager = [lambda call=call: write_torch(*call) for call in calls]
         compiled(*calls[0])
         bandwidth_group(

@@ -612,17 +612,22 @@ void OpDef::set_kernel_dtypes(std::string input, uint32_t dtypes) {
       {kernels.size() > 1 ? static_cast<int32_t>(kernels.size() - 1) : -1, std::move(input), dtypes});
 }
 
+/// The kernel declared last, where it is a .cuda_source() or .cuda_binary() kernel; null otherwise
+/// (none yet, a .cuda() host function or a Triton kernel).
+static RuntimeKernel* last_cuda_runtime_kernel(OpDef& def) {
+  if (def.runtime_kernels.empty() || def.kernels.back().user != def.runtime_kernels.back().get()) return nullptr;
+  RuntimeKernel* rk = def.runtime_kernels.back().get();
+  return rk->backend == RuntimeKernel::kTriton ? nullptr : rk;
+}
+
 void OpDef::set_waits_for_value_checks() {
-  if (!runtime_kernels.empty() && runtime_kernels.back()->backend != RuntimeKernel::kTriton &&
-      kernels.back().user == runtime_kernels.back().get())
-    runtime_kernels.back()->waits_for_value_checks = true;
+  if (RuntimeKernel* rk = last_cuda_runtime_kernel(*this)) rk->waits_for_value_checks = true;
   else waits_without_cuda_source = true;
 }
 
 void OpDef::set_checks_values_in_kernel() {
-  if (!runtime_kernels.empty() && runtime_kernels.back()->backend != RuntimeKernel::kTriton &&
-      kernels.back().user == runtime_kernels.back().get()) {
-    runtime_kernels.back()->checks_values = true;
+  if (RuntimeKernel* rk = last_cuda_runtime_kernel(*this)) {
+    rk->checks_values = true;
     kernels.back().checks_values = 1;
   } else {
     checks_without_cuda_source = true;

@@ -124,13 +124,22 @@ __global__ void scale(const float* x, float* y, int64_t n) {
 """
 
 
-def build_scale_op(tmp_path: Path, name: str, kernel: str):
-    src = tmp_path / f"{name}.cpp"
-    src.write_text(OP_FILE.replace("{name}", name))
-    (tmp_path / "scale.cu").write_text(kernel)
+def build_op_library(folder: Path, name: str, op_file: str, kernels: dict[str, str]):
+    """Writes `op_file` as folder/<name>.cpp and each of `kernels` (file name: source) beside it,
+    then builds lib<name>_lib.so from them into folder/build and loads it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.cpp").write_text(op_file)
+    for file, source in kernels.items():
+        (folder / file).write_text(source)
     return opforge.load_library(
-        opforge.build_library(f"{name}_lib", [src], kernels=[tmp_path / "scale.cu"], build_dir=tmp_path / "build")
+        opforge.build_library(
+            f"{name}_lib", [folder / f"{name}.cpp"], kernels=[folder / f for f in kernels], build_dir=folder / "build"
+        )
     )
+
+
+def build_scale_op(tmp_path: Path, name: str, kernel: str):
+    return build_op_library(tmp_path, name, OP_FILE.replace("{name}", name), {"scale.cu": kernel})
 
 
 def test_compile_error_names_file_and_line(tmp_path):
@@ -357,12 +366,7 @@ __global__ void tma_copy(const float* x, float* y, int64_t batches,
 
 
 def build_tma_copy(tmp: Path, name: str, kernel: str):
-    (tmp / f"{name}.cpp").write_text(TMA_OP.replace("tma_copy)", f"{name})"))
-    (tmp / "tma_copy.cu").write_text(kernel)
-    library = opforge.build_library(
-        f"{name}_lib", [tmp / f"{name}.cpp"], kernels=[tmp / "tma_copy.cu"], build_dir=tmp / "b"
-    )
-    return opforge.load_library(library)
+    return build_op_library(tmp, name, TMA_OP.replace("tma_copy)", f"{name})"), {"tma_copy.cu": kernel})
 
 
 @pytest.fixture(scope="module")
@@ -446,13 +450,7 @@ def test_rows_picks_no_more_threads_than_the_kernel_s_registers_allow(tmp_path):
     """opforge::rows() with its threads left to opforge launches at most the kernel's most threads
     a block (here fewer than the 1024 a 40000-wide row asks for); with 1024 threads fixed by the
     declaration, the refusal says how many the kernel takes and how to fit more."""
-    (tmp_path / "heavy.cpp").write_text(HEAVY_OP_FILE)
-    (tmp_path / "heavy.cu").write_text(HEAVY_KERNEL)
-    opforge.load_library(
-        opforge.build_library(
-            "heavy_lib", [tmp_path / "heavy.cpp"], kernels=[tmp_path / "heavy.cu"], build_dir=tmp_path / "build"
-        )
-    )
+    build_op_library(tmp_path, "heavy", HEAVY_OP_FILE, {"heavy.cu": HEAVY_KERNEL})
     x = torch.randn(3, 40000, device="cuda")
     torch.testing.assert_close(torch.ops.rtc_test.heavy_auto(x), x, rtol=0, atol=0)
     with pytest.raises(RuntimeError) as err:
@@ -509,15 +507,7 @@ def test_a_kernel_that_checks_its_own_values_takes_their_domains(tmp_path):
     ).replace("opforge::kernel::check_value(domain, rows[i], i);", "")
     assert "ValueDomain" not in unchecked and "check_value" not in unchecked
     for name, kernel in (("gather_checked", GATHER_KERNEL), ("gather_unchecked", unchecked)):
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / f"{name}.cpp").write_text(GATHER_OP_FILE.replace("{name}", name))
-        (folder / "gather.cu").write_text(kernel)
-        opforge.load_library(
-            opforge.build_library(
-                f"{name}_lib", [folder / f"{name}.cpp"], kernels=[folder / "gather.cu"], build_dir=folder / "build"
-            )
-        )
+        build_op_library(tmp_path / name, name, GATHER_OP_FILE.replace("{name}", name), {"gather.cu": kernel})
     dtypes = {"table": torch.float32, "rows": torch.int64}
     shapes = {"table": [10], "rows": [4]}
     assert (
