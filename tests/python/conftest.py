@@ -20,6 +20,9 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # compiling and loading a probe for each, in a fresh Python, in every process that compiles (this
 # one and the processes tests start); its probes of extensions (bfloat16, VNNI, AMX) still run.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# AOTInductor compiles each package's C++ wrapper (the model's host code, not its kernels, which
+# keep -O3) at -O1; at -O0 it takes about two thirds of the time, and the tests package ~30 models.
+os.environ.setdefault("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")
 
 # Under pytest-xdist, each worker's share of the CPU's cores for torch's intra-op threads, OpenMP
 # in the processes tests start and Inductor's compile workers, so that N workers on C cores run

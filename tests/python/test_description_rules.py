@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import opforge
-from conftest import DEVICES
+from conftest import DEVICES, requires_cuda
 from opforge import aoti, verify
 
 
@@ -63,19 +63,31 @@ class Norm(torch.nn.Module):
         return torch.ops.examples.rms_norm(x, self.weight)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_mixed_dtypes_and_leading_dims_through_export_and_the_runner(device, tmp_path):
-    model = Norm().to(device).eval()
-    x = torch.randn(3, 5, 64, dtype=torch.bfloat16, device=device)  # two leading dims, both dynamic
-    dims = {0: torch.export.Dim("batch", min=1, max=1024), 1: torch.export.Dim("seq", min=1, max=1024)}
-    program = torch.export.export(model, (x,), dynamic_shapes=(dims,))
+def _norm_dims():
+    return {0: torch.export.Dim("batch", min=1, max=1024), 1: torch.export.Dim("seq", min=1, max=1024)}
+
+
+@requires_cuda
+def test_mixed_dtypes_and_leading_dims_through_export_and_the_runner_on_cuda(tmp_path):
+    model = Norm().cuda().eval()
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16, device="cuda")  # two leading dims, both dynamic
+    program = torch.export.export(model, (x,), dynamic_shapes=(_norm_dims(),))
     package = aoti.package(program, tmp_path / "pkg", archs=["sm_90"])
     for rows, seq in ((1, 7), (9, 2)):
-        x = torch.randn(rows, seq, 64, dtype=torch.bfloat16, device=device)
+        x = torch.randn(rows, seq, 64, dtype=torch.bfloat16, device="cuda")
         with torch.no_grad():
             expected = model(x).cpu()
-        result = aoti.run(package, [x], device=device)
+        result = aoti.run(package, [x], device="cuda")
         torch.testing.assert_close(result.outputs[0], expected)
+
+
+def test_mixed_dtypes_and_leading_dims_through_export_and_the_runner(rules_package):
+    norm = rules_package.model.norm
+    for rows, seq in ((1, 7), (9, 2)):
+        x = torch.randn(rows, seq, 64, dtype=torch.bfloat16)
+        with torch.no_grad():
+            expected = norm(x)
+        torch.testing.assert_close(rules_package.run(norm_x=x)[0], expected)
 
 
 # ---- leading dims ---------------------------------------------------------------------------------
@@ -123,14 +135,10 @@ class CycleRows(torch.nn.Module):
         return torch.ops.fixture.cycle_rows(x, x.shape[0] * 2)
 
 
-def test_a_size_parameter_through_export_and_the_runner(tmp_path):
-    batch = torch.export.Dim("batch", min=1, max=256)
-    program = torch.export.export(CycleRows(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
-    package = aoti.package(program, tmp_path / "pkg")
+def test_a_size_parameter_through_export_and_the_runner(rules_package):
     for rows in (1, 6):
         x = torch.randn(rows, 4)
-        result = aoti.run(package, [x], device="cpu")
-        torch.testing.assert_close(result.outputs[0], torch.cat([x, x]))
+        torch.testing.assert_close(rules_package.run(cycle_x=x)[1], torch.cat([x, x]))
 
 
 # ---- an optional input shaping an optional output -------------------------------------------------
@@ -175,16 +183,11 @@ class ScalePair(torch.nn.Module):
         return y + z, k
 
 
-def test_an_optional_output_through_export_and_the_runner(tmp_path):
-    rows = torch.export.Dim("rows", min=1, max=64)
-    program = torch.export.export(
-        ScalePair(), (torch.randn(3, 4), torch.randn(6)), dynamic_shapes=({0: rows}, {0: torch.export.Dim("n")})
-    )
-    package = aoti.package(program, tmp_path / "pkg")
+def test_an_optional_output_through_export_and_the_runner(rules_package):
     x, key = torch.randn(5, 4), torch.randn(2)
-    result = aoti.run(package, [x, key], device="cpu")
-    torch.testing.assert_close(result.outputs[0], 4 * x)
-    torch.testing.assert_close(result.outputs[1], 2 * key)
+    outputs = rules_package.run(pair_x=x, pair_key=key)
+    torch.testing.assert_close(outputs[2], 4 * x)
+    torch.testing.assert_close(outputs[3], 2 * key)
 
 
 def test_verify_passes_an_op_with_an_optional_output():
@@ -239,10 +242,13 @@ class Compaction(torch.nn.Module):
         return torch.ops.examples.bias_gelu(kept, bias)
 
 
+def _compaction_dims():
+    return {0: torch.export.Dim("n", min=2, max=1024)}, {0: torch.export.Dim("k", min=2, max=1024)}
+
+
 @pytest.fixture(scope="module")
 def compaction_program():
-    dims = ({0: torch.export.Dim("n", min=2, max=1024)}, {0: torch.export.Dim("k", min=2, max=1024)})
-    return torch.export.export(Compaction(), (torch.tensor(_X), torch.randn(4)), dynamic_shapes=dims)
+    return torch.export.export(Compaction(), (torch.tensor(_X), torch.randn(4)), dynamic_shapes=_compaction_dims())
 
 
 def _gelu_of(kept, bias):
@@ -258,15 +264,14 @@ def test_a_data_dependent_size_through_export(compaction_program):
         compaction_program.module()(x, torch.randn(3))
 
 
-def test_a_data_dependent_size_through_the_runner(compaction_program, tmp_path):
-    package = aoti.package(compaction_program, tmp_path / "pkg")
+def test_a_data_dependent_size_through_the_runner(rules_package):
     x, bias = torch.tensor(_X + [9.0]), torch.randn(5)
-    result = aoti.run(package, [x, bias], device="cpu")
-    torch.testing.assert_close(result.outputs[0], _gelu_of(torch.tensor([1.0, 3.0, 5.0, 7.0, 9.0]), bias))
+    outputs = rules_package.run(compact_x=x, compact_bias=bias)
+    torch.testing.assert_close(outputs[4], _gelu_of(torch.tensor([1.0, 3.0, 5.0, 7.0, 9.0]), bias))
     with pytest.raises(
         opforge.OpforgeError, match=re.escape("bias: expected shape [x.size(-1)] = [5], got [3]")
     ) as err:
-        aoti.run(package, [x, torch.randn(3)], device="cpu")
+        rules_package.run(compact_x=x, compact_bias=torch.randn(3))
     # AOTInductor's proxy executor only logs the op's exception; the runner fails the run itself
     assert "opforge-runner: an op failed while running" in str(err.value)
 
@@ -300,15 +305,78 @@ def test_autocast_promotes_a_16_bit_activation_and_its_float32_bias(device):
     torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), y)
 
 
-def test_autocast_in_an_exported_model_and_the_runner(tmp_path):
-    model, x = LinearGelu().requires_grad_(False), torch.randn(4, 8)
-    program = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+def test_autocast_in_an_exported_model_and_the_runner(rules_package):
+    model, x = rules_package.model.amp, torch.randn(4, 8)
     with torch.no_grad():
         expected = model(x)
-        torch.testing.assert_close(program.module()(x), expected)
-    result = aoti.run(aoti.package(program, tmp_path / "pkg"), [x], device="cpu")
-    assert result.outputs[0].dtype == torch.float32
-    torch.testing.assert_close(result.outputs[0], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rules_package.program.module()(**rules_package.inputs(amp_x=x))[5], expected)
+    out = rules_package.run(amp_x=x)[5]
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+# ---- one AOTInductor package for the rules above --------------------------------------------------
+
+
+class RuleModels(torch.nn.Module):
+    """The models above side by side, so that their checks through the C++ runner share one
+    AOTInductor package (each package takes seconds of C++ compiling): outputs Norm, CycleRows,
+    ScalePair (two), Compaction and LinearGelu in that order."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.cycle, self.pair = Norm().eval(), CycleRows(), ScalePair()
+        self.compaction, self.amp = Compaction(), LinearGelu().requires_grad_(False)
+
+    def forward(self, norm_x, cycle_x, pair_x, pair_key, compact_x, compact_bias, amp_x):
+        return (
+            self.norm(norm_x),
+            self.cycle(cycle_x),
+            *self.pair(pair_x, pair_key),
+            self.compaction(compact_x, compact_bias),
+            self.amp(amp_x),
+        )
+
+
+class RulesPackage:
+    """RuleModels exported with each model's dynamic dims and packaged once; :meth:`run` runs it
+    in the C++ runner with the given inputs and every other input at its default."""
+
+    def __init__(self, folder):
+        self.model = RuleModels()
+        defaults = self.inputs()
+        dims = {
+            "norm_x": _norm_dims(),
+            "cycle_x": {0: torch.export.Dim("cycle_rows", min=1, max=256)},
+            "pair_x": {0: torch.export.Dim("pair_rows", min=1, max=64)},
+            "pair_key": {0: torch.export.Dim("pair_n")},
+            "compact_x": _compaction_dims()[0],
+            "compact_bias": _compaction_dims()[1],
+            "amp_x": {0: torch.export.Dim("amp_batch", min=1, max=64)},
+        }
+        self.program = torch.export.export(self.model, (), defaults, dynamic_shapes=dims)
+        self.package = aoti.package(self.program, folder)
+
+    @staticmethod
+    def inputs(**given):
+        defaults = {
+            "norm_x": torch.randn(3, 5, 64, dtype=torch.bfloat16),
+            "cycle_x": torch.randn(3, 4),
+            "pair_x": torch.randn(3, 4),
+            "pair_key": torch.randn(6),
+            "compact_x": torch.tensor(_X),
+            "compact_bias": torch.randn(4),
+            "amp_x": torch.randn(4, 8),
+        }
+        return defaults | given
+
+    def run(self, **given):
+        return aoti.run(self.package, list(self.inputs(**given).values()), device="cpu").outputs
+
+
+@pytest.fixture(scope="module")
+def rules_package(tmp_path_factory):
+    return RulesPackage(tmp_path_factory.mktemp("rules") / "pkg")
 
 
 def test_autocast_float32_and_lower_precision_policies():
