@@ -8,8 +8,10 @@ q, k and v from a retained forward graph (only the backward kernels run).
 
     python3 bench/bench_attention.py [--batch 8] [--heads 16] [--seq 4096] [--pass forward|backward|both]
                                      [--dtype bfloat16|float16] [--head-dims 128 64] [--no-backends]
-                                     [--json out.json]
+                                     [--sweep] [--json out.json]
 
+--sweep times every sequence length of SWEEP_SEQS at the token count batch x seq (by default
+32768 tokens: batch 64 at 512 down to batch 2 at 16384) instead of the one shape.
 --no-backends leaves out the forced SDPA backends (SDPA as a user calls it stays the baseline),
 for quick runs while a kernel is being changed.
 
@@ -21,6 +23,7 @@ causal; TFLOP/s from medians of triton.testing.do_bench (CUDA events), inputs ra
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import torch
@@ -29,6 +32,9 @@ from common import median_ms, report
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import opforge
+
+#: Sequence lengths of --sweep, each at batch x seq tokens.
+SWEEP_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -56,49 +62,48 @@ def main() -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--head-dims", type=int, nargs="+", choices=(32, 64, 128), default=[128, 64])
     parser.add_argument("--no-backends", action="store_true", help="only opforge and SDPA's default backend")
+    parser.add_argument("--sweep", action="store_true", help="every length of SWEEP_SEQS at batch x seq tokens")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     opforge.load_library(opforge.example_library("attention"))
     dtype = getattr(torch, args.dtype)
     rows = []
-    for backward in {"forward": (False,), "backward": (True,), "both": (False, True)}[args.passes]:
-        for head_dim in args.head_dims:
-            for causal in (False, True):
-                q, k, v, grad_o = (
-                    torch.randn(args.batch, args.heads, args.seq, head_dim, device="cuda", dtype=dtype)
-                    for _ in range(4)
-                )
-                flops = 4 * args.batch * args.heads * args.seq**2 * head_dim / (2 if causal else 1)
-                flops *= 2.5 if backward else 1
-                group = (
-                    f"{'backward' if backward else 'forward'} {args.dtype} [{args.batch}, {args.heads}, {args.seq}, "
-                    f"{head_dim}] {'causal' if causal else 'non-causal'}"
-                )
+    tokens = args.batch * args.seq
+    shapes = [(tokens // seq, seq) for seq in SWEEP_SEQS if seq <= tokens] if args.sweep else [(args.batch, args.seq)]
+    for backward, head_dim, causal, (batch, seq) in itertools.product(
+        {"forward": (False,), "backward": (True,), "both": (False, True)}[args.passes],
+        args.head_dims,
+        (False, True),
+        shapes,
+    ):
+        q, k, v, grad_o = (torch.randn(batch, args.heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+        flops = 4 * batch * args.heads * seq**2 * head_dim / (2 if causal else 1)
+        flops *= 2.5 if backward else 1
+        group = (
+            f"{'backward' if backward else 'forward'} {args.dtype} [{batch}, {args.heads}, {seq}, "
+            f"{head_dim}] {'causal' if causal else 'non-causal'}"
+        )
 
-                def sdpa_forward(q, k, v, causal=causal):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        def sdpa_forward(q, k, v, causal=causal):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-                def opforge_forward(q, k, v, causal=causal, head_dim=head_dim):
-                    return torch.ops.examples.attention(q, k, v, head_dim, causal=causal)[0]
+        def opforge_forward(q, k, v, causal=causal, head_dim=head_dim):
+            return torch.ops.examples.attention(q, k, v, head_dim, causal=causal)[0]
 
-                sdpa = timings(sdpa_forward, q, k, v, grad_o, backward)
-                impls = [
-                    ("opforge examples::attention", timings(opforge_forward, q, k, v, grad_o, backward)),
-                    ("torch SDPA (default backend)", sdpa),
-                ]
-                for name, backend in ({} if args.no_backends else BACKENDS).items():
-                    try:
-                        with sdpa_kernel(backend):
-                            impls.append(
-                                (f"torch SDPA, {name} backend", timings(sdpa_forward, q, k, v, grad_o, backward))
-                            )
-                    except RuntimeError as e:  # a backend that does not take these inputs
-                        print(f"{group}: SDPA {name} backend unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
-                for name, ms in impls:
-                    rows.append(
-                        {"group": group, "impl": name, "ms": ms, "TFLOP/s": flops / ms / 1e9, "vs_sdpa": sdpa / ms}
-                    )
-                del q, k, v, grad_o
+        sdpa = timings(sdpa_forward, q, k, v, grad_o, backward)
+        impls = [
+            ("opforge examples::attention", timings(opforge_forward, q, k, v, grad_o, backward)),
+            ("torch SDPA (default backend)", sdpa),
+        ]
+        for name, backend in ({} if args.no_backends else BACKENDS).items():
+            try:
+                with sdpa_kernel(backend):
+                    impls.append((f"torch SDPA, {name} backend", timings(sdpa_forward, q, k, v, grad_o, backward)))
+            except RuntimeError as e:  # a backend that does not take these inputs
+                print(f"{group}: SDPA {name} backend unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
+        for name, ms in impls:
+            rows.append({"group": group, "impl": name, "ms": ms, "TFLOP/s": flops / ms / 1e9, "vs_sdpa": sdpa / ms})
+        del q, k, v, grad_o
 
     report(
         rows,
