@@ -3,6 +3,7 @@ reproduce, and checks whole models in the C++ runner."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -41,6 +42,15 @@ def broken_ops(tmp_path_factory):
     )
 
 
+@functools.cache
+def example_report(name: str, device: str) -> verify.Report:
+    """``verify_op`` of an example op on ``device`` at seed 1234, once per test process: on the CPU,
+    test_example_ops_pass and test_every_choice_and_unranged_float_is_verified read one report of
+    examples::attention (each verify of it takes seconds). Callers only read it."""
+    opforge.load_library(opforge.example_library(name.split("::")[1].removesuffix("_backward")))
+    return verify.verify_op(name, device=device, seed=1234)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
@@ -59,8 +69,7 @@ def broken_ops(tmp_path_factory):
     ],
 )
 def test_example_ops_pass(name):
-    opforge.load_library(opforge.example_library(name.split("::")[1].removesuffix("_backward")))
-    report = verify.verify_op(name, seed=1234)
+    report = example_report(name, "cuda" if torch.cuda.is_available() else "cpu")
     assert report.ok, [(r.case, r.message) for r in report.failures]
     checks = {(r.check, r.status) for r in report.results}
     assert {("opcheck", "pass"), ("meta", "pass"), ("compile", "pass")} <= checks
@@ -442,10 +451,7 @@ def test_triton_kernels_are_compared_with_the_reference_on_cuda(triton_ops, trit
 
 @pytest.mark.slow
 def test_every_choice_and_unranged_float_is_verified():
-    import opforge
-
-    opforge.load_library(opforge.example_library("attention"))
-    report = verify.verify_op("examples::attention", device="cpu", seed=3, dtypes=["float16"])
+    report = example_report("examples::attention", "cpu")
     head_dims = {r.repro["args"][3] for r in report.results if r.check == "values" and r.repro}
     assert head_dims == {32, 64, 128}
     # q, k, v are contiguous_last_dim: layouts the kernel reads in place are among the cases
