@@ -663,8 +663,8 @@ KernelArguments::KernelArguments(const RuntimeKernel& rk, const OpforgeCallFrame
     const int32_t given = OPFORGE_HAS_FIELD(OpforgeContext, ctx, num_value_domains) ? ctx.num_value_domains : 0;
     if (given != domains)
       throw InternalError(def.ns + "::" + def.name + ": the kernel checks its own values and takes " +
-                          std::to_string(domains) + " value domains, but the call's context carries " +
-                          std::to_string(given));
+                          std::to_string(domains) + (domains == 1 ? " value domain" : " value domains") +
+                          ", but the call's context carries " + std::to_string(given));
   }
   const size_t most =
       static_cast<size_t>(num_args + f->num_outputs + domains) + cfg.args.size() + cfg.tensor_maps.size();

@@ -236,7 +236,7 @@ TEST(KernelArguments, AKernelThatChecksItsValuesTakesTheDomainsLast) {
   ctx.num_value_domains = 0;
   ctx.value_domains = nullptr;
   EXPECT_EQ(opforge_test::message_of<opforge::InternalError>([&] { rtc::KernelArguments refused(rk, frame, cfg); }),
-            "ns::gather: the kernel checks its own values and takes 1 value domains, but the call's context "
+            "ns::gather: the kernel checks its own values and takes 1 value domain, but the call's context "
             "carries 0");
 }
 
