@@ -345,13 +345,14 @@ class RulesPackage:
     def __init__(self, folder):
         self.model = RuleModels()
         defaults = self.inputs()
+        compact_x_dims, compact_bias_dims = _compaction_dims()
         dims = {
             "norm_x": _norm_dims(),
             "cycle_x": {0: torch.export.Dim("cycle_rows", min=1, max=256)},
             "pair_x": {0: torch.export.Dim("pair_rows", min=1, max=64)},
             "pair_key": {0: torch.export.Dim("pair_n")},
-            "compact_x": _compaction_dims()[0],
-            "compact_bias": _compaction_dims()[1],
+            "compact_x": compact_x_dims,
+            "compact_bias": compact_bias_dims,
             "amp_x": {0: torch.export.Dim("amp_batch", min=1, max=64)},
         }
         self.program = torch.export.export(self.model, (), defaults, dynamic_shapes=dims)
