@@ -69,9 +69,39 @@ def isa_probe_file() -> Path:
     except OSError:
         compiler = ""
     key = hashlib.sha256("\n".join([flags, compiler, torch.__version__]).encode()).hexdigest()[:16]
+    return tests_cache_folder() / f"isa-probes-{key}.txt"
+
+
+def tests_cache_folder() -> Path:
+    """The tests' cache folder, kept between runs beside the environment: ``$OPFORGE_TEST_CACHE``,
+    default ~/.cache/opforge."""
     cache = Path(os.environ.get("OPFORGE_TEST_CACHE", Path.home() / ".cache" / "opforge"))
     cache.mkdir(parents=True, exist_ok=True)
-    return cache / f"isa-probes-{key}.txt"
+    return cache
+
+
+#: The size past which the tests' shared kernel cache is emptied when a run starts.
+KERNEL_CACHE_LIMIT = 1 << 30
+
+
+def shared_kernel_cache() -> Path:
+    """The run-time kernel binaries the tests compile, shared by every test of a run and kept
+    between runs (``test-kernels`` in :func:`tests_cache_folder`). Sharing cannot change a
+    result: an entry is found only under its full key (the kernel's source text and what compiles
+    it: name, options, architecture, compiler version) and is checked against its checksum on
+    load (Note [Run-time kernels] in include/opforge/op_launch.h), so an edited kernel compiles
+    afresh."""
+    return tests_cache_folder() / "test-kernels"
+
+
+def pytest_configure(config):
+    """Once per run, in the process that starts the workers: empties the shared kernel cache once
+    it has grown past :data:`KERNEL_CACHE_LIMIT` (entries of kernels since edited stay behind)."""
+    if hasattr(config, "workerinput"):
+        return
+    folder = shared_kernel_cache()
+    if folder.is_dir() and sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) > KERNEL_CACHE_LIMIT:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -322,9 +352,24 @@ def example_ops():
 
 
 @pytest.fixture(autouse=True)
-def _private_kernel_cache(tmp_path, monkeypatch):
-    """Each test compiles run-time kernels into its own cache, never the user's."""
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "opforge-cache"))
+def _test_opforge_cache(tmp_path_factory, monkeypatch):
+    """Each test gets an opforge cache folder of its own (``$OPFORGE_CACHE_DIR``: the libraries
+    ``opforge build`` makes, never the user's), whose kernel cache is the tests' shared one
+    (:func:`shared_kernel_cache`): a kernel compiled once serves every later test and run."""
+    cache = tmp_path_factory.mktemp("opforge-cache")  # beside tmp_path, which stays empty
+    shared = shared_kernel_cache()
+    shared.mkdir(exist_ok=True)
+    (cache / "kernels").symlink_to(shared, target_is_directory=True)
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+
+
+@pytest.fixture
+def private_kernel_cache(tmp_path_factory, monkeypatch) -> Path:
+    """For a test of compiling and caching run-time kernels: an empty kernel cache of the test's
+    own in place of the shared one; returns its folder."""
+    cache = tmp_path_factory.mktemp("private-opforge-cache")
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+    return cache / "kernels"
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):

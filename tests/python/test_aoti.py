@@ -274,7 +274,7 @@ def _package_triton_model(device: str, folder: Path) -> tuple[TritonModel, Path]
     return model, aoti.package(program, folder, archs=["sm_90"] if device == "cpu" else None)
 
 
-def test_a_package_carries_the_triton_kernels_of_its_calls(triton_ops, tmp_path):
+def test_a_package_carries_the_triton_kernels_of_its_calls(triton_ops, tmp_path, private_kernel_cache):
     """The kernel folder's .py files as files, and in its cache, for sm_90 (compiled here without
     a GPU), each function's description and, for the example call's shapes (the dynamic batch at
     its example size, 3), the variant Triton specialises and the general one. The C++ runner on

@@ -148,7 +148,7 @@ def test_export_and_aoti_package_in_cpp_runner(device, with_bias, tmp_path):
         torch.testing.assert_close(result.outputs[0], want, atol=1e-5, rtol=1e-5)
 
 
-def test_precompile_without_the_optional_dtype(tmp_path):
+def test_precompile_without_the_optional_dtype(tmp_path, private_kernel_cache):
     assert opforge.precompile("fixture::add_bias", {"x": torch.float16}, arch="sm_90", cache_dir=tmp_path) is False
     assert (
         opforge.precompile(

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import opforge
-from conftest import ISA_PROBES
+from conftest import ISA_PROBES, tests_cache_folder
 from opforge._build import ENVIRONMENT_FILE
 from readme_blocks import ROOT, all_blocks, blocks, command
 
@@ -185,7 +185,7 @@ def _installed_env() -> tuple[Path, dict[str, str]]:
     scikit-build-core, cmake, ninja) through a .pth file and installs nothing else (no index), and
     the environment variables to run its commands with. It persists (``~/.cache/opforge``), so
     the adapter and runner it builds on first use are reused while their sources are unchanged."""
-    cache = Path(os.environ.get("OPFORGE_TEST_CACHE", Path.home() / ".cache" / "opforge"))
+    cache = tests_cache_folder()
     venv = cache / f"readme-venv-py{sys.version_info.major}{sys.version_info.minor}"
     # Adapter builds of opforge versions that did not record their environment (a new build
     # removes those that did: _build.ENVIRONMENT_FILE); this cache is the test's own.
@@ -260,7 +260,7 @@ def test_quick_start_from_install_to_the_cpp_runner(tmp_path):
 
 
 @pytest.mark.skipif(not _has("triton"), reason="needs triton to compile the Triton page's kernel")
-def test_the_triton_page_op_builds_runs_and_compiles_for_sm_90(tmp_path):
+def test_the_triton_page_op_builds_runs_and_compiles_for_sm_90(tmp_path, private_kernel_cache):
     """docs/triton.md's kernel file and op file, as an op folder: built, called on the CPU (the
     reference) and its kernel compiled for sm_90 without a GPU."""
     kernel = _block("python", "import triton")

@@ -19,6 +19,8 @@ from conftest import CASES, requires_cuda
 ROOT = Path(__file__).resolve().parents[2]
 #: Example ops with run-time kernel sources (examples/ops/<op>/kernels/).
 RUNTIME_OPS = [name for name in CASES if (ROOT / "examples" / "ops" / name / "kernels").is_dir()]
+# Each test here compiles into, and finds in, an empty kernel cache of its own.
+pytestmark = pytest.mark.usefixtures("private_kernel_cache")
 
 
 def entries(cache: Path) -> list[Path]:

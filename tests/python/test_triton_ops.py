@@ -143,7 +143,9 @@ def test_a_syntax_error_names_the_file_and_line(triton_broken_ops, tmp_path):
     )
 
 
-def test_a_compile_failure_shows_triton_s_message_with_the_op_the_variant_and_the_file(triton_broken_ops, tmp_path):
+def test_a_compile_failure_shows_triton_s_message_with_the_op_the_variant_and_the_file(
+    triton_broken_ops, tmp_path, private_kernel_cache
+):
     shapes = {"x": (64,)}
     assert not opforge.precompile("ttbroken::no_half", {"x": torch.float32}, cache_dir=tmp_path, shapes=shapes)
     with pytest.raises(opforge.OpforgeError) as err:
