@@ -21,6 +21,9 @@ import opforge
 from conftest import requires_cuda
 from opforge import verify
 
+# Each test here compiles Triton kernels into, and finds them in, an empty kernel cache of its own.
+pytestmark = pytest.mark.usefixtures("private_kernel_cache")
+
 pytest.importorskip("triton", reason="Triton is not installed in this Python")
 
 
@@ -143,9 +146,7 @@ def test_a_syntax_error_names_the_file_and_line(triton_broken_ops, tmp_path):
     )
 
 
-def test_a_compile_failure_shows_triton_s_message_with_the_op_the_variant_and_the_file(
-    triton_broken_ops, tmp_path, private_kernel_cache
-):
+def test_a_compile_failure_shows_triton_s_message_with_the_op_the_variant_and_the_file(triton_broken_ops, tmp_path):
     shapes = {"x": (64,)}
     assert not opforge.precompile("ttbroken::no_half", {"x": torch.float32}, cache_dir=tmp_path, shapes=shapes)
     with pytest.raises(opforge.OpforgeError) as err:
