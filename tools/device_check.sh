@@ -14,8 +14,9 @@
 # The whole suite does not fit one call of the GPU machine (10 minutes; DESIGN.md, "Where things
 # run"): one after the other its tests take over an hour there, most of it compiling on the CPU, so
 # a group runs them in $PYTEST_WORKERS processes (pytest-xdist, default 14 of the 16 cores; they
-# share the one GPU). Run it as three calls, each under the limit:
-#   tools/device_check.sh cpp tests 1/3;  tools/device_check.sh tests 2/3;  tools/device_check.sh tests 3/3
+# share the one GPU). Run it as two calls, each under the limit (a group took under 4 minutes on an
+# H100, with the tests' shared kernel cache):
+#   tools/device_check.sh cpp tests 1/2;  tools/device_check.sh tests 2/2
 # A group past $PYTEST_LIMIT seconds (default 480) is interrupted (SIGINT), so that pytest still
 # prints its summary, which names the failures so far, before the call's own limit stops it. The
 # log ends with the group's 30 slowest tests: what to make quicker when a group nears the limit.
