@@ -351,16 +351,30 @@ def example_ops():
     return {name: opforge.load_library(case.library_path) for name, case in CASES.items()}
 
 
+def _with_shared_kernels(folder: Path) -> str:
+    """``folder`` as an opforge cache folder (``$OPFORGE_CACHE_DIR``) whose kernel cache is the
+    tests' shared one (:func:`shared_kernel_cache`)."""
+    (folder / "kernels").symlink_to(shared_kernel_cache(), target_is_directory=True)
+    return str(folder)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_opforge_cache(tmp_path_factory):
+    """The opforge cache folder of what runs outside a test's own (session and module fixtures,
+    set up before a test's): never the user's, its kernel cache the shared one."""
+    shared_kernel_cache().mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPFORGE_CACHE_DIR", _with_shared_kernels(tmp_path_factory.mktemp("opforge-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
-def _test_opforge_cache(tmp_path_factory, monkeypatch):
+def _test_opforge_cache(_session_opforge_cache, tmp_path_factory, monkeypatch):
     """Each test gets an opforge cache folder of its own (``$OPFORGE_CACHE_DIR``: the libraries
-    ``opforge build`` makes, never the user's), whose kernel cache is the tests' shared one
-    (:func:`shared_kernel_cache`): a kernel compiled once serves every later test and run."""
-    cache = tmp_path_factory.mktemp("opforge-cache")  # beside tmp_path, which stays empty
-    shared = shared_kernel_cache()
-    shared.mkdir(exist_ok=True)
-    (cache / "kernels").symlink_to(shared, target_is_directory=True)
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+    ``opforge build`` makes), whose kernel cache is the tests' shared one: a kernel compiled once
+    serves every later test and run."""
+    folder = tmp_path_factory.mktemp("opforge-cache")  # beside tmp_path, which stays empty
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", _with_shared_kernels(folder))
 
 
 @pytest.fixture

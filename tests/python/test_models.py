@@ -85,8 +85,7 @@ def main_run(request, tmp_path_factory) -> MainRun:
     name, device = request.param
     tmp = tmp_path_factory.mktemp(f"{name}-{device}")
     stdout = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
-        mp.setenv("OPFORGE_CACHE_DIR", str(tmp / "kernel-cache"))  # never the user's kernel cache
+    with contextlib.redirect_stdout(stdout):  # the kernel cache: conftest's _session_opforge_cache
         code = MODELS[name].main(readme_argv(name, device) + ["--out", str(tmp / "package")])
     return MainRun(
         name, code, stdout.getvalue(), json.loads((tmp / "package" / "results.json").read_text()), tmp / "package"
