@@ -23,6 +23,10 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # AOTInductor compiles each package's C++ wrapper (the model's host code, not its kernels, which
 # keep -O3) at -O1; at -O0 it takes about two thirds of the time, and the tests package ~30 models.
 os.environ.setdefault("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")
+# Python's string hashing fixed in the workers (started after this file is read) and every Python
+# they start: Inductor's order of buffers and kernels follows set iteration, so its generated C++
+# is then the same from run to run and ccache finds the compile again (inductor_site/).
+os.environ.setdefault("PYTHONHASHSEED", "0")
 
 # Under pytest-xdist, each worker's share of the CPU's cores for torch's intra-op threads, OpenMP
 # in the processes tests start and Inductor's compile workers, so that N workers on C cores run
@@ -48,9 +52,10 @@ from run_options import (  # noqa: E402, F401
     seed,
 )
 
-#: The folder of the sitecustomize that answers Inductor's probes of CPU vector extensions once
-#: per machine (isa_probes/sitecustomize.py), put on the PYTHONPATH of the run's Pythons.
-ISA_PROBES = Path(__file__).resolve().parent / "isa_probes"
+#: The folder of the sitecustomize that gives every Python of the run Inductor's settings for
+#: tests (inductor_site/sitecustomize.py: probe answers, compiles through ccache), put on the
+#: PYTHONPATH of the run's Pythons.
+INDUCTOR_SITE = Path(__file__).resolve().parent / "inductor_site"
 
 
 def isa_probe_file() -> Path:
@@ -104,18 +109,36 @@ def pytest_configure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def ccache_compiler() -> Path | None:
+    """A ``g++`` that runs ccache (a link to it named g++: ccache then compiles with the next g++
+    on PATH), in :func:`tests_cache_folder`; None where ccache is not installed."""
+    ccache = shutil.which("ccache")
+    if ccache is None:
+        return None
+    link = tests_cache_folder() / "ccache-bin" / "g++"
+    if not link.is_symlink() or os.readlink(link) != ccache:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        temporary = link.with_name(f"g++.{os.getpid()}")
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(ccache)
+        temporary.replace(link)  # atomic: workers may make it at once
+    return link
+
+
 @pytest.fixture(scope="session", autouse=True)
-def isa_probe_answers():
-    """Points this process and every Python the run's tests start at this machine's file of probe
-    answers (:func:`isa_probe_file`) and puts isa_probes/ on PYTHONPATH: each probe then runs once
-    on a machine instead of once in every process that compiles for the CPU."""
-    import isa_probes.sitecustomize as probes
+def inductor_site():
+    """Gives this process and every Python the run's tests start Inductor's settings for tests
+    (inductor_site/sitecustomize.py): the probe answers of this machine (:func:`isa_probe_file`)
+    and, where ccache is installed, compiles through it (:func:`ccache_compiler`)."""
+    import inductor_site.sitecustomize as site
 
     os.environ["OPFORGE_TEST_ISA_PROBES"] = str(isa_probe_file())
+    if (cxx := ccache_compiler()) is not None:
+        os.environ["OPFORGE_TEST_INDUCTOR_CXX"] = str(cxx)
     path = os.environ.get("PYTHONPATH", "")
-    if str(ISA_PROBES) not in path.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ISA_PROBES), path]))
-    probes.install()
+    if str(INDUCTOR_SITE) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(INDUCTOR_SITE), path]))
+    site.install()
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")

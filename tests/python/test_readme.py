@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import opforge
-from conftest import ISA_PROBES, tests_cache_folder
+from conftest import INDUCTOR_SITE, tests_cache_folder
 from opforge._build import ENVIRONMENT_FILE
 from readme_blocks import ROOT, all_blocks, blocks, command
 
@@ -211,9 +211,9 @@ def _installed_env() -> tuple[Path, dict[str, str]]:
         OPFORGE_QUIET="1",
         OPFORGE_CACHE_DIR=str(cache / "readme-cache"),
     )
-    # Inductor's probe answers (conftest's isa_probe_answers): a folder holding only a
+    # Inductor's settings for tests (conftest's inductor_site): a folder holding only a
     # sitecustomize, so `import opforge` still finds the installed package.
-    env["PYTHONPATH"] = str(ISA_PROBES)
+    env["PYTHONPATH"] = str(INDUCTOR_SITE)
     return venv, env
 
 
