@@ -117,20 +117,21 @@ OPFORGE_OP(examples, paged_decode_attention)
     .output("out", opforge::like("query"))
     .require(opforge::dim("query", 1) % opforge::dim("key_cache", 2) == 0)  // grouped-query heads
     .require(opforge::dim("query", 2) <= 256)                               // the kernels' head dims
-    // The torch expression, in float32 at least (as the kernels and vLLM's reference compute): with
-    // float8 caches over the formats' whole range, logits reach 1e5 and float32's rounding of them
-    // moves the softmax past the 16-bit dtypes' tolerance, in the kernels as in torch. A device
+    // The torch expression, per sequence over its seq_lens tokens (gathered from their blocks), in
+    // float32 at least (as the kernels and vLLM's reference compute): with float8 caches over the
+    // formats' whole range, logits reach 1e5 and float32's rounding of them moves the softmax past
+    // the 16-bit dtypes' tolerance, in the kernels as in torch. A device
     // result that misses that tolerance is held to 8 x this expression's error on the device, both
     // against the float64 reference (FlashAttention's criterion, verify's .tolerance_vs_equivalent).
     .equivalent(
-        "(lambda w: (lambda key_cache, value_cache: (lambda t: (lambda ok, k, v: (lambda s: torch.einsum("
-        "'skgt,stkd->skgd', torch.where((s == -torch.inf).all(-1, True), 0.0, s.softmax(-1)), v.masked_fill(~ok[..., "
-        "None, None], 0)).flatten(1, 2).to(query.dtype))(torch.einsum('skgd,stkd->skgt', query.to(w).unflatten(1, ("
-        "key_cache.shape[2], -1)), k).masked_fill(~ok[:, None, None], -torch.inf) * (scale or query.shape[2]**-0.5)))"
-        "(t < seq_lens[:, None], *(c[block_tables[:, t//c.shape[1]].long(), t%c.shape[1]] for c in (key_cache, "
-        "value_cache))))(torch.arange(block_tables.shape[1]*key_cache.shape[1], device=query.device)))(*(c.to(w) if "
-        "kv_cache_dtype == 'auto' else c.to(w) * (1.0 if s is None else s) for c, s in ((key_cache, k_scale), "
-        "(value_cache, v_scale)))))(torch.promote_types(query.dtype, torch.float32))")
+        "(lambda w: (lambda key_cache, value_cache: torch.cat([(lambda k, v: (lambda s: torch.einsum('kgt,tkd->kgd', "
+        "torch.where((s == -torch.inf).all(-1, True), 0.0, s.softmax(-1)), v))(torch.einsum('kgd,tkd->kgt', "
+        "q.unflatten(0, (key_cache.shape[2], -1)), k) * (scale or query.shape[2]**-0.5)))(*(c[block_tables[i, "
+        "t//c.shape[1]].long(), t%c.shape[1]] for c in (key_cache, value_cache))).flatten(0, 1)[None] for i, q, t in "
+        "((i, q, torch.arange(int(n), device=query.device)) for i, (q, n) in enumerate(zip(query.to(w), seq_lens)))] "
+        "+ [query.new_zeros((0, *query.shape[1:]), dtype=w)]).to(query.dtype))(*(c.to(w) if kv_cache_dtype == 'auto' "
+        "else c.to(w) * (1.0 if s is None else s) for c, s in ((key_cache, k_scale), (value_cache, "
+        "v_scale)))))(torch.promote_types(query.dtype, torch.float32))")
     .tolerance_vs_equivalent(8.0)
     .reference(paged_decode_attention_cpu)
     .cuda(paged_decode_attention_cuda)
