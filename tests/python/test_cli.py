@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from opforge.__main__ import main
 from opforge._adapter import runner_path
 
 OP = """
@@ -41,6 +42,28 @@ def opforge_cli(
     return subprocess.run(
         [sys.executable, "-m", "opforge", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
     )
+
+
+@pytest.fixture
+def opforge_main(capsys, monkeypatch):
+    """``opforge *args`` in this process (``main(argv)``): for a usage error found before any op
+    library other than the checkout's examples (loaded in every test process) is loaded, where a
+    fresh Python would add only the seconds of its imports. Returns a CompletedProcess like
+    :func:`opforge_cli`'s; ``cache`` as there."""
+
+    def run(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+        monkeypatch.setenv("OPFORGE_QUIET", "1")
+        if cache is not None:
+            monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["opforge", *args], code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -153,13 +176,13 @@ def test_a_build_error_exits_1_with_the_compiler_output(tmp_path):
         ),
     ],
 )
-def test_bad_input_exits_2_and_says_what_is_wrong(args, message):
-    proc = opforge_cli(*args)
+def test_bad_input_exits_2_and_says_what_is_wrong(args, message, opforge_main):
+    proc = opforge_main(*args)
     assert proc.returncode == 2
     assert message in proc.stderr
 
 
-def test_verify_says_what_a_newcomer_s_wrong_target_is_before_any_work(tmp_path):
+def test_verify_says_what_a_newcomer_s_wrong_target_is_before_any_work(tmp_path, opforge_main):
     source = Path(__file__).resolve().parents[2] / "examples" / "ops" / "softshrink" / "softshrink.cpp"
     for args, message in (
         (
@@ -178,7 +201,7 @@ def test_verify_says_what_a_newcomer_s_wrong_target_is_before_any_work(tmp_path)
             f"{tmp_path / 'reports'} does not exist\n",
         ),
     ):
-        proc = opforge_cli("verify", *args, cache=tmp_path)
+        proc = opforge_main("verify", *args, cache=tmp_path)
         assert (proc.returncode, proc.stderr) == (2, message), args
 
 
@@ -196,8 +219,8 @@ def test_stubs_take_a_library_by_name_as_verify_does(tmp_path):
     assert "def __call__(self, x: Tensor, lambd: float = 0.5) -> Tensor:" in stub
 
 
-def test_verify_of_a_dtype_the_op_does_not_take_says_which_it_takes(tmp_path):
-    proc = opforge_cli("verify", "softshrink", "--device", "cpu", "--dtype", "int8", cache=tmp_path)
+def test_verify_of_a_dtype_the_op_does_not_take_says_which_it_takes(tmp_path, opforge_main):
+    proc = opforge_main("verify", "softshrink", "--device", "cpu", "--dtype", "int8", cache=tmp_path)
     assert proc.returncode == 2
     assert "examples::softshrink: no dtype combination has x in int8; x takes float32, float64" in proc.stderr
     assert "pass the op library's path" not in proc.stderr  # the op is loaded: no hint about loading it
@@ -288,7 +311,7 @@ def twice_folder(parent: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_verify_takes_a_library_s_name_or_its_op_folder(tmp_path):
+def test_verify_takes_a_library_s_name_or_its_op_folder(tmp_path, opforge_main):
     first = twice_folder(tmp_path / "first")
     assert opforge_cli("build", str(first)).returncode == 0  # into the cache (OPFORGE_CACHE_DIR: the test's)
     proc = opforge_cli("verify", "twice", str(first), "--device", "cpu", "--seed", "1")  # its op, verified once
@@ -299,17 +322,17 @@ def test_verify_takes_a_library_s_name_or_its_op_folder(tmp_path):
 
     second = twice_folder(tmp_path / "second")
     assert opforge_cli("build", str(second)).returncode == 0
-    proc = opforge_cli("verify", "twice")
+    proc = opforge_main("verify", "twice")  # the usage errors need no fresh Python: no library loads
     assert proc.returncode == 2
     built = sorted(Path(os.environ["OPFORGE_CACHE_DIR"]).glob("build/twice-*/libtwice.so"), key=os.path.getmtime)
     assert proc.stderr == (
         "opforge verify: 2 op libraries are named 'twice'; give the op folder or the path of one:\n"
         f"  {built[1]} (from {second.resolve()})\n  {built[0]} (from {first.resolve()})\n"
     )
-    proc = opforge_cli("verify", "libthrice")  # the library file's stem names it too
+    proc = opforge_main("verify", "libthrice")  # the library file's stem names it too
     assert proc.returncode == 2
     assert proc.stderr.startswith("opforge verify: no op library named 'thrice': give its op folder, its libthrice.so")
-    proc = opforge_cli("verify", "thrice")
+    proc = opforge_main("verify", "thrice")
     assert proc.returncode == 2
     assert proc.stderr == (
         "opforge verify: no op library named 'thrice': give its op folder, its libthrice.so, or an op name "
