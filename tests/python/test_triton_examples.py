@@ -178,7 +178,8 @@ COMPILE_CHECKS = ("nvrtc", "triton")
 def run_verify(device: str, tmp_path: Path) -> dict:
     """`opforge verify liger --device DEVICE --dtype bfloat16 --seed 0 --json ...` in a process
     of its own: its JSON report, after checking that it exited 0 with "all passed". Every Triton
-    variant a case needs compiles in a worker process; bfloat16 (the dtype Liger's kernels serve)
+    variant a case needs compiles in a worker process, or comes from the tests' shared kernel
+    cache (found only under its source text and compile options); bfloat16 (the dtype Liger's kernels serve)
     bounds them to one dtype's cases (the kernels' other dtypes: the tests below)."""
     out = tmp_path / "report.json"
     proc = subprocess.run(
@@ -186,7 +187,7 @@ def run_verify(device: str, tmp_path: Path) -> dict:
         + ["--seed", "0", "--json", str(out)],
         capture_output=True,
         text=True,
-        env={**os.environ, "OPFORGE_QUIET": "1", "OPFORGE_CACHE_DIR": str(tmp_path / "cache")},
+        env={**os.environ, "OPFORGE_QUIET": "1"},  # the test's cache folder: the tests' shared kernels
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
