@@ -19,7 +19,8 @@ Python a test starts), each a fact of the machine or a cache, none changing what
    finds a compile again by the preprocessed source, flags and compiler, so only a package whose
    generated code is unchanged is taken from it; the generated code is the same from run to run
    once Python's string hashing is fixed (``PYTHONHASHSEED``, set by conftest), as Inductor's
-   order of buffers and kernels follows set iteration.
+   order of buffers and kernels follows set iteration, and once each int array of the wrapper is
+   declared where it is used (:func:`declare_each_int_array`).
 
 This file imports nothing heavy and patches each module only once something imports it, and
 then runs the ``sitecustomize`` this folder shadows, if there is one.
