@@ -1,10 +1,13 @@
 """A device this machine does not have (``--device cuda`` without a GPU) is said in one line, before
 any work, with exit status 2: opforge.missing_device, and every command line that takes --device
-(the example models and ``opforge verify``/``opforge run``), each run in a fresh process that sees
-no GPU (``CUDA_VISIBLE_DEVICES=""``), so the tests run on a GPU machine as well."""
+(the example models and ``opforge verify``/``opforge run``), run one after the other in one fresh
+process that sees no GPU (``CUDA_VISIBLE_DEVICES=""``, so the tests run on a GPU machine as well),
+each as ``python <command line>`` runs it (fixtures/commands_in_turn.py): one start of torch for
+all of them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,9 +62,20 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "prog"), COMMANDS, ids=[prog for _, prog in COMMANDS])
-def test_a_command_without_the_gpu_it_asks_for_says_so_in_one_line_and_exits_2(argv, prog, tmp_path):
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, dict[str, object]]:
+    """{prog: {"code", "stdout", "stderr"}} of each of COMMANDS, run in one process without a GPU."""
+    results = tmp_path_factory.mktemp("device") / "results.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OPFORGE_QUIET": "1"}
-    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
-    assert (proc.returncode, proc.stderr) == (2, f"{prog}: {no_cuda()}\n")
-    assert proc.stdout == ""
+    runner = [sys.executable, str(ROOT / "tests" / "python" / "fixtures" / "commands_in_turn.py")]
+    argv = [str(results), json.dumps([argv for argv, _ in COMMANDS])]
+    proc = subprocess.run([*runner, *argv], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and results.exists(), proc.stdout + proc.stderr
+    return {prog: result for (_, prog), result in zip(COMMANDS, json.loads(results.read_text()), strict=True)}
+
+
+@pytest.mark.parametrize("prog", [prog for _, prog in COMMANDS])
+def test_a_command_without_the_gpu_it_asks_for_says_so_in_one_line_and_exits_2(refusals, prog):
+    result = refusals[prog]
+    assert (result["code"], result["stderr"]) == (2, f"{prog}: {no_cuda()}\n")
+    assert result["stdout"] == ""
