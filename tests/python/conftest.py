@@ -85,8 +85,21 @@ def tests_cache_folder() -> Path:
     return cache
 
 
+# JAX's persistent compilation cache for the run's Pythons (set here, before the workers start):
+# XLA's executables kept between runs in the tests' cache folder, as torch's Inductor cache is,
+# each found again only under its key (the computation with its custom calls' targets and
+# attributes, compile options, backend, jax's version). Every executable is kept, however quick its
+# compile: test_jax.py compiles about a thousand small ones (a third of its time on the 2-core
+# machine). JAX's own size cap (least recently used first) is left off: its bookkeeping on every
+# write tripled the time of a run that fills the cache; pytest_configure empties it instead.
+JAX_CACHE = Path(os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(tests_cache_folder() / "jax")))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
 #: The size past which the tests' shared kernel cache is emptied when a run starts.
 KERNEL_CACHE_LIMIT = 1 << 30
+#: The size past which the tests' JAX compilation cache is emptied when a run starts.
+JAX_CACHE_LIMIT = 512 << 20
 
 
 def shared_kernel_cache() -> Path:
@@ -100,13 +113,22 @@ def shared_kernel_cache() -> Path:
 
 
 def pytest_configure(config):
-    """Once per run, in the process that starts the workers: empties the shared kernel cache once
-    it has grown past :data:`KERNEL_CACHE_LIMIT` (entries of kernels since edited stay behind)."""
+    """Once per run, in the process that starts the workers: empties the shared kernel cache and
+    the JAX compilation cache once each has grown past its limit (:data:`KERNEL_CACHE_LIMIT`,
+    :data:`JAX_CACHE_LIMIT`; entries of kernels and computations since edited stay behind)."""
     if hasattr(config, "workerinput"):
         return
-    folder = shared_kernel_cache()
-    if folder.is_dir() and sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) > KERNEL_CACHE_LIMIT:
-        shutil.rmtree(folder, ignore_errors=True)
+    empty_past(shared_kernel_cache(), KERNEL_CACHE_LIMIT)
+    empty_past(JAX_CACHE, JAX_CACHE_LIMIT)
+
+
+def empty_past(folder: Path, limit: int) -> bool:
+    """Removes ``folder`` once the files directly in it hold more than ``limit`` bytes; returns
+    whether it did. A missing folder is left missing."""
+    if not folder.is_dir() or sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) <= limit:
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def ccache_compiler() -> Path | None:
