@@ -52,6 +52,9 @@ from run_options import (  # noqa: E402, F401
     seed,
 )
 
+# pytester: test_run_options.py runs pytest on files of its own, in its process.
+pytest_plugins = ["pytester"]
+
 #: The folder of the sitecustomize that gives every Python of the run Inductor's settings for
 #: tests (inductor_site/sitecustomize.py: probe answers, compiles through ccache), put on the
 #: PYTHONPATH of the run's Pythons.

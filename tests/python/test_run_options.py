@@ -5,11 +5,8 @@ nothing retries a failing test."""
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,64 +32,72 @@ def test_passes():
 """
 
 
-def pytest_run(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m pytest -p run_options *args`` in ``folder``, run_options.py alone (no conftest)."""
-    environ = {k: v for k, v in os.environ.items() if k != "OPFORGE_TEST_SEED"}
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), environ.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "pytest", "-p", "run_options", "-p", "no:cacheprovider", *args]
-    return subprocess.run(cmd, cwd=folder, env={**environ, **(env or {})}, capture_output=True, text=True)
+def pytest_run(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None) -> pytest.RunResult:
+    """``pytest -p run_options *args`` in pytester's folder, run_options.py alone (no conftest, no
+    plugin of an installed package), in this process (pytester's in-process run: torch, which the
+    seed fixture seeds, is imported once for every such run), with ``$OPFORGE_TEST_SEED`` unset
+    unless ``env`` sets it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+        patch.delenv("OPFORGE_TEST_SEED", raising=False)
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        return pytester.runpytest_inprocess("-p", "run_options", "-p", "no:cacheprovider", *args)
 
 
-def seed_sections(output: str) -> dict[str, str]:
+def output(run: pytest.RunResult) -> str:
+    """What the run wrote to standard output, as one string."""
+    return run.stdout.str() + "\n"
+
+
+def seed_sections(text: str) -> dict[str, str]:
     """{test name: the seed its "random seed" report section gives} of pytest's output."""
-    found = re.findall(
-        r"^-+ random seed -+\n(\d+); again with this seed: python -m pytest '[^:]+::(\w+)'", output, re.M
-    )
+    found = re.findall(r"^-+ random seed -+\n(\d+); again with this seed: python -m pytest '[^:]+::(\w+)'", text, re.M)
     return {name: seed for seed, name in found}
 
 
 @pytest.mark.slow
-def test_a_failure_reports_its_seed_and_the_seed_reproduces_it(tmp_path):
-    (tmp_path / "test_draws.py").write_text(DRAWS)
-    fresh = pytest_run(tmp_path, "test_draws.py")
-    assert fresh.returncode == 1, fresh.stdout + fresh.stderr
+def test_a_failure_reports_its_seed_and_the_seed_reproduces_it(pytester):
+    pytester.makepyfile(test_draws=DRAWS)
+    fresh = pytest_run(pytester, "test_draws.py")
+    assert fresh.ret == 1, output(fresh)
     assert (
         "random seed: a fresh one per test, in the report of a failure (--seed N or OPFORGE_TEST_SEED=N fixes it)"
-        in fresh.stdout
+        in output(fresh)
     )
-    seeds = seed_sections(fresh.stdout)
+    seeds = seed_sections(output(fresh))
     assert sorted(seeds) == ["test_draws", "test_draws_too"]  # a passing test gets no section
     assert seeds["test_draws"] != seeds["test_draws_too"]  # each test draws its own
-    assert f"with seed {seeds['test_draws']}" in fresh.stdout  # the fixture hands the test its seed
+    assert f"with seed {seeds['test_draws']}" in output(fresh)  # the fixture hands the test its seed
     section = f"{seeds['test_draws']}; again with this seed: python -m pytest 'test_draws.py::test_draws' --seed "
-    assert f"\n{section}{seeds['test_draws']}\n" in fresh.stdout
-    first = re.search(r"drew (\S+) with seed", fresh.stdout).group(1)
+    assert f"\n{section}{seeds['test_draws']}\n" in output(fresh)
+    first = re.search(r"drew (\S+) with seed", output(fresh)).group(1)
 
-    again = pytest_run(tmp_path, "test_draws.py::test_draws", "--seed", seeds["test_draws"])
-    assert f"random seed: {seeds['test_draws']} for every test" in again.stdout
-    assert re.search(r"drew (\S+) with seed", again.stdout).group(1) == first
-    assert seed_sections(again.stdout) == {"test_draws": seeds["test_draws"]}
-    by_env = pytest_run(tmp_path, "test_draws.py::test_draws", env={"OPFORGE_TEST_SEED": seeds["test_draws"]})
-    assert re.search(r"drew (\S+) with seed", by_env.stdout).group(1) == first
-
-
-def test_a_seed_that_is_not_an_integer_is_refused(tmp_path):
-    (tmp_path / "test_draws.py").write_text(DRAWS)
-    run = pytest_run(tmp_path, "test_draws.py", env={"OPFORGE_TEST_SEED": "lucky"})
-    assert run.returncode == 4  # pytest's usage error
-    assert "ERROR: OPFORGE_TEST_SEED: expected an integer seed, got 'lucky'" in run.stderr
+    again = pytest_run(pytester, "test_draws.py::test_draws", "--seed", seeds["test_draws"])
+    assert f"random seed: {seeds['test_draws']} for every test" in output(again)
+    assert re.search(r"drew (\S+) with seed", output(again)).group(1) == first
+    assert seed_sections(output(again)) == {"test_draws": seeds["test_draws"]}
+    by_env = pytest_run(pytester, "test_draws.py::test_draws", env={"OPFORGE_TEST_SEED": seeds["test_draws"]})
+    assert re.search(r"drew (\S+) with seed", output(by_env)).group(1) == first
 
 
-def test_groups_take_every_test_once_and_each_about_an_nth_of_every_file(tmp_path):
+def test_a_seed_that_is_not_an_integer_is_refused(pytester):
+    pytester.makepyfile(test_draws=DRAWS)
+    run = pytest_run(pytester, "test_draws.py", env={"OPFORGE_TEST_SEED": "lucky"})
+    assert run.ret == 4  # pytest's usage error
+    assert "ERROR: OPFORGE_TEST_SEED: expected an integer seed, got 'lucky'" in run.stderr.str()
+
+
+def test_groups_take_every_test_once_and_each_about_an_nth_of_every_file(pytester):
     for name in ("a", "b"):
         tests = "".join(f"def test_{name}{i}():\n    pass\n\n\n" for i in range(5))
-        (tmp_path / f"test_{name}.py").write_text(tests)
+        pytester.makepyfile(**{f"test_{name}": tests})
     groups = []
     for k in (1, 2, 3):
-        run = pytest_run(tmp_path, "--collect-only", "--group", f"{k}/3")
-        assert run.returncode == 0, run.stdout + run.stderr
-        assert f"test group: {k} of 3 (tests number {k}, {k + 3}, {k + 6}, ... in collection order)" in run.stdout
-        groups.append(re.findall(r"<Function (\w+)>", run.stdout))
+        run = pytest_run(pytester, "--collect-only", "--group", f"{k}/3")
+        assert run.ret == 0, output(run)
+        assert f"test group: {k} of 3 (tests number {k}, {k + 3}, {k + 6}, ... in collection order)" in output(run)
+        groups.append(re.findall(r"<Function (\w+)>", output(run)))
     assert groups == [
         ["test_a0", "test_a3", "test_b1", "test_b4"],
         ["test_a1", "test_a4", "test_b2"],
@@ -100,9 +105,9 @@ def test_groups_take_every_test_once_and_each_about_an_nth_of_every_file(tmp_pat
     ]
 
 
-def test_files_with_slow_tests_run_first_the_most_first_and_stay_whole(tmp_path):
+def test_files_with_slow_tests_run_first_the_most_first_and_stay_whole(pytester):
     def write(name: str, body: str) -> None:
-        (tmp_path / f"test_{name}.py").write_text(f"import pytest\n\n\n{body}")
+        pytester.makepyfile(**{f"test_{name}": f"import pytest\n\n\n{body}"})
 
     slow, plain = "@pytest.mark.slow\ndef test_{}():\n    pass\n\n\n", "def test_{}():\n    pass\n\n\n"
     write("a", plain.format("a0") + plain.format("a1"))
@@ -110,9 +115,9 @@ def test_files_with_slow_tests_run_first_the_most_first_and_stay_whole(tmp_path)
     write("b", "@pytest.mark.slow\n@pytest.mark.parametrize('i', [0, 1, 2])\ndef test_b(i):\n    pass\n")
     write("c", plain.format("c0"))
     write("d", slow.format("d0") + plain.format("d1") + slow.format("d2"))
-    run = pytest_run(tmp_path, "--collect-only", "-o", "markers=slow: a slow test")
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert re.findall(r"<Function ([\w\[\]]+)>", run.stdout) == [
+    run = pytest_run(pytester, "--collect-only", "-o", "markers=slow: a slow test")
+    assert run.ret == 0, output(run)
+    assert re.findall(r"<Function ([\w\[\]]+)>", output(run)) == [
         *("test_d0", "test_d1", "test_d2"),
         *("test_b[0]", "test_b[1]", "test_b[2]"),
         *("test_a0", "test_a1"),
@@ -120,12 +125,14 @@ def test_files_with_slow_tests_run_first_the_most_first_and_stay_whole(tmp_path)
     ]
 
 
-def test_a_group_that_is_not_k_of_n_is_refused(tmp_path):
-    (tmp_path / "test_draws.py").write_text(DRAWS)
+def test_a_group_that_is_not_k_of_n_is_refused(pytester):
+    pytester.makepyfile(test_draws=DRAWS)
     for value in ("4/3", "two"):
-        run = pytest_run(tmp_path, "--group", value)
-        assert run.returncode == 4
-        assert f"ERROR: --group: expected K/N with 1 <= K <= N (the K-th of N groups), got '{value}'" in run.stderr
+        run = pytest_run(pytester, "--group", value)
+        assert run.ret == 4
+        assert (
+            f"ERROR: --group: expected K/N with 1 <= K <= N (the K-th of N groups), got '{value}'" in run.stderr.str()
+        )
 
 
 def test_the_seed_seeds_torch_numpy_and_random(seed):
