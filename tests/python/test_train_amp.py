@@ -21,7 +21,7 @@ import train_amp  # noqa: E402
 
 @pytest.mark.slow
 def test_short_eager_runs_match_torch_and_write_the_plot(tmp_path, capsys):
-    assert train_amp.main(["--device", "cpu", "--epochs", "3", "--no-compile", "--out", str(tmp_path)]) == 0
+    assert train_amp.main(["--device", "cpu", "--epochs", "2", "--no-compile", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     runs = {(r["model"], r["precision"], r["mode"]) for r in results["runs"]}
     assert runs == {(m, p, "eager") for m in ("opforge", "torch") for p in ("bfloat16", "float16")}
@@ -31,7 +31,7 @@ def test_short_eager_runs_match_torch_and_write_the_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("ok  ") == 2
     assert out.splitlines()[0] == (  # said before the first run, whatever standard output is
-        "4 training runs of 3 epochs on cpu (bfloat16 and float16; eager; opforge and torch ops), a line as each ends:"
+        "4 training runs of 2 epochs on cpu (bfloat16 and float16; eager; opforge and torch ops), a line as each ends:"
     )
 
 
