@@ -46,10 +46,10 @@ def opforge_cli(
 
 @pytest.fixture
 def opforge_main(capsys, monkeypatch):
-    """``opforge *args`` in this process (``main(argv)``): for a usage error found before any op
-    library other than the checkout's examples (loaded in every test process) is loaded, where a
-    fresh Python would add only the seconds of its imports. Returns a CompletedProcess like
-    :func:`opforge_cli`'s; ``cache`` as there."""
+    """``opforge *args`` in this process (``main(argv)``): for a command that loads no op library
+    other than the checkout's examples (loaded in every test process), or stops at a usage error
+    before loading one, where a fresh Python would add only the seconds of its imports. Returns a
+    CompletedProcess like :func:`opforge_cli`'s; ``cache`` as there."""
 
     def run(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
         monkeypatch.setenv("OPFORGE_QUIET", "1")
@@ -205,8 +205,8 @@ def test_verify_says_what_a_newcomer_s_wrong_target_is_before_any_work(tmp_path,
         assert (proc.returncode, proc.stderr) == (2, message), args
 
 
-def test_verify_of_a_library_and_one_of_its_ops_verifies_that_op(tmp_path):
-    proc = opforge_cli("verify", "bias_gelu", "examples::bias_gelu_backward", "--device", "cpu", cache=tmp_path)
+def test_verify_of_a_library_and_one_of_its_ops_verifies_that_op(tmp_path, opforge_main):
+    proc = opforge_main("verify", "bias_gelu", "examples::bias_gelu_backward", "--device", "cpu", cache=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "1 op," in proc.stdout.splitlines()[-1] and "examples::bias_gelu " not in proc.stdout
 

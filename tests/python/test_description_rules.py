@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ import torch
 import opforge
 from conftest import DEVICES, requires_cuda
 from opforge import aoti, verify
+from opforge.__main__ import main
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -452,16 +451,10 @@ def test_verify_tests_every_dtype_combination():
     assert tolerances["float64 (weight=float32)"] == verify.TOLERANCES["float32"]
 
 
-def test_verify_dtype_option_with_an_integer_first_input(tmp_path):
+def test_verify_dtype_option_with_an_integer_first_input(tmp_path, capsys):
     out = tmp_path / "report.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "opforge", "verify", "rotary_embedding", "--device", "cpu", "--dtype", "float16"]
-        + ["--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    argv = ["verify", "rotary_embedding", "--device", "cpu", "--dtype", "float16", "--json", str(out)]
+    assert main(argv) == 0, capsys.readouterr()  # in this process: the examples are loaded in every test process
     assert {r["dtype"] for r in json.loads(out.read_text())["results"]} == {"float16"}
     opforge.load_library(opforge.example_library("rotary_embedding"))
     with pytest.raises(ValueError, match=re.escape("query takes float32, float16, bfloat16")):
