@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import opforge
+from spawned_builds import build_when_all_are_ready
 
 OP_FILE = """
 #include <opforge/op.h>
@@ -184,15 +185,6 @@ def test_files_that_declare_no_op_fail_the_build_naming_them(tmp_path):
         opforge.build_library("no_ops", [helper, empty], build_dir=tmp_path / "build")  # and again
 
 
-def _build_when_all_are_ready(barrier, src: Path, build_dir: Path, results) -> None:
-    """One of the processes of the test below: builds the library as soon as every process is ready."""
-    barrier.wait()
-    try:
-        results.put(str(opforge.build_library("shared_ops", [src], build_dir=build_dir)))
-    except opforge.BuildError as e:
-        results.put(f"failed: {e}")
-
-
 def test_processes_building_one_library_into_one_folder_take_turns(tmp_path):
     """torchrun ranks and pytest-xdist workers build the same library into the same folder at
     once: each gets the library (one builds it, the others find it built), none a CMake error."""
@@ -201,7 +193,7 @@ def test_processes_building_one_library_into_one_folder_take_turns(tmp_path):
     world = 4
     barrier, results = ctx.Barrier(world), ctx.Queue()
     procs = [
-        ctx.Process(target=_build_when_all_are_ready, args=(barrier, src, tmp_path / "build", results))
+        ctx.Process(target=build_when_all_are_ready, args=(barrier, src, tmp_path / "build", results))
         for _ in range(world)
     ]
     for p in procs:
