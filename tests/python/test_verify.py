@@ -16,6 +16,7 @@ import torch
 
 import opforge
 from opforge import verify
+from opforge.__main__ import main
 from opforge._core import poison_outputs
 from opforge.verify.cases import dtype_cases, floating_as, generate_cases
 from opforge.verify.checks import _equivalent_bound, out_results
@@ -616,24 +617,22 @@ def test_catches_broken_cuda_kernels(broken_ops):
 
 
 @pytest.mark.slow
-def test_cli_exit_code_and_json(broken_ops, tmp_path):
-    env_python = [sys.executable, "-m", "opforge", "verify"]
-    lib = str(broken_ops.path)
+def test_cli_exit_code_and_json(broken_ops, tmp_path, capsys):
+    lib = str(broken_ops.path)  # loaded in this process by the fixture: main() verifies it here
     out = tmp_path / "report.json"
-    proc = subprocess.run(
-        env_python
-        + [lib, "fixture::off_by_one", "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert "opforge verify on cpu (seed 9)" in proc.stdout
-    assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in proc.stdout
-    assert "checks failed" in proc.stdout.splitlines()[-1] and "fixture::off_by_one values float32" in proc.stdout
+    argv = [lib, "fixture::off_by_one", "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)]
+    assert main(["verify", *argv]) == 1, capsys.readouterr().err
+    stdout = capsys.readouterr().out
+    assert "opforge verify on cpu (seed 9)" in stdout
+    assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in stdout
+    assert "checks failed" in stdout.splitlines()[-1] and "fixture::off_by_one values float32" in stdout
     data = json.loads(out.read_text())
     assert data["seed"] == 9 and data["ok"] is False and data["tolerances"]["float32"] == [1e-5, 1e-5]
-    ok = subprocess.run(env_python + ["examples::softshrink"], capture_output=True, text=True)
-    assert ok.returncode == 2 and "no loaded op" in ok.stderr  # an op name alone does not load its library
+    # A fresh Python: an op name alone does not load its library (this process has loaded it).
+    ok = subprocess.run(
+        [sys.executable, "-m", "opforge", "verify", "examples::softshrink"], capture_output=True, text=True
+    )
+    assert ok.returncode == 2 and "no loaded op" in ok.stderr
 
 
 def test_the_report_ends_with_one_summary_line():
