@@ -41,6 +41,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import opforge  # noqa: E402
+from opforge.__main__ import main  # noqa: E402
 from opforge._adapter import runner_path  # noqa: E402
 
 # Each test's random seed (--seed) and the group of tests a run takes (--group): run_options.py.
@@ -164,6 +165,30 @@ def inductor_site():
     if str(INDUCTOR_SITE) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(INDUCTOR_SITE), path]))
     site.install()
+
+
+@pytest.fixture
+def opforge_main(capsys, monkeypatch):
+    """``opforge *args`` in this process (``main(argv)``): for a command that loads no op library
+    this process has not loaded already (the checkout's examples, loaded in every test process, or
+    a fixture's), or stops at a usage error before loading one, where a fresh Python would add only
+    the seconds of its imports. Returns a
+    CompletedProcess (``returncode``, ``stdout``, ``stderr``); with ``cache``, that is its cache
+    folder (``$OPFORGE_CACHE_DIR``)."""
+
+    def run(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+        monkeypatch.setenv("OPFORGE_QUIET", "1")
+        if cache is not None:
+            monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["opforge", *args], code, out.out, out.err)
+
+    return run
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")

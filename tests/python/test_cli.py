@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from opforge.__main__ import _library, main
+from opforge.__main__ import _library
 from opforge._adapter import runner_path
 
 OP = """
@@ -42,28 +42,6 @@ def opforge_cli(
     return subprocess.run(
         [sys.executable, "-m", "opforge", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
     )
-
-
-@pytest.fixture
-def opforge_main(capsys, monkeypatch):
-    """``opforge *args`` in this process (``main(argv)``): for a command that loads no op library
-    other than the checkout's examples (loaded in every test process), or stops at a usage error
-    before loading one, where a fresh Python would add only the seconds of its imports. Returns a
-    CompletedProcess like :func:`opforge_cli`'s; ``cache`` as there."""
-
-    def run(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
-        monkeypatch.setenv("OPFORGE_QUIET", "1")
-        if cache is not None:
-            monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
-        capsys.readouterr()
-        try:
-            code = main(list(args))
-        except SystemExit as e:  # argparse's usage errors
-            code = e.code
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(["opforge", *args], code, out.out, out.err)
-
-    return run
 
 
 @pytest.fixture(scope="module")

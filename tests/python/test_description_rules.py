@@ -16,7 +16,6 @@ import torch
 import opforge
 from conftest import DEVICES, requires_cuda
 from opforge import aoti, verify
-from opforge.__main__ import main
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -451,10 +450,10 @@ def test_verify_tests_every_dtype_combination():
     assert tolerances["float64 (weight=float32)"] == verify.TOLERANCES["float32"]
 
 
-def test_verify_dtype_option_with_an_integer_first_input(tmp_path, capsys):
+def test_verify_dtype_option_with_an_integer_first_input(tmp_path, opforge_main):
     out = tmp_path / "report.json"
-    argv = ["verify", "rotary_embedding", "--device", "cpu", "--dtype", "float16", "--json", str(out)]
-    assert main(argv) == 0, capsys.readouterr()  # in this process: the examples are loaded in every test process
+    proc = opforge_main("verify", "rotary_embedding", "--device", "cpu", "--dtype", "float16", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {r["dtype"] for r in json.loads(out.read_text())["results"]} == {"float16"}
     opforge.load_library(opforge.example_library("rotary_embedding"))
     with pytest.raises(ValueError, match=re.escape("query takes float32, float16, bfloat16")):

@@ -16,7 +16,6 @@ import torch
 
 import opforge
 from opforge import verify
-from opforge.__main__ import main
 from opforge._core import poison_outputs
 from opforge.verify.cases import dtype_cases, floating_as, generate_cases
 from opforge.verify.checks import _equivalent_bound, out_results
@@ -617,12 +616,13 @@ def test_catches_broken_cuda_kernels(broken_ops):
 
 
 @pytest.mark.slow
-def test_cli_exit_code_and_json(broken_ops, tmp_path, capsys):
-    lib = str(broken_ops.path)  # loaded in this process by the fixture: main() verifies it here
+def test_cli_exit_code_and_json(broken_ops, tmp_path, opforge_main):
+    lib = str(broken_ops.path)  # loaded in this process by the fixture
     out = tmp_path / "report.json"
     argv = [lib, "fixture::off_by_one", "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)]
-    assert main(["verify", *argv]) == 1, capsys.readouterr().err
-    stdout = capsys.readouterr().out
+    proc = opforge_main("verify", *argv)
+    assert proc.returncode == 1, proc.stderr
+    stdout = proc.stdout
     assert "opforge verify on cpu (seed 9)" in stdout
     assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in stdout
     assert "checks failed" in stdout.splitlines()[-1] and "fixture::off_by_one values float32" in stdout
