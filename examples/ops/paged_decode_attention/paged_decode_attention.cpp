@@ -120,9 +120,9 @@ OPFORGE_OP(examples, paged_decode_attention)
     // The torch expression, per sequence over its seq_lens tokens (gathered from their blocks), in
     // float32 at least (as the kernels and vLLM's reference compute): with float8 caches over the
     // formats' whole range, logits reach 1e5 and float32's rounding of them moves the softmax past
-    // the 16-bit dtypes' tolerance, in the kernels as in torch. A device
-    // result that misses that tolerance is held to 8 x this expression's error on the device, both
-    // against the float64 reference (FlashAttention's criterion, verify's .tolerance_vs_equivalent).
+    // the 16-bit dtypes' tolerance, in the kernels as in torch. A device result that misses that
+    // tolerance is held to 8 x this expression's error on the device, both against the float64
+    // reference (FlashAttention's criterion, verify's .tolerance_vs_equivalent).
     .equivalent(
         "(lambda w: (lambda key_cache, value_cache: torch.cat([(lambda k, v: (lambda s: torch.einsum('kgt,tkd->kgd', "
         "torch.where((s == -torch.inf).all(-1, True), 0.0, s.softmax(-1)), v))(torch.einsum('kgd,tkd->kgt', "
