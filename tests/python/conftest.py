@@ -172,9 +172,8 @@ def opforge_main(capsys, monkeypatch):
     """``opforge *args`` in this process (``main(argv)``): for a command that loads no op library
     this process has not loaded already (the checkout's examples, loaded in every test process, or
     a fixture's), or stops at a usage error before loading one, where a fresh Python would add only
-    the seconds of its imports. Returns a
-    CompletedProcess (``returncode``, ``stdout``, ``stderr``); with ``cache``, that is its cache
-    folder (``$OPFORGE_CACHE_DIR``)."""
+    the seconds of its imports. Returns a CompletedProcess (``returncode``, ``stdout``,
+    ``stderr``); with ``cache``, that is its cache folder (``$OPFORGE_CACHE_DIR``)."""
 
     def run(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
         monkeypatch.setenv("OPFORGE_QUIET", "1")
