@@ -7,11 +7,32 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+
+def tests_cache_folder() -> Path:
+    """The tests' cache folder, kept between runs beside the environment: ``$OPFORGE_TEST_CACHE``,
+    default ~/.cache/opforge."""
+    cache = Path(os.environ.get("OPFORGE_TEST_CACHE", Path.home() / ".cache" / "opforge"))
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+# Python's bytecode of every module the run imports (opforge, the tests with pytest's rewritten
+# asserts, the packages they use), kept between runs in the tests' cache folder instead of in
+# __pycache__ folders beside the sources, and written even where PYTHONDONTWRITEBYTECODE is set
+# (container images set it to keep __pycache__ out of their layers): without it each worker and
+# each Python a test starts compiles every module of opforge and of the tests it imports afresh.
+# Set here, before the workers start, for them and every Python they start; this process writes
+# from here on. A prefix the caller set is kept.
+PYCACHE = Path(os.environ.setdefault("PYTHONPYCACHEPREFIX", str(tests_cache_folder() / "pycache")))
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.pycache_prefix, sys.dont_write_bytecode = str(PYCACHE), False
 
 # JAX (test_jax.py) shares the GPU with torch in one process: it allocates as it goes instead of
 # taking most of the memory up front.
@@ -81,14 +102,6 @@ def isa_probe_file() -> Path:
     return tests_cache_folder() / f"isa-probes-{key}.txt"
 
 
-def tests_cache_folder() -> Path:
-    """The tests' cache folder, kept between runs beside the environment: ``$OPFORGE_TEST_CACHE``,
-    default ~/.cache/opforge."""
-    cache = Path(os.environ.get("OPFORGE_TEST_CACHE", Path.home() / ".cache" / "opforge"))
-    cache.mkdir(parents=True, exist_ok=True)
-    return cache
-
-
 # JAX's persistent compilation cache for the run's Pythons (set here, before the workers start):
 # XLA's executables kept between runs in the tests' cache folder, as torch's Inductor cache is,
 # each found again only under its key (the computation with its custom calls' targets and
@@ -104,6 +117,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 KERNEL_CACHE_LIMIT = 1 << 30
 #: The size past which the tests' JAX compilation cache is emptied when a run starts.
 JAX_CACHE_LIMIT = 512 << 20
+#: The size past which the tests' bytecode cache is emptied when a run starts (a clone at another
+#: path, or another environment, adds a tree of its own).
+PYCACHE_LIMIT = 1 << 30
 
 
 def shared_kernel_cache() -> Path:
@@ -117,19 +133,23 @@ def shared_kernel_cache() -> Path:
 
 
 def pytest_configure(config):
-    """Once per run, in the process that starts the workers: empties the shared kernel cache and
-    the JAX compilation cache once each has grown past its limit (:data:`KERNEL_CACHE_LIMIT`,
-    :data:`JAX_CACHE_LIMIT`; entries of kernels and computations since edited stay behind)."""
+    """Once per run, in the process that starts the workers: empties the shared kernel cache, the
+    JAX compilation cache and the bytecode cache (where it is the tests' own) once each has grown
+    past its limit (:data:`KERNEL_CACHE_LIMIT`, :data:`JAX_CACHE_LIMIT`, :data:`PYCACHE_LIMIT`;
+    entries of kernels and computations since edited, and trees of clones since removed, stay
+    behind)."""
     if hasattr(config, "workerinput"):
         return
     empty_past(shared_kernel_cache(), KERNEL_CACHE_LIMIT)
     empty_past(JAX_CACHE, JAX_CACHE_LIMIT)
+    if PYCACHE == tests_cache_folder() / "pycache":
+        empty_past(PYCACHE, PYCACHE_LIMIT)
 
 
 def empty_past(folder: Path, limit: int) -> bool:
-    """Removes ``folder`` once the files directly in it hold more than ``limit`` bytes; returns
-    whether it did. A missing folder is left missing."""
-    if not folder.is_dir() or sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) <= limit:
+    """Removes ``folder`` once the files in it (in its subfolders too) hold more than ``limit``
+    bytes; returns whether it did. A missing folder is left missing."""
+    if not folder.is_dir() or sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) <= limit:
         return False
     shutil.rmtree(folder, ignore_errors=True)
     return True

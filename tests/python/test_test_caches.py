@@ -1,15 +1,18 @@
 """The caches the tests keep outside the clone between runs (conftest.py): each emptied when a run
-starts once past its size, and JAX's compilation cache given to every Python of the run."""
+starts once past its size, JAX's compilation cache and the bytecode cache given to every Python of
+the run."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import JAX_CACHE, empty_past
+from conftest import JAX_CACHE, PYCACHE, empty_past
 
 
 def test_a_cache_past_its_limit_is_emptied_and_one_within_it_kept(tmp_path):
@@ -37,3 +40,22 @@ def test_a_python_the_tests_start_compiles_jax_through_the_tests_cache():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [f"{JAX_CACHE} 0.0", "7.0"]
     assert [p.name.endswith("-cache") for p in JAX_CACHE.glob("jit_opforge_cache_probe-*")] == [True]
+
+
+def test_a_cache_is_measured_with_its_subfolders(tmp_path):
+    folder = tmp_path / "cache"
+    (folder / "tree" / "deeper").mkdir(parents=True)
+    (folder / "tree" / "deeper" / "a.pyc").write_bytes(b"x" * 600)
+    assert not empty_past(folder, 600) and (folder / "tree" / "deeper" / "a.pyc").exists()
+    assert empty_past(folder, 599) and not folder.exists()
+
+
+def test_a_python_the_tests_start_writes_its_bytecode_to_the_tests_cache(tmp_path):
+    """Even where the run was started with PYTHONDONTWRITEBYTECODE set (as container images set it)."""
+    (tmp_path / "probe_module.py").write_text("VALUE = 7\n")
+    script = "import sys; sys.path.insert(0, sys.argv[1]); import probe_module; print(probe_module.VALUE)"
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "7\n", proc.stderr
+    assert not list(tmp_path.rglob("*.pyc"))  # nothing beside the sources
+    assert Path(importlib.util.cache_from_source(str(tmp_path / "probe_module.py"))).is_file()
+    assert importlib.util.cache_from_source(str(tmp_path / "probe_module.py")).startswith(str(PYCACHE))
