@@ -25,41 +25,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, build_dir: str, errors, target, args) -> None:
+def _entry(rank: int, world: int, port: int, build_dir: str, reports, parts) -> None:
+    name = ""
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OPFORGE_BUILD_DIR=build_dir)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        target(rank, world, *args)
-        dist.barrier()  # both ranks done before either tears down gloo
+        for name, target, *args in parts:  # noqa: B007 -- the failure names its part
+            target(rank, world, *args)
+            dist.barrier()  # both ranks through a part before either starts the next, or tears down gloo
+            reports.put((name, ""))
         dist.destroy_process_group()
+        reports.close()
+        reports.join_thread()  # the reports written to the pipe before os._exit ends the feeder thread
         # Leave without interpreter teardown: now and then (about 1 run in 10 on a 2-core
         # machine) rank 0, which hosts the TCPStore, aborted in a static destructor with
         # "terminate called without an active exception" after all checks had passed.
         os._exit(0)
-    except Exception as e:  # noqa: BLE001 -- reported to the parent
+    except Exception as e:  # noqa: BLE001 -- reported to the parent, under the part's name
         import traceback
 
-        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        reports.put((name, f"rank {rank}: {traceback.format_exc()}"))
         raise SystemExit(1) from e
 
 
-def run_in_processes(target, *args, world: int = 2) -> None:
-    """Run ``target(rank, world, *args)`` (a module-level function) in ``world`` spawned processes
-    that form a gloo process group and use this process's opforge build; fails with the
-    tracebacks of the processes that raised."""
+def run_in_processes(parts: list[tuple], world: int = 2) -> dict[str, str]:
+    """Runs each part ``(name, target, *args)`` in turn, ``target(rank, world, *args)`` (a
+    module-level function), in ``world`` spawned processes that form one gloo process group and
+    use this process's opforge build; a rank stops at its first failure (the others' collectives
+    then fail too). Returns each part's failure by name, "" where it passed on every rank: the
+    tracebacks of the ranks where it raised or, where it did not run to its end on every rank,
+    the processes' exit codes and every traceback."""
     ctx = mp.get_context("spawn")
-    errors = ctx.Queue()
+    reports = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_entry, args=(r, world, port, str(opforge.build_dir()), errors, target, args))
+        ctx.Process(target=_entry, args=(r, world, port, str(opforge.build_dir()), reports, parts))
         for r in range(world)
     ]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=300)
-    messages = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
-    assert [p.exitcode for p in procs] == [0] * world, "\n".join(messages)
+    received = [reports.get(timeout=60) for _ in range(reports.qsize())]
+    everything = "\n".join(m for _, m in received if m)
+    codes = [p.exitcode for p in procs]
+    failures = {}
+    for name, *_ in parts:
+        tracebacks = [m for part, m in received if part == name and m]
+        passed = sum(1 for part, m in received if part == name and not m)
+        failures[name] = "\n".join(tracebacks) or (
+            "" if passed == world else f"the processes exited {codes} before it ran to its end:\n{everything}"
+        )
+    return failures
 
 
 def _worker(rank: int, world: int) -> None:
@@ -166,12 +183,19 @@ def _attention_worker(rank: int, world: int) -> None:
     )
 
 
-def test_attention_shards_over_batch_and_heads():
-    run_in_processes(_attention_worker)
+@pytest.fixture(scope="module")
+def two_processes() -> dict[str, str]:
+    """Both multi-process checks in one pair of spawned processes (each process imports torch and
+    this file): the failure of each, by name (:func:`run_in_processes`)."""
+    return run_in_processes([("sharding", _worker), ("attention", _attention_worker)])
 
 
-def test_sharding_rules_under_two_processes():
-    run_in_processes(_worker)
+def test_attention_shards_over_batch_and_heads(two_processes):
+    assert not two_processes["attention"], two_processes["attention"]
+
+
+def test_sharding_rules_under_two_processes(two_processes):
+    assert not two_processes["sharding"], two_processes["sharding"]
 
 
 def test_strategies_from_the_description():

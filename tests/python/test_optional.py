@@ -222,7 +222,8 @@ def _dtensor_worker(rank: int, world: int, library: str) -> None:
 def test_dtensor_with_and_without(optional_ops):
     from test_distributed import run_in_processes
 
-    run_in_processes(_dtensor_worker, str(optional_ops.path))
+    failures = run_in_processes([("dtensor", _dtensor_worker, str(optional_ops.path))])
+    assert not failures["dtensor"], failures["dtensor"]
 
 
 MID_SCHEMA = "fixture::add_bias_mul(Tensor x, Tensor? bias, Tensor weight) -> Tensor"
