@@ -60,18 +60,19 @@ def seed_sections(text: str) -> dict[str, str]:
 def test_a_failure_reports_its_seed_and_the_seed_reproduces_it(pytester):
     pytester.makepyfile(test_draws=DRAWS)
     fresh = pytest_run(pytester, "test_draws.py")
-    assert fresh.ret == 1, output(fresh)
+    text = output(fresh)
+    assert fresh.ret == 1, text
     assert (
         "random seed: a fresh one per test, in the report of a failure (--seed N or OPFORGE_TEST_SEED=N fixes it)"
-        in output(fresh)
+        in text
     )
-    seeds = seed_sections(output(fresh))
+    seeds = seed_sections(text)
     assert sorted(seeds) == ["test_draws", "test_draws_too"]  # a passing test gets no section
     assert seeds["test_draws"] != seeds["test_draws_too"]  # each test draws its own
-    assert f"with seed {seeds['test_draws']}" in output(fresh)  # the fixture hands the test its seed
+    assert f"with seed {seeds['test_draws']}" in text  # the fixture hands the test its seed
     section = f"{seeds['test_draws']}; again with this seed: python -m pytest 'test_draws.py::test_draws' --seed "
-    assert f"\n{section}{seeds['test_draws']}\n" in output(fresh)
-    first = re.search(r"drew (\S+) with seed", output(fresh)).group(1)
+    assert f"\n{section}{seeds['test_draws']}\n" in text
+    first = re.search(r"drew (\S+) with seed", text).group(1)
 
     again = pytest_run(pytester, "test_draws.py::test_draws", "--seed", seeds["test_draws"])
     assert f"random seed: {seeds['test_draws']} for every test" in output(again)

@@ -622,10 +622,9 @@ def test_cli_exit_code_and_json(broken_ops, tmp_path, opforge_main):
     argv = [lib, "fixture::off_by_one", "--device", "cpu", "--seed", "9", "--dtype", "float32", "--json", str(out)]
     proc = opforge_main("verify", *argv)
     assert proc.returncode == 1, proc.stderr
-    stdout = proc.stdout
-    assert "opforge verify on cpu (seed 9)" in stdout
-    assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in stdout
-    assert "checks failed" in stdout.splitlines()[-1] and "fixture::off_by_one values float32" in stdout
+    assert "opforge verify on cpu (seed 9)" in proc.stdout
+    assert "FAIL fixture::off_by_one values float32 [shape 1x1]" in proc.stdout
+    assert "checks failed" in proc.stdout.splitlines()[-1] and "fixture::off_by_one values float32" in proc.stdout
     data = json.loads(out.read_text())
     assert data["seed"] == 9 and data["ok"] is False and data["tolerances"]["float32"] == [1e-5, 1e-5]
     # A fresh Python: an op name alone does not load its library (this process has loaded it).
