@@ -141,9 +141,10 @@ FOLDER = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    \"\"\"The folder built and loaded once for the tests below.\"\"\"
-    return opforge.load_library(opforge.build_library("{name}", folder=FOLDER, build_dir=tmp_path_factory.mktemp("b")))
+def library():
+    \"\"\"The folder built and loaded once for the tests below, in the build folder `opforge build`
+    and `opforge verify` use for it: a run after an edit recompiles only what changed.\"\"\"
+    return opforge.load_library(opforge.build_library("{name}", folder=FOLDER))
 
 
 def test_{name}_passes_verify(library):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from opforge.__main__ import main
+from opforge._build import built_libraries
 
 
 def run_generated_test(folder: Path) -> subprocess.CompletedProcess:
@@ -48,6 +49,9 @@ def test_the_new_folder_passes_verify_and_its_test_catches_a_wrong_reference(tmp
     )
     broken = run_generated_test(folder)
     assert broken.returncode != 0 and "scaffold_demo::twice" in broken.stdout, broken.stdout + broken.stderr
+    # Both runs built into the folder's one build folder in opforge's cache (the one `opforge
+    # build` uses), the second recompiling only the edited file.
+    assert len(built_libraries("twice")) == 1
 
 
 @pytest.mark.slow
@@ -73,6 +77,7 @@ def test_a_triton_folder_passes_verify_and_its_test_catches_a_kernel_triton_cann
     kernel.write_text(kernel.read_text().replace("tl.store(y_ptr + offsets, x, mask=mask)", "tl.store(y_ptr, x)"))
     broken = run_generated_test(folder)
     assert broken.returncode != 0 and "scaffold_triton::copy" in broken.stdout, broken.stdout + broken.stderr
+    assert len(built_libraries("copy")) == 1
 
 
 @pytest.mark.parametrize(
