@@ -26,13 +26,6 @@ PYTEST_ARGS ?= --durations=25 -rs
 # files with slow tests first (tests/python/run_options.py). An interpreter without pytest-xdist
 # (OPFORGE_PYTHON) runs them in one process.
 PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
-# The tests' Inductor cache (what torch.compile and AOTInductor compile, keyed by its code) lives
-# beside the Python environment, outside the clone, so that a machine keeping the environment
-# between runs keeps it too (torch puts it in /tmp by default, which a fresh machine empties);
-# emptied before a run once it holds more than INDUCTOR_CACHE_MB. TORCHINDUCTOR_CACHE_DIR set in
-# the environment wins.
-INDUCTOR_CACHE := $(or $(TORCHINDUCTOR_CACHE_DIR),$(HOME)/.cache/opforge/inductor)
-INDUCTOR_CACHE_MB ?= 3072
 
 # What the demo needs (the adapter, the runner and its op library) is built first, and alone by
 # `make demo`; `make build` builds every example and the C++ unit tests as well.
@@ -55,13 +48,13 @@ demo: build-demo
 test-cpp: build
 	$(CTEST) --test-dir $(BUILD) --output-on-failure
 
+# The tests' caches outside the clone (Inductor's, the kernels', JAX's, Python's bytecode) are set
+# and kept to their sizes by tests/python/conftest.py.
 test-python: build
-	@if [ -d "$(INDUCTOR_CACHE)" ] && [ "$$(du -sm "$(INDUCTOR_CACHE)" | cut -f1)" -gt $(INDUCTOR_CACHE_MB) ]; then \
-	  echo "make test: emptying the Inductor cache $(INDUCTOR_CACHE) (over $(INDUCTOR_CACHE_MB) MB)"; rm -rf "$(INDUCTOR_CACHE)"; fi
 	@if $(PY) -c 'import xdist' 2>/dev/null; then parallel="-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder"; \
 	else echo "make test: pytest-xdist is not installed in $(PY): the Python tests run in one process"; fi; \
-	echo "TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) $(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)"; \
-	TORCHINDUCTOR_CACHE_DIR="$(INDUCTOR_CACHE)" $(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)
+	echo "$(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)"; \
+	$(PY) -m pytest tests/python $$parallel $(PYTEST_ARGS)
 
 test: test-cpp test-python
 	@echo "make test: passed in $$(( $$(date +%s) - $(START) )) s (environment, build, C++ and Python tests)"

@@ -113,6 +113,14 @@ JAX_CACHE = Path(os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(tests_ca
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
+# torch's Inductor cache (what torch.compile and AOTInductor compile, found again by its code)
+# for the run's Pythons (set here, before the workers start), kept between runs in the tests' cache
+# folder, as the environment is: torch's default is in /tmp, which a fresh machine empties. A
+# folder the caller set is kept, and never emptied.
+INDUCTOR_CACHE = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tests_cache_folder() / "inductor")))
+
+#: The size past which the tests' Inductor cache is emptied when a run starts.
+INDUCTOR_CACHE_LIMIT = 3 << 30
 #: The size past which the tests' shared kernel cache is emptied when a run starts.
 KERNEL_CACHE_LIMIT = 1 << 30
 #: The size past which the tests' JAX compilation cache is emptied when a run starts.
@@ -134,16 +142,19 @@ def shared_kernel_cache() -> Path:
 
 def pytest_configure(config):
     """Once per run, in the process that starts the workers: empties the shared kernel cache, the
-    JAX compilation cache and the bytecode cache (where it is the tests' own) once each has grown
-    past its limit (:data:`KERNEL_CACHE_LIMIT`, :data:`JAX_CACHE_LIMIT`, :data:`PYCACHE_LIMIT`;
-    entries of kernels and computations since edited, and trees of clones since removed, stay
-    behind)."""
+    JAX compilation cache, and the Inductor and bytecode caches (where they are the tests' own)
+    once each has grown past its limit (:data:`KERNEL_CACHE_LIMIT`, :data:`JAX_CACHE_LIMIT`,
+    :data:`INDUCTOR_CACHE_LIMIT`, :data:`PYCACHE_LIMIT`; entries of kernels, computations and
+    graphs since edited, and trees of clones since removed, stay behind)."""
     if hasattr(config, "workerinput"):
         return
-    empty_past(shared_kernel_cache(), KERNEL_CACHE_LIMIT)
-    empty_past(JAX_CACHE, JAX_CACHE_LIMIT)
-    if PYCACHE == tests_cache_folder() / "pycache":
-        empty_past(PYCACHE, PYCACHE_LIMIT)
+    caches = [(shared_kernel_cache(), KERNEL_CACHE_LIMIT), (JAX_CACHE, JAX_CACHE_LIMIT)]
+    for cache, name, limit in ((INDUCTOR_CACHE, "inductor", INDUCTOR_CACHE_LIMIT), (PYCACHE, "pycache", PYCACHE_LIMIT)):
+        if cache == tests_cache_folder() / name:
+            caches.append((cache, limit))
+    for cache, limit in caches:
+        if empty_past(cache, limit):  # the run compiles what it needs afresh: a slower run, said why
+            print(f"tests: emptied {cache} (past {limit >> 20} MB)", flush=True)
 
 
 def empty_past(folder: Path, limit: int) -> bool:

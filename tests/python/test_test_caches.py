@@ -1,6 +1,6 @@
 """The caches the tests keep outside the clone between runs (conftest.py): each emptied when a run
-starts once past its size, JAX's compilation cache and the bytecode cache given to every Python of
-the run."""
+starts once past its size, JAX's compilation cache, Inductor's cache and the bytecode cache given to
+every Python of the run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JAX_CACHE, PYCACHE, empty_past
+from conftest import INDUCTOR_CACHE, JAX_CACHE, PYCACHE, empty_past
 
 
 def test_a_cache_past_its_limit_is_emptied_and_one_within_it_kept(tmp_path):
@@ -59,3 +59,9 @@ def test_a_python_the_tests_start_writes_its_bytecode_to_the_tests_cache(tmp_pat
     assert not list(tmp_path.rglob("*.pyc"))  # nothing beside the sources
     assert Path(importlib.util.cache_from_source(str(tmp_path / "probe_module.py"))).is_file()
     assert importlib.util.cache_from_source(str(tmp_path / "probe_module.py")).startswith(str(PYCACHE))
+
+
+def test_a_python_the_tests_start_keeps_inductor_s_cache_in_the_tests_cache():
+    script = "from torch._inductor.runtime.cache_dir_utils import cache_dir; print(cache_dir())"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == f"{INDUCTOR_CACHE}\n", proc.stderr
