@@ -194,22 +194,6 @@ def test_cuda_large_launch_uses_64bit_indexing(name):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
-@pytest.mark.parametrize("rows", [1, 5, 4099])
-def test_add_layer_norm_on_cuda_either_side_of_a_row_per_warp(dtype, rows):
-    """Rows one warp holds (at most 128 16-byte vectors) share blocks, a warp each, the last block
-    partly empty where the rows are not a multiple of four; wider rows take a block each, and rows
-    that are not whole vectors (or are misaligned) are read again instead of held."""
-    case, width = CASES["add_layer_norm"], 16 // dtype.itemsize
-    shapes = [(c, 0) for c in (width, 128 * width - 1, 128 * width, 129 * width, 1000 * width)] + [(3 * width, 1)]
-    for cols, offset in shapes:  # offset 1: dense rows one element past 16-byte alignment
-        x, r = torch.randn(2, rows * cols + offset, dtype=dtype, device="cuda")[:, offset:]
-        x, r = x.view(rows, cols), r.view(rows, cols)
-        w, b = torch.rand(cols, dtype=dtype, device="cuda") + 0.5, torch.randn(cols, dtype=dtype, device="cuda")
-        assert_matches(case.op(x, r, w, b, eps=1e-5), case.expected(x, r, w, b, 1e-5), dtype)
-
-
-@requires_cuda
 def test_cuda_outputs_come_from_torchs_caching_allocator():
     """An output is memory of torch's CUDA caching allocator, as at::empty's: counted by
     memory_allocated while it lives, returned when it dies."""

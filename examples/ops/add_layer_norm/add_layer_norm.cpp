@@ -3,7 +3,6 @@
 // transformer block in one pass.
 #include <opforge/op.h>
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -24,29 +23,6 @@ static void add_layer_norm_cpu(opforge::Tensor x, opforge::Tensor residual, opfo
   });
 }
 
-// The launch of kernels/add_layer_norm.cu, whose threads hold at most four 16-byte vectors of a row
-// each (opforge::kernel::RowRegisters): one block per row, of the fewest whole warps that hold it
-// (at most 1024 threads, the most the kernel's registers allow: __launch_bounds__), as
-// opforge::rows picks; where one warp holds the row, four rows share a block, a warp each, since
-// blocks of one warp would fill at most half of a multiprocessor's warp slots (32 resident blocks
-// of the 64 warps an sm_80 or sm_90 multiprocessor holds). Kernel arguments: rows, cols.
-static opforge::LaunchConfig add_layer_norm_grid(opforge::Tensor x, opforge::Tensor, opforge::Tensor, opforge::Tensor,
-                                                 double, opforge::MutableTensor) {
-  constexpr int64_t kVectorsPerThread = 4, kRowsPerBlock = 4;
-  const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
-  const int64_t vectors = (cols * static_cast<int64_t>(opforge::dtype_size(x.dtype())) + 15) / 16;
-  const int64_t per_warp = 32 * kVectorsPerThread;
-  const int64_t threads = std::clamp<int64_t>((vectors + per_warp - 1) / per_warp * 32, 32, 1024);
-  const int64_t per_block = threads == 32 ? kRowsPerBlock : 1;
-  OPFORGE_CHECK(rows / per_block < (int64_t{1} << 31), rows, " rows exceed one launch's grid");
-  opforge::LaunchConfig cfg;
-  cfg.grid[0] = static_cast<unsigned>((rows + per_block - 1) / per_block);  // 0 for no rows: nothing to launch
-  cfg.block[0] = static_cast<unsigned>(threads);
-  cfg.block[1] = static_cast<unsigned>(per_block);
-  cfg.args = {rows, cols};
-  return cfg;
-}
-
 OPFORGE_OP(examples, add_layer_norm)
     .doc("layer_norm(x + residual) over the last dim, with weight and bias; float32 accumulation")
     .input("x", opforge::floating, opforge::min_rank(1))
@@ -60,8 +36,7 @@ OPFORGE_OP(examples, add_layer_norm)
     .backward("add_layer_norm_backward")
     .reference(add_layer_norm_cpu)
     .cuda_source("add_layer_norm.cu", "add_layer_norm<{T}>")
-    .launch_grid(add_layer_norm_grid)
-    .sharding(opforge::Sharding::kRowwise);
+    .launch(opforge::rows("x"));
 
 // CPU reference of the gradients, in double. With h = x + residual, per row mean m,
 // inv = 1 / sqrt(var + eps), xhat = (h - m) * inv and dxhat = grad_y * weight:

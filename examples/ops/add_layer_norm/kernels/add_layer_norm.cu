@@ -1,24 +1,18 @@
-// add_layer_norm, compiled at run time: a warp per row, four rows a block, where one warp holds
-// the row in registers, else one block per row (add_layer_norm_grid in add_layer_norm.cpp);
-// accumulation in float (double for double). h = x + residual; mean, then the variance around the
-// mean (two passes over h, exact rather than E[h^2] - mean^2), then the normalised output. Rows
-// that fit are held in registers (read once, 16-byte loads issued before any is used); others
-// re-read the row. A row's threads are blockDim.x (32 where rows share a block, whose sums are
-// then a warp's shuffles with no barrier, so a warp past the last row may return early).
+// add_layer_norm, compiled at run time: one block per row (opforge::rows("x")), accumulation in
+// float (double for double). h = x + residual; mean, then the variance around the mean (two
+// passes over h, exact rather than E[h^2] - mean^2), then the normalised output. Rows that fit
+// are held in registers (read once, 16-byte loads issued before any is used); others re-read the row.
 #include <opforge/kernel.cuh>
 
 template <class T>
-__global__ void __launch_bounds__(1024)
-    add_layer_norm(const T* __restrict__ x, const T* __restrict__ residual, const T* __restrict__ weight,
-                   const T* __restrict__ bias, T* __restrict__ y, int64_t rows, int64_t cols, double eps) {
+__global__ void add_layer_norm(const T* __restrict__ x, const T* __restrict__ residual, const T* __restrict__ weight,
+                               const T* __restrict__ bias, T* __restrict__ y, int64_t rows, int64_t cols, double eps) {
   using opforge::kernel::aligned;
   using opforge::kernel::block_sum;
   using opforge::kernel::to_acc;
   using A = opforge::kernel::acc_t<T>;
   using Row = opforge::kernel::RowRegisters<T>;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  if (row >= rows) return;
-  const int64_t base = row * cols;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * cols;
   const A n = static_cast<A>(cols);
   if (Row::fits(cols) && aligned(x, 16) && aligned(residual, 16) && aligned(weight, 16) && aligned(bias, 16) &&
       aligned(y, 16)) {
